@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything tf_otel's demo and tests need, into .venv.
+# System packages (Open MPI, faketime) via apt, Python packages via pip, horovod built from its
+# sdist with the TF >= 2.19 CPU build fix, and its wheel cached under ~/.cache/tf_otel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TF_VERSION="${TF_VERSION:-2.21.0}"
+HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+CACHE="${TF_OTEL_CACHE:-$HOME/.cache/tf_otel}"
+STAMP="$VENV/.tf_otel-installed-$TF_VERSION-$HOROVOD_VERSION-$(cat pyproject.toml scripts/install.sh | sha1sum | cut -c1-12)"
+mkdir -p "$CACHE/wheels"
+
+log() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
+
+need_apt=()
+command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+[ -e /usr/include/x86_64-linux-gnu/openmpi/mpi.h ] || [ -n "$(find /usr/lib -name mpi.h -path '*openmpi*' 2>/dev/null | head -1)" ] || need_apt+=(libopenmpi-dev)
+command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if [ -f "$STAMP" ]; then
+  log "environment up to date ($VENV)"
+  exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install -U pip wheel "setuptools<81"
+
+log "installing tensorflow-cpu==$TF_VERSION, OpenTelemetry, mpi4py, test tools"
+"${PIP[@]}" install "tensorflow-cpu==$TF_VERSION" -e ".[mpi,gpu,dev]"
+# tf_keras pulls the full CUDA tensorflow wheel unless installed without deps.
+"${PIP[@]}" install --no-deps "tf_keras~=${TF_VERSION%.*}.0"
+
+if ! "$VENV/bin/python" -c "import horovod.tensorflow" >/dev/null 2>&1; then
+  pytag=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  wheel=$(ls "$CACHE/wheels"/horovod-"$HOROVOD_VERSION"-1tf"${TF_VERSION//./}"-"$pytag"-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$wheel" ]; then
+    log "building horovod $HOROVOD_VERSION against TF $TF_VERSION (a few minutes, once per machine)"
+    work=$(mktemp -d)
+    "${PIP[@]}" download --no-deps --no-binary :all: -d "$work" "horovod==$HOROVOD_VERSION"
+    tar -xzf "$work"/horovod-"$HOROVOD_VERSION".tar.gz -C "$work"
+    src="$work/horovod-$HOROVOD_VERSION"
+    # TF >= 2.19: the XLA ops (GPU only) no longer compile on CPU builds (upstream PR #4302).
+    sed -i 's/^#if TENSORFLOW_VERSION >= 2006000000$/#if TENSORFLOW_VERSION >= 2006000000 \&\& HAVE_GPU/' \
+      "$src/horovod/tensorflow/xla_mpi_ops.cc"
+    grep -q 'TENSORFLOW_VERSION >= 2006000000 && HAVE_GPU' "$src/horovod/tensorflow/xla_mpi_ops.cc"
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
+    HOROVOD_WITHOUT_MXNET=1 HOROVOD_GPU_OPERATIONS= MAKEFLAGS="-j$(nproc)" \
+      "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir -w "$work/dist" "$src"
+    built=$(ls "$work"/dist/horovod-*.whl)
+    # the TF version goes in as the wheel's build tag: a cached wheel is reused only with its TF
+    wheel="$CACHE/wheels/horovod-$HOROVOD_VERSION-1tf${TF_VERSION//./}-$(basename "$built" | cut -d- -f3-)"
+    cp "$built" "$wheel"
+    rm -rf "$work"
+  else
+    log "horovod wheel from cache: $wheel"
+  fi
+  "${PIP[@]}" install --no-deps --force-reinstall "$wheel"
+fi
+"$VENV/bin/python" -c "import mpi4py, horovod.tensorflow" >/dev/null
+rm -f "$VENV"/.tf_otel-installed-*
+touch "$STAMP"
+log "done: $VENV"

@@ -1,0 +1,68 @@
+"""The one record type every source produces, and the names of the trace contract.
+
+Sources make ``Record``s with LOCAL ``time.time_ns()``-domain times; ``tracing`` maps them to
+reference time and turns them into spans. See docs/ARCHITECTURE.md, "The trace contract".
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+# tf_otel.category values
+JOB = "job"
+STEP_ROOT = "step.root"
+STEP = "step"
+COMPUTE = "compute"
+INPUT = "input"
+COLLECTIVE = "collective"
+COLLECTIVE_WAIT = "collective.wait"
+COLLECTIVE_TRANSFER = "collective.transfer"
+TRANSFER = "transfer"
+KERNEL = "kernel"
+FRAMEWORK = "framework"
+
+# attribute keys
+ATTR_CATEGORY = "tf_otel.category"
+ATTR_RANK = "tf_otel.rank"
+ATTR_WORLD_SIZE = "tf_otel.world_size"
+ATTR_LOCAL_RANK = "tf_otel.local_rank"
+ATTR_JOB_ID = "tf_otel.job.id"
+ATTR_LAUNCHER = "tf_otel.launcher"
+ATTR_STEP = "tf_otel.step"
+ATTR_STEP_KIND = "tf_otel.step.kind"
+ATTR_STEP_BATCHES = "tf_otel.step.batches"
+ATTR_STEP_RANKS = "tf_otel.step.ranks"
+ATTR_CLOCK_OFFSET = "tf_otel.clock.offset_ns"
+ATTR_CLOCK_UNCERTAINTY = "tf_otel.clock.uncertainty_ns"
+ATTR_COLLECTIVE_KEY = "tf_otel.collective.key"
+ATTR_FUNCTION_NAME = "tensorflow.function.name"
+
+# tf_otel.step.kind values
+SESSION_RUN = "session_run"
+KERAS_TRAIN = "keras_train"
+KERAS_EVALUATE = "keras_evaluate"
+KERAS_PREDICT = "keras_predict"
+TF_FUNCTION = "tf_function"
+
+_ids = itertools.count(1)
+
+
+def new_record_id() -> int:
+    return next(_ids)
+
+
+@dataclass
+class Record:
+    """One timed thing on one rank, in local clock time (ns since the Unix epoch)."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    category: str
+    step: Optional[int] = None
+    attributes: Dict[str, Any] = field(default_factory=dict)
+    record_id: int = field(default_factory=new_record_id)
+    # None: child of this rank's step span; otherwise the record_id of another Record of the step.
+    parent_id: Optional[int] = None
