@@ -1,0 +1,52 @@
+"""Fail-open bookkeeping: counters, log-once, and a guard for code that must never hurt training.
+
+Usage::
+
+    from tf_otel.health import fail_open, counters
+    with fail_open("keras.wrap"):
+        ...  # any exception is logged once per key, counted, and swallowed
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import Counter
+from typing import Iterator
+
+logger = logging.getLogger("tf_otel")
+
+counters: Counter = Counter()
+_logged: set = set()
+_lock = threading.Lock()
+
+
+def count(key: str, n: int = 1) -> None:
+    with _lock:
+        counters[key] += n
+
+
+def log_once(key: str, message: str, *args: object, level: int = logging.WARNING) -> None:
+    """Log ``message`` the first time ``key`` is seen; later calls only count."""
+    with _lock:
+        counters[key] += 1
+        if key in _logged:
+            return
+        _logged.add(key)
+    logger.log(level, message, *args)
+
+
+@contextlib.contextmanager
+def fail_open(key: str) -> Iterator[None]:
+    """Swallow any exception from the block: log once per key, count it, keep training."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - instrumentation must never raise into training
+        log_once(
+            "error:" + key,
+            "tf_otel: %s failed (%s: %s); tracing of this part is skipped, training goes on",
+            key,
+            type(exc).__name__,
+            exc,
+        )
