@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Build the Go backends tf_otel tests and `make demo` run against, once per machine.
+#
+# Usage: scripts/build_go_tools.sh [jaeger|collector|all]   (default: all)
+#
+#   jaeger     Jaeger v2 (cmd/jaeger, in-memory storage, OTLP in, /api/traces out) from the
+#              Go module proxy, pinned to JAEGER_MODULE_VERSION below.
+#   collector  an OpenTelemetry Collector built with the official builder (ocb) from
+#              collector-config/builder-manifest.yaml (exactly the components our configs use).
+#
+# Binaries are cached as ${TF_OTEL_CACHE:-~/.cache/tf_otel}/bin/<name>-<version>; a second run
+# with the same versions does nothing. The last lines printed are the binary paths:
+#   JAEGER_BIN=...   COLLECTOR_BIN=...
+# Needs Go >= 1.26 (GO=/path/to/go to choose one; default: go on PATH, else /usr/local/go/bin/go).
+set -euo pipefail
+
+# --- pinned versions -------------------------------------------------------------------------
+# Jaeger tags every release twice on the same commit: v1.x.y (visible to Go) and v2.x.y (ignored
+# by Go, as the module path has no /v2). v1.76.0 is the commit of Jaeger v2.13.0, whose cmd/jaeger
+# is the v2 binary. Its go.mod has a replace directive, so `go install ...@v1.76.0` refuses it;
+# we build inside a copy of the module instead, which honours go.mod/go.sum exactly.
+# To move to a newer commit: JAEGER_MODULE_VERSION=<pseudo-version> (v1.76.1-0.<time>-<sha12>).
+JAEGER_MODULE=github.com/jaegertracing/jaeger
+JAEGER_MODULE_VERSION=${JAEGER_MODULE_VERSION:-v1.76.0}
+JAEGER_RELEASE=${JAEGER_RELEASE:-v2.13.0}   # the v2 tag on that commit, reported by --version
+# The builder's version must match the core collector modules named in the manifest.
+OCB_VERSION=${OCB_VERSION:-v0.164.0}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MANIFEST=$ROOT/collector-config/builder-manifest.yaml
+CACHE=${TF_OTEL_CACHE:-$HOME/.cache/tf_otel}
+BIN=$CACHE/bin
+WORK=$CACHE/build
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local}   # never download another toolchain
+export CGO_ENABLED=${CGO_ENABLED:-0}
+
+say() { printf '\033[1m[build_go_tools]\033[0m %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+[ -x "$GO" ] || die "Go not found (set GO=/path/to/go; Go >= 1.26 is needed)"
+gov=$("$GO" env GOVERSION)   # go1.26.8
+minor=$(echo "${gov#go}" | cut -d. -f2)
+major=$(echo "${gov#go}" | cut -d. -f1)
+{ [ "$major" -gt 1 ] || [ "$minor" -ge 26 ]; } || die "$GO is $gov; Go >= 1.26 is needed"
+export PATH="$(dirname "$GO"):$PATH"   # the builder runs the `go` it finds on PATH
+mkdir -p "$BIN" "$WORK"
+
+# Hash of the manifest: a changed component list gives a new collector binary name.
+manifest_hash() { sha256sum "$MANIFEST" | cut -c1-12; }
+
+build_jaeger() {
+  local out=$BIN/jaeger-$JAEGER_RELEASE-$JAEGER_MODULE_VERSION
+  if [ -x "$out" ]; then say "jaeger: cached $out"; echo "JAEGER_BIN=$out"; return; fi
+  say "jaeger: downloading $JAEGER_MODULE@$JAEGER_MODULE_VERSION from the Go module proxy"
+  local dir
+  dir=$(cd "$WORK" && "$GO" mod download -json "$JAEGER_MODULE@$JAEGER_MODULE_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -d "$dir" ] || die "jaeger: module download failed"
+  local src=$WORK/jaeger-$JAEGER_MODULE_VERSION
+  rm -rf "$src" && cp -r "$dir" "$src" && chmod -R u+w "$src"
+  say "jaeger: building cmd/jaeger ($JAEGER_RELEASE; takes several minutes on 2 cores)"
+  local t0=$SECONDS vpkg=$JAEGER_MODULE/internal/version
+  (cd "$src" && "$GO" build -trimpath -o "$out.tmp" \
+    -ldflags "-s -w -X $vpkg.latestVersion=$JAEGER_RELEASE -X $vpkg.commitSHA=$JAEGER_MODULE_VERSION" \
+    ./cmd/jaeger)
+  mv "$out.tmp" "$out"
+  rm -rf "$src"
+  say "jaeger: built in $((SECONDS - t0)) s"
+  echo "JAEGER_BIN=$out"
+}
+
+build_collector() {
+  [ -f "$MANIFEST" ] || die "missing $MANIFEST"
+  local out=$BIN/otelcol-tf-otel-$OCB_VERSION-$(manifest_hash)
+  if [ -x "$out" ]; then say "collector: cached $out"; echo "COLLECTOR_BIN=$out"; return; fi
+  local ocb=$BIN/ocb-$OCB_VERSION
+  if [ ! -x "$ocb" ]; then
+    say "collector: installing the builder go.opentelemetry.io/collector/cmd/builder@$OCB_VERSION"
+    GOBIN=$WORK/ocb "$GO" install "go.opentelemetry.io/collector/cmd/builder@$OCB_VERSION"
+    mv "$WORK/ocb/builder" "$ocb"
+  fi
+  local src=$WORK/otelcol-$OCB_VERSION
+  rm -rf "$src" && mkdir -p "$src"
+  say "collector: building from $MANIFEST (takes several minutes on 2 cores)"
+  local t0=$SECONDS
+  # dist.output_path (./_build) is relative to the directory the builder runs in.
+  (cd "$src" && "$ocb" --config "$MANIFEST" --ldflags "-s -w")
+  mv "$src/_build/otelcol-tf-otel" "$out"
+  rm -rf "$src"
+  say "collector: built in $((SECONDS - t0)) s"
+  echo "COLLECTOR_BIN=$out"
+}
+
+case "${1:-all}" in
+  jaeger) build_jaeger ;;
+  collector) build_collector ;;
+  all) build_jaeger; build_collector ;;
+  *) die "unknown target '$1' (use jaeger, collector or all)" ;;
+esac
