@@ -106,7 +106,9 @@ _TASK_ORDER = ("chief", "master", "worker", "ps", "evaluator")
 def _from_tf_config(config: Dict, host: str) -> Topology:
     cluster: Dict[str, List[str]] = config["cluster"]
     tasks: List[Tuple[str, int, str]] = []
-    for kind in sorted(cluster, key=lambda k: (_TASK_ORDER.index(k) if k in _TASK_ORDER else 99, k)):
+    for kind in sorted(
+        cluster, key=lambda k: (_TASK_ORDER.index(k) if k in _TASK_ORDER else 99, k)
+    ):
         for index, address in enumerate(cluster[kind]):
             tasks.append((kind, index, address))
     me = (config["task"]["type"], int(config["task"]["index"]))

@@ -1,0 +1,209 @@
+"""Rank 0's small TCP service: ranks report each sampled step's extent (in reference time), rank 0
+emits the step's root span once every rank has reported, so the root covers all ranks.
+
+Newline-delimited JSON over one TCP connection per rank; never touched by the training thread.
+
+Usage (done by tracing.Pipeline)::
+
+    server = StepAggregator(world_size, wait_s, emit_root); server.serve(("127.0.0.1", port))
+    client = CoordinatorClient(address, rank); client.report(key, step, start_ns, end_ns)
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import socketserver
+import threading
+import time
+from collections import OrderedDict
+from typing import Callable, Dict, Optional, Tuple
+
+from tf_otel.health import count, log_once
+
+# emit_root(key, step, start_ns, end_ns, ranks_reported)
+EmitRoot = Callable[[str, int, int, int, int], None]
+MAX_PENDING_STEPS = 1024
+
+
+class StepAggregator:
+    """Collects per-rank step extents; emits one root per (key, step)."""
+
+    def __init__(self, world_size: int, wait_s: float, emit_root: EmitRoot) -> None:
+        self.world_size = world_size
+        self.wait_s = wait_s
+        self.emit_root = emit_root
+        self._pending: OrderedDict[Tuple[str, int], Dict] = OrderedDict()
+        self._lock = threading.Lock()
+        self._server: Optional[socketserver.ThreadingTCPServer] = None
+        self._finished: set = set()  # ranks that said bye or dropped their connection
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, name="tf_otel-roots", daemon=True)
+        self._reaper.start()
+
+    def add(self, rank: int, key: str, step: int, start_ns: int, end_ns: int) -> None:
+        ready = None
+        with self._lock:
+            entry = self._pending.get((key, step))
+            if entry is None:
+                entry = {"start": start_ns, "end": end_ns, "ranks": set(), "t": time.monotonic()}
+                self._pending[(key, step)] = entry
+                while len(self._pending) > MAX_PENDING_STEPS:
+                    old_key, old = self._pending.popitem(last=False)
+                    count("roots_forced")
+                    self._emit(old_key, old)
+            entry["start"] = min(entry["start"], start_ns)
+            entry["end"] = max(entry["end"], end_ns)
+            entry["ranks"].add(rank)
+            if len(entry["ranks"]) >= self.world_size:
+                ready = self._pending.pop((key, step))
+        if ready is not None:
+            self._emit((key, step), ready)
+
+    def _emit(self, key_step: Tuple[str, int], entry: Dict) -> None:
+        try:
+            self.emit_root(
+                key_step[0], key_step[1], entry["start"], entry["end"], len(entry["ranks"])
+            )
+        except Exception as exc:  # noqa: BLE001
+            log_once("emit_root", "tf_otel: cannot emit step root span (%s)", exc)
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait up to timeout_s for outstanding ranks, then emit what is pending."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending or len(self._finished) >= self.world_size - 1:
+                    break
+            time.sleep(0.02)
+        with self._lock:
+            pending, self._pending = self._pending, OrderedDict()
+        for key_step, entry in pending.items():
+            if len(entry["ranks"]) < self.world_size:
+                count("roots_partial")
+            self._emit(key_step, entry)
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            late = []
+            with self._lock:
+                for key_step, entry in list(self._pending.items()):
+                    if now - entry["t"] > self.wait_s:
+                        late.append((key_step, self._pending.pop(key_step)))
+            for key_step, entry in late:
+                count("roots_partial")
+                self._emit(key_step, entry)
+
+    def serve(self, address: Tuple[str, int]) -> bool:
+        aggregator = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                rank = -1
+                for line in self.rfile:
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        count("coordinator_bad_message")
+                        continue
+                    kind = message.get("t")
+                    if kind == "hello":
+                        rank = int(message["rank"])
+                    elif kind == "extent":
+                        aggregator.add(rank, message["k"], message["s"], message["a"], message["b"])
+                    elif kind == "bye":
+                        break
+                aggregator._finished.add(rank)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        try:
+            self._server = Server(address, Handler)
+        except OSError as exc:
+            log_once(
+                "coordinator_bind",
+                "tf_otel: cannot listen on %s:%s (%s); step roots will cover rank 0 only. "
+                "Set TF_OTEL_COORDINATOR=host:port to a free port",
+                address[0],
+                address[1],
+                exc,
+            )
+            return False
+        threading.Thread(
+            target=self._server.serve_forever, name="tf_otel-coordinator", daemon=True
+        ).start()
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+class CoordinatorClient:
+    """A rank's link to rank 0; reports go through a bounded queue, sent by a daemon thread."""
+
+    def __init__(self, address: Tuple[str, int], rank: int, max_queue: int = 4096) -> None:
+        self.address = address
+        self.rank = rank
+        self._queue: queue.Queue[Optional[bytes]] = queue.Queue(max_queue)
+        self._thread = threading.Thread(target=self._run, name="tf_otel-coord-client", daemon=True)
+        self._thread.start()
+
+    def report(self, key: str, step: int, start_ns: int, end_ns: int) -> None:
+        message = {"t": "extent", "k": key, "s": step, "a": start_ns, "b": end_ns}
+        try:
+            self._queue.put_nowait(json.dumps(message).encode() + b"\n")
+        except queue.Full:
+            count("coordinator_dropped")
+
+    def close(self, timeout_s: float) -> None:
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._thread.join(timeout_s)
+
+    def _connect(self) -> Optional[socket.socket]:
+        delay = 0.05
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection(self.address, timeout=5)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.sendall(json.dumps({"t": "hello", "rank": self.rank}).encode() + b"\n")
+                return sock
+            except OSError:
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        log_once(
+            "coordinator_connect",
+            "tf_otel: cannot reach rank 0 at %s:%s; this rank's spans may fall outside their "
+            "step root. Set TF_OTEL_COORDINATOR=host:port of rank 0",
+            *self.address,
+        )
+        return None
+
+    def _run(self) -> None:
+        sock = self._connect()
+        while True:
+            item = self._queue.get()
+            if sock is None:
+                if item is None:
+                    return
+                count("coordinator_dropped")
+                continue
+            try:
+                sock.sendall(item if item is not None else b'{"t":"bye"}\n')
+            except OSError as exc:
+                log_once("coordinator_send", "tf_otel: lost connection to rank 0 (%s)", exc)
+                sock = None
+            if item is None:
+                if sock is not None:
+                    sock.close()
+                return

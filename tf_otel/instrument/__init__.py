@@ -1,0 +1,49 @@
+"""``TensorFlowInstrumentor``: the OpenTelemetry instrumentor (entry point ``tensorflow``).
+
+Usage::
+
+    opentelemetry-instrument python train.py
+    OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=tensorflow opentelemetry-instrument python train.py  # off
+
+    from tf_otel.instrument import TensorFlowInstrumentor
+    TensorFlowInstrumentor().instrument()
+    TensorFlowInstrumentor().uninstrument()
+
+Patches are registered as post-import hooks: TensorFlow is never imported by tf_otel itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Collection
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from tf_otel.instrument import _patching, function, keras, session
+
+
+class TensorFlowInstrumentor(BaseInstrumentor):
+    """Traces training steps of TF1 sessions, Keras / tf_keras fit and top-level tf.functions."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        # tensorflow, tensorflow-cpu, tf-nightly... all provide the module: checked at import.
+        return ()
+
+    def _instrument(self, **kwargs: Any) -> None:
+        from tf_otel import sdk, tracing
+        from tf_otel.config import Settings
+        from tf_otel.health import fail_open
+
+        settings = Settings.from_env()
+        with fail_open("sdk.configure"):
+            if kwargs.get("configure_sdk", True):
+                sdk.configure_from_env()
+            sdk.quiet_exporter_logs()
+            if settings.file:
+                sdk.add_file_exporter(settings.file)
+        tracing.install_exit_handlers()
+        _patching.activate()
+        for module in (session, keras, function):
+            module.register()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        _patching.deactivate()

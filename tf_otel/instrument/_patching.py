@@ -1,0 +1,114 @@
+"""wrapt plumbing shared by the instrument modules: post-import hooks, wrap/unwrap bookkeeping,
+and the step wrapper that times one training step on the calling thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional, Tuple
+
+import wrapt
+from opentelemetry.instrumentation.utils import unwrap
+
+from tf_otel.health import fail_open, log_once
+
+_active = False
+_wrapped: List[Tuple[Any, str]] = []
+_lock = threading.Lock()
+
+
+class _ThreadState(threading.local):
+    depth = 0  # > 0 while a step runs on this thread
+    keras_loop = 0  # > 0 inside Keras fit / evaluate / predict: tf.functions there are not steps
+
+
+state = _ThreadState()
+
+
+def activate() -> None:
+    global _active
+    _active = True
+
+
+def deactivate() -> None:
+    global _active
+    _active = False
+    with _lock:
+        while _wrapped:
+            owner, attribute = _wrapped.pop()
+            with fail_open("unwrap"):
+                unwrap(owner, attribute)
+
+
+def is_active() -> bool:
+    return _active
+
+
+def when_imported(module_name: str, patch: Callable[[Any], None]) -> None:
+    """Run ``patch(module)`` once the module is imported (now, if it already is)."""
+
+    def hook(module: Any) -> None:
+        if not _active:
+            return
+        with fail_open(f"patch {module_name}"):
+            patch(module)
+
+    wrapt.register_post_import_hook(hook, module_name)
+
+
+def wrap(owner: Any, attribute: str, wrapper: Callable) -> None:
+    """wrapt-wrap ``owner.attribute`` once, remembering it for uninstrument()."""
+    current = getattr(owner, attribute, None)
+    if current is None:
+        log_once(
+            f"missing:{owner}.{attribute}", "tf_otel: %s.%s not found; not traced", owner, attribute
+        )
+        return
+    if isinstance(current, wrapt.ObjectProxy) and getattr(current, "_self_tf_otel", False):
+        return
+    wrapt.wrap_function_wrapper(owner, attribute, wrapper)
+    getattr(owner, attribute)._self_tf_otel = True
+    with _lock:
+        _wrapped.append((owner, attribute))
+
+
+def run_step(
+    wrapped: Callable,
+    args: tuple,
+    kwargs: dict,
+    key: str,
+    name: str,
+    kind: str,
+    attributes: Optional[dict] = None,
+) -> Any:
+    """Call ``wrapped`` as one training step of this rank (nested calls are not steps)."""
+    if state.depth or not _active:
+        return wrapped(*args, **kwargs)
+    handle = None
+    with fail_open("step.begin"):
+        from tf_otel.tracing import get_pipeline
+
+        handle = get_pipeline().begin_step(key, name, kind, **(attributes or {}))
+    state.depth += 1
+    try:
+        result = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        state.depth -= 1
+        if handle is not None:
+            with fail_open("step.end"):
+                get_pipeline().end_step(handle, exc)
+        raise
+    state.depth -= 1
+    if handle is not None:
+        with fail_open("step.end"):
+            get_pipeline().end_step(handle)
+    return result
+
+
+def in_keras_loop(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """wrapt wrapper for Keras fit / evaluate / predict (their steps are train-function calls)."""
+    state.keras_loop += 1
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        state.keras_loop -= 1

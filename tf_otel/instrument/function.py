@@ -1,0 +1,70 @@
+"""Custom training loops: each top-level call of a user ``tf.function`` from eager Python is a step
+(``tf_function``), numbered per function. Functions defined inside TensorFlow, Keras, Horovod or
+tf_otel are not steps; ``TF_OTEL_STEP_FUNCTIONS=a,b`` limits steps to the named functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+from tf_otel import record
+from tf_otel.instrument._patching import run_step, state, when_imported, wrap
+
+_LIBRARY_MODULES = ("tensorflow", "keras", "tf_keras", "horovod", "tf_otel")
+_step_functions: Optional[Tuple[str, ...]] = None
+_executing_eagerly: Optional[Callable[[], bool]] = None
+
+
+def _function_name(function: Any) -> Tuple[str, str]:
+    python_function = getattr(function, "_python_function", None)
+    module = getattr(python_function, "__module__", "") or ""
+    name = getattr(function, "_name", None) or getattr(python_function, "__name__", "function")
+    return name, module
+
+
+def _is_step(function: Any) -> bool:
+    cached = getattr(function, "_tf_otel_is_step", None)
+    if cached is not None:
+        return cached
+    name, module = _function_name(function)
+    if _step_functions:
+        result = name in _step_functions
+    else:
+        result = module.split(".")[0] not in _LIBRARY_MODULES
+    try:
+        function._tf_otel_is_step = result
+    except AttributeError:
+        pass
+    return result
+
+
+def _call_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if state.depth or state.keras_loop or not _executing_eagerly() or not _is_step(instance):
+        # nested tf.functions (and library ones) still mark the thread, so their inner calls
+        # are not mistaken for steps
+        state.depth += 1
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            state.depth -= 1
+    name, _ = _function_name(instance)
+    key = f"{record.TF_FUNCTION}:{name}"
+    attributes = {record.ATTR_FUNCTION_NAME: name}
+    return run_step(
+        wrapped, args, kwargs, key, f"tf.function {name}", record.TF_FUNCTION, attributes
+    )
+
+
+def _patch(module: Any) -> None:
+    global _executing_eagerly, _step_functions
+    from tensorflow.python.eager import context
+
+    from tf_otel.config import Settings
+
+    _executing_eagerly = context.executing_eagerly
+    _step_functions = Settings.from_env().step_functions
+    wrap(module.Function, "__call__", _call_wrapper)
+
+
+def register() -> None:
+    when_imported("tensorflow.python.eager.polymorphic_function.polymorphic_function", _patch)

@@ -1,0 +1,152 @@
+"""OpenTelemetry SDK set-up: from OTEL_* the way ``opentelemetry-instrument`` does it, plus the
+OTLP-JSON file exporter (``TF_OTEL_FILE``) and quieting of exporters that cannot reach a collector.
+
+Usage::
+
+    configure_from_env()            # no-op when the process already set a TracerProvider
+    add_file_exporter("spans.jsonl")
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+from typing import IO, Any, Dict, Optional, Sequence
+
+from tf_otel.health import count, log_once
+
+_configured_here = False
+
+
+def provider_is_configured() -> bool:
+    from opentelemetry import trace
+    from opentelemetry.trace import ProxyTracerProvider
+
+    return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+
+
+def configure_from_env() -> bool:
+    """Configure the SDK from OTEL_* unless a TracerProvider is already set. True if we did."""
+    global _configured_here
+    if provider_is_configured():
+        return False
+    # opentelemetry-instrument's defaults, but nothing for signals tf_otel does not produce.
+    os.environ.setdefault("OTEL_METRICS_EXPORTER", "none")
+    os.environ.setdefault("OTEL_LOGS_EXPORTER", "none")
+    from opentelemetry.distro import OpenTelemetryConfigurator, OpenTelemetryDistro
+
+    OpenTelemetryDistro().configure()
+    OpenTelemetryConfigurator().configure()
+    _configured_here = provider_is_configured()
+    return _configured_here
+
+
+def configured_here() -> bool:
+    return _configured_here
+
+
+class _ExportFailureFilter(logging.Filter):
+    """Let the first export failure of each logger through, count the rest."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        count("export_errors")
+        key = "export:" + record.name
+        from tf_otel.health import _lock, _logged
+
+        with _lock:
+            if key in _logged:
+                return False
+            _logged.add(key)
+        record.msg = f"tf_otel: span export is failing; training goes on. First error: {record.msg}"
+        return True
+
+
+def quiet_exporter_logs() -> None:
+    """One log line per exporter when a collector is missing or hangs, not one per retry."""
+    flt = _ExportFailureFilter()
+    for name in (
+        "opentelemetry.exporter.otlp.proto.grpc.exporter",
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        "opentelemetry.exporter.otlp.proto.http._common",
+        "opentelemetry.sdk.trace.export",
+        "opentelemetry.sdk._shared_internal",
+    ):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _ExportFailureFilter) for f in logger.filters):
+            logger.addFilter(flt)
+
+
+def _hex_ids(node: Any) -> Any:
+    """protobuf's JSON writes bytes as base64; OTLP/JSON wants trace and span ids in hex."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("traceId", "spanId", "parentSpanId") and isinstance(value, str):
+                node[key] = base64.b64decode(value).hex()
+            else:
+                _hex_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids(item)
+    return node
+
+
+def spans_to_otlp_json(spans: Sequence[Any]) -> Dict[str, Any]:
+    """ReadableSpans -> one OTLP/JSON ``TracesData`` object."""
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    message = encode_spans(spans)
+    return _hex_ids(MessageToDict(message, use_integers_for_enums=True))
+
+
+class OtlpJsonFileExporter:
+    """Writes one OTLP/JSON TracesData per line (the Collector file exporter format)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._file: Optional[IO[str]] = None
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        try:
+            line = json.dumps(spans_to_otlp_json(spans), separators=(",", ":"))
+            with self._lock:
+                if self._file is None:
+                    directory = os.path.dirname(os.path.abspath(self.path))
+                    os.makedirs(directory, exist_ok=True)
+                    self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+                self._file.write(line + "\n")
+                self._file.flush()
+            return SpanExportResult.SUCCESS
+        except Exception as exc:  # noqa: BLE001
+            log_once("file_export", "tf_otel: cannot write TF_OTEL_FILE=%r (%s)", self.path, exc)
+            return SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def add_file_exporter(path: str) -> bool:
+    """Add a batch processor writing OTLP-JSON to ``path`` on the global SDK TracerProvider."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = trace.get_tracer_provider()
+    if not hasattr(provider, "add_span_processor"):
+        log_once("file_export_provider", "tf_otel: TF_OTEL_FILE needs the OpenTelemetry SDK")
+        return False
+    provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(path)))
+    return True

@@ -1,0 +1,445 @@
+"""Step traces: ids shared by all ranks, sampling, Record -> span on a background thread.
+
+The training thread only calls ``begin_step`` / ``end_step`` (a counter, a hash and a sampler
+call; for unsampled steps nothing else) and ``add_records``; spans are built and exported
+elsewhere. See docs/ARCHITECTURE.md for the contract.
+
+Usage::
+
+    pipeline = get_pipeline()
+    step = pipeline.begin_step("keras_train", "keras.train_function", record.KERAS_TRAIN)
+    ...  # the step runs
+    pipeline.end_step(step)
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import queue
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from tf_otel import clock, record
+from tf_otel.config import Settings
+from tf_otel.coordinator import CoordinatorClient, StepAggregator
+from tf_otel.health import count, counters, fail_open, log_once, logger
+from tf_otel.topology import Topology
+
+_STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
+
+
+def step_trace_id(job_id: str, key: str, step: int) -> int:
+    digest = hashlib.sha256(f"{job_id}/{key}/{step}".encode()).digest()
+    return int.from_bytes(digest[:16], "big") or 1
+
+
+def step_root_span_id(job_id: str, key: str, step: int) -> int:
+    digest = hashlib.sha256(f"{job_id}/{key}/{step}/root".encode()).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+@dataclass
+class StepHandle:
+    """One step on this rank, held by the training thread from begin to end."""
+
+    key: str
+    step: int
+    name: str
+    kind: str
+    trace_id: int
+    sampled: bool
+    start_ns: int
+    end_ns: int = 0
+    attributes: Dict[str, Any] = field(default_factory=dict)
+    records: List[record.Record] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+class _PrimedIdGenerator:
+    """Random ids, except where the pipeline asks for a given next trace / span id."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.local = threading.local()
+
+    def prime(self, trace_id: int, span_id: int) -> None:
+        self.local.next = (trace_id, span_id)
+
+    def generate_trace_id(self) -> int:
+        primed = getattr(self.local, "next", None)
+        return primed[0] if primed else self.inner.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        primed = getattr(self.local, "next", None)
+        if primed:
+            self.local.next = None
+            return primed[1]
+        return self.inner.generate_span_id()
+
+    def is_trace_id_random(self) -> bool:
+        return False
+
+
+class Pipeline:
+    """The per-process tracing state: step counters, sampling, the export thread, rank 0's roots."""
+
+    def __init__(self, settings: Settings, topology: Topology) -> None:
+        from opentelemetry import trace
+
+        from tf_otel import __version__
+
+        self.settings = settings
+        self.topology = topology
+        self.job_id = topology.job_id
+        self._tracer = trace.get_tracer("tf_otel", __version__)
+        self._sampler = getattr(self._tracer, "sampler", None)
+        self._ids: Optional[_PrimedIdGenerator] = None
+        if hasattr(self._tracer, "id_generator"):
+            self._ids = _PrimedIdGenerator(self._tracer.id_generator)
+            self._tracer.id_generator = self._ids
+        else:
+            log_once(
+                "no_sdk",
+                "tf_otel: the TracerProvider is not the OpenTelemetry SDK's; step root spans "
+                "cannot get their cross-rank ids",
+            )
+        self._counters: Dict[str, int] = {}
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._steps: Dict[tuple, Any] = {}  # (key, step) -> (span context, start, end), bounded
+        self._job_span: Any = None
+        self._aggregator: Optional[StepAggregator] = None
+        self._client: Optional[CoordinatorClient] = None
+        self._clock_sync: Any = None
+        self._started = False
+        self._closed = False
+        self._start_lock = threading.Lock()
+        self._worker = threading.Thread(target=self._work, name="tf_otel-export", daemon=True)
+
+    # -- training-thread side -------------------------------------------------------------
+
+    def begin_step(self, key: str, name: str, kind: str, **attributes: Any) -> StepHandle:
+        if not self._started:
+            self._start()
+        step = self._counters.get(key, 0)
+        self._counters[key] = step + 1
+        trace_id = step_trace_id(self.job_id, key, step)
+        return StepHandle(
+            key=key,
+            step=step,
+            name=name,
+            kind=kind,
+            trace_id=trace_id,
+            sampled=self._is_sampled(trace_id, name),
+            start_ns=clock.now_ns(),
+            attributes=attributes,
+        )
+
+    def end_step(self, handle: StepHandle, error: Optional[BaseException] = None) -> None:
+        handle.end_ns = clock.now_ns()
+        if not handle.sampled or self._closed:
+            return
+        if error is not None:
+            handle.error = type(error).__name__
+        if self._queue.qsize() >= self.settings.max_queue:
+            count("steps_dropped")
+            log_once("queue_full", "tf_otel: export queue full; dropping step spans (counted)")
+            return
+        self._queue.put(handle)
+
+    def add_records(self, key: str, step: int, records: List[record.Record]) -> None:
+        """Records of a step that were produced after it ended (e.g. parsed timelines)."""
+        if records and not self._closed:
+            self._queue.put((key, step, records))
+
+    def _is_sampled(self, trace_id: int, name: str) -> bool:
+        if self._sampler is None:
+            return True
+        from opentelemetry.context import Context
+
+        try:
+            # an empty context: a user's span around fit() must not change the decision
+            return self._sampler.should_sample(Context(), trace_id, name).decision.is_sampled()
+        except Exception:  # noqa: BLE001
+            count("sampler_errors")
+            return True
+
+    # -- start / stop ---------------------------------------------------------------------
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._started:
+                return
+            self._started = True
+            with fail_open("pipeline.start"):
+                self._start_services()
+            self._worker.start()
+
+    def _start_services(self) -> None:
+        topo = self.topology
+        address = self.settings.coordinator or topo.coordinator_address()
+        wait_s = self.settings.root_wait_ms / 1000.0
+        if topo.is_reference:
+            self._start_job_span()
+            self._aggregator = StepAggregator(topo.world_size, wait_s, self._emit_root)
+            if topo.world_size > 1 and address is not None:
+                bind_host = "127.0.0.1" if address[0] in ("127.0.0.1", "localhost") else "0.0.0.0"
+                self._aggregator.serve((bind_host, address[1]))
+        elif address is not None:
+            self._client = CoordinatorClient(address, topo.rank, self.settings.max_queue)
+        else:
+            log_once(
+                "no_coordinator",
+                "tf_otel: rank 0's host is unknown (multi-host launch); set "
+                "TF_OTEL_COORDINATOR=host:port so step roots cover every rank",
+            )
+        with fail_open("clock.start"):
+            from tf_otel.clock import sync
+
+            self._clock_sync = sync.start_sync(topo, self.settings)
+
+    def _start_job_span(self) -> None:
+        from opentelemetry.propagate import extract
+
+        carrier = {}
+        for env_name, header in (("TRACEPARENT", "traceparent"), ("TRACESTATE", "tracestate")):
+            if os.environ.get(env_name):
+                carrier[header] = os.environ[env_name]
+        parent = extract(carrier) if carrier else None
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        self._job_span = self._tracer.start_span(
+            f"training job {script}",
+            context=parent,
+            start_time=clock.now_ns(),
+            attributes={
+                record.ATTR_CATEGORY: record.JOB,
+                record.ATTR_JOB_ID: self.job_id,
+                record.ATTR_WORLD_SIZE: self.topology.world_size,
+                record.ATTR_LAUNCHER: self.topology.launcher,
+            },
+        )
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        if self._closed or not self._started:
+            self._closed = True
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._worker.join(timeout_s)
+        if self._client is not None:
+            self._client.close(min(timeout_s, 2.0))
+        if self._aggregator is not None:
+            self._aggregator.flush(min(timeout_s, self.settings.root_wait_ms / 1000.0))
+            self._aggregator.close()
+        if self._clock_sync is not None:
+            with fail_open("clock.stop"):
+                self._clock_sync.stop()
+        if self._job_span is not None:
+            self._job_span.end(end_time=clock.now_ns())
+        if counters:
+            logger.debug("tf_otel counters: %s", dict(counters))
+
+    # -- export-thread side ---------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            with fail_open("export.step"):
+                if isinstance(item, StepHandle):
+                    self._export_step(item)
+                else:
+                    self._export_late(*item)
+
+    def _export_step(self, handle: StepHandle) -> None:
+        from opentelemetry.trace import (
+            NonRecordingSpan,
+            SpanContext,
+            Status,
+            StatusCode,
+            TraceFlags,
+            set_span_in_context,
+        )
+
+        model = clock.current_model()
+        start = model.to_reference(handle.start_ns)
+        end = max(start, model.to_reference(handle.end_ns))
+        root = SpanContext(
+            trace_id=handle.trace_id,
+            span_id=step_root_span_id(self.job_id, handle.key, handle.step),
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        attributes = {
+            record.ATTR_CATEGORY: record.STEP,
+            record.ATTR_RANK: self.topology.rank,
+            record.ATTR_STEP: handle.step,
+            record.ATTR_STEP_KIND: handle.kind,
+            record.ATTR_CLOCK_OFFSET: model.offset_at(handle.start_ns),
+            record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
+            **handle.attributes,
+        }
+        span = self._tracer.start_span(
+            f"rank {self.topology.rank} {handle.name}",
+            context=set_span_in_context(NonRecordingSpan(root)),
+            start_time=start,
+            attributes=attributes,
+        )
+        if handle.error:
+            span.set_status(Status(StatusCode.ERROR, handle.error))
+        span.end(end_time=end)
+        self._remember(handle.key, handle.step, (span.get_span_context(), start, end))
+        self._export_records(handle.step, handle.records, span.get_span_context(), start, end)
+        if self._aggregator is not None:
+            self._aggregator.add(self.topology.rank, handle.key, handle.step, start, end)
+        elif self._client is not None:
+            self._client.report(handle.key, handle.step, start, end)
+
+    def _remember(self, key: str, step: int, value: Any) -> None:
+        self._steps[(key, step)] = value
+        while len(self._steps) > _STEP_CACHE:
+            self._steps.pop(next(iter(self._steps)))
+
+    def _export_late(self, key: str, step: int, records: List[record.Record]) -> None:
+        known = self._steps.get((key, step))
+        if known is None:
+            count("records_orphaned")
+            return
+        self._export_records(step, records, *known)
+
+    def _export_records(
+        self, step: int, records: List[record.Record], step_ctx: Any, lo: int, hi: int
+    ) -> None:
+        """Records -> spans under the step span; every child clamped inside its parent."""
+        from opentelemetry.trace import NonRecordingSpan, set_span_in_context
+
+        if not records:
+            return
+        model = clock.current_model()
+        by_id = {r.record_id: r for r in records}
+        done: Dict[int, Any] = {}
+
+        def emit(rec: record.Record) -> Any:
+            if rec.record_id in done:
+                return done[rec.record_id]
+            done[rec.record_id] = None  # cycle guard
+            parent_ctx, p_lo, p_hi = step_ctx, lo, hi
+            if rec.parent_id is not None and rec.parent_id in by_id:
+                parent = emit(by_id[rec.parent_id])
+                if parent is not None:
+                    parent_ctx, p_lo, p_hi = parent
+            start = model.to_reference(rec.start_ns)
+            end = model.to_reference(rec.end_ns)
+            if start < p_lo or end > p_hi:
+                count("spans_clamped")
+            start = min(max(start, p_lo), p_hi)
+            end = min(max(end, start), p_hi)
+            attributes = {
+                record.ATTR_CATEGORY: rec.category,
+                record.ATTR_RANK: self.topology.rank,
+                record.ATTR_STEP: step,
+                record.ATTR_CLOCK_OFFSET: model.offset_at(rec.start_ns),
+                record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
+                **rec.attributes,
+            }
+            span = self._tracer.start_span(
+                rec.name,
+                context=set_span_in_context(NonRecordingSpan(parent_ctx)),
+                start_time=start,
+                attributes=attributes,
+            )
+            span.end(end_time=end)
+            done[rec.record_id] = (span.get_span_context(), start, end)
+            return done[rec.record_id]
+
+        for rec in records:
+            emit(rec)
+
+    def _emit_root(self, key: str, step: int, start_ns: int, end_ns: int, ranks: int) -> None:
+        from opentelemetry.context import Context
+        from opentelemetry.trace import Link
+
+        if self._ids is None:
+            return
+        links = []
+        if self._job_span is not None and self._job_span.get_span_context().is_valid:
+            links.append(Link(self._job_span.get_span_context()))
+        self._ids.prime(
+            step_trace_id(self.job_id, key, step), step_root_span_id(self.job_id, key, step)
+        )
+        span = self._tracer.start_span(
+            f"{key} step {step}",
+            context=Context(),
+            links=links,
+            start_time=start_ns,
+            attributes={
+                record.ATTR_CATEGORY: record.STEP_ROOT,
+                record.ATTR_STEP: step,
+                record.ATTR_JOB_ID: self.job_id,
+                record.ATTR_STEP_RANKS: ranks,
+                record.ATTR_WORLD_SIZE: self.topology.world_size,
+            },
+        )
+        span.end(end_time=end_ns)
+
+
+_pipeline: Optional[Pipeline] = None
+_pipeline_lock = threading.Lock()
+
+
+def get_pipeline() -> Pipeline:
+    global _pipeline
+    if _pipeline is None:
+        with _pipeline_lock:
+            if _pipeline is None:
+                settings = Settings.from_env()
+                from tf_otel.topology import detect
+
+                _pipeline = Pipeline(settings, detect(job_id=settings.job_id))
+    return _pipeline
+
+
+def shutdown(timeout_s: float = 5.0) -> None:
+    """Flush this process's step spans (bounded by timeout_s). Safe to call more than once."""
+    pipeline = _pipeline
+    if pipeline is not None:
+        with fail_open("shutdown"):
+            pipeline.shutdown(timeout_s)
+    with fail_open("shutdown.provider"):
+        from opentelemetry import trace
+
+        provider = trace.get_tracer_provider()
+        if hasattr(provider, "force_flush"):
+            provider.force_flush(int(timeout_s * 1000))
+
+
+_exit_handlers_installed = False
+
+
+def install_exit_handlers() -> None:
+    """Flush on normal exit and on SIGTERM (chaining any handler the program set)."""
+    global _exit_handlers_installed
+    if _exit_handlers_installed:
+        return
+    _exit_handlers_installed = True
+    atexit.register(shutdown)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with fail_open("sigterm"):
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            shutdown(timeout_s=3.0)
+            if callable(previous):
+                previous(signum, frame)
+                return
+            signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        if previous in (signal.SIG_DFL, None) or callable(previous):
+            signal.signal(signal.SIGTERM, on_sigterm)
