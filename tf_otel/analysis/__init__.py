@@ -1,0 +1,16 @@
+"""Cross-rank trace analysis behind ``tf-otel analyze``.
+
+Pipeline: ``load`` (OTLP-JSON files, Jaeger, Tempo) -> ``steps`` (one ``StepTrace`` per step
+trace) -> ``critical_path`` (per step, across ranks) -> ``stragglers`` / ``outliers`` (across
+steps) -> ``findings`` -> ``report`` (terminal, JSON, HTML, PNG).
+
+Usage::
+
+    from tf_otel.analysis.analyze import analyze_spans
+    from tf_otel.analysis.load.otlp_json import load_paths
+
+    result = analyze_spans(load_paths(["traces/"]))
+    print(result.findings)
+
+This package never imports TensorFlow.
+"""

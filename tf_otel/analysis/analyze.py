@@ -1,0 +1,65 @@
+"""Run the whole analysis on loaded spans.
+
+Usage::
+
+    result = analyze_spans(spans, source="traces/", step_range=(10, 20))
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from tf_otel.analysis.critical_path import critical_path
+from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.findings import evaluate_rules
+from tf_otel.analysis.gpu import gpu_utilisation
+from tf_otel.analysis.model import Span
+from tf_otel.analysis.outliers import step_outliers
+from tf_otel.analysis.result import AnalysisResult, StepResult
+from tf_otel.analysis.steps import filter_job, group_steps, select_steps
+from tf_otel.analysis.stragglers import straggler_summary
+
+
+def analyze_spans(
+    spans: List[Span],
+    source: str = "",
+    job_id: Optional[str] = None,
+    step_range: Optional[Tuple[Optional[int], Optional[int]]] = None,
+    start_ns: Optional[int] = None,
+    end_ns: Optional[int] = None,
+    straggler_min_share: float = 0.05,
+    straggler_min_ns: int = 1_000_000,
+) -> AnalysisResult:
+    if not spans:
+        raise AnalysisError(f"{source or 'input'}: no spans")
+    spans = filter_job(spans, job_id)
+    all_steps, warnings = group_steps(spans)
+    if not all_steps:
+        raise AnalysisError(f"{source or 'input'}: no step traces (no step.root or step spans)")
+    selected = select_steps(all_steps, step_range, start_ns, end_ns)
+    if not selected:
+        raise AnalysisError(f"{source or 'input'}: no steps in the selected range")
+    results = [StepResult(key, trace, critical_path(trace)) for key, trace in enumerate(selected)]
+    stragglers = straggler_summary(
+        {r.key: r.path for r in results}, straggler_min_share, straggler_min_ns
+    )
+    for step_result in results:
+        step_result.straggler = stragglers.step_stragglers.get(step_result.key)
+        missing = step_result.trace.missing_ranks
+        if missing:
+            warnings.append(f"step {step_result.label}: no spans from ranks {missing}")
+    outliers = step_outliers({r.key: r.trace.duration_ns for r in results})
+    for key in outliers.outliers:
+        results[key].outlier = True
+    job = job_id or next((r.trace.job_id for r in results if r.trace.job_id), None)
+    result = AnalysisResult(
+        source=source,
+        job_id=job,
+        steps=results,
+        stragglers=stragglers,
+        outliers=outliers,
+        gpu_utilization=gpu_utilisation(s for r in results for s in r.trace.spans),
+        warnings=warnings,
+    )
+    result.findings = evaluate_rules(result)
+    return result

@@ -1,0 +1,350 @@
+"""The cross-rank critical path of one step.
+
+Usage::
+
+    path = critical_path(step_trace)
+    path.by_category()   # {"compute": ns, "input": ns, "communication": ns, ...}
+    path.by_rank()       # {0: ns, 1: ns}
+
+The step is a DAG: on each rank its timeline spans (compute, input, collective, transfer) in
+time order; a collective's completion on every rank depends on every rank's arrival (its start),
+joined across ranks by ``tf_otel.collective.key``; a PS transfer's completion depends on the
+peer span with the same ``tensorflow.transfer.edge``. The path is found walking back from the end
+of the rank that finished last: at a rank at time ``t`` take the span that ended last at or before
+``t`` (a compute/input span still running at ``t`` covers the time up to ``t`` when nothing ended
+exactly at ``t``); at a collective jump to the rank that arrived last (``horovod.last_arrival``
+when exactly one rank says so, else the latest start). Ties: stay on the current rank, else the
+lowest rank; among spans with the same end, the latest start, then category, then span id.
+
+Time on the path is split into ``compute``, ``input``, ``communication`` (a collective after its
+last arrival, PS transfers), ``straggler_wait`` (a collective waiting for a rank that has no
+spans in the trace) and ``framework`` (time on the path inside no timeline span).
+
+The path is cut into legs at every sync point (collective or transfer on the path); a leg on
+rank r from sync A to sync B is compared with the same leg (A's completion to B's arrival) on
+every other rank: ``excess_ns`` = leg - median of the others, ``saving_ns`` = leg - slowest
+other (what the step would save if r were no slower than the next rank).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from tf_otel.analysis.model import Span
+from tf_otel.analysis.steps import RankTimeline, StepTrace
+from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COLLECTIVE_WAIT, COMPUTE, INPUT, TRANSFER
+
+ATTR_LAST_ARRIVAL = "horovod.last_arrival"
+ATTR_WAIT_NS = "horovod.wait_ns"
+ATTR_TRANSFER_EDGE = "tensorflow.transfer.edge"
+
+# Path categories, in report order.
+PATH_COMPUTE = "compute"
+PATH_INPUT = "input"
+PATH_COMMUNICATION = "communication"
+PATH_STRAGGLER_WAIT = "straggler_wait"
+PATH_FRAMEWORK = "framework"
+PATH_CATEGORIES = (
+    PATH_COMPUTE,
+    PATH_INPUT,
+    PATH_COMMUNICATION,
+    PATH_STRAGGLER_WAIT,
+    PATH_FRAMEWORK,
+)
+_NODE_CATEGORY = {COMPUTE: PATH_COMPUTE, INPUT: PATH_INPUT}
+_PRIORITY = {COLLECTIVE: 3, TRANSFER: 2, COMPUTE: 1, INPUT: 0}
+_PARTIAL_OK = frozenset((COMPUTE, INPUT))
+STEP_START = "<step start>"
+STEP_END = "<step end>"
+
+
+@dataclass
+class Segment:
+    rank: int
+    start_ns: int
+    end_ns: int
+    category: str
+    name: str
+    span_id: Optional[str] = None
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass
+class Leg:
+    """The path's stay on one rank between two sync points (collective keys or step edges)."""
+
+    rank: int
+    begin: str
+    end: str
+    start_ns: int
+    end_ns: int
+    median_other_ns: Optional[int] = None
+    slowest_other_ns: Optional[int] = None
+
+    @property
+    def length_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def excess_ns(self) -> int:
+        if self.median_other_ns is None:
+            return 0
+        return max(0, self.length_ns - self.median_other_ns)
+
+    @property
+    def saving_ns(self) -> int:
+        if self.slowest_other_ns is None:
+            return 0
+        return max(0, self.length_ns - self.slowest_other_ns)
+
+
+@dataclass
+class CriticalPath:
+    step: StepTrace
+    segments: List[Segment] = field(default_factory=list)  # in time order
+    legs: List[Leg] = field(default_factory=list)  # in time order
+
+    @property
+    def length_ns(self) -> int:
+        return sum(segment.duration_ns for segment in self.segments)
+
+    def by_category(self) -> Dict[str, int]:
+        totals = dict.fromkeys(PATH_CATEGORIES, 0)
+        for segment in self.segments:
+            totals[segment.category] += segment.duration_ns
+        return totals
+
+    def by_rank(self) -> Dict[int, int]:
+        totals: Dict[int, int] = {}
+        for segment in self.segments:
+            totals[segment.rank] = totals.get(segment.rank, 0) + segment.duration_ns
+        return dict(sorted(totals.items()))
+
+    def excess_by_rank(self) -> Dict[int, int]:
+        totals: Dict[int, int] = {}
+        for leg in self.legs:
+            totals[leg.rank] = totals.get(leg.rank, 0) + leg.excess_ns
+        return totals
+
+    def saving_by_rank(self) -> Dict[int, int]:
+        totals: Dict[int, int] = {}
+        for leg in self.legs:
+            totals[leg.rank] = totals.get(leg.rank, 0) + leg.saving_ns
+        return totals
+
+
+class _RankIndex:
+    """Timeline spans of one rank, searchable by end (last ended) and start (still running)."""
+
+    def __init__(self, timeline: RankTimeline) -> None:
+        self.timeline = timeline
+        nodes = sorted(
+            timeline.nodes,
+            key=lambda s: (s.end_ns, s.start_ns, _PRIORITY.get(s.category, 0), s.span_id),
+        )
+        self.by_end = nodes
+        self.ends = [s.end_ns for s in nodes]
+        self.limit = len(nodes)  # spans at or after this index are used or ended too late
+        partial = sorted(
+            (s for s in timeline.nodes if s.category in _PARTIAL_OK),
+            key=lambda s: (s.start_ns, s.span_id),
+        )
+        self.partial_starts = [s.start_ns for s in partial]
+        self.partial_reach: List[Span] = []  # prefix: the span reaching furthest
+        best: Optional[Span] = None
+        for span in partial:
+            if best is None or span.end_ns > best.end_ns:
+                best = span
+            self.partial_reach.append(best)
+        fillers = sorted(timeline.fillers, key=lambda s: (s.start_ns, s.span_id))
+        self.fillers = fillers
+        self.filler_starts = [s.start_ns for s in fillers]
+
+    def last_before(self, t: int) -> Tuple[Optional[Span], bool]:
+        """The span the path takes at time t, and whether it is still running at t."""
+        index = min(bisect.bisect_right(self.ends, t), self.limit) - 1
+        ended = self.by_end[index] if index >= 0 else None
+        if ended is not None and ended.end_ns == t:
+            self.limit = index
+            return ended, False
+        cut = bisect.bisect_left(self.partial_starts, t)
+        if cut > 0:
+            running = self.partial_reach[cut - 1]
+            if running.end_ns > t:
+                return running, True
+        if ended is not None:
+            self.limit = index
+        return ended, False
+
+    def gap_name(self, start: int, end: int) -> Tuple[str, Optional[str]]:
+        """The framework/kernel span overlapping [start, end) most, else '(gap)'."""
+        best: Optional[Span] = None
+        best_overlap = 0
+        last = bisect.bisect_left(self.filler_starts, end) - 1
+        for i in range(last, max(-1, last - 64), -1):  # bounded scan, nearest starts first
+            span = self.fillers[i]
+            overlap = min(end, span.end_ns) - max(start, span.start_ns)
+            if overlap > best_overlap:
+                best, best_overlap = span, overlap
+        if best is None:
+            return "(gap)", None
+        return best.name, best.span_id
+
+
+def _collective_index(step: StepTrace) -> Dict[str, Dict[int, Span]]:
+    index: Dict[str, Dict[int, Span]] = {}
+    for rank in sorted(step.ranks):
+        for span in step.ranks[rank].nodes:
+            if span.category != COLLECTIVE:
+                continue
+            key = span.attributes.get(ATTR_COLLECTIVE_KEY)
+            if key is None:
+                continue
+            members = index.setdefault("c:" + str(key), {})
+            if rank not in members or span.start_ns < members[rank].start_ns:
+                members[rank] = span
+    return index
+
+
+def _transfer_index(step: StepTrace) -> Dict[str, Dict[int, Span]]:
+    index: Dict[str, Dict[int, Span]] = {}
+    for rank in sorted(step.ranks):
+        for span in step.ranks[rank].nodes:
+            edge = span.attributes.get(ATTR_TRANSFER_EDGE) if span.category == TRANSFER else None
+            if edge is not None:
+                index.setdefault("t:" + str(edge), {}).setdefault(rank, span)
+    return index
+
+
+def _last_arrival(members: Dict[int, Span], current: int) -> int:
+    flagged = [rank for rank, span in members.items() if span.attributes.get(ATTR_LAST_ARRIVAL) is True]
+    if len(flagged) == 1:
+        return flagged[0]
+    latest = max(span.start_ns for span in members.values())
+    tied = [rank for rank, span in members.items() if span.start_ns == latest]
+    return current if current in tied else min(tied)
+
+
+def _wait_end(span: Span, timeline: RankTimeline) -> int:
+    """Where this rank's waiting inside a collective ends (wait child, horovod.wait_ns)."""
+    waits = [p for p in timeline.parts.get(span.span_id, ()) if p.category == COLLECTIVE_WAIT]
+    if waits:
+        return min(span.end_ns, max(p.end_ns for p in waits))
+    wait_ns = span.attributes.get(ATTR_WAIT_NS)
+    if wait_ns is not None:
+        try:
+            return min(span.end_ns, span.start_ns + max(0, int(wait_ns)))
+        except (TypeError, ValueError):
+            pass
+    if span.attributes.get(ATTR_LAST_ARRIVAL) is False:
+        return span.end_ns
+    return span.start_ns
+
+
+def critical_path(step: StepTrace) -> CriticalPath:
+    path = CriticalPath(step)
+    if not step.ranks:
+        return path
+    indexes = {rank: _RankIndex(timeline) for rank, timeline in step.ranks.items()}
+    syncs = _collective_index(step)
+    syncs.update(_transfer_index(step))
+    expected = set(step.expected_ranks)
+    backward: List[Segment] = []
+    legs: List[Leg] = []
+
+    def add(rank: int, start: int, end: int, category: str, name: str, span_id=None) -> None:
+        if end > start:
+            backward.append(Segment(rank, start, end, category, name, span_id))
+
+    def add_gap(rank: int, start: int, end: int) -> None:
+        if end > start:
+            name, span_id = indexes[rank].gap_name(start, end)
+            backward.append(Segment(rank, start, end, PATH_FRAMEWORK, name, span_id))
+
+    last_end = max(t.end_ns for t in step.ranks.values())
+    rank = min(r for r, t in step.ranks.items() if t.end_ns == last_end)
+    add(rank, last_end, step.end_ns, PATH_FRAMEWORK, "(after last rank)")
+    t = last_end
+    leg_rank, leg_end_key, leg_end_ns = rank, STEP_END, t
+    while True:
+        index = indexes[rank]
+        node, running = index.last_before(t)
+        if node is None:
+            break
+        if running:
+            add(rank, node.start_ns, t, _NODE_CATEGORY[node.category], node.name, node.span_id)
+            t = node.start_ns
+            continue
+        add_gap(rank, node.end_ns, t)
+        t = node.end_ns
+        sync_key = _sync_key(node)
+        members = syncs.get(sync_key) if sync_key else None
+        if not members:
+            category = _NODE_CATEGORY.get(node.category, PATH_COMMUNICATION)
+            add(rank, node.start_ns, t, category, node.name, node.span_id)
+            t = node.start_ns
+            continue
+        # a sync point: close the leg that starts when this sync completes on this rank
+        legs.append(Leg(leg_rank, sync_key, leg_end_key, node.end_ns, leg_end_ns))
+        source = _last_arrival(members, rank) if node.category == COLLECTIVE else None
+        if source is None:  # transfer: wait for the peer that started last
+            source = max(members, key=lambda r: (members[r].start_ns, r == rank, -r))
+        arrival = min(members[source].start_ns, t)
+        if source != rank:
+            add(rank, arrival, t, PATH_COMMUNICATION, node.name, node.span_id)
+        else:
+            wait_end = node.start_ns
+            if node.category == COLLECTIVE and not expected.issubset(members):
+                wait_end = _wait_end(node, step.ranks[rank])
+            add(rank, wait_end, t, PATH_COMMUNICATION, node.name, node.span_id)
+            add(rank, node.start_ns, wait_end, PATH_STRAGGLER_WAIT, node.name, node.span_id)
+            arrival = node.start_ns
+        rank, t = source, arrival
+        leg_rank, leg_end_key, leg_end_ns = rank, sync_key, t
+    first = step.ranks[rank].start_ns
+    add_gap(rank, min(first, t), t)
+    add(rank, step.start_ns, min(first, t), PATH_FRAMEWORK, "(before rank's step)")
+    legs.append(Leg(leg_rank, STEP_START, leg_end_key, step.start_ns, leg_end_ns))
+    path.segments = backward[::-1]
+    path.legs = legs[::-1]
+    _compare_legs(path.legs, step, syncs)
+    return path
+
+
+def _sync_key(node: Span) -> Optional[str]:
+    if node.category == COLLECTIVE:
+        key = node.attributes.get(ATTR_COLLECTIVE_KEY)
+        return None if key is None else "c:" + str(key)
+    if node.category == TRANSFER:
+        edge = node.attributes.get(ATTR_TRANSFER_EDGE)
+        return None if edge is None else "t:" + str(edge)
+    return None
+
+
+def _compare_legs(legs: List[Leg], step: StepTrace, syncs: Dict[str, Dict[int, Span]]) -> None:
+    for leg in legs:
+        others: List[int] = []
+        for rank, timeline in step.ranks.items():
+            if rank == leg.rank:
+                continue
+            if leg.begin == STEP_START:
+                begin: Optional[int] = step.start_ns
+            else:
+                member = syncs.get(leg.begin, {}).get(rank)
+                begin = member.end_ns if member else None
+            if leg.end == STEP_END:
+                end: Optional[int] = timeline.end_ns
+            else:
+                member = syncs.get(leg.end, {}).get(rank)
+                end = member.start_ns if member else None
+            if begin is not None and end is not None:
+                others.append(end - begin)
+        if others:
+            leg.median_other_ns = int(statistics.median(others))
+            leg.slowest_other_ns = max(others)

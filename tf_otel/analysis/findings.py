@@ -1,0 +1,195 @@
+"""Findings: rules over an ``AnalysisResult``, each with evidence and a suggestion.
+
+Usage::
+
+    result.findings = evaluate_rules(result)
+
+In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constants):
+- straggler: a rank is the step straggler in >= 1 step and its what-if saving is >= 2% of the
+  total step time or it straggles in >= 10% of the steps;
+- input_bound: input wait is >= 15% of the time on the critical path;
+- communication_bound: communication + straggler wait >= 30% of the critical path;
+- step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``);
+- low_gpu_utilization: only when spans carry ``gpu.utilization``: a rank's p95 < 70%.
+Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else low.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from tf_otel.analysis.critical_path import (
+    PATH_COMMUNICATION,
+    PATH_INPUT,
+    PATH_STRAGGLER_WAIT,
+)
+from tf_otel.analysis.result import AnalysisResult, Finding
+
+STRAGGLER_MIN_SAVING_SHARE = 0.02
+STRAGGLER_MIN_STEP_SHARE = 0.10
+INPUT_BOUND_SHARE = 0.15
+COMMUNICATION_BOUND_SHARE = 0.30
+LOW_GPU_P95_PERCENT = 70.0
+MAX_LISTED_STEPS = 20
+
+
+def _severity(share: float) -> str:
+    return "high" if share >= 0.10 else "medium" if share >= 0.03 else "low"
+
+
+def _ms(ns: float) -> float:
+    return round(ns / 1e6, 3)
+
+
+def straggler_findings(result: AnalysisResult) -> List[Finding]:
+    findings = []
+    total = result.total_ns or 1
+    for stats in result.stragglers.ranks.values():
+        count = len(stats.straggler_steps)
+        if not count:
+            continue
+        saving_share = stats.saving_ns / total
+        step_share = count / max(1, len(result.steps))
+        if saving_share < STRAGGLER_MIN_SAVING_SHARE and step_share < STRAGGLER_MIN_STEP_SHARE:
+            continue
+        numbers = [result.step_number(key) for key in stats.straggler_steps]
+        findings.append(
+            Finding(
+                rule="straggler",
+                severity=_severity(saving_share),
+                summary=(
+                    f"rank {stats.rank} is the straggler in {count} of {len(result.steps)} steps,"
+                    f" {_ms(stats.excess_ns / count)} ms behind the median rank on average"
+                ),
+                evidence={
+                    "rank": stats.rank,
+                    "steps": numbers[:MAX_LISTED_STEPS],
+                    "step_count": count,
+                    "mean_excess_ms": _ms(stats.excess_ns / count),
+                    "what_if_saving_ms": _ms(stats.saving_ns),
+                    "what_if_saving_share": round(saving_share, 4),
+                    "last_arrivals": stats.last_arrivals,
+                    "collectives": stats.collectives,
+                    "last_to_end": stats.last_to_end,
+                },
+                suggestion=(
+                    "Look at what this rank does before its late collectives (the legs on the "
+                    "critical path): an uneven data shard or input pipeline, a slower or shared "
+                    "host (CPU contention, thermal throttling, another job), or rank-specific work "
+                    "(logging, checkpointing on rank 0). Balance the work or move it off the step."
+                ),
+            )
+        )
+    return findings
+
+
+def _share_finding(
+    result: AnalysisResult, rule: str, categories: List[str], threshold: float
+) -> List[Finding]:
+    by_category = result.by_category()
+    path_total = sum(by_category.values()) or 1
+    at_stake = sum(by_category[c] for c in categories)
+    share = at_stake / path_total
+    if not result.steps or share < threshold:
+        return []
+    if rule == "input_bound":
+        summary = f"input wait is {share:.0%} of the critical path"
+        suggestion = (
+            "Overlap input with compute: dataset.prefetch(tf.data.AUTOTUNE), "
+            "map(num_parallel_calls=AUTOTUNE), interleave for file reads, cache() small "
+            "datasets, move decoding off the host's critical cores."
+        )
+    else:
+        summary = f"communication is {share:.0%} of the critical path"
+        suggestion = (
+            "Reduce or hide communication: larger HOROVOD_FUSION_THRESHOLD, fp16 gradient "
+            "compression (hvd.Compression.fp16), gradient accumulation / larger batches, "
+            "hierarchical allreduce; check the interconnect (NCCL over InfiniBand, not TCP)."
+        )
+    return [
+        Finding(
+            rule=rule,
+            severity=_severity(share),
+            summary=summary,
+            evidence={
+                "share": round(share, 4),
+                "threshold": threshold,
+                "critical_path_ms": {c: _ms(by_category[c]) for c in categories},
+                "total_critical_path_ms": _ms(path_total),
+            },
+            suggestion=suggestion,
+        )
+    ]
+
+
+def outlier_findings(result: AnalysisResult) -> List[Finding]:
+    stats = result.outliers
+    if not stats.outliers:
+        return []
+    durations = {key: result.steps[key].trace.duration_ns for key in stats.outliers}
+    extra = sum(d - stats.median_ns for d in durations.values())
+    worst = max(durations, key=lambda key: (durations[key], -key))
+    return [
+        Finding(
+            rule="step_outliers",
+            severity=_severity(extra / (result.total_ns or 1)),
+            summary=(
+                f"{len(durations)} steps take longer than {_ms(stats.threshold_ns)} ms "
+                f"(median {_ms(stats.median_ns)} ms); worst: step {result.step_label(worst)} "
+                f"({_ms(durations[worst])} ms)"
+            ),
+            evidence={
+                "steps": [result.step_number(k) for k in stats.outliers][:MAX_LISTED_STEPS],
+                "step_count": len(durations),
+                "median_ms": _ms(stats.median_ns),
+                "mad_ms": _ms(stats.mad_ns),
+                "threshold_ms": _ms(stats.threshold_ns),
+                "extra_ms": _ms(extra),
+            },
+            suggestion=(
+                "Compare an outlier step's critical path with a typical one (--html): the first "
+                "steps trace and compile functions; periodic ones point at checkpoints, "
+                "evaluation, logging or garbage collection; random ones at the host or network."
+            ),
+        )
+    ]
+
+
+def gpu_findings(result: AnalysisResult) -> List[Finding]:
+    low = {}
+    for rank, samples in result.gpu_utilization.items():
+        ordered = sorted(samples)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        if p95 < LOW_GPU_P95_PERCENT:
+            low[rank] = round(p95, 1)
+    if not low:
+        return []
+    return [
+        Finding(
+            rule="low_gpu_utilization",
+            severity="medium",
+            summary=f"GPU utilisation p95 below {LOW_GPU_P95_PERCENT:.0f}% on ranks "
+            + ", ".join(str(r) for r in low),
+            evidence={"p95_percent_by_rank": {str(r): v for r, v in low.items()}},
+            suggestion=(
+                "Give the GPU more work per launch: a larger batch, mixed precision, XLA "
+                "(jit_compile=True); if the critical path shows input or communication, fix that "
+                "first."
+            ),
+        )
+    ]
+
+
+def evaluate_rules(result: AnalysisResult) -> List[Finding]:
+    findings = straggler_findings(result)
+    findings += _share_finding(result, "input_bound", [PATH_INPUT], INPUT_BOUND_SHARE)
+    findings += _share_finding(
+        result,
+        "communication_bound",
+        [PATH_COMMUNICATION, PATH_STRAGGLER_WAIT],
+        COMMUNICATION_BOUND_SHARE,
+    )
+    findings += outlier_findings(result)
+    findings += gpu_findings(result)
+    order = {"high": 0, "medium": 1, "low": 2}
+    return sorted(findings, key=lambda f: order[f.severity])

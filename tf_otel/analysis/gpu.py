@@ -1,0 +1,30 @@
+"""GPU utilisation samples carried by spans (attribute ``gpu.utilization``), per rank.
+
+Usage::
+
+    samples = gpu_utilisation(spans)   # {rank: [percent, ...]}; {} when no GPU metrics
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List
+
+from tf_otel.analysis.model import Span
+
+ATTR_GPU_UTILIZATION = "gpu.utilization"
+
+
+def gpu_utilisation(spans: Iterable[Span]) -> Dict[int, List[float]]:
+    """Samples as percentages; when every sample is <= 1 they are fractions and are scaled."""
+    samples: Dict[int, List[float]] = {}
+    for span in spans:
+        value = span.attributes.get(ATTR_GPU_UTILIZATION)
+        if value is None or span.rank is None or isinstance(value, bool):
+            continue
+        try:
+            samples.setdefault(span.rank, []).append(float(value))
+        except (TypeError, ValueError):
+            continue
+    if samples and max(max(values) for values in samples.values()) <= 1.0:
+        samples = {rank: [v * 100.0 for v in values] for rank, values in samples.items()}
+    return dict(sorted(samples.items()))

@@ -1,0 +1,124 @@
+"""OTLP-JSON trace files: ``TF_OTEL_FILE`` output and the Collector's file exporter.
+
+One ``TracesData`` object per line (optionally gzip-compressed), or one whole-file JSON object
+(a pretty-printed ``TracesData``, or a Jaeger UI download). Directories are searched for
+``*.json``, ``*.jsonl``, ``*.otlp`` (``.gz`` too).
+
+Usage::
+
+    spans = load_paths(["traces/", "rank0.jsonl.gz"])
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from pathlib import Path
+from typing import Any, Iterable, List, Optional
+
+from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.load._json import DECODE_ERRORS, loads
+from tf_otel.analysis.load.jaeger import convert_jaeger_traces, is_jaeger_document
+from tf_otel.analysis.load.otlp import decode_traces_data, is_traces_data
+from tf_otel.analysis.load.progress import Progress
+from tf_otel.analysis.model import Span
+
+TRACE_SUFFIXES = (".json", ".jsonl", ".ndjson", ".otlp")
+_MAGIC = {b"\x89PNG": "a PNG image", b"%PDF": "a PDF", b"PK\x03\x04": "a zip archive"}
+
+
+def find_trace_files(paths: Iterable[str]) -> List[Path]:
+    files: List[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.name.lower().removesuffix(".gz").endswith(TRACE_SUFFIXES)
+            )
+            if not found:
+                raise AnalysisError(f"{path}: no trace files (*.json, *.jsonl, *.otlp) in it")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise AnalysisError(f"{path}: no such file or directory")
+    return files
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as error:
+        raise AnalysisError(f"{path}: cannot read ({error})") from None
+    for magic, what in _MAGIC.items():
+        if data.startswith(magic):
+            raise AnalysisError(f"{path}: not a trace file ({what})")
+    if b"\x00" in data[:4096]:
+        raise AnalysisError(f"{path}: not a trace file (binary data)")
+    return data
+
+
+def _foreign(obj: Any) -> Optional[str]:
+    """What a parsed JSON document is, when it is a known non-OTLP format."""
+    if isinstance(obj, dict) and "traceEvents" in obj:
+        return "a Chrome trace / TensorBoard profile, not OTLP-JSON"
+    if isinstance(obj, list) and obj and isinstance(obj[0], dict) and "ph" in obj[0]:
+        return "a Chrome trace event list, not OTLP-JSON"
+    return None
+
+
+def _decode_document(obj: Any, origin: str) -> List[Span]:
+    if is_traces_data(obj):
+        return decode_traces_data(obj, origin)
+    if is_jaeger_document(obj):
+        return convert_jaeger_traces(obj["data"], origin)
+    what = _foreign(obj) or "JSON without 'resourceSpans'"
+    raise AnalysisError(f"{origin}: not OTLP-JSON ({what})")
+
+
+def load_file(path: Path) -> List[Span]:
+    data = _read_bytes(path)
+    lines = data.splitlines()
+    spans: List[Span] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = loads(line)
+        except DECODE_ERRORS:
+            if not spans:
+                return _load_whole(path, data, number, len(lines))
+            raise AnalysisError(
+                f"{path}: line {number} is not valid JSON (truncated or corrupt file)"
+            ) from None
+        spans.extend(_decode_document(obj, f"{path} line {number}"))
+    if not spans and not data.strip():
+        raise AnalysisError(f"{path}: empty file")
+    return spans
+
+
+def _load_whole(path: Path, data: bytes, bad_line: int, line_count: int) -> List[Span]:
+    """A file whose first line is not JSON: maybe one pretty-printed document."""
+    try:
+        obj = loads(data)
+    except DECODE_ERRORS:
+        if line_count == 1 or bad_line > 1:
+            raise AnalysisError(
+                f"{path}: line {bad_line} is not valid JSON (truncated or corrupt file)"
+            ) from None
+        raise AnalysisError(f"{path}: not valid JSON (truncated, corrupt or not a trace)") from None
+    return _decode_document(obj, str(path))
+
+
+def load_paths(paths: Iterable[str], progress: Optional[bool] = None) -> List[Span]:
+    files = find_trace_files(paths)
+    spans: List[Span] = []
+    with Progress("reading trace files", len(files), progress) as bar:
+        for path in files:
+            spans.extend(load_file(path))
+            bar.advance()
+    return spans

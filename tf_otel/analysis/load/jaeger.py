@@ -1,0 +1,132 @@
+"""Jaeger: the query service's HTTP API (``/api/traces``) and its JSON trace model.
+
+Usage::
+
+    spans = fetch_jaeger("http://localhost:16686", service="train.py", job_id="42",
+                         start_ns=None, end_ns=None, limit=1000)
+    spans = convert_jaeger_traces(json.load(open("jaeger-ui-download.json"))["data"], "file")
+
+Jaeger keeps microseconds: times come back as multiples of 1,000 ns. Resource attributes are
+Jaeger "process" tags; ``service.name`` is the process's ``serviceName``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Dict, Iterable, List, Optional
+
+from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.load.http import build_url, get_json
+from tf_otel.analysis.load.progress import Progress
+from tf_otel.analysis.model import Span
+from tf_otel.record import ATTR_JOB_ID
+
+DEFAULT_LOOKBACK_NS = 7 * 24 * 3600 * 10**9
+_TAG_TYPES = {"int64": int, "float64": float}
+
+
+def _tags(tags: Optional[Iterable[Dict[str, Any]]]) -> Dict[str, Any]:
+    result: Dict[str, Any] = {}
+    for tag in tags or ():
+        value = tag.get("value")
+        convert = _TAG_TYPES.get(tag.get("type", ""))
+        if convert is not None and value is not None:
+            value = convert(value)
+        result[tag["key"]] = value
+    return result
+
+
+def _hex_id(raw: Any, size: int) -> str:
+    text = str(raw or "").lower()
+    int(text or "0", 16)  # ValueError on a non-hex id
+    return text.rjust(2 * size, "0")
+
+
+def is_jaeger_document(obj: Any) -> bool:
+    data = obj.get("data") if isinstance(obj, dict) else None
+    return isinstance(data, list) and all(isinstance(t, dict) and "traceID" in t for t in data)
+
+
+def convert_jaeger_traces(traces: Iterable[Dict[str, Any]], origin: str) -> List[Span]:
+    """Jaeger JSON-model traces (the ``data`` list of the query API) -> ``Span``s."""
+    spans: List[Span] = []
+    try:
+        for trace in traces:
+            processes: Dict[str, Dict[str, Any]] = {}
+            for process_id, process in (trace.get("processes") or {}).items():
+                resource = _tags(process.get("tags"))
+                resource.setdefault("service.name", process.get("serviceName"))
+                processes[process_id] = resource
+            for raw in trace.get("spans") or ():
+                parent = None
+                for reference in raw.get("references") or ():
+                    if reference.get("refType") == "CHILD_OF":
+                        parent = _hex_id(reference["spanID"], 8)
+                        break
+                start_ns = int(raw["startTime"]) * 1000
+                spans.append(
+                    Span(
+                        _hex_id(raw["traceID"], 16),
+                        _hex_id(raw["spanID"], 8),
+                        parent,
+                        raw.get("operationName", ""),
+                        start_ns,
+                        start_ns + int(raw.get("duration", 0)) * 1000,
+                        _tags(raw.get("tags")),
+                        processes.get(raw.get("processID", ""), {}),
+                    )
+                )
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
+        raise AnalysisError(f"{origin}: malformed Jaeger trace ({detail})") from None
+    return spans
+
+
+def _services(base_url: str) -> List[str]:
+    document = get_json(build_url(base_url, "/api/services"))
+    names = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(names, list):
+        raise AnalysisError(f"{base_url}/api/services: not a Jaeger query API response")
+    return sorted(str(name) for name in names if name and not str(name).startswith("jaeger"))
+
+
+def fetch_jaeger(
+    base_url: str,
+    service: Optional[str] = None,
+    job_id: Optional[str] = None,
+    start_ns: Optional[int] = None,
+    end_ns: Optional[int] = None,
+    limit: int = 10000,
+    trace_ids: Optional[List[str]] = None,
+    progress: Optional[bool] = None,
+) -> List[Span]:
+    """Search (per service, by job id tag and time range) or fetch given trace ids."""
+    documents: List[Any] = []
+    if trace_ids:
+        with Progress("jaeger: fetching traces", len(trace_ids), progress) as bar:
+            for trace_id in trace_ids:
+                documents.append(get_json(build_url(base_url, f"/api/traces/{trace_id}")))
+                bar.advance()
+    else:
+        end_ns = end_ns if end_ns is not None else time.time_ns()
+        start_ns = start_ns if start_ns is not None else end_ns - DEFAULT_LOOKBACK_NS
+        services = [service] if service else _services(base_url)
+        with Progress("jaeger: searching services", len(services), progress) as bar:
+            for name in services:
+                query = {
+                    "service": name,
+                    "start": start_ns // 1000,
+                    "end": end_ns // 1000,
+                    "limit": limit,
+                    "tags": json.dumps({ATTR_JOB_ID: job_id}) if job_id else None,
+                }
+                documents.append(get_json(build_url(base_url, "/api/traces", query)))
+                bar.advance()
+    seen: Dict[str, Dict[str, Any]] = {}
+    for document in documents:
+        if not is_jaeger_document(document):
+            raise AnalysisError(f"{base_url}: not a Jaeger query API response")
+        for trace in document["data"]:
+            seen.setdefault(str(trace.get("traceID")), trace)
+    return convert_jaeger_traces(seen.values(), base_url)

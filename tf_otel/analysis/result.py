@@ -1,0 +1,84 @@
+"""What one analysis produced: per-step results, cross-step summaries and findings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
+from tf_otel.analysis.outliers import OutlierStats
+from tf_otel.analysis.steps import StepTrace
+from tf_otel.analysis.stragglers import StepStraggler, StragglerSummary
+
+
+@dataclass
+class StepResult:
+    key: int  # index in the selection
+    trace: StepTrace
+    path: CriticalPath
+    straggler: Optional[StepStraggler] = None
+    outlier: bool = False
+
+    @property
+    def label(self) -> str:
+        return str(self.trace.step) if self.trace.step is not None else f"#{self.key}"
+
+    @property
+    def what_if_ns(self) -> int:
+        saving = self.straggler.saving_ns if self.straggler else 0
+        return self.trace.duration_ns - saving
+
+
+@dataclass
+class Finding:
+    rule: str  # straggler, input_bound, communication_bound, step_outliers, low_gpu_utilization
+    severity: str  # high, medium, low
+    summary: str
+    evidence: Dict[str, Any]
+    suggestion: str
+
+
+@dataclass
+class AnalysisResult:
+    source: str
+    job_id: Optional[str]
+    steps: List[StepResult]
+    stragglers: StragglerSummary
+    outliers: OutlierStats
+    gpu_utilization: Dict[int, List[float]] = field(default_factory=dict)
+    findings: List[Finding] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def total_ns(self) -> int:
+        return sum(step.trace.duration_ns for step in self.steps)
+
+    @property
+    def what_if_total_ns(self) -> int:
+        return sum(step.what_if_ns for step in self.steps)
+
+    def by_category(self) -> Dict[str, int]:
+        totals = dict.fromkeys(PATH_CATEGORIES, 0)
+        for step in self.steps:
+            for category, value in step.path.by_category().items():
+                totals[category] += value
+        return totals
+
+    def by_rank(self) -> Dict[int, int]:
+        totals: Dict[int, int] = {}
+        for step in self.steps:
+            for rank, value in step.path.by_rank().items():
+                totals[rank] = totals.get(rank, 0) + value
+        return dict(sorted(totals.items()))
+
+    def step_label(self, key: int) -> str:
+        return self.steps[key].label
+
+    def step_number(self, key: int) -> Optional[int]:
+        return self.steps[key].trace.step
+
+    def ranks(self) -> List[int]:
+        seen = set()
+        for step in self.steps:
+            seen.update(step.trace.ranks)
+        return sorted(seen)

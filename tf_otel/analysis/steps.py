@@ -1,0 +1,221 @@
+"""Group spans into steps: one ``StepTrace`` per trace whose root is a ``step.root`` span.
+
+Usage::
+
+    steps, warnings = group_steps(spans)
+    steps = select_steps(steps, step_range=(10, 20), start_ns=None, end_ns=None)
+
+A trace whose root span was not exported (rank 0 died, sampling) is still a step when it holds
+per-rank ``step`` spans; its extent is then theirs, and a warning says so.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.model import Span
+from tf_otel.record import (
+    ATTR_WORLD_SIZE,
+    COLLECTIVE,
+    COLLECTIVE_TRANSFER,
+    COLLECTIVE_WAIT,
+    COMPUTE,
+    INPUT,
+    JOB,
+    STEP,
+    STEP_ROOT,
+    TRANSFER,
+)
+
+# Spans that form a rank's timeline for the critical path; every other category (framework,
+# kernel, unknown) only names the gaps between them.
+TIMELINE_CATEGORIES = frozenset((COMPUTE, INPUT, COLLECTIVE, TRANSFER))
+COLLECTIVE_PARTS = frozenset((COLLECTIVE_WAIT, COLLECTIVE_TRANSFER))
+
+
+@dataclass
+class RankTimeline:
+    """One rank's part of one step."""
+
+    rank: int
+    start_ns: int
+    end_ns: int
+    step_span: Optional[Span]
+    nodes: List[Span] = field(default_factory=list)  # TIMELINE_CATEGORIES, not nested
+    fillers: List[Span] = field(default_factory=list)  # framework, kernel, other
+    parts: Dict[str, List[Span]] = field(default_factory=dict)  # collective id -> wait/transfer
+
+
+@dataclass
+class StepTrace:
+    trace_id: str
+    step: Optional[int]
+    job_id: Optional[str]
+    root: Optional[Span]
+    start_ns: int
+    end_ns: int
+    ranks: Dict[int, RankTimeline]
+    world_size: Optional[int]
+    spans: List[Span]
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def expected_ranks(self) -> List[int]:
+        if self.world_size and self.world_size >= len(self.ranks):
+            return list(range(self.world_size))
+        return sorted(self.ranks)
+
+    @property
+    def missing_ranks(self) -> List[int]:
+        return [rank for rank in self.expected_ranks if rank not in self.ranks]
+
+
+def _world_size(root: Optional[Span], spans: List[Span]) -> Optional[int]:
+    for span in ([root] if root else []) + spans[:64]:
+        for source in (span.attributes, span.resource):
+            value = source.get(ATTR_WORLD_SIZE)
+            if value is not None:
+                try:
+                    return int(value)
+                except (TypeError, ValueError):
+                    continue
+    return None
+
+
+def _build_step(trace_id: str, spans: List[Span], warnings: List[str]) -> Optional[StepTrace]:
+    roots = [s for s in spans if s.category == STEP_ROOT]
+    root = min(roots, key=lambda s: (s.start_ns, s.span_id)) if roots else None
+    by_id = {s.span_id: s for s in spans}
+    step_spans: Dict[int, List[Span]] = defaultdict(list)
+    for span in spans:
+        if span.category == STEP and span.rank is not None:
+            step_spans[span.rank].append(span)
+    if root is None and not step_spans:
+        return None  # the job span's trace, or foreign spans
+    step_number = root.step if root is not None else None
+    if step_number is None:
+        step_number = next((s.step for s in spans if s.step is not None), None)
+    if root is None:
+        warnings.append(f"step {step_number} (trace {trace_id}): no step.root span; using ranks")
+
+    ranks: Dict[int, RankTimeline] = {}
+    unranked = 0
+    for span in spans:
+        category = span.category
+        if category in (STEP_ROOT, JOB):
+            continue
+        if span.rank is None:
+            unranked += 1
+            continue
+        timeline = ranks.get(span.rank)
+        if timeline is None:
+            own = step_spans.get(span.rank)
+            step_span = min(own, key=lambda s: s.start_ns) if own else None
+            timeline = RankTimeline(span.rank, span.start_ns, span.end_ns, step_span)
+            if own:
+                timeline.start_ns = min(s.start_ns for s in own)
+                timeline.end_ns = max(s.end_ns for s in own)
+            ranks[span.rank] = timeline
+        if category == STEP:
+            continue
+        if not timeline.step_span:
+            timeline.start_ns = min(timeline.start_ns, span.start_ns)
+            timeline.end_ns = max(timeline.end_ns, span.end_ns)
+        if category in TIMELINE_CATEGORIES:
+            parent = by_id.get(span.parent_id) if span.parent_id else None
+            if parent is None or parent.category not in TIMELINE_CATEGORIES:
+                timeline.nodes.append(span)
+        elif category in COLLECTIVE_PARTS and span.parent_id:
+            timeline.parts.setdefault(span.parent_id, []).append(span)
+        else:
+            timeline.fillers.append(span)
+    if unranked:
+        warnings.append(f"step {step_number}: {unranked} spans without tf_otel.rank ignored")
+    if not ranks:
+        return None
+    start = root.start_ns if root else min(t.start_ns for t in ranks.values())
+    end = root.end_ns if root else max(t.end_ns for t in ranks.values())
+    start = min([start] + [t.start_ns for t in ranks.values()])
+    end = max([end] + [t.end_ns for t in ranks.values()])
+    job_id = root.job_id if root else next((s.job_id for s in spans if s.job_id), None)
+    return StepTrace(
+        trace_id, step_number, job_id, root, start, end, ranks, _world_size(root, spans), spans
+    )
+
+
+def group_steps(spans: Iterable[Span]) -> Tuple[List[StepTrace], List[str]]:
+    """Steps ordered by (step number, start); duplicate spans (same trace+span id) dropped."""
+    traces: Dict[str, Dict[str, Span]] = defaultdict(dict)
+    for span in spans:
+        traces[span.trace_id].setdefault(span.span_id, span)
+    warnings: List[str] = []
+    steps = []
+    for trace_id in sorted(traces):
+        step = _build_step(trace_id, list(traces[trace_id].values()), warnings)
+        if step is not None:
+            steps.append(step)
+    steps.sort(key=lambda s: (s.step if s.step is not None else -1, s.start_ns, s.trace_id))
+    return steps, warnings
+
+
+def job_ids(spans: Iterable[Span]) -> Set[str]:
+    return {job for job in (s.job_id for s in spans) if job is not None}
+
+
+def filter_job(spans: List[Span], job_id: Optional[str]) -> List[Span]:
+    """Spans of one job; without ``job_id`` the input must hold at most one job."""
+    if job_id is None:
+        jobs = job_ids(spans)
+        if len(jobs) > 1:
+            listed = ", ".join(sorted(jobs)[:10])
+            raise AnalysisError(
+                f"the traces hold {len(jobs)} jobs ({listed}): choose one with --job"
+            )
+        return spans
+    kept = [s for s in spans if s.job_id == job_id]
+    if not kept:
+        raise AnalysisError(f"no spans of job {job_id!r} in the input")
+    return kept
+
+
+def parse_step_range(text: str) -> Tuple[Optional[int], Optional[int]]:
+    """'7' -> (7, 7); '10:20' or '10-20' -> (10, 20) inclusive; '10:' -> (10, None)."""
+    for separator in (":", "-"):
+        if separator in text.strip().lstrip("-"):
+            low, high = text.split(separator, 1)
+            try:
+                return (int(low) if low.strip() else None, int(high) if high.strip() else None)
+            except ValueError:
+                break
+    try:
+        return int(text), int(text)
+    except ValueError:
+        raise AnalysisError(f"bad step range {text!r} (use N, A:B, A: or :B)") from None
+
+
+def select_steps(
+    steps: List[StepTrace],
+    step_range: Optional[Tuple[Optional[int], Optional[int]]] = None,
+    start_ns: Optional[int] = None,
+    end_ns: Optional[int] = None,
+) -> List[StepTrace]:
+    selected = []
+    for step in steps:
+        if step_range is not None:
+            low, high = step_range
+            if step.step is None:
+                continue
+            if (low is not None and step.step < low) or (high is not None and step.step > high):
+                continue
+        if start_ns is not None and step.start_ns < start_ns:
+            continue
+        if end_ns is not None and step.start_ns >= end_ns:
+            continue
+        selected.append(step)
+    return selected
