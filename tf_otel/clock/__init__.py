@@ -7,13 +7,27 @@ Usage::
     model = clock.current_model()           # offset + drift model against rank 0
     ref_ns = model.to_reference(t)
 
+    sync = clock.start_sync(topology, settings)   # every rank, once; None when nothing to do
+    ...
+    sync.stop()                                   # final round (short timeout), then stop
+
 The identity model is in force until a synchronisation has run (tf_otel.clock.sync).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Union
+
+from tf_otel.clock import testclock
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tf_otel.clock.sync import ClockSync
+    from tf_otel.config import Settings
+    from tf_otel.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -35,10 +49,60 @@ class ClockModel:
 IDENTITY = ClockModel()
 _model = IDENTITY
 
+_UNRESOLVED = object()
+_test_clock: Union[object, None, testclock.TestClock] = _UNRESOLVED
+_resolve_lock = threading.Lock()
+
+
+def _resolve_test_clock() -> Optional[testclock.TestClock]:
+    """Read TF_OTEL_TEST_CLOCK once (lazily, on the first now_ns call)."""
+    global _test_clock
+    with _resolve_lock:
+        if _test_clock is not _UNRESOLVED:
+            return _test_clock  # type: ignore[return-value]
+        _test_clock = _read_test_clock()
+        return _test_clock  # type: ignore[return-value]
+
+
+def _read_test_clock() -> Optional[testclock.TestClock]:
+    raw = os.environ.get(testclock.ENV)
+    shift = None
+    if raw and raw.strip():
+        from tf_otel.health import log_once
+        from tf_otel.topology import detect
+
+        shift = testclock.parse(raw, detect().rank)
+        if shift is not None:
+            log_once(
+                "clock:test_clock",
+                "tf_otel: %s=%r shifts this rank's clock (TEST ONLY): skew %d ns, drift %g ppm",
+                testclock.ENV,
+                raw,
+                shift.skew_ns,
+                shift.drift * 1e6,
+            )
+    return shift
+
 
 def now_ns() -> int:
     """The local clock tf_otel reads (time.time_ns, shifted by TF_OTEL_TEST_CLOCK in tests)."""
-    return time.time_ns()
+    t = time.time_ns()
+    shift = _test_clock
+    if shift is None:
+        return t
+    if shift is _UNRESOLVED:
+        shift = _resolve_test_clock()
+        if shift is None:
+            return t
+    return t + shift.skew_ns + int(shift.drift * (t - shift.start_ns))  # type: ignore[union-attr]
+
+
+def test_clock() -> Optional[testclock.TestClock]:
+    """The TF_OTEL_TEST_CLOCK shift in force on this rank (None: the clock is not shifted)."""
+    shift = _test_clock
+    if shift is _UNRESOLVED:
+        shift = _resolve_test_clock()
+    return shift  # type: ignore[return-value]
 
 
 def current_model() -> ClockModel:
@@ -48,3 +112,10 @@ def current_model() -> ClockModel:
 def set_model(model: ClockModel) -> None:
     global _model
     _model = model
+
+
+def start_sync(topology: Topology, settings: Settings) -> Optional[ClockSync]:
+    """Start synchronising against rank 0 in the background (see tf_otel.clock.sync)."""
+    from tf_otel.clock.sync import start_sync as _start
+
+    return _start(topology, settings)

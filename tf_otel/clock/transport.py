@@ -1,0 +1,355 @@
+"""Ping-pong transports: TCP to rank 0's clock server, or mpi4py point-to-point.
+
+Wire format (TCP, little endian, no JSON in the hot path): every client frame is 16 bytes
+``<B7xQ`` = kind + argument. PING(seq) is answered by 24 bytes ``<QQQ`` = seq, t1, t2 taken with
+``tf_otel.clock.now_ns()`` right after the receive and right before the send. HELLO(rank) names
+the client; REPORT(length) is followed by ``length`` bytes of JSON (clock-check only, not hot).
+Both ends timestamp the same way (receive returns -> read the clock; read the clock -> send), so
+the residual asymmetry is small; TCP_NODELAY keeps Nagle out of the RTT.
+
+Usage::
+
+    server = TcpServer("127.0.0.1", port); server.start()      # rank 0
+    client = TcpClient("127.0.0.1", port, rank=1); client.connect(timeout=2.0)
+    exchanges = client.exchange(64, timeout=1.0)                 # [Exchange, ...]
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+from tf_otel import clock
+from tf_otel.clock.estimate import Exchange
+from tf_otel.health import count, log_once
+
+FRAME = struct.Struct("<B7xQ")
+REPLY = struct.Struct("<QQQ")
+HEAD = struct.Struct("<QQ")  # seq, t1 of a reply
+STAMP = struct.Struct("<Q")  # t2 of a reply
+PING, HELLO, REPORT = 1, 2, 3
+MAX_REPORT = 1 << 20
+
+# MPI tags (on COMM_WORLD: point-to-point only, so no collective call is needed to set up)
+TAG_PING, TAG_PONG, TAG_REPORT = 0x7C10, 0x7C11, 0x7C12
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            return False
+        got += n
+    return True
+
+
+class TcpServer:
+    """Rank 0's clock service: one daemon thread accepting, one per connected rank."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reports: Dict[int, Dict[str, Any]] = {}
+        self._reports_changed = threading.Condition()
+        self._sock: Optional[socket.socket] = None
+        self._conns: List[socket.socket] = []
+        self._closed = False
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+            sock.listen(256)
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        self._sock = sock
+        threading.Thread(target=self._accept, name="tf_otel-clock-server", daemon=True).start()
+
+    def _accept(self) -> None:
+        assert self._sock is not None
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._conns.append(conn)
+            threading.Thread(
+                target=self._serve, args=(conn,), name="tf_otel-clock-conn", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        now_ns = clock.now_ns
+        frame = bytearray(FRAME.size)
+        view = memoryview(frame)
+        reply = bytearray(REPLY.size)
+        rank = -1
+        try:
+            while True:
+                if not _recv_exact(conn, view):
+                    return
+                t1 = now_ns()
+                kind, arg = FRAME.unpack_from(frame)
+                if kind == PING:
+                    HEAD.pack_into(reply, 0, arg, t1)
+                    STAMP.pack_into(reply, 16, now_ns())  # t2: as late as possible
+                    conn.sendall(reply)
+                    self.bytes_in += FRAME.size
+                    self.bytes_out += REPLY.size
+                elif kind == HELLO:
+                    rank = int(arg)
+                elif kind == REPORT and 0 < arg <= MAX_REPORT:
+                    payload = bytearray(arg)
+                    if not _recv_exact(conn, memoryview(payload)):
+                        return
+                    with self._reports_changed:
+                        self.reports[rank] = json.loads(payload.decode())
+                        self._reports_changed.notify_all()
+                else:
+                    return
+        except (OSError, ValueError) as exc:
+            if not self._closed:
+                count("clock.server.conn_error")
+                log_once("clock:server_conn", "tf_otel: clock service connection lost (%s)", exc)
+        finally:
+            conn.close()
+
+    def wait_reports(self, n: int, timeout: float) -> Dict[int, Dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        with self._reports_changed:
+            while len(self.reports) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._reports_changed.wait(left)
+            return dict(self.reports)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        for conn in list(self._conns):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+
+
+class TcpClient:
+    """A rank's connection to the clock service."""
+
+    def __init__(self, host: str, port: int, rank: int) -> None:
+        self.host, self.port, self.rank = host, port, rank
+        self._sock: Optional[socket.socket] = None
+        self.bytes_out = 0
+        self.bytes_in = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def connect(self, timeout: float) -> None:
+        sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(FRAME.pack(HELLO, self.rank))
+        self._sock = sock
+
+    def exchange(self, n: int, timeout: float) -> List[Exchange]:
+        """``n`` back-to-back ping-pongs; raises OSError (and disconnects) on failure."""
+        sock = self._sock
+        if sock is None:
+            raise OSError("not connected")
+        now_ns = clock.now_ns
+        sock.settimeout(timeout)
+        reply = bytearray(REPLY.size)
+        view = memoryview(reply)
+        frames = [FRAME.pack(PING, seq) for seq in range(n)]
+        out: List[Exchange] = []
+        try:
+            for seq in range(n):
+                t0 = now_ns()
+                sock.sendall(frames[seq])
+                if not _recv_exact(sock, view):
+                    raise OSError("clock service closed the connection")
+                t3 = now_ns()
+                got, t1, t2 = REPLY.unpack_from(reply)
+                if got != seq:
+                    raise OSError("clock service replied out of order")
+                out.append(Exchange(t0, t1, t2, t3))
+        except OSError:
+            self.close()
+            raise
+        finally:
+            self.bytes_out += FRAME.size * len(out)
+            self.bytes_in += REPLY.size * len(out)
+        return out
+
+    def send_report(self, report: Dict[str, Any], timeout: float) -> None:
+        if self._sock is None:
+            raise OSError("not connected")
+        payload = json.dumps(report).encode()
+        self._sock.settimeout(timeout)
+        self._sock.sendall(FRAME.pack(REPORT, len(payload)) + payload)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+
+def mpi_ready() -> Any:
+    """mpi4py's MPI module when the process already uses MPI with threads; else None.
+
+    Never imports mpi4py.MPI itself (that would initialise MPI under a non-MPI launcher).
+    """
+    import sys
+
+    mod = sys.modules.get("mpi4py.MPI")
+    if mod is None:
+        return None
+    try:
+        if not mod.Is_initialized() or mod.Is_finalized():
+            return None
+        if mod.Query_thread() != mod.THREAD_MULTIPLE:
+            log_once(
+                "clock:mpi_thread",
+                "tf_otel: MPI is not initialised with MPI_THREAD_MULTIPLE; clock sync uses TCP",
+            )
+            return None
+    except Exception:  # noqa: BLE001 - a broken MPI must not break training
+        return None
+    return mod
+
+
+class MpiServer:
+    """Rank 0's clock service over MPI point-to-point on COMM_WORLD with dedicated tags.
+
+    A daemon thread polls a pending receive: hot (spinning) for 50 ms after each ping so a round's
+    back-to-back exchanges are answered at once, sleeping 2 ms between polls when idle (MPI's own
+    blocking receive would spin a core forever).
+    """
+
+    HOT_S = 0.05
+    IDLE_SLEEP_S = 0.002
+
+    def __init__(self, mpi: Any) -> None:
+        self.mpi = mpi
+        self.comm = mpi.COMM_WORLD
+        self.reports: Dict[int, Dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._serve, name="tf_otel-clock-mpi", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        mpi, comm, now_ns = self.mpi, self.comm, clock.now_ns
+        frame = bytearray(FRAME.size)
+        reply = bytearray(REPLY.size)
+        status = mpi.Status()
+        req = comm.Irecv(frame, source=mpi.ANY_SOURCE, tag=TAG_PING)
+        hot_until = 0.0
+        try:
+            while not self._stop.is_set():
+                if req.Test(status):
+                    t1 = now_ns()
+                    _, seq = FRAME.unpack_from(frame)
+                    source = status.Get_source()
+                    HEAD.pack_into(reply, 0, seq, t1)
+                    STAMP.pack_into(reply, 16, now_ns())  # t2
+                    comm.Send(reply, dest=source, tag=TAG_PONG)
+                    self.bytes_in += FRAME.size
+                    self.bytes_out += REPLY.size
+                    req = comm.Irecv(frame, source=mpi.ANY_SOURCE, tag=TAG_PING)
+                    hot_until = time.monotonic() + self.HOT_S
+                    continue
+                if comm.Iprobe(source=mpi.ANY_SOURCE, tag=TAG_REPORT, status=status):
+                    source = status.Get_source()
+                    self.reports[source] = comm.recv(source=source, tag=TAG_REPORT)
+                    continue
+                if time.monotonic() > hot_until:
+                    time.sleep(self.IDLE_SLEEP_S)
+        finally:
+            try:
+                req.Cancel()
+                req.Wait()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def wait_reports(self, n: int, timeout: float) -> Dict[int, Dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while len(self.reports) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return dict(self.reports)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+
+class MpiClient:
+    """A rank's ping-pong to rank 0 over MPI (polls with a deadline, so a dead rank 0 times out)."""
+
+    def __init__(self, mpi: Any, rank: int) -> None:
+        self.mpi = mpi
+        self.comm = mpi.COMM_WORLD
+        self.rank = rank
+        self.bytes_out = 0
+        self.bytes_in = 0
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    def connect(self, timeout: float) -> None:
+        return None
+
+    def exchange(self, n: int, timeout: float) -> List[Exchange]:
+        comm, now_ns = self.comm, clock.now_ns
+        frames = [FRAME.pack(PING, seq) for seq in range(n)]
+        reply = bytearray(REPLY.size)
+        out: List[Exchange] = []
+        deadline = time.monotonic() + timeout * max(1, n // 8)
+        for seq in range(n):
+            req = comm.Irecv(reply, source=0, tag=TAG_PONG)
+            t0 = now_ns()
+            comm.Send(frames[seq], dest=0, tag=TAG_PING)
+            while not req.Test():
+                if time.monotonic() > deadline:
+                    req.Cancel()
+                    req.Wait()
+                    raise OSError("rank 0 did not answer the clock ping over MPI")
+            t3 = now_ns()
+            got, t1, t2 = REPLY.unpack_from(reply)
+            if got != seq:
+                raise OSError("clock service replied out of order")
+            out.append(Exchange(t0, t1, t2, t3))
+        self.bytes_out += FRAME.size * len(out)
+        self.bytes_in += REPLY.size * len(out)
+        return out
+
+    def send_report(self, report: Dict[str, Any], timeout: float) -> None:
+        self.comm.send(report, dest=0, tag=TAG_REPORT)
+
+    def close(self) -> None:
+        return None
