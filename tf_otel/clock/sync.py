@@ -38,6 +38,7 @@ from tf_otel.health import count, fail_open, log_once
 from tf_otel.topology import Topology
 
 CLOCK_PORT_DELTA = 1  # the clock service listens on the coordinator port + 1
+QUIET_START_S = 3.0  # connection failures this soon after start-up are not logged
 
 
 @dataclass
@@ -105,6 +106,7 @@ class ClockSync:
         self._round_done = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._interval_s = 60.0
+        self._first_failure: Optional[float] = None
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -254,8 +256,16 @@ class ClockSync:
 
     def _failed(self, exc: BaseException, final: bool = False) -> None:
         count("clock.round_failed")
+        with self._round_done:
+            self.stats.failed_rounds += 1
+            self._round_done.notify_all()
         if final:
             return  # rank 0 may already be gone at shutdown: not worth a log line
+        now = time.monotonic()
+        if self._first_failure is None:
+            self._first_failure = now
+        if now - self._first_failure < QUIET_START_S and not self.stats.rounds:
+            return  # rank 0 is usually just not listening yet at start-up
         where = self.address or ("rank 0 over MPI", 0)
         log_once(
             "clock:unreachable",
@@ -265,9 +275,6 @@ class ClockSync:
             where[1],
             exc,
         )
-        with self._round_done:
-            self.stats.failed_rounds += 1
-            self._round_done.notify_all()
 
     # -- reporting (clock-check) ---------------------------------------------------------------
 
