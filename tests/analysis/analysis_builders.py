@@ -223,3 +223,18 @@ class JobBuilder:
                 )
             traces.append({"traceID": step.trace_id, "spans": spans, "processes": processes})
         return traces
+
+
+def decoded_spans(job: JobBuilder):
+    """The job's spans through the real OTLP-JSON decoder (JSON text round trip included)."""
+    from tf_otel.analysis.load.otlp import decode_traces_data
+
+    spans = []
+    for number, line in enumerate(job.otlp_lines(), start=1):
+        spans.extend(decode_traces_data(json.loads(json.dumps(line)), f"built line {number}"))
+    return spans
+
+
+def ms(value: float) -> int:
+    """Milliseconds (builder units) as nanoseconds."""
+    return round(value * 1_000_000)

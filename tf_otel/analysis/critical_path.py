@@ -18,7 +18,8 @@ lowest rank; among spans with the same end, the latest start, then category, the
 
 Time on the path is split into ``compute``, ``input``, ``communication`` (a collective after its
 last arrival, PS transfers), ``straggler_wait`` (a collective waiting for a rank that has no
-spans in the trace) and ``framework`` (time on the path inside no timeline span).
+spans in the trace: from the last seen arrival to the end of this rank's
+``collective.wait`` child, else ``horovod.wait_ns`` after its start) and ``framework`` (time on the path inside no timeline span).
 
 The path is cut into legs at every sync point (collective or transfer on the path); a leg on
 rank r from sync A to sync B is compared with the same leg (A's completion to B's arrival) on
@@ -231,6 +232,13 @@ def _last_arrival(members: Dict[int, Span], current: int) -> int:
     return current if current in tied else min(tied)
 
 
+def _waits_for_unseen_rank(node: Span, members: Dict[int, Span], expected: set) -> bool:
+    """A collective some expected rank has no span for, and no seen rank says it came last."""
+    if node.category != COLLECTIVE or expected.issubset(members):
+        return False
+    return not any(s.attributes.get(ATTR_LAST_ARRIVAL) is True for s in members.values())
+
+
 def _wait_end(span: Span, timeline: RankTimeline) -> int:
     """Where this rank's waiting inside a collective ends (wait child, horovod.wait_ns)."""
     waits = [p for p in timeline.parts.get(span.span_id, ()) if p.category == COLLECTIVE_WAIT]
@@ -295,16 +303,12 @@ def critical_path(step: StepTrace) -> CriticalPath:
         source = _last_arrival(members, rank) if node.category == COLLECTIVE else None
         if source is None:  # transfer: wait for the peer that started last
             source = max(members, key=lambda r: (members[r].start_ns, r == rank, -r))
-        arrival = min(members[source].start_ns, t)
-        if source != rank:
-            add(rank, arrival, t, PATH_COMMUNICATION, node.name, node.span_id)
-        else:
-            wait_end = node.start_ns
-            if node.category == COLLECTIVE and not expected.issubset(members):
-                wait_end = _wait_end(node, step.ranks[rank])
-            add(rank, wait_end, t, PATH_COMMUNICATION, node.name, node.span_id)
-            add(rank, node.start_ns, wait_end, PATH_STRAGGLER_WAIT, node.name, node.span_id)
-            arrival = node.start_ns
+        arrival = min(members[source].start_ns, t) if source != rank else node.start_ns
+        wait_end = arrival
+        if _waits_for_unseen_rank(node, members, expected):
+            wait_end = min(t, max(arrival, _wait_end(node, step.ranks[rank])))
+        add(rank, wait_end, t, PATH_COMMUNICATION, node.name, node.span_id)
+        add(rank, arrival, wait_end, PATH_STRAGGLER_WAIT, node.name, node.span_id)
         rank, t = source, arrival
         leg_rank, leg_end_key, leg_end_ns = rank, sync_key, t
     first = step.ranks[rank].start_ns

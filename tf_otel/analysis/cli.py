@@ -1,0 +1,170 @@
+"""``tf-otel analyze``: cross-rank critical path, stragglers, outliers and findings.
+
+Usage::
+
+    tf-otel analyze traces/                         # OTLP-JSON files (TF_OTEL_FILE output)
+    tf-otel analyze traces/ --format json > report.json
+    tf-otel analyze --jaeger http://localhost:16686 --job 1234 --steps 100:200
+    tf-otel analyze --tempo http://localhost:3200 --job 1234 --since 2h --html report.html
+    tf-otel analyze traces/ --html report.html --png pictures/
+
+Exit codes: 0 done, 2 bad input (one line on stderr naming the file or URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, List, Optional
+
+from tf_otel.analysis.errors import AnalysisError
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_time_ns(text: Optional[str]) -> Optional[int]:
+    """Epoch seconds, ISO 8601 (naive = local time) or a lookback like '30m', '2h', '1d'."""
+    if text is None:
+        return None
+    value = text.strip()
+    match = _RELATIVE.match(value)
+    if match:
+        return time.time_ns() - int(float(match.group(1)) * _UNIT_S[match.group(2)] * 1e9)
+    try:
+        return int(float(value) * 1e9)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise AnalysisError(
+            f"bad time {text!r} (epoch seconds, ISO 8601, or a lookback like 30m, 2h, 1d)"
+        ) from None
+    return int(parsed.timestamp() * 1e9)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "analyze",
+        help="cross-rank critical path, stragglers and findings from step traces",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
+    source = parser.add_argument_group("source (files, or one backend)")
+    source.add_argument("paths", nargs="*", metavar="PATH", help="OTLP-JSON files or directories")
+    source.add_argument("--jaeger", metavar="URL", help="Jaeger query service, e.g. http://host:16686")
+    source.add_argument("--tempo", metavar="URL", help="Tempo HTTP API, e.g. http://host:3200")
+    source.add_argument("--service", help="Jaeger service name (default: every service)")
+    source.add_argument("--trace-id", action="append", dest="trace_ids", metavar="ID",
+                        help="fetch these traces from the backend instead of searching")
+    source.add_argument("--limit", type=int, default=10000, help="backend search limit")
+    source.add_argument("--progress", action="store_true", default=None,
+                        help="show a progress bar even when stderr is not a terminal")
+    select = parser.add_argument_group("selection")
+    select.add_argument("--job", help="tf_otel.job.id (required when the input holds several)")
+    select.add_argument("--steps", metavar="RANGE", help="N, A:B (inclusive), A: or :B")
+    select.add_argument("--since", help="steps starting at or after: epoch s, ISO 8601, or 2h")
+    select.add_argument("--until", help="steps starting before: epoch s, ISO 8601, or 30m")
+    tuning = parser.add_argument_group("straggler threshold")
+    tuning.add_argument("--straggler-min-share", type=float, default=0.05,
+                        help="excess over the median rank, as a share of the step (0.05)")
+    tuning.add_argument("--straggler-min-ms", type=float, default=1.0,
+                        help="and at least this many ms (1.0)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--format", choices=("table", "json"), default="table")
+    output.add_argument("--with-path", action="store_true",
+                        help="json: include every step's critical path segments")
+    output.add_argument("--max-steps", type=int, default=15, help="table: step rows shown")
+    output.add_argument("--html", metavar="FILE", help="write an HTML report with swimlanes")
+    output.add_argument("--png", metavar="DIR", help="write swimlane PNGs (needs matplotlib)")
+    output.add_argument("--max-pictures", type=int, default=20,
+                        help="html/png: steps drawn (outliers, stragglers, slowest first)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _load(args: argparse.Namespace, start_ns: Optional[int], end_ns: Optional[int]):
+    sources = [bool(args.paths), bool(args.jaeger), bool(args.tempo)]
+    if sum(sources) != 1:
+        raise AnalysisError("give exactly one source: trace files/directories, --jaeger or --tempo")
+    if args.jaeger:
+        from tf_otel.analysis.load.jaeger import fetch_jaeger
+
+        spans = fetch_jaeger(args.jaeger, args.service, args.job, start_ns, end_ns, args.limit,
+                             args.trace_ids, args.progress)
+        return spans, args.jaeger
+    if args.tempo:
+        from tf_otel.analysis.load.tempo import fetch_tempo
+
+        spans = fetch_tempo(args.tempo, args.job, start_ns, end_ns, args.limit, args.trace_ids,
+                            args.progress)
+        return spans, args.tempo
+    from tf_otel.analysis.load.files import load_paths
+
+    return load_paths(args.paths, args.progress), ", ".join(args.paths)
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise AnalysisError(f"{path}: cannot write ({error})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tf_otel.analysis.analyze import analyze_spans
+    from tf_otel.analysis.report.json_report import to_json
+    from tf_otel.analysis.report.terminal import render_table
+    from tf_otel.analysis.steps import parse_step_range
+
+    try:
+        if args.png:
+            from tf_otel.analysis.report.png import require_matplotlib
+
+            require_matplotlib()
+        step_range = parse_step_range(args.steps) if args.steps else None
+        start_ns, end_ns = parse_time_ns(args.since), parse_time_ns(args.until)
+        spans, source = _load(args, start_ns, end_ns)
+        result = analyze_spans(
+            spans,
+            source=source,
+            job_id=args.job,
+            step_range=step_range,
+            start_ns=start_ns,
+            end_ns=end_ns,
+            straggler_min_share=args.straggler_min_share,
+            straggler_min_ns=int(args.straggler_min_ms * 1e6),
+        )
+        if args.format == "json":
+            print(json.dumps(to_json(result, args.with_path), indent=2))
+        else:
+            print(render_table(result, args.max_steps))
+        if args.html:
+            from tf_otel.analysis.report.html import render_html
+
+            _write(args.html, render_html(result, args.max_pictures))
+        if args.png:
+            from tf_otel.analysis.report.png import write_pngs
+
+            written = write_pngs(result, Path(args.png), args.max_pictures)
+            print(f"wrote {len(written)} PNG files to {args.png}", file=sys.stderr)
+    except AnalysisError as error:
+        print(f"tf-otel analyze: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="tf-otel")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["analyze"] + list(argv if argv is not None else sys.argv[1:]))
+    return args.func(args)

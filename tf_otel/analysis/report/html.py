@@ -1,0 +1,170 @@
+"""The ``--html`` report: summary, findings, and one inline SVG swimlane per pictured step.
+
+Usage::
+
+    Path("report.html").write_text(render_html(result, max_pictures=20))
+
+Swimlanes: one lane per rank (a rank without spans is drawn empty and labelled), timeline spans
+as boxes coloured by category, framework/kernel spans as thin boxes under them, the critical
+path as a black outline with connectors where it moves between ranks. Self-contained: no script,
+no external files.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import List
+
+from tf_otel.analysis.critical_path import PATH_CATEGORIES
+from tf_otel.analysis.report import ms, notable_steps
+from tf_otel.analysis.report.terminal import render_table
+from tf_otel.analysis.result import AnalysisResult, StepResult
+from tf_otel.record import COLLECTIVE, COMPUTE, INPUT, TRANSFER
+
+COLOURS = {
+    COMPUTE: "#4e79a7",
+    INPUT: "#f28e2b",
+    COLLECTIVE: "#59a14f",
+    TRANSFER: "#76b7b2",
+    "framework": "#bab0ac",
+    "kernel": "#9c755f",
+    "straggler_wait": "#e15759",
+    "communication": "#59a14f",
+}
+WIDTH = 1100
+LABEL_WIDTH = 70
+LANE_HEIGHT = 28
+BOX_HEIGHT = 18
+
+
+def _x(t: int, start: int, duration: int) -> float:
+    return LABEL_WIDTH + (WIDTH - LABEL_WIDTH - 10) * (t - start) / max(1, duration)
+
+
+def _title(name: str, category: str, start: int, end: int, origin: int) -> str:
+    return html.escape(
+        f"{name} [{category}] {ms(start - origin):.3f}..{ms(end - origin):.3f} ms "
+        f"({ms(end - start):.3f} ms)"
+    )
+
+
+def swimlane_svg(step: StepResult) -> str:
+    trace = step.trace
+    origin, duration = trace.start_ns, max(1, trace.duration_ns)
+    lanes = sorted(set(trace.expected_ranks) | set(trace.ranks))
+    lane_of = {rank: i for i, rank in enumerate(lanes)}
+    height = 24 + LANE_HEIGHT * len(lanes)
+    out: List[str] = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'font-family="sans-serif" font-size="11">'
+    ]
+    for rank in lanes:
+        y = 20 + LANE_HEIGHT * lane_of[rank]
+        label = f"rank {rank}" if rank in trace.ranks else f"rank {rank} (no spans)"
+        out.append(f'<text x="2" y="{y + 13}">{html.escape(label)}</text>')
+        out.append(
+            f'<line x1="{LABEL_WIDTH}" y1="{y + LANE_HEIGHT - 4}" x2="{WIDTH - 10}" '
+            f'y2="{y + LANE_HEIGHT - 4}" stroke="#ddd"/>'
+        )
+        timeline = trace.ranks.get(rank)
+        if timeline is None:
+            continue
+        for span in timeline.fillers:
+            x0, x1 = _x(span.start_ns, origin, duration), _x(span.end_ns, origin, duration)
+            colour = COLOURS.get(span.category, COLOURS["framework"])
+            out.append(
+                f'<rect x="{x0:.1f}" y="{y + BOX_HEIGHT}" width="{max(0.5, x1 - x0):.1f}" '
+                f'height="4" fill="{colour}"><title>'
+                f"{_title(span.name, span.category, span.start_ns, span.end_ns, origin)}"
+                "</title></rect>"
+            )
+        for span in timeline.nodes:
+            x0, x1 = _x(span.start_ns, origin, duration), _x(span.end_ns, origin, duration)
+            colour = COLOURS.get(span.category, "#999")
+            out.append(
+                f'<rect x="{x0:.1f}" y="{y}" width="{max(0.5, x1 - x0):.1f}" '
+                f'height="{BOX_HEIGHT}" fill="{colour}" fill-opacity="0.55"><title>'
+                f"{_title(span.name, span.category, span.start_ns, span.end_ns, origin)}"
+                "</title></rect>"
+            )
+    previous = None
+    for segment in step.path.segments:
+        y = 20 + LANE_HEIGHT * lane_of.get(segment.rank, 0)
+        x0 = _x(segment.start_ns, origin, duration)
+        x1 = _x(segment.end_ns, origin, duration)
+        if previous is not None and previous.rank != segment.rank:
+            y_prev = 20 + LANE_HEIGHT * lane_of.get(previous.rank, 0)
+            out.append(
+                f'<line x1="{x0:.1f}" y1="{y_prev + BOX_HEIGHT / 2}" x2="{x0:.1f}" '
+                f'y2="{y + BOX_HEIGHT / 2}" stroke="#000" stroke-width="2"/>'
+            )
+        out.append(
+            f'<rect class="critical" x="{x0:.1f}" y="{y}" width="{max(0.5, x1 - x0):.1f}" '
+            f'height="{BOX_HEIGHT}" fill="{COLOURS.get(segment.category, "#999")}" '
+            f'stroke="#000" stroke-width="2"><title>critical path: '
+            f"{_title(segment.name, segment.category, segment.start_ns, segment.end_ns, origin)}"
+            "</title></rect>"
+        )
+        previous = segment
+    out.append(
+        f'<text x="{LABEL_WIDTH}" y="12">0 ms</text>'
+        f'<text x="{WIDTH - 10}" y="12" text-anchor="end">{ms(duration):.3f} ms</text>'
+    )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _legend() -> str:
+    items = [(c, COLOURS[c]) for c in (COMPUTE, INPUT, COLLECTIVE, TRANSFER, "framework")]
+    items.append(("straggler_wait", COLOURS["straggler_wait"]))
+    spans = "".join(
+        f'<span style="display:inline-block;width:12px;height:12px;background:{colour};'
+        f'margin:0 4px 0 12px"></span>{html.escape(name)}'
+        for name, colour in items
+    )
+    return f"<p>{spans} &nbsp; black outline: critical path</p>"
+
+
+def render_html(result: AnalysisResult, max_pictures: int = 20) -> str:
+    pictured = notable_steps(result, max_pictures)
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>tf-otel analyze: job {html.escape(str(result.job_id))}</title>",
+        "<style>body{font-family:sans-serif;margin:20px} pre{background:#f6f6f6;padding:8px}"
+        " .finding{margin:8px 0;padding:6px;border-left:4px solid #e15759;background:#fdf3f3}"
+        "</style></head><body>",
+        f"<h1>tf-otel analyze: job {html.escape(str(result.job_id))}</h1>",
+        "<h2>Findings</h2>",
+    ]
+    if not result.findings:
+        parts.append("<p>none</p>")
+    for finding in result.findings:
+        evidence = ", ".join(f"{k}={v}" for k, v in finding.evidence.items())
+        parts.append(
+            f"<div class='finding'><b>[{finding.severity}] {html.escape(finding.rule)}</b>: "
+            f"{html.escape(finding.summary)}<br><small>evidence: {html.escape(evidence)}</small>"
+            f"<br>suggestion: {html.escape(finding.suggestion)}</div>"
+        )
+    parts.append("<h2>Summary</h2><pre>" + html.escape(render_table(result)) + "</pre>")
+    note = "" if len(pictured) == len(result.steps) else (
+        f" ({len(pictured)} of {len(result.steps)}: outliers, stragglers, slowest;"
+        " --max-pictures to change)"
+    )
+    parts.append(f"<h2>Steps{note}</h2>" + _legend())
+    for step in pictured:
+        split = step.path.by_category()
+        length = sum(split.values()) or 1
+        shares = ", ".join(f"{c} {100 * split[c] / length:.0f}%" for c in PATH_CATEGORIES)
+        straggler = (
+            f"; straggler rank {step.straggler.rank} (+{ms(step.straggler.excess_ns):.3f} ms)"
+            if step.straggler
+            else ""
+        )
+        parts.append(
+            f"<h3 id='step-{html.escape(step.label)}'>step {html.escape(step.label)}: "
+            f"{ms(step.trace.duration_ns):.3f} ms{' (outlier)' if step.outlier else ''}"
+            f"{html.escape(straggler)}</h3><p>critical path: {shares}</p>"
+        )
+        parts.append(swimlane_svg(step))
+    parts.append("</body></html>")
+    return "\n".join(parts)

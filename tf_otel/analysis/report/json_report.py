@@ -1,0 +1,123 @@
+"""The ``--format json`` document (schema in docs/ANALYSIS.md; ``schema_version`` 1).
+
+Usage::
+
+    document = to_json(result, with_path=False)
+    json.dumps(document)
+
+Durations are milliseconds (floats, exact to the nanosecond); absolute times are integer ns
+since the Unix epoch; rank keys of objects are strings (JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Dict
+
+from tf_otel.analysis.report import ms
+from tf_otel.analysis.result import AnalysisResult, StepResult
+
+SCHEMA_VERSION = 1
+
+
+def _ms(ns: float) -> float:
+    return ms(ns, 6)
+
+
+def _step(step: StepResult, with_path: bool) -> Dict[str, Any]:
+    trace = step.trace
+    ends = {rank: timeline.end_ns for rank, timeline in trace.ranks.items()}
+    last_end = max(ends.values())
+    document: Dict[str, Any] = {
+        "step": trace.step,
+        "trace_id": trace.trace_id,
+        "start_ns": trace.start_ns,
+        "duration_ms": _ms(trace.duration_ns),
+        "critical_path_ms": _ms(step.path.length_ns),
+        "ranks": sorted(trace.ranks),
+        "missing_ranks": trace.missing_ranks,
+        "last_rank_to_end": min(r for r, end in ends.items() if end == last_end),
+        "critical_path_by_category_ms": {
+            category: _ms(value) for category, value in step.path.by_category().items()
+        },
+        "critical_path_by_rank_ms": {
+            str(rank): _ms(value) for rank, value in step.path.by_rank().items()
+        },
+        "straggler": None,
+        "what_if_ms": _ms(step.what_if_ns),
+        "outlier": step.outlier,
+    }
+    if step.straggler is not None:
+        document["straggler"] = {
+            "rank": step.straggler.rank,
+            "excess_ms": _ms(step.straggler.excess_ns),
+            "saving_ms": _ms(step.straggler.saving_ns),
+        }
+    if with_path:
+        document["path"] = [
+            {
+                "rank": segment.rank,
+                "start_ns": segment.start_ns,
+                "end_ns": segment.end_ns,
+                "category": segment.category,
+                "name": segment.name,
+                "span_id": segment.span_id,
+            }
+            for segment in step.path.segments
+        ]
+    return document
+
+
+def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
+    by_category = result.by_category()
+    path_total = sum(by_category.values()) or 1
+    durations = sorted(step.trace.duration_ns for step in result.steps)
+    path_by_rank = result.by_rank()
+    ranks = []
+    for stats in result.stragglers.ranks.values():
+        ranks.append(
+            {
+                "rank": stats.rank,
+                "steps": stats.steps,
+                "straggler_steps": [result.step_number(k) for k in stats.straggler_steps],
+                "straggler_excess_ms": _ms(stats.excess_ns),
+                "what_if_saving_ms": _ms(stats.saving_ns),
+                "collectives": stats.collectives,
+                "last_arrivals": stats.last_arrivals,
+                "mean_arrival_lateness_ms": _ms(
+                    stats.arrival_lateness_ns / stats.last_arrivals if stats.last_arrivals else 0
+                ),
+                "last_to_end": stats.last_to_end,
+                "mean_end_lateness_ms": _ms(
+                    stats.end_lateness_ns / stats.last_to_end if stats.last_to_end else 0
+                ),
+                "critical_path_ms": _ms(path_by_rank.get(stats.rank, 0)),
+            }
+        )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "source": result.source,
+        "job_id": result.job_id,
+        "summary": {
+            "steps": len(result.steps),
+            "ranks": result.ranks(),
+            "total_ms": _ms(result.total_ns),
+            "median_step_ms": _ms(result.outliers.median_ns),
+            "min_step_ms": _ms(durations[0]) if durations else 0.0,
+            "max_step_ms": _ms(durations[-1]) if durations else 0.0,
+            "what_if_total_ms": _ms(result.what_if_total_ns),
+            "what_if_saving_ms": _ms(result.total_ns - result.what_if_total_ns),
+            "critical_path_ms": {c: _ms(v) for c, v in by_category.items()},
+            "critical_path_share": {c: round(v / path_total, 4) for c, v in by_category.items()},
+        },
+        "steps": [_step(step, with_path) for step in result.steps],
+        "ranks": ranks,
+        "outliers": {
+            "median_ms": _ms(result.outliers.median_ns),
+            "mad_ms": _ms(result.outliers.mad_ns),
+            "threshold_ms": _ms(result.outliers.threshold_ns),
+            "steps": [result.step_number(k) for k in result.outliers.outliers],
+        },
+        "findings": [asdict(finding) for finding in result.findings],
+        "warnings": list(result.warnings),
+    }

@@ -1,0 +1,128 @@
+"""The default terminal report: summary, critical-path split, ranks, notable steps, findings.
+
+Usage::
+
+    print(render_table(result, max_steps=15))
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import List, Sequence
+
+from tf_otel.analysis.critical_path import PATH_CATEGORIES
+from tf_otel.analysis.report import ms, notable_steps
+from tf_otel.analysis.result import AnalysisResult
+
+_SHORT = {
+    "compute": "compute",
+    "input": "input",
+    "communication": "comm",
+    "straggler_wait": "wait",
+    "framework": "framework",
+}
+
+
+def _table(header: Sequence[str], rows: List[Sequence[object]]) -> List[str]:
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for number, row in enumerate(cells):
+        parts = [
+            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ]
+        lines.append("  " + "  ".join(parts).rstrip())
+        if number == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
+    lines: List[str] = []
+    ranks = result.ranks()
+    total = result.total_ns
+    what_if = result.what_if_total_ns
+    lines.append(
+        f"tf-otel analyze: job {result.job_id or '?'}, {len(result.steps)} steps, "
+        f"{len(ranks)} ranks ({result.source})"
+    )
+    lines.append(
+        f"step time: median {ms(result.outliers.median_ns):.3f} ms, total {ms(total):.3f} ms; "
+        f"with stragglers at the median rank: {ms(what_if):.3f} ms "
+        f"(-{_pct(total - what_if, total)})"
+    )
+    lines.append("")
+    by_category = result.by_category()
+    path_total = sum(by_category.values())
+    lines.append("critical path by category")
+    lines += _table(
+        ("category", "ms", "share"),
+        [(c, f"{ms(by_category[c]):.3f}", _pct(by_category[c], path_total)) for c in PATH_CATEGORIES],
+    )
+    lines.append("")
+    lines.append("ranks")
+    by_rank = result.by_rank()
+    rows = []
+    for stats in result.stragglers.ranks.values():
+        count = len(stats.straggler_steps)
+        rows.append(
+            (
+                stats.rank,
+                _pct(by_rank.get(stats.rank, 0), path_total),
+                count,
+                f"{ms(stats.excess_ns / count):.3f}" if count else "-",
+                f"{stats.last_arrivals}/{stats.collectives}",
+                stats.last_to_end,
+            )
+        )
+    lines += _table(
+        ("rank", "on path", "straggler steps", "mean excess ms", "last arrivals", "last to end"),
+        rows,
+    )
+    lines.append("")
+    shown = notable_steps(result, max_steps)
+    title = "steps" if len(shown) == len(result.steps) else (
+        f"steps ({len(shown)} of {len(result.steps)}: outliers, stragglers, slowest)"
+    )
+    lines.append(title)
+    header = ["step", "ms"] + [_SHORT[c] for c in PATH_CATEGORIES] + ["straggler", "what-if ms"]
+    step_rows = []
+    for step in shown:
+        split = step.path.by_category()
+        length = sum(split.values())
+        straggler = "-"
+        if step.straggler:
+            straggler = f"r{step.straggler.rank} +{ms(step.straggler.excess_ns):.3f}"
+        label = step.label + (" *" if step.outlier else "")
+        step_rows.append(
+            [label, f"{ms(step.trace.duration_ns):.3f}"]
+            + [_pct(split[c], length) for c in PATH_CATEGORIES]
+            + [straggler, f"{ms(step.what_if_ns):.3f}"]
+        )
+    lines += _table(header, step_rows)
+    if result.outliers.outliers:
+        lines.append(f"  * outlier (> {ms(result.outliers.threshold_ns):.3f} ms)")
+    lines.append("")
+    if result.findings:
+        lines.append("findings")
+        for finding in result.findings:
+            lines.append(f"  [{finding.severity}] {finding.rule}: {finding.summary}")
+            evidence = ", ".join(f"{k}={v}" for k, v in finding.evidence.items())
+            lines += textwrap.wrap(evidence, 96, initial_indent="    evidence: ",
+                                   subsequent_indent="      ")
+            lines += textwrap.wrap(finding.suggestion, 96, initial_indent="    suggestion: ",
+                                   subsequent_indent="      ")
+    else:
+        lines.append("findings: none")
+    if result.warnings:
+        lines.append("")
+        lines.append(f"warnings ({len(result.warnings)})")
+        for warning in result.warnings[:10]:
+            lines.append(f"  {warning}")
+        if len(result.warnings) > 10:
+            lines.append(f"  ... {len(result.warnings) - 10} more (--format json lists all)")
+    return "\n".join(lines)
