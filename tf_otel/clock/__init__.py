@@ -94,6 +94,7 @@ def now_ns() -> int:
         shift = _resolve_test_clock()
         if shift is None:
             return t
+        t = time.time_ns()  # resolving took a while
     return t + shift.skew_ns + int(shift.drift * (t - shift.start_ns))  # type: ignore[union-attr]
 
 
@@ -103,6 +104,13 @@ def test_clock() -> Optional[testclock.TestClock]:
     if shift is _UNRESOLVED:
         shift = _resolve_test_clock()
     return shift  # type: ignore[return-value]
+
+
+def reset_test_clock() -> None:
+    """Forget the parsed TF_OTEL_TEST_CLOCK so the next reading parses it again (tests)."""
+    global _test_clock
+    with _resolve_lock:
+        _test_clock = _UNRESOLVED
 
 
 def current_model() -> ClockModel:
