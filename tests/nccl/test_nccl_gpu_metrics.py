@@ -1,0 +1,118 @@
+"""GPU metrics: absent without a GPU (this machine), and the gauges' content with an NVML
+stand-in (the one thing that cannot run here is the GPU + driver behind pynvml)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+
+import pynvml
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from tf_otel.nccl.gpu_metrics import start_gpu_metrics
+
+
+def _points(reader):
+    data = reader.get_metrics_data()
+    out = {}
+    if data is None:
+        return out
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    out[(m.name, p.attributes["gpu.device"])] = (
+                        p.value,
+                        dict(p.attributes),
+                        m.unit,
+                    )
+    return out
+
+
+def test_no_gpu_here_means_no_error_no_metrics(caplog):
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    with caplog.at_level(logging.DEBUG, logger="tf_otel.nccl.gpu_metrics"):
+        sampler = start_gpu_metrics({"tf_otel.rank": 0}, meter_provider=provider)
+    assert sampler is None  # real pynvml, no NVML library / driver on this machine
+    assert _points(reader) == {}
+    assert len([r for r in caplog.records if "NVML unavailable" in r.message]) == 1
+    assert all(r.levelno == logging.DEBUG for r in caplog.records)
+    provider.shutdown()
+
+
+class FakeNvml:
+    """pynvml's call surface for two GPUs; GPU 1 has no power sensor (NotSupported)."""
+
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+
+    def __init__(self):
+        self.shutdowns = 0
+        self.util = [37, 90]
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=self.util[h], memory=5)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(total=80 << 30, used=(h + 1) << 30, free=0)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        if h == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 312_500  # mW
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return 55 + h
+
+
+def test_gauges_per_device_with_rank_attributes_and_stop():
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    nvml = FakeNvml()
+    attrs = {"tf_otel.rank": 3, "tf_otel.job.id": "job-7"}
+    s = start_gpu_metrics(attrs, interval_s=0.05, meter_provider=provider, nvml=nvml)
+    assert s is not None and s.interval_s == 0.1  # clamped to the minimum
+    pts = _points(reader)
+    assert pts[("gpu.utilization", 0)][0] == 0.37 and pts[("gpu.utilization", 1)][0] == 0.9
+    assert pts[("gpu.memory.used", 1)][0] == 2 << 30
+    assert pts[("gpu.memory.total", 0)][:3:2] == (80 << 30, "By")
+    assert pts[("gpu.power", 0)][0] == 312.5 and ("gpu.power", 1) not in pts
+    assert pts[("gpu.temperature", 1)][0] == 56
+    assert pts[("gpu.temperature", 0)][1] == {**attrs, "gpu.device": 0}
+    assert s.errors >= 1  # the unsupported power reading, counted
+
+    nvml.util[0] = 80  # the background thread picks up new values
+    deadline = time.time() + 5
+    while time.time() < deadline and _points(reader)[("gpu.utilization", 0)][0] != 0.8:
+        time.sleep(0.05)
+    assert _points(reader)[("gpu.utilization", 0)][0] == 0.8
+
+    s.stop()
+    assert not s._thread.is_alive() and nvml.shutdowns == 1
+    assert _points(reader) == {}
+    provider.shutdown()
+
+
+def test_nvml_without_devices_is_absent_too():
+    nvml = FakeNvml()
+    nvml.nvmlDeviceGetCount = lambda: 0
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    assert start_gpu_metrics(meter_provider=provider, nvml=nvml) is None
+    assert nvml.shutdowns == 1 and _points(reader) == {}
+    provider.shutdown()
