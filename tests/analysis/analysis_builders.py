@@ -83,18 +83,40 @@ class StepBuilder:
         return span
 
     def rank(self, rank: int, start: float, end: float) -> BuiltSpan:
-        span = self._add(rank, "step", "train_step", start, end, self.root_id,
-                         **{"tf_otel.step.kind": "tf_function"})
+        span = self._add(
+            rank,
+            "step",
+            "train_step",
+            start,
+            end,
+            self.root_id,
+            **{"tf_otel.step.kind": "tf_function"},
+        )
         self.step_spans[rank] = span
         return span
 
-    def span(self, rank: int, category: str, name: str, start: float, end: float,
-             parent: Optional[BuiltSpan] = None, **attributes: Any) -> BuiltSpan:
+    def span(
+        self,
+        rank: int,
+        category: str,
+        name: str,
+        start: float,
+        end: float,
+        parent: Optional[BuiltSpan] = None,
+        **attributes: Any,
+    ) -> BuiltSpan:
         parent_id = (parent or self.step_spans[rank]).span_id
         return self._add(rank, category, name, start, end, parent_id, **attributes)
 
-    def collective(self, rank: int, key: str, start: float, end: float,
-                   wait_end: Optional[float] = None, **attributes: Any) -> BuiltSpan:
+    def collective(
+        self,
+        rank: int,
+        key: str,
+        start: float,
+        end: float,
+        wait_end: Optional[float] = None,
+        **attributes: Any,
+    ) -> BuiltSpan:
         attrs = {"tf_otel.collective.key": key, "horovod.op": "allreduce"}
         attrs.update(attributes)
         span = self.span(rank, "collective", f"allreduce.{key}", start, end, **attrs)

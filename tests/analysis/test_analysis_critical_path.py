@@ -221,8 +221,9 @@ def test_gpu_rule_only_with_gpu_metrics():
     step = job.step(1)
     step.rank(0, 0, 10)
     step.span(0, "compute", "fwd", 0, 10)
-    assert not [f for f in analyze_spans(decoded_spans(job)).findings
-                if f.rule == "low_gpu_utilization"]
+    assert not [
+        f for f in analyze_spans(decoded_spans(job)).findings if f.rule == "low_gpu_utilization"
+    ]
     step.span(0, "kernel", "gemm", 1, 2, **{"gpu.utilization": 0.35})
     findings = analyze_spans(decoded_spans(job)).findings
     low = [f for f in findings if f.rule == "low_gpu_utilization"]

@@ -59,33 +59,54 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     source = parser.add_argument_group("source (files, or one backend)")
     source.add_argument("paths", nargs="*", metavar="PATH", help="OTLP-JSON files or directories")
-    source.add_argument("--jaeger", metavar="URL", help="Jaeger query service, e.g. http://host:16686")
+    source.add_argument(
+        "--jaeger", metavar="URL", help="Jaeger query service, e.g. http://host:16686"
+    )
     source.add_argument("--tempo", metavar="URL", help="Tempo HTTP API, e.g. http://host:3200")
     source.add_argument("--service", help="Jaeger service name (default: every service)")
-    source.add_argument("--trace-id", action="append", dest="trace_ids", metavar="ID",
-                        help="fetch these traces from the backend instead of searching")
+    source.add_argument(
+        "--trace-id",
+        action="append",
+        dest="trace_ids",
+        metavar="ID",
+        help="fetch these traces from the backend instead of searching",
+    )
     source.add_argument("--limit", type=int, default=10000, help="backend search limit")
-    source.add_argument("--progress", action="store_true", default=None,
-                        help="show a progress bar even when stderr is not a terminal")
+    source.add_argument(
+        "--progress",
+        action="store_true",
+        default=None,
+        help="show a progress bar even when stderr is not a terminal",
+    )
     select = parser.add_argument_group("selection")
     select.add_argument("--job", help="tf_otel.job.id (required when the input holds several)")
     select.add_argument("--steps", metavar="RANGE", help="N, A:B (inclusive), A: or :B")
     select.add_argument("--since", help="steps starting at or after: epoch s, ISO 8601, or 2h")
     select.add_argument("--until", help="steps starting before: epoch s, ISO 8601, or 30m")
     tuning = parser.add_argument_group("straggler threshold")
-    tuning.add_argument("--straggler-min-share", type=float, default=0.05,
-                        help="excess over the median rank, as a share of the step (0.05)")
-    tuning.add_argument("--straggler-min-ms", type=float, default=1.0,
-                        help="and at least this many ms (1.0)")
+    tuning.add_argument(
+        "--straggler-min-share",
+        type=float,
+        default=0.05,
+        help="excess over the median rank, as a share of the step (0.05)",
+    )
+    tuning.add_argument(
+        "--straggler-min-ms", type=float, default=1.0, help="and at least this many ms (1.0)"
+    )
     output = parser.add_argument_group("output")
     output.add_argument("--format", choices=("table", "json"), default="table")
-    output.add_argument("--with-path", action="store_true",
-                        help="json: include every step's critical path segments")
+    output.add_argument(
+        "--with-path", action="store_true", help="json: include every step's critical path segments"
+    )
     output.add_argument("--max-steps", type=int, default=15, help="table: step rows shown")
     output.add_argument("--html", metavar="FILE", help="write an HTML report with swimlanes")
     output.add_argument("--png", metavar="DIR", help="write swimlane PNGs (needs matplotlib)")
-    output.add_argument("--max-pictures", type=int, default=20,
-                        help="html/png: steps drawn (outliers, stragglers, slowest first)")
+    output.add_argument(
+        "--max-pictures",
+        type=int,
+        default=20,
+        help="html/png: steps drawn (outliers, stragglers, slowest first)",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -97,14 +118,23 @@ def _load(args: argparse.Namespace, start_ns: Optional[int], end_ns: Optional[in
     if args.jaeger:
         from tf_otel.analysis.load.jaeger import fetch_jaeger
 
-        spans = fetch_jaeger(args.jaeger, args.service, args.job, start_ns, end_ns, args.limit,
-                             args.trace_ids, args.progress)
+        spans = fetch_jaeger(
+            args.jaeger,
+            args.service,
+            args.job,
+            start_ns,
+            end_ns,
+            args.limit,
+            args.trace_ids,
+            args.progress,
+        )
         return spans, args.jaeger
     if args.tempo:
         from tf_otel.analysis.load.tempo import fetch_tempo
 
-        spans = fetch_tempo(args.tempo, args.job, start_ns, end_ns, args.limit, args.trace_ids,
-                            args.progress)
+        spans = fetch_tempo(
+            args.tempo, args.job, start_ns, end_ns, args.limit, args.trace_ids, args.progress
+        )
         return spans, args.tempo
     from tf_otel.analysis.load.files import load_paths
 

@@ -18,8 +18,9 @@ lowest rank; among spans with the same end, the latest start, then category, the
 
 Time on the path is split into ``compute``, ``input``, ``communication`` (a collective after its
 last arrival, PS transfers), ``straggler_wait`` (a collective waiting for a rank that has no
-spans in the trace: from the last seen arrival to the end of this rank's
-``collective.wait`` child, else ``horovod.wait_ns`` after its start) and ``framework`` (time on the path inside no timeline span).
+spans in the trace: from the last seen arrival to the end of this rank's ``collective.wait``
+child, else ``horovod.wait_ns`` after its start) and ``framework`` (time on the path inside no
+timeline span).
 
 The path is cut into legs at every sync point (collective or transfer on the path); a leg on
 rank r from sync A to sync B is compared with the same leg (A's completion to B's arrival) on
@@ -36,7 +37,14 @@ from typing import Dict, List, Optional, Tuple
 
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.steps import RankTimeline, StepTrace
-from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COLLECTIVE_WAIT, COMPUTE, INPUT, TRANSFER
+from tf_otel.record import (
+    ATTR_COLLECTIVE_KEY,
+    COLLECTIVE,
+    COLLECTIVE_WAIT,
+    COMPUTE,
+    INPUT,
+    TRANSFER,
+)
 
 ATTR_LAST_ARRIVAL = "horovod.last_arrival"
 ATTR_WAIT_NS = "horovod.wait_ns"
@@ -224,7 +232,9 @@ def _transfer_index(step: StepTrace) -> Dict[str, Dict[int, Span]]:
 
 
 def _last_arrival(members: Dict[int, Span], current: int) -> int:
-    flagged = [rank for rank, span in members.items() if span.attributes.get(ATTR_LAST_ARRIVAL) is True]
+    flagged = [
+        rank for rank, span in members.items() if span.attributes.get(ATTR_LAST_ARRIVAL) is True
+    ]
     if len(flagged) == 1:
         return flagged[0]
     latest = max(span.start_ns for span in members.values())

@@ -146,9 +146,13 @@ def render_html(result: AnalysisResult, max_pictures: int = 20) -> str:
             f"<br>suggestion: {html.escape(finding.suggestion)}</div>"
         )
     parts.append("<h2>Summary</h2><pre>" + html.escape(render_table(result)) + "</pre>")
-    note = "" if len(pictured) == len(result.steps) else (
-        f" ({len(pictured)} of {len(result.steps)}: outliers, stragglers, slowest;"
-        " --max-pictures to change)"
+    note = (
+        ""
+        if len(pictured) == len(result.steps)
+        else (
+            f" ({len(pictured)} of {len(result.steps)}: outliers, stragglers, slowest;"
+            " --max-pictures to change)"
+        )
     )
     parts.append(f"<h2>Steps{note}</h2>" + _legend())
     for step in pictured:

@@ -61,7 +61,10 @@ def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
     lines.append("critical path by category")
     lines += _table(
         ("category", "ms", "share"),
-        [(c, f"{ms(by_category[c]):.3f}", _pct(by_category[c], path_total)) for c in PATH_CATEGORIES],
+        [
+            (c, f"{ms(by_category[c]):.3f}", _pct(by_category[c], path_total))
+            for c in PATH_CATEGORIES
+        ],
     )
     lines.append("")
     lines.append("ranks")
@@ -85,8 +88,10 @@ def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
     )
     lines.append("")
     shown = notable_steps(result, max_steps)
-    title = "steps" if len(shown) == len(result.steps) else (
-        f"steps ({len(shown)} of {len(result.steps)}: outliers, stragglers, slowest)"
+    title = (
+        "steps"
+        if len(shown) == len(result.steps)
+        else (f"steps ({len(shown)} of {len(result.steps)}: outliers, stragglers, slowest)")
     )
     lines.append(title)
     header = ["step", "ms"] + [_SHORT[c] for c in PATH_CATEGORIES] + ["straggler", "what-if ms"]
@@ -112,10 +117,15 @@ def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
         for finding in result.findings:
             lines.append(f"  [{finding.severity}] {finding.rule}: {finding.summary}")
             evidence = ", ".join(f"{k}={v}" for k, v in finding.evidence.items())
-            lines += textwrap.wrap(evidence, 96, initial_indent="    evidence: ",
-                                   subsequent_indent="      ")
-            lines += textwrap.wrap(finding.suggestion, 96, initial_indent="    suggestion: ",
-                                   subsequent_indent="      ")
+            lines += textwrap.wrap(
+                evidence, 96, initial_indent="    evidence: ", subsequent_indent="      "
+            )
+            lines += textwrap.wrap(
+                finding.suggestion,
+                96,
+                initial_indent="    suggestion: ",
+                subsequent_indent="      ",
+            )
     else:
         lines.append("findings: none")
     if result.warnings:

@@ -1,0 +1,140 @@
+"""Jaeger and Tempo loaders against local HTTP servers serving the same hand-built steps.
+
+The Jaeger server speaks the query API's JSON model (/api/services, /api/traces search,
+/api/traces/<id>); the Tempo server answers TraceQL search with trace ids and /api/traces/<id>
+with protobuf-JSON (base64 ids). The analysis of either must equal the one of the OTLP file.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from test_analysis_cli import analyze, straggler_job
+
+
+class Backend(BaseHTTPRequestHandler):
+    routes: dict = {}
+    requests: list = []
+
+    def do_GET(self):  # noqa: N802 (http.server API)
+        parsed = urllib.parse.urlparse(self.path)
+        self.requests.append((parsed.path, urllib.parse.parse_qs(parsed.query)))
+        body = self.routes.get(parsed.path)
+        if body is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = json.dumps(body(urllib.parse.parse_qs(parsed.query))).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def server():
+    Backend.routes, Backend.requests = {}, []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def file_report(tmp_path: Path) -> dict:
+    path = tmp_path / "traces.jsonl"
+    straggler_job().write_otlp(path)
+    done = analyze(str(path), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def comparable(report: dict) -> dict:
+    report = dict(report)
+    report.pop("source")
+    return report
+
+
+def test_jaeger_search_matches_the_file_analysis(server: str, tmp_path: Path):
+    traces = straggler_job().jaeger_traces()
+    Backend.routes["/api/services"] = lambda q: {"data": ["train.py", "jaeger-all-in-one"]}
+    Backend.routes["/api/traces"] = lambda q: {"data": traces}
+    done = analyze("--jaeger", server, "--job", "job-42", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert comparable(json.loads(done.stdout)) == comparable(file_report(tmp_path))
+    searches = [query for path, query in Backend.requests if path == "/api/traces"]
+    assert [q["service"] for q in searches] == [["train.py"]]  # jaeger's own service skipped
+    assert json.loads(searches[0]["tags"][0]) == {"tf_otel.job.id": "job-42"}
+    assert int(searches[0]["end"][0]) > int(searches[0]["start"][0])
+
+
+def test_jaeger_trace_ids_fetch_each_trace(server: str, tmp_path: Path):
+    traces = straggler_job().jaeger_traces()
+    for trace in traces:
+        Backend.routes[f"/api/traces/{trace['traceID']}"] = lambda q, trace=trace: {"data": [trace]}
+    ids = [arg for trace in traces for arg in ("--trace-id", trace["traceID"])]
+    done = analyze("--jaeger", server, *ids, "--format", "json", "--progress")
+    assert done.returncode == 0, done.stderr
+    assert "jaeger: fetching traces" in done.stderr  # --progress draws on a non-TTY too
+    assert comparable(json.loads(done.stdout)) == comparable(file_report(tmp_path))
+
+
+def _base64_ids(document: dict) -> dict:
+    for resource_spans in document["resourceSpans"]:
+        for scope in resource_spans["scopeSpans"]:
+            for span in scope["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+    return {"batches": document["resourceSpans"]}
+
+
+def test_tempo_search_then_fetch(server: str, tmp_path: Path):
+    job = straggler_job()
+    by_trace: dict = {}
+    for line in job.otlp_lines():
+        for resource_spans in line["resourceSpans"]:
+            for scope in resource_spans["scopeSpans"]:
+                for span in scope["spans"]:
+                    entry = by_trace.setdefault(span["traceId"], {})
+                    entry.setdefault(id(resource_spans), (resource_spans, []))[1].append(span)
+    for trace_id, groups in by_trace.items():
+        document = {
+            "resourceSpans": [
+                {"resource": rs["resource"], "scopeSpans": [{"scope": {}, "spans": spans}]}
+                for rs, spans in groups.values()
+            ]
+        }
+        Backend.routes[f"/api/traces/{trace_id}"] = lambda q, d=document: _base64_ids(
+            json.loads(json.dumps(d))
+        )
+    Backend.routes["/api/search"] = lambda q: {
+        "traces": [{"traceID": trace_id} for trace_id in sorted(by_trace)]
+    }
+    done = analyze("--tempo", server, "--job", "job-42", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert comparable(json.loads(done.stdout)) == comparable(file_report(tmp_path))
+    search = next(query for path, query in Backend.requests if path == "/api/search")
+    assert search["q"] == ['{ .tf_otel.job.id = "job-42" }']
+
+
+def test_unreachable_and_foreign_backends(server: str):
+    Backend.routes["/api/services"] = lambda q: {"something": "else"}
+    done = analyze("--jaeger", server)
+    assert done.returncode == 2 and "not a Jaeger query API response" in done.stderr
+    done = analyze("--tempo", server)
+    assert done.returncode == 2 and "HTTP 404" in done.stderr and server in done.stderr
+    done = analyze("--jaeger", "http://127.0.0.1:9")
+    assert done.returncode == 2 and "cannot connect" in done.stderr
+    assert "Traceback" not in done.stderr
