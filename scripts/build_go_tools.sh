@@ -23,8 +23,10 @@ set -euo pipefail
 JAEGER_MODULE=github.com/jaegertracing/jaeger
 JAEGER_MODULE_VERSION=${JAEGER_MODULE_VERSION:-v1.76.0}
 JAEGER_RELEASE=${JAEGER_RELEASE:-v2.13.0}   # the v2 tag on that commit, reported by --version
-# The builder's version must match the core collector modules named in the manifest.
-OCB_VERSION=${OCB_VERSION:-v0.164.0}
+# The builder (v0.140.0 is not on the module proxy; v0.139.0 generates the same code for the
+# v0.140 modules of the manifest, which raise its otelcol requirement by one release).
+OCB_VERSION=${OCB_VERSION:-v0.139.0}
+OTELCOL_VERSION=${OTELCOL_VERSION:-v0.140.0}   # go.opentelemetry.io/collector/otelcol, as in the manifest
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MANIFEST=$ROOT/collector-config/builder-manifest.yaml
@@ -82,11 +84,23 @@ build_collector() {
   fi
   local src=$WORK/otelcol-$OCB_VERSION
   rm -rf "$src" && mkdir -p "$src"
-  say "collector: building from $MANIFEST (takes several minutes on 2 cores)"
+  say "collector: generating sources from $MANIFEST"
   local t0=$SECONDS
   # dist.output_path (./_build) is relative to the directory the builder runs in.
-  (cd "$src" && "$ocb" --config "$MANIFEST" --ldflags "-s -w")
-  mv "$src/_build/otelcol-tf-otel" "$out"
+  (cd "$src" && "$ocb" --config "$MANIFEST" --skip-get-modules --skip-compilation)
+  local dir=$src/_build
+  # The builder requires otelcol at its own release; the manifest's modules are one newer.
+  sed -i "s#\(go.opentelemetry.io/collector/otelcol\) v[0-9.]*#\1 $OTELCOL_VERSION#" "$dir/go.mod"
+  # Every module of the manifest is in Jaeger's dependency graph (same collector release):
+  # seed go.sum with Jaeger's checked sums, so `go mod tidy` needs no checksum-database lookups.
+  local jdir
+  jdir=$(cd "$WORK" && "$GO" mod download -json "$JAEGER_MODULE@$JAEGER_MODULE_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  cp "$jdir/go.sum" "$dir/go.sum" && chmod u+w "$dir/go.sum"
+  (cd "$dir" && "$GO" mod tidy)
+  say "collector: compiling (takes several minutes on 2 cores)"
+  (cd "$dir" && "$GO" build -trimpath -ldflags "-s -w" -o "$out.tmp" .)
+  mv "$out.tmp" "$out"
   rm -rf "$src"
   say "collector: built in $((SECONDS - t0)) s"
   echo "COLLECTOR_BIN=$out"
