@@ -40,6 +40,11 @@ log "installing tensorflow-cpu==$TF_VERSION, OpenTelemetry, mpi4py, test tools"
 "${PIP[@]}" install "tensorflow-cpu==$TF_VERSION" -e ".[mpi,gpu,dev]"
 # tf_keras pulls the full CUDA tensorflow wheel unless installed without deps.
 "${PIP[@]}" install --no-deps "tf_keras~=${TF_VERSION%.*}.0"
+# horovod's own run-time needs (its wheel is installed with --no-deps below)
+"${PIP[@]}" install cloudpickle psutil pyyaml packaging cffi
+# An editable install does not place the start-up hook (a wheel does): put it in site-packages.
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cp tf_otel/tf_otel-autostart.pth "$site/"
 
 if ! "$VENV/bin/python" -c "import horovod.tensorflow" >/dev/null 2>&1; then
   pytag=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')

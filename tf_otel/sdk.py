@@ -150,3 +150,26 @@ def add_file_exporter(path: str) -> bool:
         return False
     provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(path)))
     return True
+
+
+def service_name_default() -> str:
+    import sys
+
+    script = os.path.basename(sys.argv[0]) if getattr(sys, "argv", None) and sys.argv[0] else ""
+    return os.path.splitext(script)[0] or "python"
+
+
+def merge_resource(attributes: Dict[str, Any]) -> None:
+    """Add job topology to the SDK provider's resource; name the service after the script when
+    OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES did not."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+
+    provider = trace.get_tracer_provider()
+    current = getattr(provider, "_resource", None)
+    if current is None:
+        return
+    extra = dict(attributes)
+    if str(current.attributes.get("service.name", "")).startswith("unknown_service"):
+        extra["service.name"] = service_name_default()
+    provider._resource = current.merge(Resource(extra))

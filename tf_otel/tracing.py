@@ -96,6 +96,20 @@ class Pipeline:
         self.settings = settings
         self.topology = topology
         self.job_id = topology.job_id
+        with fail_open("resource"):
+            from tf_otel.sdk import merge_resource
+
+            merge_resource(
+                {
+                    "host.name": topology.host,
+                    "process.pid": os.getpid(),
+                    record.ATTR_RANK: topology.rank,
+                    record.ATTR_WORLD_SIZE: topology.world_size,
+                    record.ATTR_LOCAL_RANK: topology.local_rank,
+                    record.ATTR_JOB_ID: topology.job_id,
+                    record.ATTR_LAUNCHER: topology.launcher,
+                }
+            )
         self._tracer = trace.get_tracer("tf_otel", __version__)
         self._sampler = getattr(self._tracer, "sampler", None)
         self._ids: Optional[_PrimedIdGenerator] = None

@@ -1,0 +1,51 @@
+"""Horovod custom loop: DistributedGradientTape inside a tf.function over plain tf.Variables.
+
+Run: horovodrun -np 2 -H localhost:2 python examples/horovod_tape.py
+SLOW_RANK / SLOW_MS / SLOW_STEPS (comma list) delay one rank before its gradients (stragglers).
+"""
+
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import horovod.tensorflow as hvd
+
+hvd.init()
+STEPS = int(os.environ.get("STEPS", "20"))
+SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))
+SLOW_MS = float(os.environ.get("SLOW_MS", "0"))
+SLOW_STEPS = {int(s) for s in os.environ.get("SLOW_STEPS", "").split(",") if s.strip()}
+
+rng = np.random.default_rng(hvd.rank())
+features = tf.constant(rng.normal(size=(64, 32)).astype("float32"))
+labels = tf.constant(rng.normal(size=(64, 1)).astype("float32"))
+w1 = tf.Variable(tf.random.stateless_normal([32, 64], seed=(1, 2)) * 0.1, name="dense1/kernel")
+w2 = tf.Variable(tf.random.stateless_normal([64, 1], seed=(3, 4)) * 0.1, name="dense2/kernel")
+variables = [w1, w2]
+hvd.broadcast_variables(variables, root_rank=0)
+
+
+def delay():
+    time.sleep(SLOW_MS / 1000.0)
+    return np.float32(0)
+
+
+@tf.function
+def train_step(x, y, slow):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2) - y))
+        if slow:
+            loss += tf.numpy_function(delay, [], tf.float32, stateful=True)
+    tape = hvd.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, variables)
+    for var, grad in zip(variables, grads):
+        var.assign_sub(0.01 * grad)
+    return loss
+
+
+for step in range(STEPS):
+    slow = hvd.rank() == SLOW_RANK and step in SLOW_STEPS
+    loss = train_step(features, labels, tf.constant(slow))
+print(f"rank {hvd.rank()} done steps={STEPS} loss={float(loss):.6f}")

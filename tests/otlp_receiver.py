@@ -1,0 +1,186 @@
+"""A real OTLP trace receiver for tests: gRPC (TraceService/Export) and HTTP (POST /v1/traces,
+protobuf or JSON, optionally gzip), built on opentelemetry-proto, bound to 127.0.0.1.
+
+Usage::
+
+    with OtlpReceiver() as receiver:
+        env = receiver.env("grpc")   # OTEL_EXPORTER_OTLP_* for a subprocess
+        ...
+        spans = receiver.wait_for(lambda spans: len(spans) >= 10)
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, List, Optional
+
+import grpc
+from google.protobuf.json_format import Parse
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+
+def any_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind) if kind else None
+
+
+@dataclass
+class ReceivedSpan:
+    trace_id: str
+    span_id: str
+    parent_id: Optional[str]
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: Dict[str, Any]
+    resource: Dict[str, Any]
+    links: List[str] = field(default_factory=list)  # linked span ids
+    status_code: int = 0
+
+    @property
+    def category(self) -> Optional[str]:
+        return self.attributes.get("tf_otel.category")
+
+    @property
+    def rank(self) -> Optional[int]:
+        return self.attributes.get("tf_otel.rank")
+
+
+def spans_of(request: trace_service_pb2.ExportTraceServiceRequest) -> List[ReceivedSpan]:
+    result = []
+    for resource_spans in request.resource_spans:
+        resource = {kv.key: any_value(kv.value) for kv in resource_spans.resource.attributes}
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                result.append(
+                    ReceivedSpan(
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_id=span.parent_span_id.hex() or None,
+                        name=span.name,
+                        start_ns=span.start_time_unix_nano,
+                        end_ns=span.end_time_unix_nano,
+                        attributes={kv.key: any_value(kv.value) for kv in span.attributes},
+                        resource=resource,
+                        links=[link.span_id.hex() for link in span.links],
+                        status_code=span.status.code,
+                    )
+                )
+    return result
+
+
+class OtlpReceiver:
+    def __init__(self) -> None:
+        self._spans: List[ReceivedSpan] = []
+        self._lock = threading.Lock()
+        self.requests = {"grpc": 0, "http": 0}
+        self._grpc: Any = None
+        self._http: Optional[ThreadingHTTPServer] = None
+
+    # -- servers -----------------------------------------------------------------------
+    def _add(self, request: trace_service_pb2.ExportTraceServiceRequest, transport: str) -> None:
+        spans = spans_of(request)
+        with self._lock:
+            self._spans.extend(spans)
+            self.requests[transport] += 1
+
+    def start(self) -> OtlpReceiver:
+        receiver = self
+
+        class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+                receiver._add(request, "grpc")
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), self._grpc)
+        self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+        self._grpc.start()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                if self.path != "/v1/traces":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                if "json" in (self.headers.get("Content-Type") or ""):
+                    Parse(body.decode(), request)
+                else:
+                    request.ParseFromString(body)
+                receiver._add(request, "http")
+                payload = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http_port = self._http.server_address[1]
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(0)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+
+    def __enter__(self) -> OtlpReceiver:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- queries -----------------------------------------------------------------------
+    def env(self, protocol: str = "grpc") -> Dict[str, str]:
+        """OTEL_* variables that send a subprocess's traces here."""
+        if protocol == "grpc":
+            endpoint = f"http://127.0.0.1:{self.grpc_port}"
+            wire = "grpc"
+        else:
+            endpoint = f"http://127.0.0.1:{self.http_port}"
+            wire = "http/protobuf"
+        return {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": wire,
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+
+    def spans(self) -> List[ReceivedSpan]:
+        with self._lock:
+            return list(self._spans)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spans.clear()
+
+    def wait_for(
+        self, predicate: Callable[[List[ReceivedSpan]], bool], timeout_s: float = 15.0
+    ) -> List[ReceivedSpan]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            spans = self.spans()
+            if predicate(spans) or time.monotonic() > deadline:
+                return spans
+            time.sleep(0.05)
