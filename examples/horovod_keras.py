@@ -8,10 +8,9 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-import horovod.tensorflow.keras as hvd  # noqa: E402
 
 hvd.init()
 STEPS = int(os.environ.get("STEPS", "20"))

@@ -7,10 +7,9 @@ SLOW_RANK / SLOW_MS / SLOW_STEPS (comma list) delay one rank before its gradient
 import os
 import time
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-
-import horovod.tensorflow as hvd
 
 hvd.init()
 STEPS = int(os.environ.get("STEPS", "20"))

@@ -5,10 +5,9 @@ Run: horovodrun -np 2 -H localhost:2 python examples/horovod_tf1.py
 
 import os
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-
-import horovod.tensorflow as hvd
 
 tf.compat.v1.disable_eager_execution()
 hvd.init()

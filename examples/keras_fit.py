@@ -29,7 +29,8 @@ if SLEEP_MS:
 
     data = data.map(lambda x, y: tf.numpy_function(slow, [x, y], (tf.float32, tf.float32)))
 
-model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, "relu"), keras.layers.Dense(1)])
+layers = [keras.Input((16,)), keras.layers.Dense(32, "relu"), keras.layers.Dense(1)]
+model = keras.Sequential(layers)
 model.compile(optimizer="sgd", loss="mse", steps_per_execution=SPE)
 history = model.fit(data.repeat(), epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0)
 if os.environ.get("EVALUATE", "1") == "1":

@@ -13,7 +13,7 @@ import functools
 from typing import Any, Callable, List
 
 from tf_otel import record
-from tf_otel.instrument._patching import run_step, wrap, when_imported
+from tf_otel.instrument._patching import run_step, when_imported, wrap
 
 ATTR_FETCHES = "tensorflow.session.fetches"
 _MAX_KEY = 120
