@@ -12,6 +12,7 @@ from typing import List, Optional, Tuple
 from tf_otel.analysis.critical_path import critical_path
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.findings import evaluate_rules
+from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.gpu import gpu_utilisation
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
@@ -32,6 +33,29 @@ def analyze_spans(
 ) -> AnalysisResult:
     if not spans:
         raise AnalysisError(f"{source or 'input'}: no spans")
+    with paused_gc():
+        return _analyze(
+            spans,
+            source,
+            job_id,
+            step_range,
+            start_ns,
+            end_ns,
+            straggler_min_share,
+            straggler_min_ns,
+        )
+
+
+def _analyze(
+    spans: List[Span],
+    source: str,
+    job_id: Optional[str],
+    step_range: Optional[Tuple[Optional[int], Optional[int]]],
+    start_ns: Optional[int],
+    end_ns: Optional[int],
+    straggler_min_share: float,
+    straggler_min_ns: int,
+) -> AnalysisResult:
     spans = filter_job(spans, job_id)
     all_steps, warnings = group_steps(spans)
     if not all_steps:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, List, Optional
 
 from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
 from tf_otel.analysis.load.jaeger import convert_jaeger_traces, is_jaeger_document
 from tf_otel.analysis.load.otlp import decode_traces_data, is_traces_data
@@ -117,7 +118,7 @@ def _load_whole(path: Path, data: bytes, bad_line: int, line_count: int) -> List
 def load_paths(paths: Iterable[str], progress: Optional[bool] = None) -> List[Span]:
     files = find_trace_files(paths)
     spans: List[Span] = []
-    with Progress("reading trace files", len(files), progress) as bar:
+    with paused_gc(), Progress("reading trace files", len(files), progress) as bar:
         for path in files:
             spans.extend(load_file(path))
             bar.advance()

@@ -54,18 +54,17 @@ def attributes_dict(attributes: Optional[List[Dict[str, Any]]]) -> Dict[str, Any
     return result
 
 
+_ZEROS = {16: "0" * 32, 8: "0" * 16}
+
+
 def normalise_id(raw: Any, size: int) -> Optional[str]:
     """A trace (16 bytes) or span (8 bytes) id as lowercase hex; '' / zeros -> None."""
     if not raw:
         return None
     text = str(raw)
-    if len(text) == 2 * size:
-        try:
-            int(text, 16)
-            text = text.lower()
-            return None if text.strip("0") == "" else text
-        except ValueError:
-            pass
+    if len(text) == 2 * size and text.isalnum():  # hex (not validated further: opaque id)
+        text = text.lower()
+        return None if text == _ZEROS[size] else text
     try:
         decoded = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
