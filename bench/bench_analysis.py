@@ -240,9 +240,7 @@ def main() -> int:
                 "ranks": args.ranks,
                 "spans": len(spans),
                 "input_mb": round(size_mb, 1),
-                "json_parser": "orjson"
-                if _json.loads.__module__ == __name__ or "orjson" in str(_json.DECODE_ERRORS)
-                else "json",
+                "json_parser": _json.PARSER,
                 "load_s": round(t1 - t0, 2),
                 "analysis_s": round(t2 - t1, 2),
                 "json_report_s": round(t3 - t2, 2),

@@ -155,3 +155,29 @@ def test_png_without_matplotlib_is_a_clear_message(trace_file: Path, tmp_path: P
     written = sorted(p.name for p in (tmp_path / "png").iterdir())
     assert written == [f"step_{n}.png" for n in range(6)]
     assert all((tmp_path / "png" / n).read_bytes()[:4] == b"\x89PNG" for n in written)
+
+
+def test_jaeger_ui_download_file_reads_like_otlp(trace_file: Path, tmp_path: Path):
+    download = tmp_path / "jaeger-download.json"
+    download.write_text(json.dumps({"data": straggler_job().jaeger_traces()}))
+    from_jaeger = analyze(str(download), "--format", "json")
+    from_otlp = analyze(str(trace_file), "--format", "json")
+    assert from_jaeger.returncode == 0, from_jaeger.stderr
+    first, second = json.loads(from_jaeger.stdout), json.loads(from_otlp.stdout)
+    first.pop("source"), second.pop("source")
+    assert first == second
+
+
+def test_time_window_and_bad_ranges(trace_file: Path):
+    from analysis_builders import EPOCH_NS
+
+    since = (EPOCH_NS + 350 * 1_000_000) / 1e9  # steps start every 200 ms: keeps 2..5
+    done = analyze(str(trace_file), "--since", repr(since), "--format", "json")
+    assert [s["step"] for s in json.loads(done.stdout)["steps"]] == [2, 3, 4, 5]
+    for args, message in (
+        (["--steps", "x:y"], "bad step range"),
+        (["--since", "yesterday"], "bad time"),
+        (["--steps", "100:"], "no steps in the selected range"),
+    ):
+        done = analyze(str(trace_file), *args)
+        assert done.returncode == 2 and message in done.stderr, done.stderr

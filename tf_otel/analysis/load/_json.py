@@ -12,9 +12,11 @@ try:  # optional speed-up, never required
         return orjson.loads(data)
 
     DECODE_ERRORS: tuple = (orjson.JSONDecodeError, UnicodeDecodeError)
+    PARSER = "orjson"
 except ImportError:  # pragma: no cover - depends on the environment
 
     def loads(data: Union[bytes, str]) -> Any:
         return json.loads(data)
 
     DECODE_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
+    PARSER = "json"
