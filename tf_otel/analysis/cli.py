@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.gc_pause import paused_gc
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -149,47 +150,52 @@ def _write(path: str, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tf_otel.analysis.analyze import analyze_spans
-    from tf_otel.analysis.report.json_report import to_json
-    from tf_otel.analysis.report.terminal import render_table
-    from tf_otel.analysis.steps import parse_step_range
-
     try:
-        if args.png:
-            from tf_otel.analysis.report.png import require_matplotlib
-
-            require_matplotlib()
-        step_range = parse_step_range(args.steps) if args.steps else None
-        start_ns, end_ns = parse_time_ns(args.since), parse_time_ns(args.until)
-        spans, source = _load(args, start_ns, end_ns)
-        result = analyze_spans(
-            spans,
-            source=source,
-            job_id=args.job,
-            step_range=step_range,
-            start_ns=start_ns,
-            end_ns=end_ns,
-            straggler_min_share=args.straggler_min_share,
-            straggler_min_ns=int(args.straggler_min_ms * 1e6),
-        )
-        if args.format == "json":
-            print(json.dumps(to_json(result, args.with_path), indent=2))
-        else:
-            print(render_table(result, args.max_steps))
-        if args.html:
-            from tf_otel.analysis.report.html import render_html
-
-            _write(args.html, render_html(result, args.max_pictures))
-        if args.png:
-            from tf_otel.analysis.report.png import write_pngs
-
-            written = write_pngs(result, Path(args.png), args.max_pictures)
-            print(f"wrote {len(written)} PNG files to {args.png}", file=sys.stderr)
+        with paused_gc():  # millions of acyclic objects: collections would only rescan them
+            return _run(args)
     except AnalysisError as error:
         print(f"tf-otel analyze: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tf_otel.analysis.analyze import analyze_spans
+    from tf_otel.analysis.report.json_report import to_json
+    from tf_otel.analysis.report.terminal import render_table
+    from tf_otel.analysis.steps import parse_step_range
+
+    if args.png:
+        from tf_otel.analysis.report.png import require_matplotlib
+
+        require_matplotlib()
+    step_range = parse_step_range(args.steps) if args.steps else None
+    start_ns, end_ns = parse_time_ns(args.since), parse_time_ns(args.until)
+    spans, source = _load(args, start_ns, end_ns)
+    result = analyze_spans(
+        spans,
+        source=source,
+        job_id=args.job,
+        step_range=step_range,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        straggler_min_share=args.straggler_min_share,
+        straggler_min_ns=int(args.straggler_min_ms * 1e6),
+    )
+    if args.format == "json":
+        print(json.dumps(to_json(result, args.with_path), indent=2))
+    else:
+        print(render_table(result, args.max_steps))
+    if args.html:
+        from tf_otel.analysis.report.html import render_html
+
+        _write(args.html, render_html(result, args.max_pictures))
+    if args.png:
+        from tf_otel.analysis.report.png import write_pngs
+
+        written = write_pngs(result, Path(args.png), args.max_pictures)
+        print(f"wrote {len(written)} PNG files to {args.png}", file=sys.stderr)
     return 0
 
 

@@ -92,11 +92,19 @@ def decode_traces_data(obj: Any, origin: str) -> List[Span]:
                 scopes = resource_spans.get("instrumentationLibrarySpans") or ()
             for scope in scopes:
                 for raw in scope.get("spans") or ():
+                    trace_id, span_id = raw["traceId"], raw["spanId"]
+                    parent_id = raw.get("parentSpanId")
+                    if not (len(trace_id) == 32 and trace_id.islower() and trace_id.isalnum()):
+                        trace_id = normalise_id(trace_id, 16) or ""
+                    if not (len(span_id) == 16 and span_id.islower() and span_id.isalnum()):
+                        span_id = normalise_id(span_id, 8) or ""
+                    if parent_id:
+                        parent_id = normalise_id(parent_id, 8)
                     spans.append(
                         Span(
-                            normalise_id(raw["traceId"], 16) or "",
-                            normalise_id(raw["spanId"], 8) or "",
-                            normalise_id(raw.get("parentSpanId"), 8),
+                            trace_id,
+                            span_id,
+                            parent_id,
                             raw.get("name", ""),
                             int(raw["startTimeUnixNano"]),
                             int(raw["endTimeUnixNano"]),
