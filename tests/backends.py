@@ -1,0 +1,402 @@
+"""Real tracing backends for tests: a local Jaeger v2 and an OpenTelemetry Collector.
+
+Both binaries are built by `make tools` (scripts/build_go_tools.sh) into
+${TF_OTEL_CACHE:-~/.cache/tf_otel}/bin; $TF_OTEL_JAEGER_BIN / $TF_OTEL_COLLECTOR_BIN override.
+A missing binary raises BackendError (tests fail, they do not skip).
+
+    with JaegerServer() as jaeger:                      # free ports on 127.0.0.1
+        exporter = OTLPSpanExporter(endpoint=jaeger.otlp_grpc_endpoint, insecure=True)
+        ...
+        trace = jaeger.wait_for_trace(trace_id_hex, min_spans=3)
+        assert not JaegerServer.span_warnings(trace)    # e.g. clock-skew adjuster warnings
+
+    env = {"JAEGER_OTLP_ENDPOINT": jaeger.otlp_grpc_address}
+    with CollectorServer(COLLECTOR_CONFIG_DIR / "training.yaml", env=env) as collector:
+        ...  # export to collector.otlp_grpc_endpoint
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO / "scripts" / "build_go_tools.sh"
+COLLECTOR_CONFIG_DIR = REPO / "collector-config"
+BUILDER_MANIFEST = COLLECTOR_CONFIG_DIR / "builder-manifest.yaml"
+JAEGER_CONFIG = REPO / "deploy" / "jaeger-v2.yaml"
+HOST = "127.0.0.1"
+
+
+class BackendError(RuntimeError):
+    """A backend binary is missing or a server did not start / answer."""
+
+
+def cache_bin_dir() -> Path:
+    """Where build_go_tools.sh puts its binaries."""
+    root = os.environ.get("TF_OTEL_CACHE") or str(Path.home() / ".cache" / "tf_otel")
+    return Path(root) / "bin"
+
+
+def _script_default(name: str) -> str:
+    """The pinned default of `NAME=${NAME:-value}` in build_go_tools.sh (env wins, as there)."""
+    if os.environ.get(name):
+        return os.environ[name]
+    m = re.search(rf"^{name}=\$\{{{name}:-([^}}]+)\}}", BUILD_SCRIPT.read_text(), re.M)
+    if not m:
+        raise BackendError(f"{BUILD_SCRIPT}: no pinned {name}")
+    return m.group(1)
+
+
+def jaeger_binary() -> Path:
+    """The Jaeger v2 binary: $TF_OTEL_JAEGER_BIN, else the pinned build in the cache."""
+    name = f"jaeger-{_script_default('JAEGER_RELEASE')}-{_script_default('JAEGER_MODULE_VERSION')}"
+    return _find_binary("TF_OTEL_JAEGER_BIN", cache_bin_dir() / name, "Jaeger v2")
+
+
+def collector_binary() -> Path:
+    """The collector built from builder-manifest.yaml: $TF_OTEL_COLLECTOR_BIN, else the cache."""
+    digest = hashlib.sha256(BUILDER_MANIFEST.read_bytes()).hexdigest()[:12]
+    name = f"otelcol-tf-otel-{_script_default('OCB_VERSION')}-{digest}"
+    return _find_binary("TF_OTEL_COLLECTOR_BIN", cache_bin_dir() / name, "OpenTelemetry Collector")
+
+
+def _find_binary(env: str, cached: Path, what: str) -> Path:
+    path = Path(os.environ[env]) if os.environ.get(env) else cached
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        how = f"${env} points to it" if os.environ.get(env) else "it is not built"
+        raise BackendError(
+            f"{what} binary not found at {path} ({how}). Run `make tools` "
+            f"(scripts/build_go_tools.sh) to build it, or set ${env}."
+        )
+    return path
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port that was free a moment ago on `host`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """(status, body) of a GET; HTTP errors are returned, connection errors raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class _Process:
+    """A backend binary run in its own session, its output in a log file."""
+
+    what = "server"
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], startup_timeout: float):
+        self._argv = [str(a) for a in argv]
+        # the test process's OTEL_* settings are for the code under test, not for the backend
+        base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        self._env = {**base, **{k: str(v) for k, v in env.items()}}
+        self._startup_timeout = startup_timeout
+        self._tmp = tempfile.TemporaryDirectory(prefix="tf_otel_backend_")
+        self.log_path = Path(self._tmp.name) / "server.log"
+        self._proc: Optional[subprocess.Popen[bytes]] = None
+
+    # -- to be provided by subclasses
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    # -- lifecycle
+    def start(self) -> None:
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
+        try:
+            self._proc = subprocess.Popen(
+                self._argv,
+                env=self._env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        deadline = time.monotonic() + self._startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise BackendError(
+                    f"{self.what} exited with code {self._proc.returncode} at start-up "
+                    f"({' '.join(self._argv)}):\n{self.log_text()}"
+                )
+            try:
+                if self._ready():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise BackendError(
+            f"{self.what} not ready after {self._startup_timeout:.0f} s:\n{self.log_text()}"
+        )
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_text(self, tail: int = 200) -> str:
+        """The last `tail` lines of the server's output."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(lines[-tail:])
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop()
+        if exc_type is not None:  # show what the server said next to the failure
+            sys.stderr.write(f"\n----- {self.what} log ({self.log_path}) -----\n")
+            sys.stderr.write(self.log_text() + "\n")
+        self._tmp.cleanup()
+
+
+class JaegerServer(_Process):
+    """Jaeger v2 with in-memory storage (deploy/jaeger-v2.yaml) on free ports of 127.0.0.1."""
+
+    what = "jaeger"
+
+    def __init__(
+        self,
+        config: Path = JAEGER_CONFIG,
+        binary: Optional[Path] = None,
+        env: Optional[Mapping[str, str]] = None,
+        startup_timeout: float = 60.0,
+    ):
+        self.otlp_grpc_port = free_port()
+        self.otlp_http_port = free_port()
+        self.query_http_port = free_port()
+        self.query_grpc_port = free_port()
+        ports = {
+            "JAEGER_LISTEN_HOST": HOST,
+            "JAEGER_OTLP_GRPC_PORT": self.otlp_grpc_port,
+            "JAEGER_OTLP_HTTP_PORT": self.otlp_http_port,
+            "JAEGER_QUERY_HTTP_PORT": self.query_http_port,
+            "JAEGER_QUERY_GRPC_PORT": self.query_grpc_port,
+        }
+        binary = binary or jaeger_binary()
+        super().__init__([binary, "--config", config], {**ports, **(env or {})}, startup_timeout)
+
+    # -- endpoints
+    @property
+    def otlp_grpc_address(self) -> str:
+        """host:port, for a collector's otlp_grpc exporter."""
+        return f"{HOST}:{self.otlp_grpc_port}"
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        """For OTLPSpanExporter (grpc) with insecure=True."""
+        return f"http://{HOST}:{self.otlp_grpc_port}"
+
+    @property
+    def otlp_http_endpoint(self) -> str:
+        """Base URL (OTEL_EXPORTER_OTLP_ENDPOINT style); traces go to /v1/traces."""
+        return f"http://{HOST}:{self.otlp_http_port}"
+
+    @property
+    def query_url(self) -> str:
+        """The UI and the HTTP query API (/api/services, /api/traces)."""
+        return f"http://{HOST}:{self.query_http_port}"
+
+    def _ready(self) -> bool:
+        if not all(_port_open(p) for p in (self.otlp_grpc_port, self.otlp_http_port)):
+            return False
+        return http_get(self.query_url + "/api/services", timeout=2)[0] == 200
+
+    # -- query API
+    def _api(self, path: str, params: Optional[Mapping[str, Any]] = None) -> tuple[int, Any]:
+        url = self.query_url + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        status, body = http_get(url)
+        try:
+            return status, json.loads(body or b"null")
+        except ValueError as e:
+            raise BackendError(f"GET {url}: {status}, not JSON: {body[:200]!r}") from e
+
+    def services(self) -> list[str]:
+        status, doc = self._api("/api/services")
+        if status != 200:
+            raise BackendError(f"/api/services: HTTP {status}: {doc}")
+        return list(doc.get("data") or [])
+
+    def traces(self, service: str, limit: int = 1000, lookback_s: float = 3600) -> list[dict]:
+        """Every trace of `service` that started in the last `lookback_s` seconds."""
+        now_us = int(time.time() * 1e6)
+        params = {
+            "service": service,
+            "limit": limit,
+            "start": now_us - int(lookback_s * 1e6),
+            "end": now_us + 60_000_000,
+        }
+        status, doc = self._api("/api/traces", params)
+        if status != 200:
+            raise BackendError(f"/api/traces?service={service}: HTTP {status}: {doc}")
+        return list(doc.get("data") or [])
+
+    def trace(self, trace_id: str) -> Optional[dict]:
+        """The trace with this (32 hex digit) id, or None if Jaeger has no such trace."""
+        status, doc = self._api(f"/api/traces/{trace_id}")
+        if status == 404:
+            return None
+        if status != 200:
+            raise BackendError(f"/api/traces/{trace_id}: HTTP {status}: {doc}")
+        data = doc.get("data") or []
+        return data[0] if data else None
+
+    def wait_for_trace(self, trace_id: str, min_spans: int = 1, timeout: float = 30.0) -> dict:
+        """Poll until the trace has at least `min_spans` spans; BackendError on timeout."""
+        deadline = time.monotonic() + timeout
+        got: Optional[dict] = None
+        while time.monotonic() < deadline:
+            got = self.trace(trace_id)
+            if got is not None and len(got.get("spans") or []) >= min_spans:
+                return got
+            time.sleep(0.25)
+        have = len(got.get("spans") or []) if got else 0
+        raise BackendError(
+            f"trace {trace_id}: {have} span(s) after {timeout:.0f} s, wanted {min_spans}"
+        )
+
+    def wait_for_traces(self, service: str, count: int, timeout: float = 30.0) -> list[dict]:
+        """Poll until `service` has at least `count` traces."""
+        deadline = time.monotonic() + timeout
+        got: list[dict] = []
+        while time.monotonic() < deadline:
+            got = self.traces(service)
+            if len(got) >= count:
+                return got
+            time.sleep(0.25)
+        raise BackendError(f"{service}: {len(got)} trace(s) after {timeout:.0f} s, wanted {count}")
+
+    # -- reading a /api/traces trace
+    @staticmethod
+    def span_warnings(trace: Mapping[str, Any]) -> list[str]:
+        """Warnings Jaeger's query adjusters attached (clock skew, missing parent, ...)."""
+        out = [str(w) for w in trace.get("warnings") or []]
+        for span in trace.get("spans") or []:
+            out += [f"{span.get('operationName')}: {w}" for w in span.get("warnings") or []]
+        return out
+
+    @staticmethod
+    def parent_id(span: Mapping[str, Any]) -> Optional[str]:
+        """The spanID of the span's CHILD_OF parent, or None for a root."""
+        for ref in span.get("references") or []:
+            if ref.get("refType") == "CHILD_OF":
+                return str(ref["spanID"])
+        return None
+
+    @staticmethod
+    def tags(span: Mapping[str, Any]) -> dict[str, Any]:
+        """A span's tags (its OTel attributes and more) as a dict."""
+        return {t["key"]: t.get("value") for t in span.get("tags") or []}
+
+    @staticmethod
+    def process_tags(trace: Mapping[str, Any], span: Mapping[str, Any]) -> dict[str, Any]:
+        """The span's process (OTel resource) tags, serviceName included."""
+        proc = (trace.get("processes") or {}).get(span.get("processID"), {})
+        tags = {t["key"]: t.get("value") for t in proc.get("tags") or []}
+        tags["service.name"] = proc.get("serviceName")
+        return tags
+
+
+class CollectorServer(_Process):
+    """The tf_otel collector with a config from collector-config/ on free ports of 127.0.0.1.
+
+    The config must take OTELCOL_LISTEN_HOST, OTELCOL_OTLP_GRPC_PORT, OTELCOL_OTLP_HTTP_PORT and
+    OTELCOL_HEALTH_PORT from the environment (all configs in collector-config/ do); `env` adds
+    more (exporter endpoints, tail-sampling timings).
+    """
+
+    what = "collector"
+
+    def __init__(
+        self,
+        config: Path,
+        env: Optional[Mapping[str, str]] = None,
+        binary: Optional[Path] = None,
+        startup_timeout: float = 60.0,
+    ):
+        self.config = Path(config)
+        if not self.config.is_file():
+            raise BackendError(f"collector config {self.config} does not exist")
+        self.otlp_grpc_port = free_port()
+        self.otlp_http_port = free_port()
+        self.health_port = free_port()
+        ports = {
+            "OTELCOL_LISTEN_HOST": HOST,
+            "OTELCOL_OTLP_GRPC_PORT": self.otlp_grpc_port,
+            "OTELCOL_OTLP_HTTP_PORT": self.otlp_http_port,
+            "OTELCOL_HEALTH_PORT": self.health_port,
+        }
+        binary = binary or collector_binary()
+        super().__init__(
+            [binary, "--config", self.config], {**ports, **(env or {})}, startup_timeout
+        )
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        return f"http://{HOST}:{self.otlp_grpc_port}"
+
+    @property
+    def otlp_http_endpoint(self) -> str:
+        return f"http://{HOST}:{self.otlp_http_port}"
+
+    def _ready(self) -> bool:
+        if not all(_port_open(p) for p in (self.otlp_grpc_port, self.otlp_http_port)):
+            return False
+        return http_get(f"http://{HOST}:{self.health_port}/", timeout=2)[0] == 200
+
+
+def validate_collector_config(
+    config: Path, env: Optional[Mapping[str, str]] = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `<collector> validate --config <config>`; the caller checks returncode/output."""
+    return subprocess.run(
+        [str(collector_binary()), "validate", "--config", str(config)],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
