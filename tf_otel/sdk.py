@@ -159,13 +159,11 @@ def service_name_default() -> str:
     return os.path.splitext(script)[0] or "python"
 
 
-def merge_resource(attributes: Dict[str, Any]) -> None:
+def merge_resource(provider: Any, attributes: Dict[str, Any]) -> None:
     """Add job topology to the SDK provider's resource; name the service after the script when
     OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES did not."""
-    from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
 
-    provider = trace.get_tracer_provider()
     current = getattr(provider, "_resource", None)
     if current is None:
         return
@@ -173,3 +171,61 @@ def merge_resource(attributes: Dict[str, Any]) -> None:
     if str(current.attributes.get("service.name", "")).startswith("unknown_service"):
         extra["service.name"] = service_name_default()
     provider._resource = current.merge(Resource(extra))
+
+
+def _batch_processors(provider: Any) -> list:
+    multi = getattr(provider, "_active_span_processor", None)
+    processors = list(getattr(multi, "_span_processors", ()) or ())
+    # local files first: a missing collector must not cost the OTLP-JSON file its last spans
+    processors.sort(key=lambda p: not isinstance(_exporter_of(p), OtlpJsonFileExporter))
+    return processors
+
+
+def _exporter_of(processor: Any) -> Any:
+    inner = getattr(processor, "_batch_processor", None)
+    return getattr(inner, "_exporter", None) or getattr(processor, "span_exporter", None)
+
+
+def _abandon(processor: Any) -> None:
+    """Stop a batch processor without waiting: its worker is a daemon thread."""
+    inner = getattr(processor, "_batch_processor", None)
+    if inner is not None:
+        inner._shutdown = True
+        inner._shutdown_timeout_exceeded = True
+        inner._worker_awaken.set()
+    exporter = _exporter_of(processor)
+    if exporter is not None:
+        exporter.shutdown()
+
+
+def bounded_flush(provider: Any, timeout_s: float) -> bool:
+    """Flush every span processor within timeout_s in all. A processor whose exporter is failing
+    (no collector) or too slow (a hanging one) is abandoned, so the job's exit is never held."""
+    import time
+
+    from tf_otel.health import counters
+
+    deadline = time.monotonic() + timeout_s
+    all_done = True
+    for processor in _batch_processors(provider):
+        done = threading.Event()
+        errors_before = counters["export_errors"]
+
+        def flush(p: Any = processor, event: threading.Event = done) -> None:
+            try:
+                p.force_flush(int(timeout_s * 1000))
+            finally:
+                event.set()
+
+        threading.Thread(target=flush, name="tf_otel-flush", daemon=True).start()
+        while not done.wait(0.05):
+            if time.monotonic() > deadline or counters["export_errors"] > errors_before:
+                break
+        if not done.is_set() or counters["export_errors"] > errors_before:
+            all_done = False
+            count("exit_flush_abandoned")
+            try:
+                _abandon(processor)
+            except Exception as exc:  # noqa: BLE001
+                log_once("abandon", "tf_otel: cannot stop a span exporter (%s)", exc)
+    return all_done

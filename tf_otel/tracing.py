@@ -88,7 +88,7 @@ class _PrimedIdGenerator:
 class Pipeline:
     """The per-process tracing state: step counters, sampling, the export thread, rank 0's roots."""
 
-    def __init__(self, settings: Settings, topology: Topology) -> None:
+    def __init__(self, settings: Settings, topology: Topology, tracer_provider: Any = None) -> None:
         from opentelemetry import trace
 
         from tf_otel import __version__
@@ -100,6 +100,7 @@ class Pipeline:
             from tf_otel.sdk import merge_resource
 
             merge_resource(
+                tracer_provider or trace.get_tracer_provider(),
                 {
                     "host.name": topology.host,
                     "process.pid": os.getpid(),
@@ -108,9 +109,9 @@ class Pipeline:
                     record.ATTR_LOCAL_RANK: topology.local_rank,
                     record.ATTR_JOB_ID: topology.job_id,
                     record.ATTR_LAUNCHER: topology.launcher,
-                }
+                },
             )
-        self._tracer = trace.get_tracer("tf_otel", __version__)
+        self._tracer = trace.get_tracer("tf_otel", __version__, tracer_provider=tracer_provider)
         self._sampler = getattr(self._tracer, "sampler", None)
         self._ids: Optional[_PrimedIdGenerator] = None
         if hasattr(self._tracer, "id_generator"):
@@ -427,9 +428,9 @@ def shutdown(timeout_s: float = 5.0) -> None:
     with fail_open("shutdown.provider"):
         from opentelemetry import trace
 
-        provider = trace.get_tracer_provider()
-        if hasattr(provider, "force_flush"):
-            provider.force_flush(int(timeout_s * 1000))
+        from tf_otel.sdk import bounded_flush
+
+        bounded_flush(trace.get_tracer_provider(), timeout_s)
 
 
 _exit_handlers_installed = False

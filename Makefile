@@ -1,0 +1,34 @@
+# tf_otel: `make demo` and `make test` work on a fresh machine and are idempotent.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: install tools nccl-plugin test test-fast demo lint bench clean
+
+install:
+	@bash scripts/install.sh
+
+tools:
+	@bash scripts/build_go_tools.sh all
+
+nccl-plugin:
+	@bash scripts/build_nccl_plugin.sh || true
+
+test: install tools nccl-plugin
+	@bash scripts/run_tests.sh
+
+test-fast: install
+	@bash scripts/run_tests.sh -m "not integration"
+
+demo: install tools
+	@$(PY) scripts/demo.py
+
+lint: install
+	@$(VENV)/bin/ruff check tf_otel tests bench examples scripts
+	@$(VENV)/bin/ruff format --check tf_otel tests bench examples scripts
+
+bench: install tools
+	@$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info out

@@ -1,0 +1,165 @@
+"""The tracing pipeline in-process (no TensorFlow): roots across ranks over the real coordinator
+TCP link, consistent sampling, children inside parents, bounded queues."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import List, Tuple
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+from tf_otel import record, tracing
+from tf_otel.config import Settings
+from tf_otel.health import counters
+from tf_otel.topology import Topology
+
+
+def _provider(sampler=None) -> Tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler) if sampler else TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _by_category(spans, category: str) -> List:
+    return [s for s in spans if s.attributes.get(record.ATTR_CATEGORY) == category]
+
+
+def test_single_rank_steps_have_roots_that_cover_them() -> None:
+    provider, exporter = _provider()
+    pipeline = tracing.Pipeline(Settings(), Topology(job_id="j1"), provider)
+    for _ in range(3):
+        handle = pipeline.begin_step("keras_train", "keras.train_function", record.KERAS_TRAIN)
+        time.sleep(0.002)
+        pipeline.end_step(handle)
+    pipeline.shutdown()
+    spans = exporter.get_finished_spans()
+    steps, roots = _by_category(spans, record.STEP), _by_category(spans, record.STEP_ROOT)
+    assert [s.attributes[record.ATTR_STEP] for s in steps] == [0, 1, 2]
+    assert len(roots) == 3
+    for step in steps:
+        n = step.attributes[record.ATTR_STEP]
+        root = next(r for r in roots if r.attributes[record.ATTR_STEP] == n)
+        assert (
+            step.context.trace_id
+            == root.context.trace_id
+            == tracing.step_trace_id("j1", "keras_train", n)
+        )
+        assert step.parent.span_id == root.context.span_id
+        assert root.parent is None
+        assert root.start_time <= step.start_time <= step.end_time <= root.end_time
+    job = _by_category(spans, record.JOB)
+    assert len(job) == 1 and all(r.links[0].context == job[0].context for r in roots)
+
+
+def test_two_ranks_share_one_root_per_step_over_tcp() -> None:
+    port = _free_port()
+    settings = Settings(coordinator=("127.0.0.1", port), root_wait_ms=5000)
+    providers = [_provider(), _provider()]
+    pipelines = [
+        tracing.Pipeline(settings, Topology(rank=r, world_size=2, job_id="j2"), providers[r][0])
+        for r in (0, 1)
+    ]
+    for _ in range(4):
+        handles = [
+            p.begin_step("tf_function:step", "tf.function step", record.TF_FUNCTION)
+            for p in pipelines
+        ]
+        time.sleep(0.001)
+        pipelines[1].end_step(handles[1])  # rank 1 ends later than rank 0 starts...
+        time.sleep(0.003)
+        pipelines[0].end_step(handles[0])  # ...and rank 0 ends last
+    pipelines[1].shutdown()
+    pipelines[0].shutdown()
+    rank0 = providers[0][1].get_finished_spans()
+    rank1 = providers[1][1].get_finished_spans()
+    roots = _by_category(rank0, record.STEP_ROOT)
+    assert not _by_category(rank1, record.STEP_ROOT), "only rank 0 emits roots"
+    assert sorted(r.attributes[record.ATTR_STEP] for r in roots) == [0, 1, 2, 3]
+    for root in roots:
+        assert root.attributes[record.ATTR_STEP_RANKS] == 2
+        children = [
+            s
+            for s in _by_category(rank0 + rank1, record.STEP)
+            if s.context.trace_id == root.context.trace_id
+        ]
+        assert sorted(s.attributes[record.ATTR_RANK] for s in children) == [0, 1]
+        for child in children:
+            assert child.parent.span_id == root.context.span_id
+            assert root.start_time <= child.start_time and child.end_time <= root.end_time
+        assert root.start_time == min(c.start_time for c in children)
+        assert root.end_time == max(c.end_time for c in children)
+
+
+def test_ratio_sampling_is_the_same_decision_on_every_rank() -> None:
+    decisions = []
+    for rank in (0, 1):
+        provider, _ = _provider(TraceIdRatioBased(0.5))
+        pipeline = tracing.Pipeline(Settings(), Topology(rank=rank, job_id="j3"), provider)
+        decisions.append(
+            [pipeline.begin_step("k", "n", record.TF_FUNCTION).sampled for _ in range(200)]
+        )
+        pipeline.shutdown()
+    assert decisions[0] == decisions[1]
+    assert 60 < sum(decisions[0]) < 140
+
+
+def test_unsampled_steps_export_nothing() -> None:
+    provider, exporter = _provider(TraceIdRatioBased(0.0))
+    pipeline = tracing.Pipeline(Settings(), Topology(job_id="j4"), provider)
+    for _ in range(5):
+        pipeline.end_step(pipeline.begin_step("k", "n", record.TF_FUNCTION))
+    pipeline.shutdown()
+    assert not _by_category(exporter.get_finished_spans(), record.STEP)
+    assert not _by_category(exporter.get_finished_spans(), record.STEP_ROOT)
+
+
+def test_child_records_are_clamped_inside_their_parents() -> None:
+    provider, exporter = _provider()
+    pipeline = tracing.Pipeline(Settings(), Topology(job_id="j5"), provider)
+    handle = pipeline.begin_step("k", "n", record.TF_FUNCTION)
+    time.sleep(0.002)
+    parent = record.Record(
+        "allreduce", handle.start_ns - 10**6, handle.start_ns + 10**5, record.COLLECTIVE
+    )
+    child = record.Record(
+        "wait",
+        parent.start_ns,
+        parent.end_ns + 10**9,
+        record.COLLECTIVE_WAIT,
+        parent_id=parent.record_id,
+    )
+    handle.records.extend([child, parent])
+    pipeline.end_step(handle)
+    pipeline.shutdown()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    step, coll, wait = spans["rank 0 n"], spans["allreduce"], spans["wait"]
+    assert coll.parent.span_id == step.context.span_id
+    assert wait.parent.span_id == coll.context.span_id
+    assert step.start_time <= coll.start_time <= coll.end_time <= step.end_time
+    assert coll.start_time <= wait.start_time <= wait.end_time <= coll.end_time
+    assert counters["spans_clamped"] >= 2
+
+
+def test_full_queue_drops_and_counts_instead_of_blocking() -> None:
+    provider, _ = _provider()
+    pipeline = tracing.Pipeline(Settings(max_queue=16), Topology(job_id="j6"), provider)
+    pipeline._start()
+    before = counters["steps_dropped"]
+    pipeline._queue.put(None)  # stop the export thread so the queue fills up
+    pipeline._worker.join(5)
+    t0 = time.perf_counter()
+    for _ in range(100):
+        pipeline.end_step(pipeline.begin_step("k", "n", record.TF_FUNCTION))
+    assert time.perf_counter() - t0 < 1.0
+    assert counters["steps_dropped"] - before >= 80
