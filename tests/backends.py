@@ -84,11 +84,18 @@ def _find_binary(env: str, cached: Path, what: str) -> Path:
     return path
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = HOST) -> int:
-    """A TCP port that was free a moment ago on `host`."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that was free a moment ago on `host`, never the same one twice here."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _port_open(port: int, host: str = HOST) -> bool:
@@ -120,18 +127,36 @@ class _Process:
         self._tmp = tempfile.TemporaryDirectory(prefix="tf_otel_backend_")
         self.log_path = Path(self._tmp.name) / "server.log"
         self._proc: Optional[subprocess.Popen[bytes]] = None
+        self._ports = self._pick_ports()  # known before start: endpoints can be passed around
 
     # -- to be provided by subclasses
+    def _pick_ports(self) -> dict[str, int]:
+        """Choose free ports; returns the environment variables the config reads them from."""
+        raise NotImplementedError
+
     def _ready(self) -> bool:
         raise NotImplementedError
 
     # -- lifecycle
     def start(self) -> None:
+        for attempt in range(3):
+            try:
+                self._start_once(repick=attempt > 0)
+                return
+            except BackendError as e:
+                # another process took one of our free ports in between: new ports, again
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
+
+    def _start_once(self, repick: bool) -> None:
+        if repick:
+            self._ports = self._pick_ports()
+        env = {**self._env, **{k: str(v) for k, v in self._ports.items()}}
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child process
         try:
             self._proc = subprocess.Popen(
                 self._argv,
-                env=self._env,
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -142,8 +167,9 @@ class _Process:
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
+                code, self._proc = self._proc.returncode, None
                 raise BackendError(
-                    f"{self.what} exited with code {self._proc.returncode} at start-up "
+                    f"{self.what} exited with code {code} at start-up "
                     f"({' '.join(self._argv)}):\n{self.log_text()}"
                 )
             try:
@@ -204,19 +230,21 @@ class JaegerServer(_Process):
         env: Optional[Mapping[str, str]] = None,
         startup_timeout: float = 60.0,
     ):
+        binary = binary or jaeger_binary()
+        env = {"JAEGER_LISTEN_HOST": HOST, **(env or {})}
+        super().__init__([binary, "--config", config], env, startup_timeout)
+
+    def _pick_ports(self) -> dict[str, int]:
         self.otlp_grpc_port = free_port()
         self.otlp_http_port = free_port()
         self.query_http_port = free_port()
         self.query_grpc_port = free_port()
-        ports = {
-            "JAEGER_LISTEN_HOST": HOST,
+        return {
             "JAEGER_OTLP_GRPC_PORT": self.otlp_grpc_port,
             "JAEGER_OTLP_HTTP_PORT": self.otlp_http_port,
             "JAEGER_QUERY_HTTP_PORT": self.query_http_port,
             "JAEGER_QUERY_GRPC_PORT": self.query_grpc_port,
         }
-        binary = binary or jaeger_binary()
-        super().__init__([binary, "--config", config], {**ports, **(env or {})}, startup_timeout)
 
     # -- endpoints
     @property
@@ -361,19 +389,19 @@ class CollectorServer(_Process):
         self.config = Path(config)
         if not self.config.is_file():
             raise BackendError(f"collector config {self.config} does not exist")
+        binary = binary or collector_binary()
+        env = {"OTELCOL_LISTEN_HOST": HOST, **(env or {})}
+        super().__init__([binary, "--config", self.config], env, startup_timeout)
+
+    def _pick_ports(self) -> dict[str, int]:
         self.otlp_grpc_port = free_port()
         self.otlp_http_port = free_port()
         self.health_port = free_port()
-        ports = {
-            "OTELCOL_LISTEN_HOST": HOST,
+        return {
             "OTELCOL_OTLP_GRPC_PORT": self.otlp_grpc_port,
             "OTELCOL_OTLP_HTTP_PORT": self.otlp_http_port,
             "OTELCOL_HEALTH_PORT": self.health_port,
         }
-        binary = binary or collector_binary()
-        super().__init__(
-            [binary, "--config", self.config], {**ports, **(env or {})}, startup_timeout
-        )
 
     @property
     def otlp_grpc_endpoint(self) -> str:

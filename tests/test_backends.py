@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import socket
 import subprocess
 import time
 import uuid
@@ -39,6 +40,7 @@ try:  # tests/ as a package (repository root on sys.path) or as pytest's rootdir
         COLLECTOR_CONFIG_DIR,
         JAEGER_CONFIG,
         REPO,
+        BackendError,
         CollectorServer,
         JaegerServer,
         collector_binary,
@@ -51,6 +53,7 @@ except ImportError:
         COLLECTOR_CONFIG_DIR,
         JAEGER_CONFIG,
         REPO,
+        BackendError,
         CollectorServer,
         JaegerServer,
         collector_binary,
@@ -433,3 +436,44 @@ def test_training_collector_tail_samples_whole_steps_into_jaeger_and_tempo():
             assert jaeger.trace(fast) is None
             assert tempo_standin.trace(fast) is None
             assert collector.running, collector.log_text()
+
+
+@pytest.mark.integration
+def test_minimal_collector_forwards_over_otlp_http():
+    """SDK -> collector-config/minimal.yaml (no sampling) -> OTLP/HTTP -> Jaeger, trace whole."""
+    service = _unique("tf-otel-minimal")
+    job_id = _unique("job")
+    with JaegerServer() as jaeger:
+        env = {"JAEGER_OTLP_HTTP_ENDPOINT": jaeger.otlp_http_endpoint}
+        with CollectorServer(COLLECTOR_CONFIG_DIR / "minimal.yaml", env=env) as collector:
+            ranks = Ranks(
+                lambda: HttpSpanExporter(endpoint=collector.otlp_http_endpoint + "/v1/traces"),
+                service,
+                job_id,
+            )
+            fast = ranks.step(5, time.time_ns() - 3_000 * MS, 10 * MS)
+            ranks.shutdown()
+            got = jaeger.wait_for_trace(fast, min_spans=3, timeout=20)
+            assert_whole_step(got, fast, job_id, 5, ranks=2)
+            assert "Traces" in collector.log_text()  # the debug exporter's line
+
+
+@pytest.mark.integration
+def test_jaeger_server_takes_new_ports_when_one_is_taken():
+    jaeger = JaegerServer()
+    taken = jaeger.otlp_grpc_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with jaeger:
+            assert jaeger.otlp_grpc_port != taken
+            assert jaeger.services() == []
+
+
+def test_missing_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("TF_OTEL_JAEGER_BIN", str(tmp_path / "no-jaeger"))
+    with pytest.raises(BackendError, match="make tools"):
+        JaegerServer()
+    monkeypatch.setenv("TF_OTEL_COLLECTOR_BIN", str(tmp_path / "no-collector"))
+    with pytest.raises(BackendError, match="make tools"):
+        CollectorServer(COLLECTOR_CONFIG_DIR / "minimal.yaml")
