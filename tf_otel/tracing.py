@@ -57,6 +57,10 @@ class StepHandle:
     end_ns: int = 0
     attributes: Dict[str, Any] = field(default_factory=dict)
     records: List[record.Record] = field(default_factory=list)
+    # callables run on the export thread, each returning more Records of this step
+    deferred: List[Any] = field(default_factory=list)
+    # free-form per-step state for StepHooks (e.g. "ops": True on op-traced steps)
+    flags: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
 
 
@@ -309,7 +313,11 @@ class Pipeline:
             span.set_status(Status(StatusCode.ERROR, handle.error))
         span.end(end_time=end)
         self._remember(handle.key, handle.step, (span.get_span_context(), start, end))
-        self._export_records(handle.step, handle.records, span.get_span_context(), start, end)
+        records = list(handle.records)
+        for produce in handle.deferred:
+            with fail_open("export.deferred"):
+                records.extend(produce() or ())
+        self._export_records(handle.step, records, span.get_span_context(), start, end)
         if self._aggregator is not None:
             self._aggregator.add(self.topology.rank, handle.key, handle.step, start, end)
         elif self._client is not None:

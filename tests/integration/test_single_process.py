@@ -21,14 +21,18 @@ INSTRUMENT = str(VENV_BIN / "opentelemetry-instrument")
 
 def _steps(spans, kind=None):
     return [
-        s for s in spans
+        s
+        for s in spans
         if s.category == "step" and (kind is None or s.attributes["tf_otel.step.kind"] == kind)
     ]
 
 
 def _step_numbers(spans, kind, key=None):
-    return sorted(s.attributes["tf_otel.step"] for s in _steps(spans, kind)
-                  if key is None or key in s.name or key in str(s.attributes))
+    return sorted(
+        s.attributes["tf_otel.step"]
+        for s in _steps(spans, kind)
+        if key is None or key in s.name or key in str(s.attributes)
+    )
 
 
 def _assert_step_traces(spans):
@@ -48,10 +52,18 @@ def _assert_step_traces(spans):
         ("tf1_session.py", {}, "session_run", list(range(12))),
         ("tf1_session.py", {"MONITORED": "1"}, "session_run", list(range(12))),
         ("keras_fit.py", {"EVALUATE": "0"}, "keras_train", list(range(12))),
-        ("keras_fit.py", {"EVALUATE": "0", "TF_USE_LEGACY_KERAS": "1"}, "keras_train",
-         list(range(12))),
-        ("keras_fit.py", {"EVALUATE": "0", "STEPS_PER_EXECUTION": "4"}, "keras_train",
-         list(range(3))),
+        (
+            "keras_fit.py",
+            {"EVALUATE": "0", "TF_USE_LEGACY_KERAS": "1"},
+            "keras_train",
+            list(range(12)),
+        ),
+        (
+            "keras_fit.py",
+            {"EVALUATE": "0", "STEPS_PER_EXECUTION": "4"},
+            "keras_train",
+            list(range(3)),
+        ),
         ("custom_loop.py", {}, "tf_function", list(range(12))),
     ],
     ids=["tf1", "tf1-monitored", "keras3", "tf_keras", "keras3-spe4", "custom-loop"],
@@ -63,7 +75,9 @@ def test_opentelemetry_instrument_traces_each_step(receiver, script, extra, kind
     spans = receiver.wait_for(lambda s: len(_steps(s, kind)) >= len(expected), 20)
     steps = _steps(spans, kind)
     if kind == "session_run":  # the training run, apart from init runs: numbered per fetches
-        steps = [s for s in steps if "GradientDescent" in s.attributes["tensorflow.session.fetches"]]
+        steps = [
+            s for s in steps if "GradientDescent" in s.attributes["tensorflow.session.fetches"]
+        ]
     assert sorted(s.attributes["tf_otel.step"] for s in steps) == expected
     assert {s.attributes["tf_otel.rank"] for s in steps} == {0}
     if "STEPS_PER_EXECUTION" in extra:
@@ -90,8 +104,9 @@ def test_keras_evaluate_and_predict_get_their_own_names(receiver):
 
 
 def test_disabled_instrumentation_traces_nothing(receiver):
-    env = base_env(**receiver.env("grpc"), STEPS="4",
-                   OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="tensorflow")
+    env = base_env(
+        **receiver.env("grpc"), STEPS="4", OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="tensorflow"
+    )
     result = run([INSTRUMENT, python(), example("custom_loop.py")], env)
     assert "done steps=4" in result.stdout
     time.sleep(1.0)
@@ -100,13 +115,20 @@ def test_disabled_instrumentation_traces_nothing(receiver):
 
 def test_traceparent_is_the_job_spans_parent(receiver):
     parent_trace, parent_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    env = base_env(**receiver.env("grpc"), STEPS="3", TF_OTEL_ENABLED="1",
-                   TRACEPARENT=f"00-{parent_trace}-{parent_span}-01", TRACESTATE="vendor=x")
+    env = base_env(
+        **receiver.env("grpc"),
+        STEPS="3",
+        TF_OTEL_ENABLED="1",
+        TRACEPARENT=f"00-{parent_trace}-{parent_span}-01",
+        TRACESTATE="vendor=x",
+    )
     run([python(), example("custom_loop.py")], env)
     spans = receiver.wait_for(lambda s: any(x.category == "job" for x in s), 20)
     job = next(s for s in spans if s.category == "job")
     assert (job.trace_id, job.parent_id) == (parent_trace, parent_span)
-    roots = [s for s in receiver.wait_for(lambda s: len(_steps(s)) >= 3) if s.category == "step.root"]
+    roots = [
+        s for s in receiver.wait_for(lambda s: len(_steps(s)) >= 3) if s.category == "step.root"
+    ]
     assert roots and all(job.span_id in r.links for r in roots)
 
 
@@ -122,8 +144,11 @@ def test_file_output_is_otlp_json(receiver, tmp_path: Path):
         for ss in rs["scopeSpans"]
         for span in ss["spans"]
     ]
-    steps = [s for s in spans if {"key": "tf_otel.category", "value": {"stringValue": "step"}}
-             in s["attributes"]]
+    steps = [
+        s
+        for s in spans
+        if {"key": "tf_otel.category", "value": {"stringValue": "step"}} in s["attributes"]
+    ]
     assert len(steps) == 5
     assert all(len(s["traceId"]) == 32 and len(s["spanId"]) == 16 for s in spans)
     assert all(int(s["endTimeUnixNano"]) >= int(s["startTimeUnixNano"]) for s in spans)
@@ -132,8 +157,11 @@ def test_file_output_is_otlp_json(receiver, tmp_path: Path):
 def _untraced_and_traced(extra_env):
     untraced = run([python(), example("custom_loop.py")], base_env(STEPS="30"))
     t0 = time.monotonic()
-    traced = run([python(), example("custom_loop.py")],
-                 base_env(STEPS="30", TF_OTEL_ENABLED="1", **extra_env), check=False)
+    traced = run(
+        [python(), example("custom_loop.py")],
+        base_env(STEPS="30", TF_OTEL_ENABLED="1", **extra_env),
+        check=False,
+    )
     return untraced, traced, time.monotonic() - t0
 
 
@@ -146,7 +174,10 @@ def _closed_port() -> int:
 def test_missing_collector_changes_nothing_for_the_job():
     port = _closed_port()
     untraced, traced, _ = _untraced_and_traced(
-        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
     )
     assert traced.returncode == untraced.returncode == 0
     assert traced.stdout == untraced.stdout
@@ -175,8 +206,11 @@ def test_hanging_collector_does_not_hold_the_job():
     try:
         endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
         untraced, traced, _ = _untraced_and_traced(
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-             "OTEL_BSP_SCHEDULE_DELAY": "100"}
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_BSP_SCHEDULE_DELAY": "100",
+            }
         )
     finally:
         stop.set()
@@ -187,8 +221,13 @@ def test_hanging_collector_does_not_hold_the_job():
 
 
 def test_bad_env_value_is_named_and_training_goes_on(receiver):
-    env = base_env(**receiver.env("grpc"), STEPS="3", TF_OTEL_ENABLED="1",
-                   TF_OTEL_MAX_QUEUE="lots", TF_OTEL_ROOT_WAIT_MS="-5")
+    env = base_env(
+        **receiver.env("grpc"),
+        STEPS="3",
+        TF_OTEL_ENABLED="1",
+        TF_OTEL_MAX_QUEUE="lots",
+        TF_OTEL_ROOT_WAIT_MS="-5",
+    )
     result = run([python(), example("custom_loop.py")], env)
     assert "done steps=3" in result.stdout
     assert "TF_OTEL_MAX_QUEUE='lots'" in result.stderr
@@ -210,10 +249,17 @@ def test_sigterm_flushes_spans_and_keeps_the_exit_status(receiver, tmp_path: Pat
         "    train_step(); i += 1\n"
         "    if i == 5: print('ready', flush=True)\n"
     )
-    env = base_env(**{**receiver.env("grpc"), "OTEL_BSP_SCHEDULE_DELAY": "60000"},
-                   TF_OTEL_ENABLED="1")
-    proc = subprocess.Popen([python(), str(script)], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = base_env(
+        **{**receiver.env("grpc"), "OTEL_BSP_SCHEDULE_DELAY": "60000"}, TF_OTEL_ENABLED="1"
+    )
+    proc = subprocess.Popen(
+        [python(), str(script)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == -signal.SIGTERM

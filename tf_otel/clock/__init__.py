@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from tf_otel.clock import testclock
 
@@ -122,8 +122,12 @@ def set_model(model: ClockModel) -> None:
     _model = model
 
 
-def start_sync(topology: Topology, settings: Settings) -> Optional[ClockSync]:
-    """Start synchronising against rank 0 in the background (see tf_otel.clock.sync)."""
+def start_sync(topology: Topology, settings: Settings, **options: Any) -> Optional[ClockSync]:
+    """Start synchronising against rank 0 in the background (see tf_otel.clock.sync).
+
+    Call once at start-up on every rank; rank 0 serves, the others measure. ``options`` go to
+    ``ClockSync`` (exchanges, transport, ...). Returns None for a world of one or on failure.
+    """
     from tf_otel.clock.sync import start_sync as _start
 
-    return _start(topology, settings)
+    return _start(topology, settings, **options)

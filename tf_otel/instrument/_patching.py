@@ -72,6 +72,39 @@ def wrap(owner: Any, attribute: str, wrapper: Callable) -> None:
         _wrapped.append((owner, attribute))
 
 
+class StepCall:
+    """The call a step wraps; hooks may change args / kwargs (e.g. Session.run options)."""
+
+    __slots__ = ("instance", "args", "kwargs", "kind", "result")
+
+    def __init__(self, instance: Any, args: tuple, kwargs: dict, kind: str) -> None:
+        self.instance = instance
+        self.args = args
+        self.kwargs = kwargs
+        self.kind = kind
+        self.result: Any = None
+
+
+class StepHook:
+    """Extension point for per-step capture (op tracing, Horovod timeline...). Both methods run
+    on the training thread for every step: keep them cheap, and defer conversion work with
+    ``handle.deferred.append(fn)`` (fn() -> list of Records, run on the export thread)."""
+
+    def on_step_start(self, handle: Any, call: StepCall) -> None:
+        pass
+
+    def on_step_end(self, handle: Any, call: StepCall, error: Optional[BaseException]) -> None:
+        pass
+
+
+step_hooks: List[StepHook] = []
+
+
+def add_step_hook(hook: StepHook) -> None:
+    if hook not in step_hooks:
+        step_hooks.append(hook)
+
+
 def run_step(
     wrapped: Callable,
     args: tuple,
@@ -80,6 +113,7 @@ def run_step(
     name: str,
     kind: str,
     attributes: Optional[dict] = None,
+    instance: Any = None,
 ) -> Any:
     """Call ``wrapped`` as one training step of this rank (nested calls are not steps)."""
     if state.depth or not _active:
@@ -89,20 +123,27 @@ def run_step(
         from tf_otel.tracing import get_pipeline
 
         handle = get_pipeline().begin_step(key, name, kind, **(attributes or {}))
+    call = StepCall(instance, args, kwargs, kind)
+    if handle is not None:
+        for hook in step_hooks:
+            with fail_open(f"{type(hook).__name__}.on_step_start"):
+                hook.on_step_start(handle, call)
     state.depth += 1
+    error: Optional[BaseException] = None
     try:
-        result = wrapped(*args, **kwargs)
+        call.result = wrapped(*call.args, **call.kwargs)
     except BaseException as exc:
+        error = exc
+        raise
+    finally:
         state.depth -= 1
         if handle is not None:
+            for hook in step_hooks:
+                with fail_open(f"{type(hook).__name__}.on_step_end"):
+                    hook.on_step_end(handle, call, error)
             with fail_open("step.end"):
-                get_pipeline().end_step(handle, exc)
-        raise
-    state.depth -= 1
-    if handle is not None:
-        with fail_open("step.end"):
-            get_pipeline().end_step(handle)
-    return result
+                get_pipeline().end_step(handle, error)
+    return call.result
 
 
 def in_keras_loop(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -51,7 +51,7 @@ def _call_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -
     key = f"{record.TF_FUNCTION}:{name}"
     attributes = {record.ATTR_FUNCTION_NAME: name}
     return run_step(
-        wrapped, args, kwargs, key, f"tf.function {name}", record.TF_FUNCTION, attributes
+        wrapped, args, kwargs, key, f"tf.function {name}", record.TF_FUNCTION, attributes, instance
     )
 
 

@@ -36,7 +36,7 @@ def _timed(model: Any, fn: Callable, attribute: str, kind: str) -> Callable:
             record.ATTR_STEP_BATCHES: _steps_per_execution(model),
             record.ATTR_FUNCTION_NAME: attribute,
         }
-        return run_step(fn, args, kwargs, key, name, kind, attributes)
+        return run_step(fn, args, kwargs, key, name, kind, attributes, instance=model)
 
     step._tf_otel_step = True  # type: ignore[attr-defined]
     return step

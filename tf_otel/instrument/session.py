@@ -41,7 +41,9 @@ def fetch_signature(fetches: Any) -> str:
     return ",".join(names)[:_MAX_KEY] or "?"
 
 
-def _session_step(wrapped: Callable, args: tuple, kwargs: dict, name: str, fetches: Any) -> Any:
+def _session_step(
+    wrapped: Callable, args: tuple, kwargs: dict, name: str, fetches: Any, session: Any
+) -> Any:
     signature = fetch_signature(fetches)
     return run_step(
         wrapped,
@@ -51,12 +53,13 @@ def _session_step(wrapped: Callable, args: tuple, kwargs: dict, name: str, fetch
         name,
         record.SESSION_RUN,
         {ATTR_FETCHES: signature},
+        instance=session,
     )
 
 
 def _run_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
     fetches = args[0] if args else kwargs.get("fetches")
-    return _session_step(wrapped, args, kwargs, "Session.run", fetches)
+    return _session_step(wrapped, args, kwargs, "Session.run", fetches, instance)
 
 
 def _make_callable_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -67,7 +70,7 @@ def _make_callable_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs
 
     @functools.wraps(fn)
     def step(*call_args: Any, **call_kwargs: Any) -> Any:
-        return _session_step(fn, call_args, call_kwargs, "Session.callable", fetches)
+        return _session_step(fn, call_args, call_kwargs, "Session.callable", fetches, instance)
 
     return step
 
