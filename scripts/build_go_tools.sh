@@ -19,7 +19,10 @@ set -euo pipefail
 # by Go, as the module path has no /v2). v1.76.0 is the commit of Jaeger v2.13.0, whose cmd/jaeger
 # is the v2 binary. Its go.mod has a replace directive, so `go install ...@v1.76.0` refuses it;
 # we build inside a copy of the module instead, which honours go.mod/go.sum exactly.
-# To move to a newer commit: JAEGER_MODULE_VERSION=<pseudo-version> (v1.76.1-0.<time>-<sha12>).
+# Not a commit pseudo-version: the module proxy reachable from our build machines serves only
+# tagged Jaeger versions (v1.76.0 is the newest v1 tag) and answers 403 to commit / pseudo-version
+# queries. Where the full proxy is reachable, a newer release builds the same way:
+#   JAEGER_MODULE_VERSION=v1.76.1-0.<yyyymmddhhmmss>-<sha12> JAEGER_RELEASE=v2.x.y
 JAEGER_MODULE=github.com/jaegertracing/jaeger
 JAEGER_MODULE_VERSION=${JAEGER_MODULE_VERSION:-v1.76.0}
 JAEGER_RELEASE=${JAEGER_RELEASE:-v2.13.0}   # the v2 tag on that commit, reported by --version
