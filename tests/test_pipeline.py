@@ -163,3 +163,35 @@ def test_full_queue_drops_and_counts_instead_of_blocking() -> None:
         pipeline.end_step(pipeline.begin_step("k", "n", record.TF_FUNCTION))
     assert time.perf_counter() - t0 < 1.0
     assert counters["steps_dropped"] - before >= 80
+
+
+def test_coordinator_extension_messages_flow_both_ways() -> None:
+    from tf_otel import coordinator
+
+    port = _free_port()
+    settings = Settings(coordinator=("127.0.0.1", port))
+    received_by_0, received_by_1 = [], []
+    coordinator.server_handlers["test.ping"] = lambda rank, m: received_by_0.append((rank, m["x"]))
+    coordinator.client_handlers["test.pong"] = lambda m: received_by_1.append(m["x"])
+    try:
+        pipelines = [
+            tracing.Pipeline(settings, Topology(rank=r, world_size=2, job_id="j7"), _provider()[0])
+            for r in (0, 1)
+        ]
+        for p in pipelines:
+            p._start()
+        pipelines[1].send_to_reference({"t": "test.ping", "x": 41})
+        deadline = time.monotonic() + 10
+        while not received_by_0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert received_by_0 == [(1, 41)]
+        assert pipelines[0].broadcast({"t": "test.pong", "x": 42}) == 1
+        assert pipelines[0].send_to_rank(1, {"t": "test.pong", "x": 43})
+        while len(received_by_1) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert received_by_1 == [42, 43]
+    finally:
+        coordinator.server_handlers.pop("test.ping")
+        coordinator.client_handlers.pop("test.pong")
+        for p in pipelines:
+            p.shutdown()

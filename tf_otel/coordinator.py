@@ -18,13 +18,29 @@ import socketserver
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from tf_otel.health import count, log_once
 
 # emit_root(key, step, start_ns, end_ns, ranks_reported)
 EmitRoot = Callable[[str, int, int, int, int], None]
 MAX_PENDING_STEPS = 1024
+
+# Extension messages (JSON objects with a "t" type): handlers run on coordinator threads.
+# rank 0 receives from a rank: server_handlers[type](rank, message)
+server_handlers: Dict[str, Callable[[int, Dict[str, Any]], None]] = {}
+# a rank receives from rank 0: client_handlers[type](message)
+client_handlers: Dict[str, Callable[[Dict[str, Any]], None]] = {}
+
+
+def _dispatch(handler: Optional[Callable], *args: Any) -> None:
+    if handler is None:
+        count("coordinator_unhandled")
+        return
+    try:
+        handler(*args)
+    except Exception as exc:  # noqa: BLE001
+        log_once("coordinator_handler", "tf_otel: coordinator message handler failed (%s)", exc)
 
 
 class StepAggregator:
@@ -38,6 +54,8 @@ class StepAggregator:
         self._lock = threading.Lock()
         self._server: Optional[socketserver.ThreadingTCPServer] = None
         self._finished: set = set()  # ranks that said bye or dropped their connection
+        self._writers: Dict[int, Any] = {}  # rank -> its connection's write file
+        self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="tf_otel-roots", daemon=True)
         self._reaper.start()
@@ -111,10 +129,16 @@ class StepAggregator:
                     kind = message.get("t")
                     if kind == "hello":
                         rank = int(message["rank"])
+                        with aggregator._write_lock:
+                            aggregator._writers[rank] = self.wfile
                     elif kind == "extent":
                         aggregator.add(rank, message["k"], message["s"], message["a"], message["b"])
                     elif kind == "bye":
                         break
+                    else:
+                        _dispatch(server_handlers.get(kind), rank, message)
+                with aggregator._write_lock:
+                    aggregator._writers.pop(rank, None)
                 aggregator._finished.add(rank)
 
         class Server(socketserver.ThreadingTCPServer):
@@ -138,6 +162,31 @@ class StepAggregator:
         ).start()
         return True
 
+    def send(self, rank: int, message: Dict[str, Any]) -> bool:
+        """Send an extension message to one connected rank; False if it is not connected."""
+        data = json.dumps(message).encode() + b"\n"
+        with self._write_lock:
+            writer = self._writers.get(rank)
+            if writer is None:
+                return False
+            try:
+                writer.write(data)
+                writer.flush()
+                return True
+            except OSError:
+                self._writers.pop(rank, None)
+                return False
+
+    def broadcast(self, message: Dict[str, Any]) -> int:
+        """Send to every connected rank; returns how many got it."""
+        with self._write_lock:
+            ranks = list(self._writers)
+        return sum(self.send(rank, message) for rank in ranks)
+
+    def connected_ranks(self) -> set:
+        with self._write_lock:
+            return set(self._writers)
+
     def close(self) -> None:
         self._stop.set()
         if self._server is not None:
@@ -156,7 +205,10 @@ class CoordinatorClient:
         self._thread.start()
 
     def report(self, key: str, step: int, start_ns: int, end_ns: int) -> None:
-        message = {"t": "extent", "k": key, "s": step, "a": start_ns, "b": end_ns}
+        self.send({"t": "extent", "k": key, "s": step, "a": start_ns, "b": end_ns})
+
+    def send(self, message: Dict[str, Any]) -> None:
+        """Queue a message for rank 0 (never blocks; dropped and counted when the queue is full)."""
         try:
             self._queue.put_nowait(json.dumps(message).encode() + b"\n")
         except queue.Full:
@@ -189,8 +241,25 @@ class CoordinatorClient:
         )
         return None
 
+    def _read(self, sock: socket.socket) -> None:
+        try:
+            for line in sock.makefile("rb"):
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    count("coordinator_bad_message")
+                    continue
+                _dispatch(client_handlers.get(message.get("t")), message)
+        except (OSError, ValueError):
+            pass
+
     def _run(self) -> None:
         sock = self._connect()
+        if sock is not None:
+            sock.settimeout(None)
+            threading.Thread(
+                target=self._read, args=(sock,), name="tf_otel-coord-reader", daemon=True
+            ).start()
         while True:
             item = self._queue.get()
             if sock is None:

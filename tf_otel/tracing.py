@@ -175,6 +175,21 @@ class Pipeline:
         if records and not self._closed:
             self._queue.put((key, step, records))
 
+    # -- coordinator extension messages (see coordinator.server_handlers / client_handlers) --
+
+    def send_to_reference(self, message: Dict[str, Any]) -> None:
+        """From a rank > 0: queue an extension message for rank 0 (dropped if unconnected)."""
+        if self._client is not None:
+            self._client.send(message)
+
+    def send_to_rank(self, rank: int, message: Dict[str, Any]) -> bool:
+        """From rank 0: send an extension message to one rank."""
+        return self._aggregator is not None and self._aggregator.send(rank, message)
+
+    def broadcast(self, message: Dict[str, Any]) -> int:
+        """From rank 0: send an extension message to every connected rank."""
+        return self._aggregator.broadcast(message) if self._aggregator is not None else 0
+
     def _is_sampled(self, trace_id: int, name: str) -> bool:
         if self._sampler is None:
             return True
