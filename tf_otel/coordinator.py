@@ -25,6 +25,7 @@ from tf_otel.health import count, log_once
 # emit_root(key, step, start_ns, end_ns, ranks_reported)
 EmitRoot = Callable[[str, int, int, int, int], None]
 MAX_PENDING_STEPS = 1024
+ROOT_MARGIN_NS = 1000
 
 # Extension messages (JSON objects with a "t" type): handlers run on coordinator threads.
 # rank 0 receives from a rank: server_handlers[type](rank, message)
@@ -81,9 +82,9 @@ class StepAggregator:
 
     def _emit(self, key_step: Tuple[str, int], entry: Dict) -> None:
         try:
-            self.emit_root(
-                key_step[0], key_step[1], entry["start"], entry["end"], len(entry["ranks"])
-            )
+            # 1 us of margin: backends that keep microseconds must still see children inside
+            start, end = entry["start"] - ROOT_MARGIN_NS, entry["end"] + ROOT_MARGIN_NS
+            self.emit_root(key_step[0], key_step[1], start, end, len(entry["ranks"]))
         except Exception as exc:  # noqa: BLE001
             log_once("emit_root", "tf_otel: cannot emit step root span (%s)", exc)
 
