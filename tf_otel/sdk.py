@@ -139,6 +139,23 @@ class OtlpJsonFileExporter:
                 self._file = None
 
 
+def file_path_for_rank(template: str) -> str:
+    """TF_OTEL_FILE may hold ``{rank}``, ``{host}`` or ``{pid}``: one file per rank."""
+    if "{" not in template:
+        return template
+    import socket
+
+    from tf_otel.topology import detect
+
+    try:
+        return template.format(rank=detect().rank, host=socket.gethostname(), pid=os.getpid())
+    except (KeyError, IndexError, ValueError) as exc:
+        log_once(
+            "file_template", "tf_otel: TF_OTEL_FILE=%r is not a valid template (%s)", template, exc
+        )
+        return template
+
+
 def add_file_exporter(path: str) -> bool:
     """Add a batch processor writing OTLP-JSON to ``path`` on the global SDK TracerProvider."""
     from opentelemetry import trace

@@ -39,7 +39,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
                 sdk.configure_from_env()
             sdk.quiet_exporter_logs()
             if settings.file:
-                sdk.add_file_exporter(settings.file)
+                sdk.add_file_exporter(sdk.file_path_for_rank(settings.file))
         tracing.install_exit_handlers()
         _patching.activate()
         for module in (session, keras, function):
