@@ -15,6 +15,7 @@ EPOCHS = int(os.environ.get("EPOCHS", "1"))
 BATCH = int(os.environ.get("BATCH", "16"))
 SPE = int(os.environ.get("STEPS_PER_EXECUTION", "1"))
 SLEEP_MS = float(os.environ.get("SLEEP_MS", "0"))
+WIDTH = int(os.environ.get("WIDTH", "32"))
 keras = tf.keras
 
 rng = np.random.default_rng(0)
@@ -29,11 +30,19 @@ if SLEEP_MS:
 
     data = data.map(lambda x, y: tf.numpy_function(slow, [x, y], (tf.float32, tf.float32)))
 
-layers = [keras.Input((16,)), keras.layers.Dense(32, "relu"), keras.layers.Dense(1)]
+hidden = 2 if WIDTH > 32 else 1  # WIDTH > 32: a heavier model, for ~20 ms steps in benchmarks
+layers = [keras.Input((16,))] + [keras.layers.Dense(WIDTH, "relu") for _ in range(hidden)]
+layers.append(keras.layers.Dense(1))
 model = keras.Sequential(layers)
 model.compile(optimizer="sgd", loss="mse", steps_per_execution=SPE)
+if os.environ.get("PRINT_TIMING") == "1":  # warm up: trace and compile before timing
+    model.fit(data.repeat(), epochs=1, steps_per_epoch=3, verbose=0)
+started = time.perf_counter()
 history = model.fit(data.repeat(), epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0)
+fit_seconds = time.perf_counter() - started
 if os.environ.get("EVALUATE", "1") == "1":
     model.evaluate(data, verbose=0)
     model.predict(features[: BATCH * 2], batch_size=BATCH, verbose=0)
 print(f"done steps={STEPS} loss={history.history['loss'][-1]:.6f}")
+if os.environ.get("PRINT_TIMING") == "1":
+    print(f"fit_seconds={fit_seconds:.6f}")

@@ -20,6 +20,29 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from tf_otel.instrument import _patching, function, keras, session
 
+MIN_TF_VERSION = (2, 15)
+
+
+def check_tensorflow_version(module: Any) -> bool:
+    """Log once when TF is older than tested; tracing still tries (each patch fails open)."""
+    from tf_otel.health import log_once
+
+    version = str(getattr(module, "__version__", "0"))
+    try:
+        major_minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        major_minor = (0, 0)
+    if major_minor < MIN_TF_VERSION:
+        log_once(
+            "tf_version",
+            "tf_otel: TensorFlow %s is older than the supported %d.%d; steps that cannot be "
+            "patched are not traced, training is unaffected",
+            version,
+            *MIN_TF_VERSION,
+        )
+        return False
+    return True
+
 
 class TensorFlowInstrumentor(BaseInstrumentor):
     """Traces training steps of TF1 sessions, Keras / tf_keras fit and top-level tf.functions."""
@@ -42,6 +65,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
                 sdk.add_file_exporter(sdk.file_path_for_rank(settings.file))
         tracing.install_exit_handlers()
         _patching.activate()
+        _patching.when_imported("tensorflow", check_tensorflow_version)
         for module in (session, keras, function):
             module.register()
 

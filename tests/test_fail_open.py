@@ -1,0 +1,61 @@
+"""Instrumentation fails open: errors inside tf_otel are logged once, counted, and training
+goes on with its own result or its own exception."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+
+from tf_otel.health import counters
+from tf_otel.instrument import _patching, check_tensorflow_version
+
+
+class _BrokenHook(_patching.StepHook):
+    def on_step_start(self, handle, call):
+        raise RuntimeError("hook exploded")
+
+    def on_step_end(self, handle, call, error):
+        raise RuntimeError("hook exploded again")
+
+
+@pytest.fixture
+def broken_hook():
+    hook = _BrokenHook()
+    _patching.add_step_hook(hook)
+    was_active = _patching.is_active()
+    _patching.activate()
+    yield hook
+    _patching.step_hooks.remove(hook)
+    if not was_active:
+        _patching._active = False
+
+
+def test_a_failing_hook_neither_stops_nor_changes_the_step(broken_hook, caplog):
+    with caplog.at_level(logging.WARNING, logger="tf_otel"):
+        results = [
+            _patching.run_step(lambda x: x * 2, (21,), {}, "k", "n", "tf_function")
+            for _ in range(3)
+        ]
+    assert results == [42, 42, 42]
+    logged = [r.getMessage() for r in caplog.records if "hook exploded" in r.getMessage()]
+    assert len(logged) == 2  # once for start, once for end: not once per step
+    assert counters["error:_BrokenHook.on_step_start"] >= 3
+
+
+def test_the_training_functions_own_exception_passes_through(broken_hook):
+    def step():
+        raise ValueError("the user's bug")
+
+    with pytest.raises(ValueError, match="the user's bug"):
+        _patching.run_step(step, (), {}, "k", "n", "tf_function")
+    assert _patching.state.depth == 0
+
+
+def test_old_tensorflow_is_reported_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="tf_otel"):
+        assert not check_tensorflow_version(types.SimpleNamespace(__version__="2.9.1"))
+        assert not check_tensorflow_version(types.SimpleNamespace(__version__="2.9.1"))
+        assert check_tensorflow_version(types.SimpleNamespace(__version__="2.21.0"))
+    assert sum("TensorFlow 2.9.1" in r.getMessage() for r in caplog.records) == 1
