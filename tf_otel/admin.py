@@ -1,0 +1,162 @@
+"""On-demand op tracing: a token-protected HTTP endpoint on 127.0.0.1 (rank 0) and SIGUSR2.
+
+Usage::
+
+    TF_OTEL_ADMIN_PORT=8790 TF_OTEL_ADMIN_TOKEN=s3cret TF_OTEL_ENABLED=1 horovodrun ... train.py
+    curl -X POST -H 'Authorization: Bearer s3cret' 'http://127.0.0.1:8790/ops?steps=5'
+    kill -USR2 <pid of any rank>          # the next TF_OTEL_OPS_SIGNAL_STEPS (10) steps
+
+- The endpoint runs on rank 0 only, only when ``TF_OTEL_ADMIN_PORT`` is set (0: any free port,
+  logged). Without ``TF_OTEL_ADMIN_TOKEN`` a token is generated and logged once. Requests
+  without the right token (``Authorization: Bearer <token>`` or ``X-TF-OTEL-Token``) get 401.
+- ``POST /ops?steps=K`` -> 200 ``{"start": {step key: first traced step}, "steps": K}``: rank 0
+  picks the start (its current step + a margin) and broadcasts it, so every rank traces the same
+  steps. ``GET /status`` -> the current op-tracing windows.
+- SIGUSR2 on any rank asks rank 0 the same (only installed when the program has no handler).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import secrets
+import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Optional
+from urllib.parse import parse_qs, urlparse
+
+from tf_otel import config
+from tf_otel.health import fail_open, log_once, logger
+
+SIGNAL_STEPS = config.read(os.environ, "TF_OTEL_OPS_SIGNAL_STEPS", config._non_negative_int, 10)
+MAX_STEPS = 10_000
+_server: Optional[ThreadingHTTPServer] = None
+_installed = False
+
+
+def _port(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value < 65536:
+        raise ValueError("expected a port number 0-65535")
+    return value
+
+
+class _Handler(BaseHTTPRequestHandler):
+    token = ""
+
+    def _authorised(self) -> bool:
+        given = self.headers.get("X-TF-OTEL-Token", "")
+        auth = self.headers.get("Authorization", "")
+        if auth.startswith("Bearer "):
+            given = auth[len("Bearer ") :].strip()
+        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def _reply(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:  # noqa: N802
+        if not self._authorised():
+            self._reply(401, {"error": "missing or wrong token"})
+            return
+        url = urlparse(self.path)
+        if url.path != "/ops":
+            self._reply(404, {"error": f"no such endpoint {url.path!r}; POST /ops?steps=K"})
+            return
+        raw = (parse_qs(url.query).get("steps") or ["10"])[0]
+        try:
+            steps = int(raw)
+            if not 0 < steps <= MAX_STEPS:
+                raise ValueError
+        except ValueError:
+            self._reply(400, {"error": f"steps={raw!r}: expected an integer 1-{MAX_STEPS}"})
+            return
+        from tf_otel.instrument import ops
+
+        starts = ops.request(steps)
+        if not starts:
+            self._reply(409, {"error": "no training step seen yet; try again once steps run"})
+            return
+        self._reply(200, {"start": starts, "steps": steps})
+
+    def do_GET(self) -> None:  # noqa: N802
+        if not self._authorised():
+            self._reply(401, {"error": "missing or wrong token"})
+            return
+        if urlparse(self.path).path != "/status":
+            self._reply(404, {"error": "GET /status or POST /ops?steps=K"})
+            return
+        from tf_otel.instrument import ops
+
+        windows = {k: list(v) for k, v in ops.controller.windows.items()}
+        self._reply(200, {"every": ops.controller.every, "windows": windows})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def start_endpoint(port: int, token: Optional[str] = None) -> ThreadingHTTPServer:
+    """Serve the admin endpoint on 127.0.0.1:port (0: any free port) in a daemon thread."""
+    global _server
+    if not token:
+        token = secrets.token_urlsafe(24)
+        logger.warning("tf_otel: admin token (TF_OTEL_ADMIN_TOKEN not set): %s", token)
+    handler = type("Handler", (_Handler,), {"token": token})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="tf_otel-admin", daemon=True).start()
+    _server = server
+    logger.warning(
+        "tf_otel: admin endpoint on http://127.0.0.1:%d (POST /ops?steps=K)", server.server_port
+    )
+    return server
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    # a signal handler runs on the main (training) thread: hand the request to a thread
+    def ask() -> None:
+        with fail_open("admin.signal"):
+            from tf_otel.instrument import ops
+
+            ops.request(SIGNAL_STEPS or 10)
+
+    threading.Thread(target=ask, name="tf_otel-ops-request", daemon=True).start()
+
+
+def install() -> None:
+    """Start the endpoint (rank 0, TF_OTEL_ADMIN_PORT set) and the SIGUSR2 handler, once."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    port = config.read(os.environ, "TF_OTEL_ADMIN_PORT", _port, None)
+    if port is not None:
+        from tf_otel.topology import detect
+
+        if detect().is_reference:
+            try:
+                start_endpoint(port, os.environ.get("TF_OTEL_ADMIN_TOKEN", "").strip() or None)
+            except OSError as exc:
+                log_once(
+                    "admin_bind",
+                    "tf_otel: cannot serve the admin endpoint on 127.0.0.1:%d (%s); "
+                    "set TF_OTEL_ADMIN_PORT to a free port",
+                    port,
+                    exc,
+                )
+    if hasattr(signal, "SIGUSR2") and threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGUSR2, _on_signal)
+        else:
+            log_once(
+                "admin_signal",
+                "tf_otel: SIGUSR2 already has a handler; on-demand op tracing by signal is off",
+                level=logging.INFO,
+            )

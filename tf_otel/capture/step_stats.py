@@ -1,0 +1,142 @@
+"""TF1 ``RunMetadata.step_stats`` (FULL_TRACE) -> ``compute`` and ``transfer`` Records.
+
+Usage (on the export thread; ``step_stats`` is a ``tensorflow.StepStats`` message or any object
+with the same fields)::
+
+    from tf_otel.capture.step_stats import step_stats_records, cap_records
+    records = cap_records(step_stats_records(run_metadata.step_stats, step=12), limit=500)
+
+- every ``node_stats`` entry becomes a ``compute`` Record: ``tensorflow.op.name``,
+  ``tensorflow.op.type`` (from the timeline label ``name = Type(inputs)``), ``tensorflow.device``;
+- ``RecvTensor`` entries (PS mode: the worker's copy of a remote tensor) become ``transfer``
+  Records from their label
+  ``[8192B] [129.0Mb/s] edge_5_x/read from /job:ps/... to /job:worker/...``:
+  ``tensorflow.transfer.src``, ``.dst``, ``.bytes``, ``.edge``, ``.rate_mbps``;
+- times: ``all_start_nanos`` / ``op_end_rel_nanos`` when set, else the ``*_micros`` fields
+  (Unix epoch, the local ``time.time_ns`` domain). Only names and sizes, never tensor values.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Iterable, List, Optional
+
+from tf_otel.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
+
+ATTR_OP_NAME = "tensorflow.op.name"
+ATTR_OP_TYPE = "tensorflow.op.type"
+ATTR_DEVICE = "tensorflow.device"
+ATTR_SRC = "tensorflow.transfer.src"
+ATTR_DST = "tensorflow.transfer.dst"
+ATTR_BYTES = "tensorflow.transfer.bytes"
+ATTR_EDGE = "tensorflow.transfer.edge"
+ATTR_RATE = "tensorflow.transfer.rate_mbps"
+# the cap's summary (a framework Record spanning the step's op records)
+ATTR_OPS_TOTAL = "tf_otel.ops.total"
+ATTR_OPS_KEPT = "tf_otel.ops.kept"
+ATTR_OPS_DROPPED = "tf_otel.ops.dropped"
+ATTR_OPS_DROPPED_NS = "tf_otel.ops.dropped_ns"
+ATTR_OPS_TOTAL_NS = "tf_otel.ops.total_ns"
+ATTR_OPS_SOURCE = "tf_otel.ops.source"
+
+INPUT_OP_TYPES = frozenset(
+    ("IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional", "QueueDequeueV2",
+     "QueueDequeueManyV2", "QueueDequeueUpToV2")
+)  # fmt: skip
+_SKIP = frozenset(("_SOURCE", "_SINK"))
+_RECV = re.compile(
+    r"^\[(?P<bytes>\d+)B\]\s+\[(?P<rate>[\d.]+)(?P<unit>[KMG]?b)/s\]\s+(?P<edge>\S+)"
+    r"\s+from\s+(?P<src>\S+)\s+to\s+(?P<dst>\S+)"
+)
+_UNIT = {"b": 1e-6, "Kb": 1e-3, "Mb": 1.0, "Gb": 1e3}
+_TYPE = re.compile(r"^\s*[^=]*=\s*([A-Za-z0-9_.>-]+)\(")
+
+
+def parse_recv_label(label: str) -> Optional[Dict[str, Any]]:
+    """The transfer attributes of a RecvTensor timeline label, or None if it is not one."""
+    m = _RECV.match(label or "")
+    if m is None:
+        return None
+    return {
+        ATTR_SRC: m.group("src"),
+        ATTR_DST: m.group("dst"),
+        ATTR_BYTES: int(m.group("bytes")),
+        ATTR_EDGE: m.group("edge"),
+        ATTR_RATE: float(m.group("rate")) * _UNIT.get(m.group("unit"), 1.0),
+    }
+
+
+def op_type(label: str, node_name: str) -> str:
+    """``MatMul`` from ``MatMul_1 = MatMul(a, b)``; the node's base name if the label has none."""
+    m = _TYPE.match(label or "")
+    if m is not None:
+        return m.group(1)
+    return node_name.rsplit("/", 1)[-1].split(":")[0] or "?"
+
+
+def _times(node: Any) -> tuple:
+    start = node.all_start_nanos or node.all_start_micros * 1000
+    rel = node.op_end_rel_nanos or node.all_end_rel_nanos
+    if not rel:
+        rel = (node.op_end_rel_micros or node.all_end_rel_micros) * 1000
+    return start, start + max(0, rel)
+
+
+def step_stats_records(step_stats: Any, step: Optional[int] = None) -> List[Record]:
+    """One Record per node execution in ``step_stats`` (all devices), sorted by start."""
+    out: List[Record] = []
+    for dev in step_stats.dev_stats:
+        device = dev.device
+        for node in dev.node_stats:
+            name = node.node_name
+            if name in _SKIP:
+                continue
+            start, end = _times(node)
+            if start <= 0:
+                continue
+            label = node.timeline_label
+            if name == "RecvTensor":
+                attrs = parse_recv_label(label)
+                if attrs is not None:
+                    edge = attrs[ATTR_EDGE]
+                    out.append(Record(f"RecvTensor {edge}", start, end, TRANSFER, step, attrs))
+                    continue
+            kind = op_type(label, name)
+            category = INPUT if kind in INPUT_OP_TYPES else COMPUTE
+            attrs = {ATTR_OP_NAME: name, ATTR_OP_TYPE: kind, ATTR_DEVICE: device}
+            out.append(Record(f"{name}:{kind}", start, end, category, step, attrs))
+    out.sort(key=lambda r: r.start_ns)
+    return out
+
+
+def cap_records(
+    records: List[Record], limit: int, step: Optional[int] = None, source: str = "step_stats"
+) -> List[Record]:
+    """Keep the ``limit`` longest records; add one ``framework`` summary Record (counts and
+    totals of all and of the dropped ones) spanning them. ``limit <= 0``: no cap."""
+    if not records:
+        return records
+    total_ns = sum(r.end_ns - r.start_ns for r in records)
+    kept = records
+    dropped: Iterable[Record] = ()
+    if 0 < limit < len(records):
+        ranked = sorted(records, key=lambda r: r.end_ns - r.start_ns, reverse=True)
+        kept, dropped = ranked[:limit], ranked[limit:]
+        kept.sort(key=lambda r: r.start_ns)
+    dropped = list(dropped)
+    summary = Record(
+        "op trace summary",
+        min(r.start_ns for r in records),
+        max(r.end_ns for r in records),
+        FRAMEWORK,
+        step,
+        {
+            ATTR_OPS_SOURCE: source,
+            ATTR_OPS_TOTAL: len(records),
+            ATTR_OPS_KEPT: len(kept),
+            ATTR_OPS_DROPPED: len(dropped),
+            ATTR_OPS_TOTAL_NS: total_ns,
+            ATTR_OPS_DROPPED_NS: sum(r.end_ns - r.start_ns for r in dropped),
+        },
+    )
+    return [summary, *kept]

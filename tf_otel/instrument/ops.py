@@ -1,0 +1,293 @@
+"""Op-level tracing on chosen steps: TF1 FULL_TRACE step_stats, TF2 profiler XSpace.
+
+Which steps (the same on every rank; only sampled steps are traced):
+
+- ``TF_OTEL_OPS_EVERY=N``: steps 0, N, 2N ... of every step key;
+- on demand (``tf_otel.admin``: HTTP endpoint or SIGUSR2): the next K steps, from a start step
+  rank 0 chooses (its current step + a margin) and broadcasts.
+
+Per traced step, on the training thread: TF1 ``Session.run`` gets ``RunOptions(trace_level=
+FULL_TRACE)`` merged into a COPY of the caller's options and our own ``RunMetadata`` (the caller's
+metadata is still filled); TF2 steps (Keras train / test / predict functions, tf.function steps)
+run inside a TF profiler session (to a temp dir, removed after parsing). Conversion to Records
+(``capture.step_stats`` / ``capture.xplane`` / ``nccl.xplane_gpu``) runs on the export thread.
+``TF_OTEL_MAX_OP_SPANS`` (default 500) caps op spans per step: the longest are kept, the rest
+summarised on an ``op trace summary`` span.
+
+If the program runs its own TF profiler session, TF2 op tracing backs off (one log line).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from tf_otel import config
+from tf_otel.health import count, fail_open, log_once
+from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
+from tf_otel.record import SESSION_RUN, Record
+
+MAX_OP_SPANS = config.read(os.environ, "TF_OTEL_MAX_OP_SPANS", config._non_negative_int, 500)
+# steps between rank 0's decision and the first on-demand traced step (at least this many, and
+# at least ~TF_OTEL_OPS_MARGIN_S worth of steps so the broadcast arrives in time)
+MARGIN_STEPS = config.read(os.environ, "TF_OTEL_OPS_MARGIN", config._non_negative_int, 3)
+MARGIN_S = config.read(os.environ, "TF_OTEL_OPS_MARGIN_S", config._positive_float, 0.5)
+MAX_ON_DEMAND = 10_000
+MSG_WINDOW = "tf_otel.ops.window"  # rank 0 -> ranks: {"w": {key: start}, "n": K}
+MSG_REQUEST = "tf_otel.ops.request"  # rank -> rank 0: {"n": K}
+_PROFILER_OPTIONS = {"host_tracer_level": 2, "python_tracer_level": 0, "device_tracer_level": 1}
+
+
+class OpsController:
+    """Decides which (key, step) get op tracing; thread-safe where it must be."""
+
+    def __init__(self, every: int = 0) -> None:
+        self.every = every
+        self.windows: Dict[str, Tuple[int, int]] = {}  # key -> [start, stop)
+        self.last: Dict[str, Tuple[int, float, float]] = {}  # key -> (step, t, ema step s)
+        self._lock = threading.Lock()
+
+    def seen(self, key: str, step: int) -> None:
+        now = time.monotonic()
+        previous = self.last.get(key)
+        ema = 0.0
+        if previous is not None and step > previous[0]:
+            dt = (now - previous[1]) / (step - previous[0])
+            ema = dt if not previous[2] else 0.8 * previous[2] + 0.2 * dt
+        self.last[key] = (step, now, ema)
+
+    def wanted(self, key: str, step: int) -> bool:
+        if self.every and step % self.every == 0:
+            return True
+        window = self.windows.get(key)
+        return window is not None and window[0] <= step < window[1]
+
+    def decide(self, steps: int) -> Dict[str, int]:
+        """Rank 0: the start step of each known key for ``steps`` traced steps."""
+        starts = {}
+        for key, (step, _, ema) in list(self.last.items()):
+            by_time = int(MARGIN_S / ema) + 1 if ema > 0 else 0
+            starts[key] = step + 1 + max(MARGIN_STEPS, min(by_time, 1000))
+        return starts
+
+    def apply(self, starts: Dict[str, int], steps: int) -> None:
+        steps = max(1, min(int(steps), MAX_ON_DEMAND))
+        late = []
+        with self._lock:
+            for key, start in starts.items():
+                self.windows[key] = (int(start), int(start) + steps)
+                current = self.last.get(key)
+                if current is not None and current[0] >= int(start):
+                    late.append(key)
+        if late:
+            log_once(
+                "ops_late",
+                "tf_otel: on-demand op tracing reached this rank after its start step for %s; "
+                "only the remaining steps are traced here",
+                late[:3],
+            )
+
+
+controller = OpsController()
+
+
+def request(steps: int) -> Dict[str, int]:
+    """Ask for op tracing of the next ``steps`` steps on every rank (any thread, any rank).
+    On rank 0 (or a single process) returns the chosen start step per key."""
+    from tf_otel.tracing import get_pipeline
+
+    pipeline = get_pipeline()
+    if not pipeline.topology.is_reference:
+        pipeline.send_to_reference({"t": MSG_REQUEST, "n": int(steps)})
+        return {}
+    starts = controller.decide(steps)
+    controller.apply(starts, steps)
+    pipeline.broadcast({"t": MSG_WINDOW, "w": starts, "n": int(steps)})
+    log_once(
+        "ops_request", "tf_otel: op tracing of %d steps from %s on every rank", steps, starts,
+        level=20,
+    )  # fmt: skip
+    return starts
+
+
+def _on_window(message: Dict[str, Any]) -> None:
+    controller.apply(dict(message.get("w") or {}), int(message.get("n") or 1))
+
+
+def _on_request(rank: int, message: Dict[str, Any]) -> None:
+    request(int(message.get("n") or 1))
+
+
+# -- TF1 ------------------------------------------------------------------------------------
+
+
+def _session_args(call: StepCall) -> Tuple[Any, Any]:
+    """Normalise Session.run(fetches, feed_dict, options, run_metadata) to kwargs."""
+    args = list(call.args)
+    for index, name in ((3, "run_metadata"), (2, "options")):
+        if len(args) > index:
+            call.kwargs[name] = args.pop(index)
+    call.args = tuple(args)
+    return call.kwargs.get("options"), call.kwargs.get("run_metadata")
+
+
+def _tf1_start(handle: Any, call: StepCall) -> None:
+    from tensorflow.core.protobuf import config_pb2
+
+    options, theirs = _session_args(call)
+    merged = config_pb2.RunOptions()
+    if options is not None:
+        merged.CopyFrom(options)
+    user_traced = merged.trace_level != config_pb2.RunOptions.NO_TRACE
+    merged.trace_level = config_pb2.RunOptions.FULL_TRACE
+    ours = config_pb2.RunMetadata()
+    call.kwargs["options"] = merged
+    call.kwargs["run_metadata"] = ours
+    handle.flags["ops"] = ("tf1", ours, theirs, user_traced)
+
+
+def _tf1_end(handle: Any) -> None:
+    _, ours, theirs, user_traced = handle.flags["ops"]
+    if theirs is not None:
+        for field, value in ours.ListFields():
+            if field.name == "step_stats" and not user_traced:
+                continue  # they did not ask for it
+            if field.label == field.LABEL_REPEATED:
+                getattr(theirs, field.name).extend(value)
+            else:
+                getattr(theirs, field.name).MergeFrom(value)
+    step, limit = handle.step, MAX_OP_SPANS
+
+    def convert() -> List[Record]:
+        from tf_otel.capture.step_stats import cap_records, step_stats_records
+
+        return cap_records(step_stats_records(ours.step_stats, step), limit, step, "step_stats")
+
+    handle.deferred.append(convert)
+
+
+# -- TF2 ------------------------------------------------------------------------------------
+
+_profiler_module: List[Any] = []
+
+
+def _user_profiler_active() -> bool:
+    if not _profiler_module:
+        from tensorflow.python.profiler import profiler_v2
+
+        _profiler_module.append(profiler_v2)
+    return _profiler_module[0]._profiler is not None
+
+
+def _tf2_start(handle: Any) -> None:
+    if _user_profiler_active():
+        count("ops_backoff")
+        log_once(
+            "ops_backoff",
+            "tf_otel: a TF profiler session of the program is running; TF2 op tracing is "
+            "skipped while it runs (step spans continue)",
+        )
+        return
+    from tensorflow.python.profiler.internal import _pywrap_profiler
+
+    logdir = tempfile.mkdtemp(prefix="tf_otel_ops_")
+    session = _pywrap_profiler.ProfilerSession()
+    base_ns = time.time_ns()
+    try:
+        session.start(logdir, dict(_PROFILER_OPTIONS))
+    except Exception as exc:  # noqa: BLE001 - AlreadyExistsError: someone else's session
+        shutil.rmtree(logdir, ignore_errors=True)
+        count("ops_backoff")
+        log_once(
+            "ops_backoff",
+            "tf_otel: cannot start a TF profiler session (%s); another profiler (the program's "
+            "or a profiler server) is probably active. TF2 op tracing skipped while it runs",
+            exc,
+        )
+        return
+    handle.flags["ops"] = ("tf2", session, logdir, base_ns)
+
+
+def _tf2_end(handle: Any) -> None:
+    _, session, logdir, base_ns = handle.flags["ops"]
+    try:
+        session.export_to_tb()  # stops the session; writes <logdir>/plugins/profile/*/*.xplane.pb
+    except Exception:
+        shutil.rmtree(logdir, ignore_errors=True)
+        raise
+    step, limit = handle.step, MAX_OP_SPANS
+
+    def convert() -> List[Record]:
+        try:
+            return xspace_records(logdir, step, limit, base_ns)
+        finally:
+            shutil.rmtree(logdir, ignore_errors=True)
+
+    handle.deferred.append(convert)
+
+
+def xspace_records(logdir: str, step: Optional[int], limit: int, base_ns: int) -> List[Record]:
+    """Host op / input / function Records (capped) and GPU kernel Records of one profile dir."""
+    from tf_otel.capture.step_stats import cap_records
+    from tf_otel.capture.xplane import host_records, parse_xspace
+
+    records: List[Record] = []
+    kernels: List[Record] = []
+    for path in glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")):
+        with open(path, "rb") as f:
+            space = parse_xspace(f.read())
+        records.extend(host_records(space, step, base_ns))
+        if any(p.name.startswith("/device:GPU:") for p in space.planes):
+            with fail_open("ops.gpu_kernels"):
+                from tf_otel.nccl.xplane_gpu import gpu_kernel_records
+
+                kernels.extend(gpu_kernel_records(space, step=step, base_ns=base_ns))
+    return cap_records(records + kernels, limit, step, "xspace") if records or kernels else []
+
+
+# -- the hook -------------------------------------------------------------------------------
+
+
+class OpsHook(StepHook):
+    def on_step_start(self, handle: Any, call: StepCall) -> None:
+        controller.seen(handle.key, handle.step)
+        if not handle.sampled or not controller.wanted(handle.key, handle.step):
+            return
+        if handle.key.startswith("ps_closure:"):
+            return  # TF2 PS closures: the ops run in the remote worker processes
+        if call.kind == SESSION_RUN:
+            if handle.name == "Session.run":  # make_callable's options are fixed at creation
+                _tf1_start(handle, call)
+        else:
+            _tf2_start(handle)
+
+    def on_step_end(self, handle: Any, call: StepCall, error: Optional[BaseException]) -> None:
+        state = handle.flags.get("ops")
+        if state is None:
+            return
+        if state[0] == "tf1":
+            _tf1_end(handle)
+        else:
+            _tf2_end(handle)
+
+
+hook = OpsHook()
+
+
+def register() -> None:
+    from tf_otel import coordinator
+    from tf_otel.config import Settings
+
+    controller.every = Settings.from_env().ops_every
+    coordinator.client_handlers[MSG_WINDOW] = _on_window
+    coordinator.server_handlers[MSG_REQUEST] = _on_request
+    add_step_hook(hook)
+    with fail_open("admin.start"):
+        from tf_otel import admin
+
+        admin.install()
