@@ -222,6 +222,8 @@ def bounded_flush(provider: Any, timeout_s: float) -> bool:
 
     from tf_otel.health import counters
 
+    if counters["export_errors"]:
+        timeout_s = min(timeout_s, 0.5)  # the collector already failed once: do not wait long
     deadline = time.monotonic() + timeout_s
     all_done = True
     for processor in _batch_processors(provider):

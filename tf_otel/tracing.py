@@ -64,6 +64,23 @@ class StepHandle:
     error: Optional[str] = None
 
 
+def _fast_root_decision(sampler: Any) -> Any:
+    """The SDK's own root decision for the common samplers, without building sampling results
+    (same arithmetic as TraceIdRatioBased); None: call the sampler itself."""
+    from opentelemetry.sdk.trace import sampling
+
+    if sampler is None:
+        return lambda trace_id: True
+    root = sampler._root if isinstance(sampler, sampling.ParentBased) else sampler
+    if root is sampling.ALWAYS_ON or type(root) is sampling.StaticSampler:
+        decision = root._decision.is_sampled()
+        return lambda trace_id: decision
+    if type(root) is sampling.TraceIdRatioBased:
+        bound, mask = root.bound, sampling.TraceIdRatioBased.TRACE_ID_LIMIT
+        return lambda trace_id: (trace_id & mask) < bound
+    return None
+
+
 class _PrimedIdGenerator:
     """Random ids, except where the pipeline asks for a given next trace / span id."""
 
@@ -117,6 +134,7 @@ class Pipeline:
             )
         self._tracer = trace.get_tracer("tf_otel", __version__, tracer_provider=tracer_provider)
         self._sampler = getattr(self._tracer, "sampler", None)
+        self._sample_fast = _fast_root_decision(self._sampler)
         self._ids: Optional[_PrimedIdGenerator] = None
         if hasattr(self._tracer, "id_generator"):
             self._ids = _PrimedIdGenerator(self._tracer.id_generator)
@@ -191,8 +209,8 @@ class Pipeline:
         return self._aggregator.broadcast(message) if self._aggregator is not None else 0
 
     def _is_sampled(self, trace_id: int, name: str) -> bool:
-        if self._sampler is None:
-            return True
+        if self._sample_fast is not None:
+            return self._sample_fast(trace_id)
         from opentelemetry.context import Context
 
         try:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List
 
-from tf_otel.analysis.model import Span
+from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, Span
 
-ATTR_GPU_UTILIZATION = "gpu.utilization"
+__all__ = ["ATTR_GPU_UTILIZATION", "gpu_utilisation"]
 
 
 def gpu_utilisation(spans: Iterable[Span]) -> Dict[int, List[float]]:
     """Samples as percentages; when every sample is <= 1 they are fractions and are scaled."""
     samples: Dict[int, List[float]] = {}
     for span in spans:
-        value = span.attributes.get(ATTR_GPU_UTILIZATION)
+        value = span.gpu_utilization  # attribute gpu.utilization, decoded at load
         if value is None or span.rank is None or isinstance(value, bool):
             continue
         try:

@@ -3,23 +3,34 @@
 Usage::
 
     span = Span("a" * 32, "b" * 16, None, "step", 0, 10, {"tf_otel.category": "step"}, {})
-    span.category, span.rank, span.step
+    span.category, span.rank, span.step, span.job_id
+
+The fields the analysis reads on every span (category, rank, step, job id, GPU utilisation) are
+decoded up front; the OTLP loader keeps the rest of a span's attributes in their raw OTLP form
+and decodes them on first use of ``attributes`` (most spans are never asked).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
+from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.otlp_values import attributes_dict
 from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 
+ATTR_GPU_UTILIZATION = "gpu.utilization"
 
-def _as_int(value: Any) -> Optional[int]:
+
+def as_int(value: Any) -> Optional[int]:
     if value is None or isinstance(value, bool):
         return None
     try:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+_as_int = as_int  # the old private name
 
 
 class Span:
@@ -32,11 +43,15 @@ class Span:
         "name",
         "start_ns",
         "end_ns",
-        "attributes",
         "resource",
         "category",
         "rank",
         "step",
+        "job_id",
+        "gpu_utilization",
+        "_attributes",
+        "_raw_attributes",
+        "_origin",
     )
 
     def __init__(
@@ -56,23 +71,37 @@ class Span:
         self.name = name
         self.start_ns = start_ns
         self.end_ns = end_ns if end_ns >= start_ns else start_ns
-        self.attributes = attributes
+        self._attributes: Optional[Dict[str, Any]] = attributes
+        self._raw_attributes: Optional[List[Any]] = None
+        self._origin = ""
         self.resource = resource
         self.category: str = str(attributes.get(ATTR_CATEGORY, ""))
         rank = attributes.get(ATTR_RANK)
         if rank is None:
             rank = resource.get(ATTR_RANK)
-        self.rank: Optional[int] = _as_int(rank)
-        self.step: Optional[int] = _as_int(attributes.get(ATTR_STEP))
+        self.rank: Optional[int] = as_int(rank)
+        self.step: Optional[int] = as_int(attributes.get(ATTR_STEP))
+        job = resource.get(ATTR_JOB_ID, attributes.get(ATTR_JOB_ID))
+        self.job_id: Optional[str] = None if job is None else str(job)
+        self.gpu_utilization: Any = attributes.get(ATTR_GPU_UTILIZATION)
+
+    @property
+    def attributes(self) -> Dict[str, Any]:
+        """All span attributes (decoded from the raw OTLP list on first use)."""
+        if self._attributes is None:
+            try:
+                self._attributes = attributes_dict(self._raw_attributes)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
+                raise AnalysisError(
+                    f"{self._origin}: malformed OTLP-JSON span attributes ({detail})"
+                ) from None
+            self._raw_attributes = None
+        return self._attributes
 
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
-
-    @property
-    def job_id(self) -> Optional[str]:
-        job = self.resource.get(ATTR_JOB_ID, self.attributes.get(ATTR_JOB_ID))
-        return None if job is None else str(job)
 
     def __repr__(self) -> str:
         return (

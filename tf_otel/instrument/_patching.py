@@ -11,6 +11,7 @@ import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
 from tf_otel.health import fail_open, log_once
+from tf_otel.tracing import get_pipeline as _get_pipeline
 
 _active = False
 _wrapped: List[Tuple[Any, str]] = []
@@ -118,16 +119,18 @@ def run_step(
     """Call ``wrapped`` as one training step of this rank (nested calls are not steps)."""
     if state.depth or not _active:
         return wrapped(*args, **kwargs)
-    handle = None
-    with fail_open("step.begin"):
-        from tf_otel.tracing import get_pipeline
-
-        handle = get_pipeline().begin_step(key, name, kind, **(attributes or {}))
+    try:
+        handle = _get_pipeline().begin_step(key, name, kind, **(attributes or {}))
+    except Exception as exc:  # noqa: BLE001
+        handle = None
+        _failed("step.begin", exc)
     call = StepCall(instance, args, kwargs, kind)
     if handle is not None:
         for hook in step_hooks:
-            with fail_open(f"{type(hook).__name__}.on_step_start"):
+            try:
                 hook.on_step_start(handle, call)
+            except Exception as exc:  # noqa: BLE001
+                _failed(f"{type(hook).__name__}.on_step_start", exc)
     state.depth += 1
     error: Optional[BaseException] = None
     try:
@@ -139,11 +142,26 @@ def run_step(
         state.depth -= 1
         if handle is not None:
             for hook in step_hooks:
-                with fail_open(f"{type(hook).__name__}.on_step_end"):
+                try:
                     hook.on_step_end(handle, call, error)
-            with fail_open("step.end"):
-                get_pipeline().end_step(handle, error)
+                except Exception as exc:  # noqa: BLE001
+                    _failed(f"{type(hook).__name__}.on_step_end", exc)
+            try:
+                _get_pipeline().end_step(handle, error)
+            except Exception as exc:  # noqa: BLE001
+                _failed("step.end", exc)
     return call.result
+
+
+def _failed(key: str, exc: Exception) -> None:
+    """What fail_open does, without a context manager on the per-step path."""
+    log_once(
+        "error:" + key,
+        "tf_otel: %s failed (%s: %s); tracing of this part is skipped, training goes on",
+        key,
+        type(exc).__name__,
+        exc,
+    )
 
 
 def in_keras_loop(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -30,12 +30,14 @@ def _timed(model: Any, fn: Callable, attribute: str, kind: str) -> Callable:
     name = f"keras.{attribute}"
     key = f"{kind}"
 
+    # make_*_function runs again when steps_per_execution changes, so this can be fixed here
+    attributes = {
+        record.ATTR_STEP_BATCHES: _steps_per_execution(model),
+        record.ATTR_FUNCTION_NAME: attribute,
+    }
+
     @functools.wraps(fn)
     def step(*args: Any, **kwargs: Any) -> Any:
-        attributes = {
-            record.ATTR_STEP_BATCHES: _steps_per_execution(model),
-            record.ATTR_FUNCTION_NAME: attribute,
-        }
         return run_step(fn, args, kwargs, key, name, kind, attributes, instance=model)
 
     step._tf_otel_step = True  # type: ignore[attr-defined]

@@ -12,46 +12,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.model import Span
+from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, Span, as_int
+from tf_otel.analysis.otlp_values import any_value, attributes_dict, pair_value
+from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 
+__all__ = ["any_value", "attributes_dict", "decode_traces_data", "is_traces_data", "normalise_id"]
 
-def any_value(value: Any) -> Any:
-    """An OTLP ``AnyValue`` as a plain Python value."""
-    if not isinstance(value, dict):
-        return value
-    for key, item in value.items():
-        if key == "stringValue" or key == "boolValue":
-            return item
-        if key == "intValue":
-            return int(item)
-        if key == "doubleValue":
-            return float(item)
-        if key == "arrayValue":
-            return [any_value(v) for v in (item or {}).get("values", [])]
-        if key == "kvlistValue":
-            return attributes_dict((item or {}).get("values", []))
-        if key == "bytesValue":
-            return item
-    return None
-
-
-def attributes_dict(attributes: Optional[List[Dict[str, Any]]]) -> Dict[str, Any]:
-    result: Dict[str, Any] = {}
-    for pair in attributes or ():
-        value = pair.get("value")
-        if isinstance(value, dict) and len(value) == 1:
-            ((kind, item),) = value.items()
-            if kind == "stringValue" or kind == "boolValue":
-                result[pair["key"]] = item
-                continue
-            if kind == "intValue":
-                result[pair["key"]] = int(item)
-                continue
-        result[pair["key"]] = any_value(value)
-    return result
+# attributes decoded for every span; the rest stay raw until ``Span.attributes`` is read
+_HOT_KEYS = frozenset((ATTR_CATEGORY, ATTR_RANK, ATTR_STEP, ATTR_JOB_ID, ATTR_GPU_UTILIZATION))
 
 
 _ZEROS = {16: "0" * 32, 8: "0" * 16}
@@ -84,9 +55,15 @@ def decode_traces_data(obj: Any, origin: str) -> List[Span]:
     if not is_traces_data(obj):
         raise AnalysisError(f"{origin}: not OTLP-JSON (no 'resourceSpans')")
     spans: List[Span] = []
+    append = spans.append
+    new = Span.__new__
+    hot_keys = _HOT_KEYS
     try:
         for resource_spans in obj.get("resourceSpans") or obj.get("batches") or ():
             resource = attributes_dict((resource_spans.get("resource") or {}).get("attributes"))
+            resource_rank = resource.get(ATTR_RANK)
+            has_resource_job = ATTR_JOB_ID in resource
+            resource_job = resource.get(ATTR_JOB_ID)
             scopes = resource_spans.get("scopeSpans")
             if scopes is None:
                 scopes = resource_spans.get("instrumentationLibrarySpans") or ()
@@ -100,18 +77,46 @@ def decode_traces_data(obj: Any, origin: str) -> List[Span]:
                         span_id = normalise_id(span_id, 8) or ""
                     if parent_id:
                         parent_id = normalise_id(parent_id, 8)
-                    spans.append(
-                        Span(
-                            trace_id,
-                            span_id,
-                            parent_id,
-                            raw.get("name", ""),
-                            int(raw["startTimeUnixNano"]),
-                            int(raw["endTimeUnixNano"]),
-                            attributes_dict(raw.get("attributes")),
-                            resource,
-                        )
-                    )
+                    name = raw.get("name", "")
+                    start_ns = int(raw["startTimeUnixNano"])
+                    end_ns = int(raw["endTimeUnixNano"])
+                    # one pass over the raw attributes for the keys every span needs
+                    category: Any = ""
+                    rank = step = job = gpu = None
+                    raw_attributes = raw.get("attributes") or ()
+                    for pair in raw_attributes:
+                        key = pair["key"]
+                        if key in hot_keys:
+                            value = pair_value(pair)
+                            if key == ATTR_CATEGORY:
+                                category = value
+                            elif key == ATTR_RANK:
+                                rank = value
+                            elif key == ATTR_STEP:
+                                step = value
+                            elif key == ATTR_JOB_ID:
+                                job = value
+                            else:
+                                gpu = value
+                    if has_resource_job:
+                        job = resource_job
+                    span = new(Span)
+                    span.trace_id = trace_id
+                    span.span_id = span_id
+                    span.parent_id = parent_id or None
+                    span.name = name
+                    span.start_ns = start_ns
+                    span.end_ns = end_ns if end_ns >= start_ns else start_ns
+                    span.resource = resource
+                    span.category = category if type(category) is str else str(category)
+                    span.rank = as_int(resource_rank if rank is None else rank)
+                    span.step = None if step is None else as_int(step)
+                    span.job_id = None if job is None else str(job)
+                    span.gpu_utilization = gpu
+                    span._attributes = None
+                    span._raw_attributes = raw_attributes
+                    span._origin = origin
+                    append(span)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
         raise AnalysisError(f"{origin}: malformed OTLP-JSON span ({detail})") from None
