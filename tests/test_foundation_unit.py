@@ -174,3 +174,35 @@ def test_step_ids_are_deterministic_and_distinct() -> None:
     assert a != tracing.step_trace_id("job2", "keras_train", 3)
     assert a != tracing.step_trace_id("job", "keras_evaluate", 3)
     assert 0 < a < 2**128 and 0 < tracing.step_root_span_id("job", "k", 3) < 2**64
+
+
+def test_wheel_ships_the_startup_hook(tmp_path) -> None:
+    """TF_OTEL_ENABLED=1 works after a plain `pip install tf-otel`: the .pth is in the wheel root."""
+    import zipfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(repo),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
+    wheel = next(tmp_path.glob("tf_otel-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "tf_otel-autostart.pth" in names
+    assert "tf_otel/instrument/__init__.py" in names
+    entry_points_txt = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points_txt).decode()
+    assert "[opentelemetry_instrumentor]" in text
+    assert "tensorflow = tf_otel.instrument:TensorFlowInstrumentor" in text
