@@ -252,7 +252,7 @@ def test_compose_ports_as_documented():
     assert published("grafana") == {"3000:3000"}
     assert published("tempo") == {"3200:3200"}
     # the doc states the same ports
-    doc = (REPO / "docs" / "BACKENDS.md").read_text()
+    doc = (REPO / "README.md").read_text()
     for port in ("4317", "4318", "16686", "3000", "3200"):
         assert port in doc, port
 
