@@ -411,4 +411,3 @@ def records_for(
         )
     )
     return out
-

@@ -1,0 +1,532 @@
+"""Horovod collectives on every rank's step trace, from rank 0's Horovod timeline.
+
+The allreduce runs inside the TF graph, so Python wrappers would only time dispatch. Instead:
+
+- before ``hvd.init()`` tf_otel sets ``HOROVOD_TIMELINE=DYNAMIC`` (unless the user set
+  HOROVOD_TIMELINE; a user's file is then read, never started, stopped or removed);
+- rank 0 starts a timeline file at the start of each sampled step and stops it at its end
+  (untraced steps: one attribute check), tails it on a daemon thread, and turns each tensor's
+  NEGOTIATE / per-rank ready ticks / op phases into, for every rank, a ``collective`` record with
+  ``collective.wait`` and ``collective.transfer`` children (capture.horovod_timeline);
+- rank 0 emits its own records with ``Pipeline.add_records`` and sends every other rank its share
+  over the coordinator (``hvd.c`` messages); each rank emits its own spans under its step span.
+
+Also: Keras 3 optimizers given to ``hvd.DistributedOptimizer`` (gradients silently not
+averaged) are reported once, naming the fix. See docs/HOROVOD.md.
+
+Env: TF_OTEL_HOROVOD=0 turns this off; TF_OTEL_HOROVOD_EXACT=1 also sets
+HOROVOD_CACHE_CAPACITY=0 (per-rank ready ticks on every step, at Horovod's negotiation cost).
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from tf_otel import clock
+from tf_otel.capture import horovod_timeline as tl
+from tf_otel.health import count, fail_open, log_once
+from tf_otel.instrument._patching import StepHook, add_step_hook, when_imported, wrap
+
+MSG_RECORDS = "hvd.c"
+MSG_DONE = "hvd.done"
+_POLL_S = 0.2
+_CLOSE_WAIT_S = 3.0  # a stopped file not closed by Horovod after this is read as it is
+_USER_GRACE_NS = 2_000_000_000  # user timeline: a window is final this long after its step
+_MAX_WINDOWS = 256
+_EXIT_WAIT_S = 3.0
+_PREFIX = "tf_otel-hvd-"
+
+MANAGED, USER_FILE, OFF = "managed", "user_file", "off"
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    return raw.strip().lower() not in ("0", "false", "no", "off")
+
+
+def _to_reference_ns_of_rank0() -> int:
+    """rank 0: timeline us-since-epoch (system clock) -> reference ns offset."""
+    return clock.current_model().to_reference(clock.now_ns()) - time.time_ns()
+
+
+def _from_reference(ref_ns: int) -> int:
+    """reference ns -> this rank's local clock (inverse of the clock model, one iteration)."""
+    model = clock.current_model()
+    return ref_ns - model.offset_at(ref_ns - model.offset_at(ref_ns))
+
+
+class _Source:
+    """One timeline file rank 0 reads."""
+
+    def __init__(self, path: str, managed: bool) -> None:
+        self.path = path
+        self.managed = managed
+        self.reader = tl.TimelineReader(path)
+        self.parser = tl.TimelineParser()
+        self.stopped_at: Optional[float] = None  # monotonic time of stop (managed)
+        self.done = False
+
+
+class HorovodCollectives(StepHook):
+    """Rank 0: timeline management and parsing; other ranks: receive and emit their records."""
+
+    def __init__(self) -> None:
+        self.mode: Optional[str] = None
+        self.basics: Any = None  # horovod.common.basics.HorovodBasics of hvd.init
+        self.running: Optional[_Source] = None  # managed file being written
+        self._sources: List[_Source] = []
+        self._windows: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._seq = 0
+        self._pending: OrderedDict[Tuple[str, int], None] = OrderedDict()  # ranks > 0
+        self._done = threading.Event()
+        self._finished = False
+        self.wait_threshold_us = 3000.0
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def before_init(self) -> None:
+        """Called just before hvd.init(): choose the mode and set Horovod's env."""
+        if self.mode is not None:
+            return
+        if not _env_flag("TF_OTEL_HOROVOD", True):
+            self.mode = OFF
+            return
+        current = os.environ.get("HOROVOD_TIMELINE", "").strip()
+        if not current:
+            os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
+            self.mode = MANAGED
+        elif current.upper() == "DYNAMIC":
+            self.mode = OFF
+            log_once(
+                "hvd_user_dynamic",
+                "tf_otel: HOROVOD_TIMELINE=DYNAMIC is set by you: tf_otel leaves the timeline "
+                "to you and records no Horovod collective spans",
+                level=logging.INFO,
+            )
+        else:
+            self.mode = USER_FILE
+        if _env_flag("TF_OTEL_HOROVOD_EXACT", False):
+            os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
+
+    def _resolve_late(self) -> None:
+        """tf_otel instrumented after hvd.init(): only a user's timeline file can be read."""
+        current = os.environ.get("HOROVOD_TIMELINE", "").strip()
+        if current and current.upper() != "DYNAMIC" and _env_flag("TF_OTEL_HOROVOD", True):
+            self.mode = USER_FILE
+        else:
+            self.mode = OFF
+            log_once(
+                "hvd_late",
+                "tf_otel: Horovod was initialised before tf_otel instrumented it; no collective "
+                "spans. Instrument before hvd.init() (or run with TF_OTEL_ENABLED=1)",
+            )
+
+    # -- step hook (training thread) ---------------------------------------------------------
+
+    def on_step_start(self, handle: Any, call: Any) -> None:
+        if not handle.sampled:
+            if self.running is not None:
+                self._stop_managed()
+            return
+        if self.mode == OFF or self._finished:
+            return
+        pipeline = _pipeline()
+        if pipeline is None or pipeline.topology.world_size < 2:
+            return
+        if pipeline.topology.rank != 0:
+            self._expect(handle.key, handle.step)
+            return
+        if self.mode is None:
+            if not self._horovod_ready():
+                return
+            self._resolve_late()
+            if self.mode == OFF:
+                return
+        if self.mode == MANAGED and not self._start_managed():
+            return
+        if self.mode == USER_FILE and not self._sources:
+            self._sources.append(_Source(os.environ["HOROVOD_TIMELINE"].strip(), managed=False))
+        with self._lock:
+            self._windows[(handle.key, handle.step)] = {
+                "start": handle.start_ns,
+                "end": None,
+                "source": self.running,
+                "items": [],
+            }
+            while len(self._windows) > _MAX_WINDOWS:
+                self._windows.popitem(last=False)
+                count("horovod_windows_dropped")
+        self._ensure_thread()
+
+    def on_step_end(self, handle: Any, call: Any, error: Optional[BaseException]) -> None:
+        if not handle.sampled or self.mode in (None, OFF):
+            return
+        with self._lock:
+            window = self._windows.get((handle.key, handle.step))
+            if window is not None:
+                window["end"] = handle.end_ns or clock.now_ns()
+        if self.running is not None:
+            self._stop_managed()
+
+    def _horovod_ready(self) -> bool:
+        basics = self.basics
+        if basics is None:
+            module = sys.modules.get("horovod.tensorflow.mpi_ops")
+            basics = getattr(module, "_basics", None)
+            self.basics = basics
+        try:
+            return basics is not None and bool(basics.is_initialized())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _start_managed(self) -> bool:
+        if self.running is not None:
+            return True
+        if not self._horovod_ready():
+            return False
+        self._seq += 1
+        path = os.path.join(tempfile.gettempdir(), f"{_PREFIX}{os.getpid()}-{self._seq}.json")
+        try:
+            self.basics.start_timeline(path)
+        except ValueError as exc:
+            self.mode = OFF
+            log_once("hvd_start", "tf_otel: cannot start the Horovod timeline (%s)", exc)
+            return False
+        source = _Source(path, managed=True)
+        with self._lock:
+            self._sources.append(source)
+        self.running = source
+        return True
+
+    def _stop_managed(self) -> None:
+        source, self.running = self.running, None
+        if source is None:
+            return
+        with fail_open("horovod.stop_timeline"):
+            if self._horovod_ready():
+                self.basics.stop_timeline()
+        source.stopped_at = time.monotonic()
+
+    # -- rank 0: reader thread -----------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="tf_otel-hvd", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(_POLL_S):
+            with fail_open("horovod.timeline"):
+                self.process(final=False)
+
+    def process(self, final: bool) -> None:
+        """Read new timeline events, attach collectives to steps, emit finished steps."""
+        with self._lock:
+            sources = list(self._sources)
+        shift = _to_reference_ns_of_rank0()
+        open_paths = _open_paths() if any(s.managed and s.stopped_at for s in sources) else None
+        for source in sources:
+            if source.done:
+                continue
+            closed = final or (
+                source.stopped_at is not None
+                and (
+                    (open_paths is not None and source.path not in open_paths)
+                    or time.monotonic() - source.stopped_at > _CLOSE_WAIT_S
+                )
+            )
+            for event in source.reader.poll(final=closed):
+                source.parser.feed(event)
+            self._attach(source.parser.take(), shift)
+            if closed and source.managed:
+                source.done = True
+        self._emit_ready(final, shift)
+        with self._lock:
+            for source in [s for s in self._sources if s.done]:
+                self._sources.remove(source)
+                _remove(source.path)
+
+    def _attach(self, collectives: List[tl.Collective], shift: int) -> None:
+        if not collectives:
+            return
+        with self._lock:
+            windows = list(self._windows.values())
+        for c in collectives:
+            end_ns = int((c.op_end or 0) * 1000) + shift
+            for window in reversed(windows):
+                hi = window["end"] if window["end"] is not None else end_ns
+                if window["start"] - 1_000_000 <= end_ns <= hi + 1_000_000:
+                    window["items"].append(c)
+                    break
+            else:
+                count("horovod_collectives_unmatched")
+
+    def _emit_ready(self, final: bool, shift: int) -> None:
+        now = clock.now_ns()
+        ready = []
+        with self._lock:
+            for key, window in list(self._windows.items()):
+                if window["end"] is None and not final:
+                    continue
+                source = window["source"]
+                if final or (source is not None and source.done):
+                    pass
+                elif source is None and now - (window["end"] or now) > _USER_GRACE_NS:
+                    pass
+                else:
+                    continue
+                ready.append((key, self._windows.pop(key)))
+        for (key, step), window in ready:
+            with fail_open("horovod.emit"):
+                self._emit(key, step, window["items"], shift)
+
+    def _emit(self, key: str, step: int, items: List[tl.Collective], shift: int) -> None:
+        pipeline = _pipeline()
+        if pipeline is None:
+            return
+        world = pipeline.topology.world_size
+        tl.assign_fused_groups(items)
+        prefix = f"{key}/{step}/"
+
+        def to_local(us: float) -> int:
+            return int(us * 1000) + shift  # rank 0: reference == local
+
+        records = []
+        per_rank: Dict[int, List[Dict[str, Any]]] = {r: [] for r in range(1, world)}
+        for c in items:
+            ckey = tl.collective_key(key, step, c.tensor)
+            for rank in range(world):
+                view = tl.rank_view(c, rank, world, self.wait_threshold_us)
+                if view is None:
+                    continue
+                if rank == 0:
+                    records.extend(tl.records_for(c, view, step, ckey, to_local, prefix))
+                else:
+                    per_rank[rank].append(_encode(c, view))
+        if records:
+            pipeline.add_records(key, step, records)
+            count("horovod_collectives", len(items))
+        for rank, encoded in per_rank.items():
+            message = {"t": MSG_RECORDS, "k": key, "s": step, "sh": shift, "c": encoded}
+            if not pipeline.send_to_rank(rank, message):
+                count("horovod_send_failed")
+
+    # -- ranks > 0 ---------------------------------------------------------------------------
+
+    def _expect(self, key: str, step: int) -> None:
+        with self._lock:
+            self._pending[(key, step)] = None
+            while len(self._pending) > _MAX_WINDOWS:
+                self._pending.popitem(last=False)
+
+    def on_message(self, message: Dict[str, Any]) -> None:
+        """Coordinator thread of a rank > 0: records for one of its steps, from rank 0."""
+        key, step, shift = message["k"], int(message["s"]), int(message.get("sh", 0))
+        with self._lock:
+            self._pending.pop((key, step), None)
+
+        def to_local(us: float) -> int:
+            return _from_reference(int(us * 1000) + shift)
+
+        records = []
+        for item in message.get("c") or ():
+            c, view = _decode(item)
+            ckey = tl.collective_key(key, step, c.tensor)
+            records.extend(tl.records_for(c, view, step, ckey, to_local, f"{key}/{step}/"))
+        pipeline = _pipeline()
+        if records and pipeline is not None:
+            pipeline.add_records(key, step, records)
+
+    # -- exit ----------------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """At exit / SIGTERM: rank 0 flushes and tells the ranks; ranks wait (bounded)."""
+        if self._finished or self.mode in (None, OFF):
+            return
+        self._finished = True
+        pipeline = _pipeline()
+        if pipeline is None:
+            return
+        if pipeline.topology.rank == 0:
+            self._stop.set()
+            if self.running is not None:
+                self._stop_managed()
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and self._unclosed():
+                time.sleep(0.02)
+            with fail_open("horovod.final"):
+                self.process(final=True)
+            pipeline.broadcast({"t": MSG_DONE})
+        else:
+            deadline = time.monotonic() + _EXIT_WAIT_S
+            while self._pending and time.monotonic() < deadline and not self._done.is_set():
+                time.sleep(0.02)
+
+    def _unclosed(self) -> bool:
+        with self._lock:
+            paths = {s.path for s in self._sources if s.managed}
+        return bool(paths & (_open_paths() or set()))
+
+
+def _encode(c: tl.Collective, v: tl.RankView) -> Dict[str, Any]:
+    return {
+        "n": c.tensor,
+        "o": c.op,
+        "d": c.dtype,
+        "p": c.shape,
+        "b": c.backend,
+        "f": c.fused_group,
+        "v": [v.arrival, v.last_ready, v.end, v.transfer_start, v.last_arrival, v.how],
+    }
+
+
+def _decode(item: Dict[str, Any]) -> Tuple[tl.Collective, tl.RankView]:
+    c = tl.Collective(
+        tensor=str(item["n"]),
+        op=str(item["o"]),
+        dtype=item.get("d"),
+        shape=item.get("p"),
+        backend=item.get("b"),
+        fused_group=item.get("f"),
+    )
+    a, last, end, ts, flag, how = item["v"]
+    return c, tl.RankView(float(a), float(last), float(end), float(ts), bool(flag), str(how))
+
+
+def _open_paths() -> Optional[set]:
+    """Files this process has open (Linux /proc); None where that cannot be read."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    paths = set()
+    for fd in fds:
+        try:
+            paths.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return paths
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _remove_stale() -> None:
+    """Timeline files of tf_otel processes that died without cleaning up (killed jobs)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), _PREFIX + "*.json")):
+        try:
+            pid = int(os.path.basename(path)[len(_PREFIX) :].split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _remove(path)
+        except (ValueError, OSError):
+            pass
+
+
+def _pipeline() -> Any:
+    from tf_otel import tracing
+
+    return tracing._pipeline  # created by the first step; None before
+
+
+# -- Keras 3 + DistributedOptimizer ---------------------------------------------------------
+
+
+def _is_keras3_optimizer(optimizer: Any) -> bool:
+    module = type(optimizer).__module__ or ""
+    if not module.startswith("keras"):
+        return False
+    keras = sys.modules.get("keras")
+    return str(getattr(keras, "__version__", "3")).startswith("3")
+
+
+def _check_optimizer(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    optimizer = args[0] if args else kwargs.get("optimizer")
+    with fail_open("horovod.keras3_check"):
+        if _is_keras3_optimizer(optimizer):
+            log_once(
+                "hvd_keras3",
+                "tf_otel: hvd.DistributedOptimizer got a Keras 3 optimizer (%s): Horovod does "
+                "not average its gradients, so ranks silently diverge. Use tf_keras "
+                "(TF_USE_LEGACY_KERAS=1, pip install tf_keras) or hvd.DistributedGradientTape "
+                "in a custom loop",
+                type(optimizer).__name__,
+            )
+    return wrapped(*args, **kwargs)
+
+
+# -- registration ---------------------------------------------------------------------------
+
+hook = HorovodCollectives()
+_registered = False
+
+
+def _init_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    with fail_open("horovod.before_init"):
+        hook.before_init()
+        hook.basics = instance
+    return wrapped(*args, **kwargs)
+
+
+def _patch_basics(module: Any) -> None:
+    wrap(module.HorovodBasics, "init", _init_wrapper)
+
+
+def _patch_optimizer(module: Any) -> None:
+    if hasattr(module, "DistributedOptimizer"):
+        wrap(module, "DistributedOptimizer", _check_optimizer)
+
+
+def _on_sigterm_factory(previous: Any) -> Callable:
+    def on_sigterm(signum: int, frame: Any) -> None:
+        with fail_open("horovod.sigterm"):
+            hook.finish()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return on_sigterm
+
+
+def register() -> None:
+    global _registered
+    when_imported("horovod.common.basics", _patch_basics)
+    for module in ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"):
+        when_imported(module, _patch_optimizer)
+    if _registered:
+        return
+    _registered = True
+    add_step_hook(hook)
+    from tf_otel import coordinator
+
+    coordinator.client_handlers[MSG_RECORDS] = hook.on_message
+    coordinator.client_handlers[MSG_DONE] = lambda message: hook._done.set()
+    atexit.register(hook.finish)  # runs before tracing's flush (atexit is LIFO)
+    with fail_open("horovod.sigterm_install"):
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGTERM)
+            if callable(previous):  # tracing's flush handler: ours runs first, then it
+                signal.signal(signal.SIGTERM, _on_sigterm_factory(previous))
+    with fail_open("horovod.stale"):
+        _remove_stale()
