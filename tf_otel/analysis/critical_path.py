@@ -35,7 +35,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from tf_otel.analysis.model import Span
+from tf_otel.analysis.model import ATTR_LAST_ARRIVAL, ATTR_TRANSFER_EDGE, ATTR_WAIT_NS, Span
 from tf_otel.analysis.steps import RankTimeline, StepTrace
 from tf_otel.record import (
     ATTR_COLLECTIVE_KEY,
@@ -46,9 +46,7 @@ from tf_otel.record import (
     TRANSFER,
 )
 
-ATTR_LAST_ARRIVAL = "horovod.last_arrival"
-ATTR_WAIT_NS = "horovod.wait_ns"
-ATTR_TRANSFER_EDGE = "tensorflow.transfer.edge"
+__all__ = ["ATTR_LAST_ARRIVAL", "ATTR_TRANSFER_EDGE", "ATTR_WAIT_NS", "critical_path"]
 
 # Path categories, in report order.
 PATH_COMPUTE = "compute"

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, Span, as_int
+from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, SLOT_ATTRIBUTES, Span, as_int
 from tf_otel.analysis.otlp_values import any_value, attributes_dict, pair_value
 from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 
 __all__ = ["any_value", "attributes_dict", "decode_traces_data", "is_traces_data", "normalise_id"]
 
-# attributes decoded for every span; the rest stay raw until ``Span.attributes`` is read
-_HOT_KEYS = frozenset((ATTR_CATEGORY, ATTR_RANK, ATTR_STEP, ATTR_JOB_ID, ATTR_GPU_UTILIZATION))
+_NO_ATTRIBUTES: Dict[str, Any] = {}  # shared by spans with no kept attributes; never mutated
 
 
 _ZEROS = {16: "0" * 32, 8: "0" * 16}
@@ -57,7 +56,10 @@ def decode_traces_data(obj: Any, origin: str) -> List[Span]:
     spans: List[Span] = []
     append = spans.append
     new = Span.__new__
-    hot_keys = _HOT_KEYS
+    kept_keys = ANALYSIS_ATTRIBUTES
+    trace_ids: Dict[str, str] = {}
+    parent_ids: Dict[str, Optional[str]] = {}
+    slot_keys = SLOT_ATTRIBUTES
     try:
         for resource_spans in obj.get("resourceSpans") or obj.get("batches") or ():
             resource = attributes_dict((resource_spans.get("resource") or {}).get("attributes"))
@@ -69,35 +71,50 @@ def decode_traces_data(obj: Any, origin: str) -> List[Span]:
                 scopes = resource_spans.get("instrumentationLibrarySpans") or ()
             for scope in scopes:
                 for raw in scope.get("spans") or ():
-                    trace_id, span_id = raw["traceId"], raw["spanId"]
-                    parent_id = raw.get("parentSpanId")
-                    if not (len(trace_id) == 32 and trace_id.islower() and trace_id.isalnum()):
-                        trace_id = normalise_id(trace_id, 16) or ""
+                    # trace and parent ids repeat: normalise each once (and share the string)
+                    raw_id = raw["traceId"]
+                    trace_id = trace_ids.get(raw_id)
+                    if trace_id is None:
+                        trace_id = trace_ids[raw_id] = normalise_id(raw_id, 16) or ""
+                    span_id = raw["spanId"]
                     if not (len(span_id) == 16 and span_id.islower() and span_id.isalnum()):
                         span_id = normalise_id(span_id, 8) or ""
-                    if parent_id:
-                        parent_id = normalise_id(parent_id, 8)
+                    raw_id = raw.get("parentSpanId")
+                    parent_id = parent_ids.get(raw_id) if raw_id else None
+                    if parent_id is None and raw_id:
+                        parent_id = parent_ids[raw_id] = normalise_id(raw_id, 8)
                     name = raw.get("name", "")
                     start_ns = int(raw["startTimeUnixNano"])
                     end_ns = int(raw["endTimeUnixNano"])
-                    # one pass over the raw attributes for the keys every span needs
+                    # one pass over the raw attributes, decoding only what the analysis reads
                     category: Any = ""
                     rank = step = job = gpu = None
-                    raw_attributes = raw.get("attributes") or ()
-                    for pair in raw_attributes:
+                    kept = _NO_ATTRIBUTES
+                    for pair in raw.get("attributes") or ():
                         key = pair["key"]
-                        if key in hot_keys:
+                        if key not in kept_keys:
+                            continue
+                        value = pair.get("value")
+                        if type(value) is dict and len(value) == 1 and "stringValue" in value:
+                            value = value["stringValue"]
+                        elif type(value) is dict and len(value) == 1 and "intValue" in value:
+                            value = int(value["intValue"])
+                        else:
                             value = pair_value(pair)
-                            if key == ATTR_CATEGORY:
-                                category = value
-                            elif key == ATTR_RANK:
-                                rank = value
-                            elif key == ATTR_STEP:
-                                step = value
-                            elif key == ATTR_JOB_ID:
-                                job = value
-                            else:
-                                gpu = value
+                        if key not in slot_keys:
+                            if kept is _NO_ATTRIBUTES:
+                                kept = {}
+                            kept[key] = value
+                        elif key == ATTR_CATEGORY:
+                            category = value
+                        elif key == ATTR_RANK:
+                            rank = value
+                        elif key == ATTR_STEP:
+                            step = value
+                        elif key == ATTR_JOB_ID:
+                            job = value
+                        else:
+                            gpu = value
                     if has_resource_job:
                         job = resource_job
                     span = new(Span)
@@ -113,9 +130,7 @@ def decode_traces_data(obj: Any, origin: str) -> List[Span]:
                     span.step = None if step is None else as_int(step)
                     span.job_id = None if job is None else str(job)
                     span.gpu_utilization = gpu
-                    span._attributes = None
-                    span._raw_attributes = raw_attributes
-                    span._origin = origin
+                    span.attributes = kept
                     append(span)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
