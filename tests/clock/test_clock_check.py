@@ -1,0 +1,91 @@
+"""`tf-otel clock-check` under real launchers: horovodrun (gloo, TCP) and mpirun (mpi4py)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from typing import Dict, List
+
+import pytest
+
+from .helpers import VENV_BIN, env_with_path
+
+pytestmark = pytest.mark.integration
+
+ROW = re.compile(
+    r"^(?:\[[\d,]+\]<stdout>:)?\s*(\d+)\s+(-?[\d.]+)\s+(-?[\d.]+)\s+([\d.]+)\s+([\d.]+)"
+)
+
+
+def rows(output: str) -> Dict[int, List[str]]:
+    """rank -> the table columns printed by rank 0."""
+    out = {}
+    for line in output.splitlines():
+        line = re.sub(r"^\[[\d,]+\]<stdout>:", "", line)
+        if ROW.match(line):
+            cols = line.split()
+            out[int(cols[0])] = cols
+    return out
+
+
+def check_table(table: Dict[int, List[str]], transport: str, skew_us: float) -> None:
+    assert sorted(table) == [0, 1], table
+    offset_us, drift_ppm, rtt_min_us = (float(x) for x in table[1][1:4])
+    assert table[1][8] == transport
+    assert float(table[0][1]) == 0.0
+    assert rtt_min_us > 0
+    # the printed offset is reference - local, i.e. minus the injected skew (+ drift so far)
+    # coarse: 200 ppm over the <= 5 s the run takes is <= 1000 us on top of the skew
+    assert abs(offset_us - -skew_us) < 1_050, (offset_us, skew_us)
+    assert abs(abs(drift_ppm) - 200) < 10, drift_ppm
+    injected_us, error_us = float(table[1][9]), float(table[1][10])
+    assert abs(error_us) <= 20.0, table[1]
+    assert abs(offset_us - injected_us - error_us) < 1.0
+
+
+@pytest.mark.skipif(not (VENV_BIN / "horovodrun").exists(), reason="horovodrun not installed")
+def test_horovodrun_gloo_clock_check() -> None:
+    env = env_with_path({"TF_OTEL_TEST_CLOCK": "1:1500000000:200"})
+    proc = subprocess.run(
+        [str(VENV_BIN / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2"]
+        + [str(VENV_BIN / "tf-otel"), "clock-check", "--rounds", "4"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_table(rows(proc.stdout), "tcp", skew_us=1_500_000)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
+def test_mpirun_mpi4py_clock_check() -> None:
+    pytest.importorskip("mpi4py")
+    env = env_with_path({"TF_OTEL_TEST_CLOCK": "1:-2000000000:-200"})
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    proc = subprocess.run(
+        ["mpirun", "-np", "2", "--oversubscribe", "-x", "TF_OTEL_TEST_CLOCK", "-x", "PATH"]
+        + ["-x", "PYTHONPATH", str(VENV_BIN / "tf-otel"), "clock-check", "--rounds", "4"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_table(rows(proc.stdout), "mpi", skew_us=-2_000_000)
+
+
+def test_single_process_clock_check() -> None:
+    env = {k: v for k, v in env_with_path().items() if not k.startswith(("OMPI_", "PMI"))}
+    proc = subprocess.run(
+        [str(VENV_BIN / "tf-otel"), "clock-check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    table = rows(proc.stdout)
+    assert sorted(table) == [0] and float(table[0][1]) == 0.0
