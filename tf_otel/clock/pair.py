@@ -33,6 +33,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--transport", default="tcp")
     args = parser.parse_args(argv)
     topo = detect()
+    if args.transport == "mpi":
+        import mpi4py
+
+        mpi4py.rc.thread_level = "multiple"
+        from mpi4py import MPI  # noqa: F401 - initialises MPI
     settings = Settings.from_env()
     settings = Settings(**{**settings.__dict__, "clock_interval_s": args.interval})
     sync = ClockSync(exchanges=args.exchanges, transport=args.transport)
@@ -41,6 +46,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     if topo.rank == 0:
         reports = sync.server.wait_reports(topo.world_size - 1, timeout=args.duration + 30)
+        if args.transport == "mpi":
+            time.sleep(0.2)  # let rank 1's final round finish before MPI finalises
         sync.stop()
         print(json.dumps({"rank": 0, "reports": reports}))
         return 0 if len(reports) == topo.world_size - 1 else 1
