@@ -2,20 +2,28 @@
 
 Run: horovodrun -np 2 -H localhost:2 python examples/horovod_tape.py
 SLOW_RANK / SLOW_MS / SLOW_STEPS (comma list) delay one rank before its gradients (stragglers).
+IMPORT_MPI4PY=1 imports mpi4py first (mpirun with mpi4py in the same process); KILL_RANK /
+KILL_STEP: that rank SIGTERMs itself at that step (a job killed mid-run).
 """
 
 import os
+import signal
 import time
 
-import horovod.tensorflow as hvd
-import numpy as np
-import tensorflow as tf
+if os.environ.get("IMPORT_MPI4PY") == "1":
+    from mpi4py import MPI  # noqa: F401
+
+import horovod.tensorflow as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 hvd.init()
 STEPS = int(os.environ.get("STEPS", "20"))
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))
 SLOW_MS = float(os.environ.get("SLOW_MS", "0"))
 SLOW_STEPS = {int(s) for s in os.environ.get("SLOW_STEPS", "").split(",") if s.strip()}
+KILL_RANK = int(os.environ.get("KILL_RANK", "-1"))
+KILL_STEP = int(os.environ.get("KILL_STEP", "-1"))
 
 rng = np.random.default_rng(hvd.rank())
 features = tf.constant(rng.normal(size=(64, 32)).astype("float32"))
@@ -45,6 +53,10 @@ def train_step(x, y, slow):
 
 
 for step in range(STEPS):
+    if hvd.rank() == KILL_RANK and step == KILL_STEP:
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
     slow = hvd.rank() == SLOW_RANK and step in SLOW_STEPS
     loss = train_step(features, labels, tf.constant(slow))
 print(f"rank {hvd.rank()} done steps={STEPS} loss={float(loss):.6f}")
