@@ -30,7 +30,7 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--rounds", type=int, default=5, help="rounds per rank (default 5)")
     parser.add_argument("--exchanges", type=int, default=64, help="ping-pongs per round")
-    parser.add_argument("--interval", type=float, default=0.05, help="seconds between rounds")
+    parser.add_argument("--interval", type=float, default=0.1, help="seconds between rounds")
     parser.add_argument(
         "--transport",
         choices=("auto", "tcp", "mpi"),
