@@ -31,6 +31,7 @@ from tf_otel.health import count, counters, fail_open, log_once, logger
 from tf_otel.topology import Topology
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
+ATTR_TEST_CLOCK_ERROR = "tf_otel.clock.test_error_ns"
 
 
 def step_trace_id(job_id: str, key: str, step: int) -> int:
@@ -336,6 +337,9 @@ class Pipeline:
             record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
             **handle.attributes,
         }
+        injected = clock.test_clock()
+        if injected is not None:  # TF_OTEL_TEST_CLOCK (tests only): the error we should undo
+            attributes[ATTR_TEST_CLOCK_ERROR] = injected.error_at_local(handle.start_ns)
         span = self._tracer.start_span(
             f"rank {self.topology.rank} {handle.name}",
             context=set_span_in_context(NonRecordingSpan(root)),
