@@ -22,7 +22,7 @@ from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
 from tf_otel.analysis.load.jaeger import convert_jaeger_traces, is_jaeger_document
-from tf_otel.analysis.load.otlp import decode_traces_data, is_traces_data
+from tf_otel.analysis.load.otlp import decode_traces_rows, is_traces_data
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Span
 
@@ -75,19 +75,28 @@ def _foreign(obj: Any) -> Optional[str]:
     return None
 
 
-def _decode_document(obj: Any, origin: str) -> List[Span]:
+Row = Tuple[Any, ...]  # ``Span.to_row``
+
+
+def _decode_document(obj: Any, origin: str) -> List[Row]:
     if is_traces_data(obj):
-        return decode_traces_data(obj, origin)
+        return decode_traces_rows(obj, origin)
     if is_jaeger_document(obj):
-        return convert_jaeger_traces(obj["data"], origin)
+        return [span.to_row() for span in convert_jaeger_traces(obj["data"], origin)]
     what = _foreign(obj) or "JSON without 'resourceSpans'"
     raise AnalysisError(f"{origin}: not OTLP-JSON ({what})")
 
 
 def load_file(path: Path) -> List[Span]:
+    from_row = Span.from_row
+    return [from_row(row) for row in load_file_rows(path)]
+
+
+def load_file_rows(path: Path) -> List[Row]:
+    """One file's spans as ``Span.to_row`` tuples."""
     data = _read_bytes(path)
     lines = data.splitlines()
-    spans: List[Span] = []
+    spans: List[Row] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -105,7 +114,7 @@ def load_file(path: Path) -> List[Span]:
     return spans
 
 
-def _load_whole(path: Path, data: bytes, bad_line: int, line_count: int) -> List[Span]:
+def _load_whole(path: Path, data: bytes, bad_line: int, line_count: int) -> List[Row]:
     """A file whose first line is not JSON: maybe one pretty-printed document."""
     try:
         obj = loads(data)
@@ -118,10 +127,10 @@ def _load_whole(path: Path, data: bytes, bad_line: int, line_count: int) -> List
     return _decode_document(obj, str(path))
 
 
-def _load_rows(path: Path) -> List[Tuple[Any, ...]]:
+def _load_rows(path: Path) -> List[Row]:
     """In a worker process: one file's spans as rows (``AnalysisError`` travels back as is)."""
     with paused_gc():
-        return [span.to_row() for span in load_file(path)]
+        return load_file_rows(path)
 
 
 def worker_count(files: List[Path], workers: Optional[int] = None) -> int:

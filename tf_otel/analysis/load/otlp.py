@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, SLOT_ATTRIBUTES, Span, as_int
 from tf_otel.analysis.otlp_values import any_value, attributes_dict, pair_value
 from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 
-__all__ = ["any_value", "attributes_dict", "decode_traces_data", "is_traces_data", "normalise_id"]
+__all__ = [
+    "any_value",
+    "attributes_dict",
+    "decode_traces_data",
+    "decode_traces_rows",
+    "is_traces_data",
+    "normalise_id",
+]
 
 _NO_ATTRIBUTES: Dict[str, Any] = {}  # shared by spans with no kept attributes; never mutated
 
@@ -51,11 +58,16 @@ def is_traces_data(obj: Any) -> bool:
 
 def decode_traces_data(obj: Any, origin: str) -> List[Span]:
     """All spans of one ``TracesData`` object; ``origin`` names the input in errors."""
+    from_row = Span.from_row
+    return [from_row(row) for row in decode_traces_rows(obj, origin)]
+
+
+def decode_traces_rows(obj: Any, origin: str) -> List[Tuple[Any, ...]]:
+    """Like ``decode_traces_data``, as ``Span.to_row`` tuples (no ``Span`` objects made)."""
     if not is_traces_data(obj):
         raise AnalysisError(f"{origin}: not OTLP-JSON (no 'resourceSpans')")
-    spans: List[Span] = []
-    append = spans.append
-    new = Span.__new__
+    rows: List[Tuple[Any, ...]] = []
+    append = rows.append
     kept_keys = ANALYSIS_ATTRIBUTES
     trace_ids: Dict[str, str] = {}
     parent_ids: Dict[str, Optional[str]] = {}
@@ -117,22 +129,24 @@ def decode_traces_data(obj: Any, origin: str) -> List[Span]:
                             gpu = value
                     if has_resource_job:
                         job = resource_job
-                    span = new(Span)
-                    span.trace_id = trace_id
-                    span.span_id = span_id
-                    span.parent_id = parent_id or None
-                    span.name = name
-                    span.start_ns = start_ns
-                    span.end_ns = end_ns if end_ns >= start_ns else start_ns
-                    span.resource = resource
-                    span.category = category if type(category) is str else str(category)
-                    span.rank = as_int(resource_rank if rank is None else rank)
-                    span.step = None if step is None else as_int(step)
-                    span.job_id = None if job is None else str(job)
-                    span.gpu_utilization = gpu
-                    span.attributes = kept
-                    append(span)
+                    append(
+                        (
+                            trace_id,
+                            span_id,
+                            parent_id or None,
+                            name,
+                            start_ns,
+                            end_ns if end_ns >= start_ns else start_ns,
+                            kept,
+                            resource,
+                            category if type(category) is str else str(category),
+                            as_int(resource_rank if rank is None else rank),
+                            None if step is None else as_int(step),
+                            None if job is None else str(job),
+                            gpu,
+                        )
+                    )
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
         raise AnalysisError(f"{origin}: malformed OTLP-JSON span ({detail})") from None
-    return spans
+    return rows

@@ -1,0 +1,85 @@
+"""The OTLP-JSON loader's fast paths: parallel file reading and the attributes it keeps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_analysis_cli import straggler_job
+
+from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.load.files import load_file, load_paths, worker_count
+from tf_otel.analysis.load.otlp import decode_traces_data
+from tf_otel.analysis.model import Span
+
+
+def _write_ranks(directory: Path) -> None:
+    """One file per rank, as TF_OTEL_FILE writes them."""
+    for number, line in enumerate(straggler_job().otlp_lines()):
+        (directory / f"rank{number}.jsonl").write_text(json.dumps(line) + "\n")
+
+
+def test_parallel_load_equals_sequential_load(tmp_path: Path):
+    _write_ranks(tmp_path)
+    assert worker_count(sorted(tmp_path.iterdir()), 2) == 2
+    one = [s.to_row() for s in load_paths([str(tmp_path)], progress=False, workers=1)]
+    two = [s.to_row() for s in load_paths([str(tmp_path)], progress=False, workers=2)]
+    assert len(one) > 20 and one == two
+    assert {row[9] for row in one} == {0, 1}  # ranks, from the resource
+
+
+def test_parallel_load_names_the_bad_file(tmp_path: Path):
+    _write_ranks(tmp_path)
+    bad = tmp_path / "rank1.jsonl"
+    bad.write_text(bad.read_text()[:-200])
+    with pytest.raises(AnalysisError, match="rank1.jsonl: line 1 is not valid JSON"):
+        load_paths([str(tmp_path)], progress=False, workers=2)
+
+
+def test_row_round_trip_keeps_every_field():
+    span = Span("a" * 32, "b" * 16, "c" * 16, "op", 5, 3, {"gpu.utilization": 0.5}, {"r": 1})
+    copy = Span.from_row(span.to_row())
+    assert copy.to_row() == span.to_row() and copy.end_ns == 5  # end clamped to start
+
+
+def _document(attributes):
+    span = {
+        "traceId": "AB" * 16,
+        "spanId": "cd" * 8,
+        "parentSpanId": "ef" * 8,
+        "name": "allreduce",
+        "startTimeUnixNano": "10",
+        "endTimeUnixNano": "20",
+        "attributes": attributes,
+    }
+    resource = {"attributes": [{"key": "tf_otel.rank", "value": {"intValue": "3"}}]}
+    return {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": [span]}]}]}
+
+
+def test_kept_attributes_are_the_ones_the_analysis_reads():
+    attributes = [
+        {"key": "tf_otel.category", "value": {"stringValue": "collective"}},
+        {"key": "tf_otel.step", "value": {"intValue": "7"}},
+        {"key": "tf_otel.collective.key", "value": {"stringValue": "s7/g0"}},
+        {"key": "horovod.last_arrival", "value": {"boolValue": True}},
+        {"key": "horovod.wait_ns", "value": {"intValue": "5"}},
+        {"key": "gpu.utilization", "value": {"doubleValue": 0.25}},
+        {"key": "tensorflow.op.type", "value": {"stringValue": "HorovodAllreduce"}},
+    ]
+    (span,) = decode_traces_data(_document(attributes), "x")
+    assert span.trace_id == "ab" * 16 and span.parent_id == "ef" * 8
+    assert (span.category, span.rank, span.step, span.gpu_utilization) == ("collective", 3, 7, 0.25)
+    assert span.attributes == {
+        "tf_otel.collective.key": "s7/g0",
+        "horovod.last_arrival": True,
+        "horovod.wait_ns": 5,
+    }
+
+
+def test_bad_kept_attribute_value_is_an_error_naming_the_input(tmp_path: Path):
+    attributes = [{"key": "tf_otel.step", "value": {"intValue": "seven"}}]
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(_document(attributes)) + "\n")
+    with pytest.raises(AnalysisError, match="bad.jsonl line 1: malformed OTLP-JSON span"):
+        load_file(path)
