@@ -1,0 +1,104 @@
+"""A real TF1 parameter-server cluster (1 ps + 2 workers on 127.0.0.1, TF_CONFIG, MonitoredTraining
+Session, replica_device_setter) with TF_OTEL_OPS_EVERY=5: op-traced steps hold both workers' op
+spans and RecvTensor transfer spans whose byte counts are the ps variables' sizes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from collections import defaultdict
+
+import pytest
+from conftest import REPO, base_env, example, python
+
+pytestmark = pytest.mark.integration
+
+W1_BYTES, W2_BYTES = 32 * 64 * 4, 64 * 1 * 4  # examples/ps_tf1.py's variables (float32)
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_ps_cluster_op_traced_steps_hold_ops_and_recv_transfers(receiver):
+    ps, w0, w1, coord = _free_ports(4)
+    cluster = {"ps": [f"127.0.0.1:{ps}"], "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"]}
+    procs = []
+    try:
+        for task, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+            env = base_env(
+                **receiver.env("grpc"),
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": task, "index": index}}),
+                TF_OTEL_ENABLED="1",
+                TF_OTEL_OPS_EVERY="5",
+                TF_OTEL_ROOT_WAIT_MS="500",  # the ps task runs no steps: roots do not wait for it
+                TF_OTEL_COORDINATOR=f"127.0.0.1:{coord}",
+                STEPS="11",
+            )
+            procs.append(
+                subprocess.Popen(
+                    [python(), example("ps_tf1.py")], env=env, cwd=REPO, text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                )
+            )  # fmt: skip
+        outputs = [p.communicate(timeout=240)[0] for p in procs[1:]]
+    finally:
+        for p in procs:
+            p.kill()  # the ps blocks in server.join() (C++): only SIGKILL ends it
+            p.wait()
+    for index, out in enumerate(outputs):
+        assert f"worker {index} done steps=11" in out, out[-3000:]
+
+    def train_steps(spans):
+        return [
+            s
+            for s in spans
+            if s.category == "step" and "GradientDescent" in s.attributes.get(
+                "tensorflow.session.fetches", "")
+        ]  # fmt: skip
+
+    spans = receiver.wait_for(lambda s: len(train_steps(s)) >= 22, 30)
+    spans = receiver.wait_for(lambda s: False, 2)  # let the last op spans arrive
+    steps = {s.span_id: s for s in train_steps(spans)}
+    assert sorted((s.rank, s.attributes["tf_otel.step"]) for s in steps.values()) == sorted(
+        (rank, step) for rank in (0, 1) for step in range(11)
+    )
+    ops = defaultdict(list)  # (rank, step) -> op-level spans of the training run
+    for span in spans:
+        if span.category in ("compute", "transfer") and span.parent_id in steps:
+            parent = steps[span.parent_id]
+            assert parent.start_ns <= span.start_ns <= span.end_ns <= parent.end_ns
+            ops[(span.rank, span.attributes["tf_otel.step"])].append(span)
+    assert sorted(ops) == [(rank, step) for rank in (0, 1) for step in (0, 5, 10)]
+    for (rank, step), members in ops.items():
+        computes = [s for s in members if s.category == "compute"]
+        assert {s.attributes["tensorflow.op.type"] for s in computes} >= {"MatMul", "Relu"}
+        devices = {s.attributes["tensorflow.device"] for s in computes}
+        assert any(f"/job:worker/replica:0/task:{rank}" in d for d in devices), devices
+        transfers = [s for s in members if s.category == "transfer"]
+        me = f"/job:worker/replica:0/task:{rank}/"
+        pulled = {  # variables read from the ps by this worker
+            s.attributes["tensorflow.transfer.bytes"]
+            for s in transfers
+            if s.attributes["tensorflow.transfer.src"].startswith("/job:ps/")
+            and s.attributes["tensorflow.transfer.dst"].startswith(me)
+        }
+        assert {W1_BYTES, W2_BYTES} <= pulled, (rank, step, pulled)
+        for t in transfers:  # pulls and gradient pushes: always between the ps and this worker
+            ends = {
+                t.attributes["tensorflow.transfer.src"],
+                t.attributes["tensorflow.transfer.dst"],
+            }
+            assert any(e.startswith("/job:ps/") for e in ends), ends
+            assert any(e.startswith(me) for e in ends), ends
+    # one trace per step: both workers' op-traced steps share the step trace
+    for step in (0, 5, 10):
+        traces = {s.trace_id for s in steps.values() if s.attributes["tf_otel.step"] == step}
+        assert len(traces) == 1
