@@ -7,6 +7,7 @@ Usage::
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import List, Optional, Tuple
 
 from tf_otel.analysis.critical_path import critical_path
@@ -82,7 +83,7 @@ def _analyze(
         steps=results,
         stragglers=stragglers,
         outliers=outliers,
-        gpu_utilization=gpu_utilisation(s for r in results for s in r.trace.spans),
+        gpu_utilization=gpu_utilisation(chain.from_iterable(r.trace.spans for r in results)),
         warnings=warnings,
     )
     result.findings = evaluate_rules(result)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Dict, List, Optional, Tuple
 
 from tf_otel.analysis.model import ATTR_LAST_ARRIVAL, ATTR_TRANSFER_EDGE, ATTR_WAIT_NS, Span
@@ -146,22 +147,30 @@ class CriticalPath:
         return totals
 
 
+_START_ID = attrgetter("start_ns", "span_id")
+_END_START = attrgetter("end_ns", "start_ns")
+
+
+def _sorted_by_end(nodes: List[Span]) -> List[Span]:
+    """By (end, start, category priority, span id); the last two only matter on ties."""
+    keys = list(map(_END_START, nodes))
+    if len(set(keys)) == len(keys):  # no ties: the C-level key gives the same order
+        return sorted(nodes, key=_END_START)
+    return sorted(
+        nodes, key=lambda s: (s.end_ns, s.start_ns, _PRIORITY.get(s.category, 0), s.span_id)
+    )
+
+
 class _RankIndex:
     """Timeline spans of one rank, searchable by end (last ended) and start (still running)."""
 
     def __init__(self, timeline: RankTimeline) -> None:
         self.timeline = timeline
-        nodes = sorted(
-            timeline.nodes,
-            key=lambda s: (s.end_ns, s.start_ns, _PRIORITY.get(s.category, 0), s.span_id),
-        )
+        nodes = _sorted_by_end(timeline.nodes)
         self.by_end = nodes
         self.ends = [s.end_ns for s in nodes]
         self.limit = len(nodes)  # spans at or after this index are used or ended too late
-        partial = sorted(
-            (s for s in timeline.nodes if s.category in _PARTIAL_OK),
-            key=lambda s: (s.start_ns, s.span_id),
-        )
+        partial = sorted([s for s in timeline.nodes if s.category in _PARTIAL_OK], key=_START_ID)
         self.partial_starts = [s.start_ns for s in partial]
         self.partial_reach: List[Span] = []  # prefix: the span reaching furthest
         best: Optional[Span] = None
@@ -169,7 +178,7 @@ class _RankIndex:
             if best is None or span.end_ns > best.end_ns:
                 best = span
             self.partial_reach.append(best)
-        fillers = sorted(timeline.fillers, key=lambda s: (s.start_ns, s.span_id))
+        fillers = sorted(timeline.fillers, key=_START_ID)
         self.fillers = fillers
         self.filler_starts = [s.start_ns for s in fillers]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from tf_otel.analysis.errors import AnalysisError
@@ -88,14 +89,19 @@ def _world_size(root: Optional[Span], spans: List[Span]) -> Optional[int]:
     return None
 
 
-def _build_step(trace_id: str, spans: List[Span], warnings: List[str]) -> Optional[StepTrace]:
-    roots = [s for s in spans if s.category == STEP_ROOT]
-    root = min(roots, key=lambda s: (s.start_ns, s.span_id)) if roots else None
-    by_id = {s.span_id: s for s in spans}
+def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> Optional[StepTrace]:
+    """``by_id``: the trace's spans by span id, in input order."""
+    spans = list(by_id.values())
+    roots = []
     step_spans: Dict[int, List[Span]] = defaultdict(list)
     for span in spans:
-        if span.category == STEP and span.rank is not None:
-            step_spans[span.rank].append(span)
+        category = span.category
+        if category == STEP:
+            if span.rank is not None:
+                step_spans[span.rank].append(span)
+        elif category == STEP_ROOT:
+            roots.append(span)
+    root = min(roots, key=lambda s: (s.start_ns, s.span_id)) if roots else None
     if root is None and not step_spans:
         return None  # the job span's trace, or foreign spans
     step_number = root.step if root is not None else None
@@ -106,35 +112,43 @@ def _build_step(trace_id: str, spans: List[Span], warnings: List[str]) -> Option
 
     ranks: Dict[int, RankTimeline] = {}
     unranked = 0
+    timeline_categories, collective_parts = TIMELINE_CATEGORIES, COLLECTIVE_PARTS
+    last_rank: Optional[int] = None  # spans come grouped by rank: reuse its timeline
+    timeline: Optional[RankTimeline] = None
+    nodes: List[Span] = []
+    fillers: List[Span] = []
     for span in spans:
         category = span.category
-        if category in (STEP_ROOT, JOB):
+        if category == STEP_ROOT or category == JOB:
             continue
-        if span.rank is None:
+        rank = span.rank
+        if rank is None:
             unranked += 1
             continue
-        timeline = ranks.get(span.rank)
-        if timeline is None:
-            own = step_spans.get(span.rank)
-            step_span = min(own, key=lambda s: s.start_ns) if own else None
-            timeline = RankTimeline(span.rank, span.start_ns, span.end_ns, step_span)
-            if own:
-                timeline.start_ns = min(s.start_ns for s in own)
-                timeline.end_ns = max(s.end_ns for s in own)
-            ranks[span.rank] = timeline
+        if rank != last_rank or timeline is None:
+            timeline = ranks.get(rank)
+            if timeline is None:
+                own = step_spans.get(rank)
+                step_span = min(own, key=lambda s: s.start_ns) if own else None
+                timeline = RankTimeline(rank, span.start_ns, span.end_ns, step_span)
+                if own:
+                    timeline.start_ns = min(s.start_ns for s in own)
+                    timeline.end_ns = max(s.end_ns for s in own)
+                ranks[rank] = timeline
+            last_rank, nodes, fillers = rank, timeline.nodes, timeline.fillers
         if category == STEP:
             continue
         if not timeline.step_span:
             timeline.start_ns = min(timeline.start_ns, span.start_ns)
             timeline.end_ns = max(timeline.end_ns, span.end_ns)
-        if category in TIMELINE_CATEGORIES:
+        if category in timeline_categories:
             parent = by_id.get(span.parent_id) if span.parent_id else None
-            if parent is None or parent.category not in TIMELINE_CATEGORIES:
-                timeline.nodes.append(span)
-        elif category in COLLECTIVE_PARTS and span.parent_id:
+            if parent is None or parent.category not in timeline_categories:
+                nodes.append(span)
+        elif category in collective_parts and span.parent_id:
             timeline.parts.setdefault(span.parent_id, []).append(span)
         else:
-            timeline.fillers.append(span)
+            fillers.append(span)
     if unranked:
         warnings.append(f"step {step_number}: {unranked} spans without tf_otel.rank ignored")
     if not ranks:
@@ -157,7 +171,7 @@ def group_steps(spans: Iterable[Span]) -> Tuple[List[StepTrace], List[str]]:
     warnings: List[str] = []
     steps = []
     for trace_id in sorted(traces):
-        step = _build_step(trace_id, list(traces[trace_id].values()), warnings)
+        step = _build_step(trace_id, traces[trace_id], warnings)
         if step is not None:
             steps.append(step)
     steps.sort(key=lambda s: (s.step if s.step is not None else -1, s.start_ns, s.trace_id))
@@ -165,7 +179,9 @@ def group_steps(spans: Iterable[Span]) -> Tuple[List[StepTrace], List[str]]:
 
 
 def job_ids(spans: Iterable[Span]) -> Set[str]:
-    return {job for job in (s.job_id for s in spans) if job is not None}
+    jobs = set(map(attrgetter("job_id"), spans))
+    jobs.discard(None)
+    return jobs
 
 
 def filter_job(spans: List[Span], job_id: Optional[str]) -> List[Span]:
