@@ -129,6 +129,8 @@ def decode_traces_rows(obj: Any, origin: str) -> List[Tuple[Any, ...]]:
                             gpu = value
                     if has_resource_job:
                         job = resource_job
+                    if rank is None:
+                        rank = resource_rank
                     append(
                         (
                             trace_id,
@@ -140,8 +142,8 @@ def decode_traces_rows(obj: Any, origin: str) -> List[Tuple[Any, ...]]:
                             kept,
                             resource,
                             category if type(category) is str else str(category),
-                            as_int(resource_rank if rank is None else rank),
-                            None if step is None else as_int(step),
+                            rank if type(rank) is int else as_int(rank),
+                            step if type(step) is int or step is None else as_int(step),
                             None if job is None else str(job),
                             gpu,
                         )
