@@ -7,7 +7,8 @@ Usage::
     kill -USR2 <pid of any rank>          # the next TF_OTEL_OPS_SIGNAL_STEPS (10) steps
 
 - The endpoint runs on rank 0 only, only when ``TF_OTEL_ADMIN_PORT`` is set (0: any free port,
-  logged). Without ``TF_OTEL_ADMIN_TOKEN`` a token is generated and logged once. Requests
+  logged), from the first training step on (helper processes never bind it). Without
+  ``TF_OTEL_ADMIN_TOKEN`` a token is generated and logged once. Requests
   without the right token (``Authorization: Bearer <token>`` or ``X-TF-OTEL-Token``) get 401.
 - ``POST /ops?steps=K`` -> 200 ``{"start": {step key: first traced step}, "steps": K}``: rank 0
   picks the start (its current step + a margin) and broadcasts it, so every rank traces the same
@@ -130,27 +131,34 @@ def _on_signal(signum: int, frame: Any) -> None:
     threading.Thread(target=ask, name="tf_otel-ops-request", daemon=True).start()
 
 
+def start_from_env() -> None:
+    """Start the endpoint if TF_OTEL_ADMIN_PORT is set and this is rank 0 (called by the ops hook
+    at the first training step, on a thread: helper processes that run no steps never bind)."""
+    port = config.read(os.environ, "TF_OTEL_ADMIN_PORT", _port, None)
+    if port is None:
+        return
+    from tf_otel.topology import detect
+
+    if not detect().is_reference:
+        return
+    try:
+        start_endpoint(port, os.environ.get("TF_OTEL_ADMIN_TOKEN", "").strip() or None)
+    except OSError as exc:
+        log_once(
+            "admin_bind",
+            "tf_otel: cannot serve the admin endpoint on 127.0.0.1:%d (%s); "
+            "set TF_OTEL_ADMIN_PORT to a free port",
+            port,
+            exc,
+        )
+
+
 def install() -> None:
-    """Start the endpoint (rank 0, TF_OTEL_ADMIN_PORT set) and the SIGUSR2 handler, once."""
+    """Install the SIGUSR2 handler (main thread, no handler of the program's), once."""
     global _installed
     if _installed:
         return
     _installed = True
-    port = config.read(os.environ, "TF_OTEL_ADMIN_PORT", _port, None)
-    if port is not None:
-        from tf_otel.topology import detect
-
-        if detect().is_reference:
-            try:
-                start_endpoint(port, os.environ.get("TF_OTEL_ADMIN_TOKEN", "").strip() or None)
-            except OSError as exc:
-                log_once(
-                    "admin_bind",
-                    "tf_otel: cannot serve the admin endpoint on 127.0.0.1:%d (%s); "
-                    "set TF_OTEL_ADMIN_PORT to a free port",
-                    port,
-                    exc,
-                )
     if hasattr(signal, "SIGUSR2") and threading.current_thread() is threading.main_thread():
         if signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGUSR2, _on_signal)

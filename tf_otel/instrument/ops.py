@@ -254,7 +254,16 @@ def xspace_records(logdir: str, step: Optional[int], limit: int, base_ns: int) -
 
 
 class OpsHook(StepHook):
+    endpoint_started = False
+
     def on_step_start(self, handle: Any, call: StepCall) -> None:
+        if not self.endpoint_started:
+            self.endpoint_started = True
+            from tf_otel import admin
+
+            threading.Thread(
+                target=admin.start_from_env, name="tf_otel-admin-start", daemon=True
+            ).start()
         controller.seen(handle.key, handle.step)
         if not handle.sampled or not controller.wanted(handle.key, handle.step):
             return

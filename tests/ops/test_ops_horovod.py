@@ -1,0 +1,140 @@
+"""``horovodrun -np 2`` with TF_OTEL_OPS_EVERY=10: Keras 3 fit and a custom tf.function loop get op
+spans on steps 0, 10, 20 only, on both ranks; and on-demand op tracing through the admin
+endpoint (401 without the token) and SIGUSR2 on rank 1: the same K steps on every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from conftest import REPO, VENV_BIN, base_env, horovodrun
+
+pytestmark = pytest.mark.integration
+SLOW_LOOP = Path(__file__).resolve().parent / "scripts" / "slow_loop.py"
+OPS = ("compute", "input")
+
+
+def _op_steps(spans, step_filter):
+    """rank -> sorted steps whose step span (matching step_filter) has op-level children."""
+    steps = {s.span_id: s for s in spans if s.category == "step" and step_filter(s)}
+    found = defaultdict(set)
+    for span in spans:
+        if span.category in OPS and span.parent_id in steps:
+            found[span.rank].add(steps[span.parent_id].attributes["tf_otel.step"])
+    return {rank: sorted(v) for rank, v in found.items()}, steps
+
+
+@pytest.mark.parametrize(
+    "script, kind, op_type",
+    [("keras_fit.py", "keras_train", "MatMul"), ("horovod_tape.py", "tf_function", "MatMul")],
+    ids=["keras3-fit", "custom-loop"],
+)
+def test_ops_every_10_on_both_ranks(receiver, script, kind, op_type):
+    env = base_env(
+        **receiver.env("grpc"), TF_OTEL_ENABLED="1", TF_OTEL_OPS_EVERY="10", STEPS="25",
+        EVALUATE="0",
+    )  # fmt: skip
+    result = horovodrun(script, env)
+    assert result.stdout.count("done steps=25") == 2, result.stdout[-2000:]
+
+    def is_train(s):
+        return s.attributes.get("tf_otel.step.kind") == kind
+
+    spans = receiver.wait_for(lambda s: len([x for x in s if is_train(x)]) >= 50, 30)
+    spans = receiver.wait_for(lambda s: False, 2)
+    found, steps = _op_steps(spans, is_train)
+    assert sorted((s.rank, s.attributes["tf_otel.step"]) for s in steps.values()) == sorted(
+        (r, i) for r in (0, 1) for i in range(25)
+    )
+    assert found == {0: [0, 10, 20], 1: [0, 10, 20]}
+    types = {s.attributes.get("tensorflow.op.type") for s in spans if s.category == "compute"}
+    assert op_type in types
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(port, token=None, steps=3):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/ops?steps={steps}", method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def _wait_line(proc, pattern, lines, timeout=120):
+    deadline = time.monotonic() + timeout
+    regex = re.compile(pattern)
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = regex.search(line)
+        if m:
+            return m
+    raise AssertionError(f"no {pattern!r} in output:\n{''.join(lines[-40:])}")
+
+
+def test_on_demand_admin_endpoint_and_signal(receiver):
+    port = _free_port()
+    env = base_env(
+        **receiver.env("grpc"), TF_OTEL_ENABLED="1", TF_OTEL_ADMIN_PORT=str(port),
+        TF_OTEL_ADMIN_TOKEN="s3cret", TF_OTEL_OPS_SIGNAL_STEPS="2", STEPS="70", PAUSE_MS="60",
+    )  # fmt: skip
+    command = [
+        str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+        str(VENV_BIN / "python"), str(SLOW_LOOP),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = []
+    try:
+        pid1 = int(_wait_line(proc, r"rank 1 pid (\d+)", lines).group(1))
+        _wait_line(proc, r"rank 0 step 5\b", lines)
+        assert _post(port)[0] == 401
+        assert _post(port, token="wrong")[0] == 401
+        status, body = _post(port, token="s3cret", steps=3)
+        assert status == 200, body
+        assert body["steps"] == 3
+        start = body["start"]["tf_function:train_step"]
+        assert start > 5
+        _wait_line(proc, rf"rank 1 step {start + 8}\b", lines)
+        os.kill(pid1, signal.SIGUSR2)  # rank 1 asks rank 0, which broadcasts the window
+        out, _ = proc.communicate(timeout=180)
+        lines.append(out)
+    finally:
+        proc.kill()
+        proc.wait()
+    text = "".join(lines)
+    assert text.count("done steps=70") == 2, text[-3000:]
+
+    def is_train(s):
+        return "train_step" in s.name
+
+    spans = receiver.wait_for(lambda s: len([x for x in s if is_train(x)]) >= 140, 30)
+    spans = receiver.wait_for(lambda s: False, 2)
+    found, _ = _op_steps(spans, is_train)
+    assert found[0] == found[1], found  # the same steps on every rank
+    traced = found[0]
+    assert traced[:3] == [start, start + 1, start + 2]  # the endpoint's window
+    later = traced[3:]  # the signal's window: 2 consecutive steps after the endpoint's
+    assert len(later) == 2 and later[1] == later[0] + 1 and later[0] > start + 8, traced
