@@ -77,6 +77,29 @@ def test_kept_attributes_are_the_ones_the_analysis_reads():
     }
 
 
+def test_rank_and_step_conversions_match_the_span_constructor():
+    for rank, step in (({"stringValue": "2"}, {"stringValue": "x"}), ({"boolValue": True}, None)):
+        attributes = [{"key": "tf_otel.rank", "value": rank}]
+        if step is not None:
+            attributes.append({"key": "tf_otel.step", "value": step})
+        (fast,) = decode_traces_data(_document(attributes), "x")
+        slow = Span(
+            "a" * 32,
+            "b" * 16,
+            None,
+            "n",
+            0,
+            1,
+            {
+                "tf_otel.rank": next(iter(rank.values())),
+                **({"tf_otel.step": next(iter(step.values()))} if step else {}),
+            },
+            {"tf_otel.rank": 3},
+        )
+        assert (fast.rank, fast.step) == (slow.rank, slow.step)
+    assert fast.rank is None  # a boolean rank is no rank (and does not fall back to the resource)
+
+
 def test_bad_kept_attribute_value_is_an_error_naming_the_input(tmp_path: Path):
     attributes = [{"key": "tf_otel.step", "value": {"intValue": "seven"}}]
     path = tmp_path / "bad.jsonl"
