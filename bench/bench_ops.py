@@ -1,0 +1,267 @@
+"""Op-level tracing cost, in one process, modes interleaved round-robin (machines are noisy):
+
+- TF2 custom loop (a tf.function MLP step) and TF1 Session.run, each with step tracing on and
+  op tracing: off / every 100th step / every step; beside the TF profiler's own cost measured
+  the same way (a profiler session around every step, no tf_otel conversion) and, for TF1,
+  FULL_TRACE alone. Ratios are of median block times against "off".
+- conversion throughput: a real 10k-op step (TF1 step_stats of a 476-iteration while loop, TF2
+  XSpace of a 3300-iteration one at host_tracer_level 3), converted (capped at 500 and uncapped), made into spans and OTLP-encoded,
+  in thread CPU time (what the export thread spends).
+
+    .venv/bin/python bench/bench_ops.py [--rounds 6] [--block 200] [--out docs/BENCHMARKS_ops.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["OTEL_TRACES_EXPORTER"] = "none"  # spans are built, not sent
+os.environ.pop("TF_OTEL_OPS_EVERY", None)
+
+import tf_otel  # noqa: E402
+
+tf_otel.instrument()
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.python.profiler.internal import _pywrap_profiler  # noqa: E402
+
+from tf_otel.instrument import ops  # noqa: E402
+
+PROFILER_OPTIONS = dict(ops._PROFILER_OPTIONS)
+
+
+def profiled(fn):
+    """The TF profiler's own cost: a session around the step, exported, nothing parsed."""
+    logdir = tempfile.mkdtemp(prefix="bench_prof_")
+    session = _pywrap_profiler.ProfilerSession()
+    session.start(logdir, dict(PROFILER_OPTIONS))
+    fn()
+    session.export_to_tb()
+    shutil.rmtree(logdir, ignore_errors=True)
+
+
+def blocks(modes, rounds, block):
+    """{mode: [seconds per step of each block]}, modes interleaved round-robin."""
+    times = {name: [] for name in modes}
+    names = list(modes)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
+            setup, step = modes[name]
+            setup()
+            t0 = time.perf_counter()
+            for _ in range(block):
+                step()
+            times[name].append((time.perf_counter() - t0) / block)
+    ops.controller.every = 0
+    return times
+
+
+def every(n):
+    def setup():
+        ops.controller.every = n
+
+    return setup
+
+
+def tf2_modes():
+    w1 = tf.Variable(tf.random.normal([256, 256]) * 0.05)
+    w2 = tf.Variable(tf.random.normal([256, 10]) * 0.05)
+    x = tf.random.normal([128, 256])
+
+    @tf.function
+    def train_step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)))
+        g1, g2 = tape.gradient(loss, [w1, w2])
+        w1.assign_sub(0.01 * g1)
+        w2.assign_sub(0.01 * g2)
+        return loss
+
+    def step():
+        train_step(x)
+
+    for _ in range(20):
+        step()
+    return {
+        "off": (every(0), step),
+        "every 100": (every(100), step),
+        "every step": (every(1), step),
+        "TF profiler every step": (every(0), lambda: profiled(step)),
+    }
+
+
+def tf1_modes():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 256])
+        w1 = tf.compat.v1.get_variable("w1", [256, 256])
+        w2 = tf.compat.v1.get_variable("w2", [256, 10])
+        loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss)
+        init = tf.compat.v1.global_variables_initializer()
+    sess = tf.compat.v1.Session(graph=graph)
+    sess.run(init)
+    feed = {x: np.random.default_rng(0).normal(size=(128, 256)).astype("float32")}
+    full = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+
+    def step():
+        sess.run([loss, train], feed)
+
+    def full_trace():
+        sess.run([loss, train], feed, options=full, run_metadata=tf.compat.v1.RunMetadata())
+
+    for _ in range(20):
+        step()
+    return {
+        "off": (every(0), step),
+        "every 100": (every(100), step),
+        "every step": (every(1), step),
+        "FULL_TRACE alone every step": (every(0), full_trace),
+    }, sess
+
+
+def ten_k_op_artifacts():
+    """Real TF1 step_stats and TF2 XSpace of a step running ~10k ops (a while loop)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.compat.v1.placeholder(tf.float32, [4])
+
+        def body(i, a):
+            return i + 1, tf.tanh(a * 1.0001 + 0.5)
+
+        _, out = tf.compat.v1.while_loop(lambda i, a: i < 476, body, [tf.constant(0), v])
+    with tf.compat.v1.Session(graph=graph) as sess:
+        metadata = tf.compat.v1.RunMetadata()
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        ops.controller.every = 0
+        sess.run(out, {v: np.ones(4, "float32")}, options=options, run_metadata=metadata)
+
+    @tf.function
+    def loop(a):
+        return tf.while_loop(
+            lambda i, a: i < 3300, lambda i, a: (i + 1, tf.tanh(a * 1.0001 + 0.5)), [0, a]
+        )[1]
+
+    loop(tf.ones(4))
+    logdir = tempfile.mkdtemp(prefix="bench_xspace_")
+    session = _pywrap_profiler.ProfilerSession()
+    base_ns = time.time_ns()
+    session.start(logdir, {**PROFILER_OPTIONS, "host_tracer_level": 3})  # every op, not only
+    loop(tf.ones(4))  # the expensive ones: ~3 events per iteration
+    session.export_to_tb()
+    return metadata.step_stats, logdir, base_ns
+
+
+def conversion(step_stats, logdir, base_ns, repeats=5):
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tf_otel.capture.step_stats import cap_records, step_stats_records
+    from tf_otel.config import Settings
+    from tf_otel.topology import Topology
+    from tf_otel.tracing import Pipeline
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    pipeline = Pipeline(Settings(), Topology(job_id="bench"), tracer_provider=provider)
+    tracer = pipeline._tracer
+    results = {}
+    for source in ("step_stats", "xspace"):
+        for limit in (500, 0):
+            cpu = []
+            for _ in range(repeats):
+                exporter.clear()
+                t0 = time.thread_time_ns()
+                if source == "step_stats":
+                    records = cap_records(step_stats_records(step_stats, 1), limit, 1)
+                else:
+                    records = ops.xspace_records(logdir, 1, limit, base_ns)
+                t1 = time.thread_time_ns()
+                lo = min(r.start_ns for r in records)
+                hi = max(r.end_ns for r in records)
+                step_span = tracer.start_span("step", start_time=lo)
+                step_span.end(end_time=hi)
+                pipeline._export_records(1, records, step_span.get_span_context(), lo, hi)
+                encoded = encode_spans(exporter.get_finished_spans()).SerializeToString()
+                t2 = time.thread_time_ns()
+                cpu.append((t1 - t0, t2 - t1, len(records), len(encoded)))
+            best = min(cpu, key=lambda c: c[0] + c[1])
+            results[(source, limit)] = best
+    return results
+
+
+def report(tf2, tf1, conv, total_ops, args):
+    def table(times, title):
+        base = statistics.median(times["off"])
+        rows = [f"### {title}", "", "| mode | median ms / step | ratio to off |", "|---|---|---|"]
+        for name, values in times.items():
+            med = statistics.median(values)
+            rows.append(f"| {name} | {med * 1e3:.3f} | {med / base:.3f}× |")
+        per = statistics.median(times["every step"]) - base
+        rows += [
+            "",
+            f"Per op-traced step: +{per * 1e3:.2f} ms over a {base * 1e3:.2f} ms step.",
+            "",
+        ]
+        return rows
+
+    lines = [
+        "# Op-level tracing benchmarks",
+        "",
+        f"`bench/bench_ops.py --rounds {args.rounds} --block {args.block}` on {platform.node()} "
+        f"({os.cpu_count()} cores, shared; TF {tf.__version__} CPU). Modes interleaved "
+        "round-robin (order rotated each round) in one process, `rounds` blocks of `block` steps each; step tracing on in "
+        "every mode (OTEL_TRACES_EXPORTER=none), so ratios isolate op tracing.",
+        "",
+        *table(tf2, "TF2 tf.function step (MLP 128×256×256×10), XSpace path"),
+        *table(tf1, "TF1 Session.run (same model), FULL_TRACE step_stats path"),
+        f"### Conversion of one ~10k-op step (step_stats: {total_ops} node executions) (thread CPU, off the training thread)",
+        "",
+        "| source | cap | records | convert ms | spans + OTLP encode ms | total ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (source, limit), (convert, export, n, _) in conv.items():
+        lines.append(
+            f"| {source} | {limit or 'none'} | {n} | {convert / 1e6:.1f} | {export / 1e6:.1f} "
+            f"| {(convert + export) / 1e6:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--block", type=int, default=200)
+    parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_ops.md"))
+    args = parser.parse_args()
+    step_stats, logdir, base_ns = ten_k_op_artifacts()
+    total_ops = sum(len(d.node_stats) for d in step_stats.dev_stats)
+    conv = conversion(step_stats, logdir, base_ns)
+    shutil.rmtree(logdir, ignore_errors=True)
+    tf2 = blocks(tf2_modes(), args.rounds, args.block)
+    modes, sess = tf1_modes()
+    tf1 = blocks(modes, args.rounds, args.block)
+    sess.close()
+    text = report(tf2, tf1, conv, total_ops, args)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
