@@ -21,6 +21,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -32,6 +33,8 @@ from tf_otel.topology import Topology
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
 ATTR_TEST_CLOCK_ERROR = "tf_otel.clock.test_error_ns"
+CLOCK_SETTLED_ROUNDS = 6  # warm-up rounds at 10, 20, 40 ... ms: a drift baseline of ~0.3 s
+CLOCK_SETTLE_MAX_S = 15.0
 
 
 def step_trace_id(job_id: str, key: str, step: int) -> int:
@@ -153,6 +156,8 @@ class Pipeline:
         self._aggregator: Optional[StepAggregator] = None
         self._client: Optional[CoordinatorClient] = None
         self._clock_sync: Any = None
+        self._clock_settled = False
+        self._clock_deadline = 0.0
         self._started = False
         self._closed = False
         self._start_lock = threading.Lock()
@@ -254,6 +259,7 @@ class Pipeline:
             from tf_otel.clock import sync
 
             self._clock_sync = sync.start_sync(topo, self.settings)
+            self._clock_deadline = time.monotonic() + CLOCK_SETTLE_MAX_S
 
     def _start_job_span(self) -> None:
         from opentelemetry.propagate import extract
@@ -303,11 +309,30 @@ class Pipeline:
             item = self._queue.get()
             if item is None:
                 return
+            self._wait_for_clock()
             with fail_open("export.step"):
                 if isinstance(item, StepHandle):
                     self._export_step(item)
                 else:
                     self._export_late(*item)
+
+    def _wait_for_clock(self) -> None:
+        """Early steps wait (on this thread, queued) until the clock model has a drift estimate
+        from several rounds; a model from one or two rounds can be off by tens of us a second."""
+        sync = self._clock_sync
+        if sync is None or self._closed or self._clock_settled:
+            return
+        while not self._closed and time.monotonic() < self._clock_deadline:
+            if sync.wait_rounds(CLOCK_SETTLED_ROUNDS, 0.05):
+                self._clock_settled = True
+                return
+        if not self._closed:
+            log_once(
+                "clock_unsettled",
+                "tf_otel: clock sync with rank 0 has not settled; "
+                "exporting with the offsets known so far",
+            )
+            self._clock_settled = True
 
     def _export_step(self, handle: StepHandle) -> None:
         from opentelemetry.trace import (

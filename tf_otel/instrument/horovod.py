@@ -267,14 +267,11 @@ class HorovodCollectives(StepHook):
         with self._lock:
             windows = list(self._windows.values())
         for c in collectives:
-            end_ns = int((c.op_end or 0) * 1000) + shift
-            for window in reversed(windows):
-                hi = window["end"] if window["end"] is not None else end_ns
-                if window["start"] - 1_000_000 <= end_ns <= hi + 1_000_000:
-                    window["items"].append(c)
-                    break
-            else:
+            window = _window_of(c, windows, shift)
+            if window is None:
                 count("horovod_collectives_unmatched")
+            else:
+                window["items"].append(c)
 
     def _emit_ready(self, final: bool, shift: int) -> None:
         now = clock.now_ns()
@@ -530,3 +527,22 @@ def register() -> None:
                 signal.signal(signal.SIGTERM, _on_sigterm_factory(previous))
     with fail_open("horovod.stale"):
         _remove_stale()
+
+
+_MATCH_SLACK_NS = 1_000_000
+
+
+def _window_of(c: tl.Collective, windows: List[Dict[str, Any]], shift: int) -> Optional[Dict]:
+    """The step window a collective belongs to: the one its op overlaps most. Horovod writes the
+    op's end after TF has its result, so the end can fall just past its step (into the next)."""
+    end_ns = int((c.op_end or 0) * 1000) + shift
+    start_ns = int((c.op_start if c.op_start is not None else c.op_end or 0) * 1000) + shift
+    best, best_overlap = None, None
+    for window in windows:
+        hi = window["end"] if window["end"] is not None else end_ns
+        overlap = min(end_ns, hi) - max(start_ns, window["start"])
+        if overlap < -_MATCH_SLACK_NS:
+            continue
+        if best_overlap is None or overlap > best_overlap:
+            best, best_overlap = window, overlap
+    return best
