@@ -195,3 +195,27 @@ def test_coordinator_extension_messages_flow_both_ways() -> None:
         coordinator.client_handlers.pop("test.pong")
         for p in pipelines:
             p.shutdown()
+
+
+def test_messages_to_a_rank_that_has_not_connected_yet_are_held() -> None:
+    from tf_otel import coordinator
+
+    port = _free_port()
+    settings = Settings(coordinator=("127.0.0.1", port))
+    got = []
+    coordinator.client_handlers["test.early"] = lambda m: got.append(m["x"])
+    rank0 = tracing.Pipeline(settings, Topology(rank=0, world_size=2, job_id="j8"), _provider()[0])
+    rank1 = tracing.Pipeline(settings, Topology(rank=1, world_size=2, job_id="j8"), _provider()[0])
+    try:
+        rank0._start()
+        assert rank0.send_to_rank(1, {"t": "test.early", "x": 1})  # rank 1 not started yet
+        assert not rank0.send_to_rank(5, {"t": "test.early", "x": 2})  # no such rank
+        rank1._start()
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert got == [1]
+    finally:
+        coordinator.client_handlers.pop("test.early")
+        rank1.shutdown()
+        rank0.shutdown()

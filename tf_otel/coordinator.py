@@ -26,6 +26,7 @@ from tf_otel.health import count, log_once
 EmitRoot = Callable[[str, int, int, int, int], None]
 MAX_PENDING_STEPS = 1024
 ROOT_MARGIN_NS = 1000
+MAX_HELD_MESSAGES = 1024
 
 # Extension messages (JSON objects with a "t" type): handlers run on coordinator threads.
 # rank 0 receives from a rank: server_handlers[type](rank, message)
@@ -56,6 +57,7 @@ class StepAggregator:
         self._server: Optional[socketserver.ThreadingTCPServer] = None
         self._finished: set = set()  # ranks that said bye or dropped their connection
         self._writers: Dict[int, Any] = {}  # rank -> its connection's write file
+        self._held: Dict[int, list] = {}  # rank -> messages sent before it connected
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="tf_otel-roots", daemon=True)
@@ -132,6 +134,9 @@ class StepAggregator:
                         rank = int(message["rank"])
                         with aggregator._write_lock:
                             aggregator._writers[rank] = self.wfile
+                            for data in aggregator._held.pop(rank, ()):
+                                self.wfile.write(data)
+                            self.wfile.flush()
                     elif kind == "extent":
                         aggregator.add(rank, message["k"], message["s"], message["a"], message["b"])
                     elif kind == "bye":
@@ -164,12 +169,20 @@ class StepAggregator:
         return True
 
     def send(self, rank: int, message: Dict[str, Any]) -> bool:
-        """Send an extension message to one connected rank; False if it is not connected."""
+        """Send an extension message to one rank (held until it connects); False if lost."""
         data = json.dumps(message).encode() + b"\n"
         with self._write_lock:
             writer = self._writers.get(rank)
             if writer is None:
-                return False
+                if rank in self._finished or not 0 < rank < self.world_size:
+                    return False
+                # not connected yet (it starts its first step later): deliver on its hello
+                held = self._held.setdefault(rank, [])
+                if len(held) >= MAX_HELD_MESSAGES:
+                    count("coordinator_held_dropped")
+                    return False
+                held.append(data)
+                return True
             try:
                 writer.write(data)
                 writer.flush()

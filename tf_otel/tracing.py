@@ -489,25 +489,49 @@ def get_pipeline() -> Pipeline:
     return _pipeline
 
 
+_before_shutdown: List[Any] = []
+
+
+def before_shutdown(callback: Any) -> None:
+    """Run ``callback()`` at the start of shutdown (exit, SIGTERM), before spans are flushed:
+    sources that still hold records (e.g. the Horovod timeline) hand them over there."""
+    if callback not in _before_shutdown:
+        _before_shutdown.append(callback)
+
+
+_shutdown_lock = threading.Lock()
+
+
 def shutdown(timeout_s: float = 5.0) -> None:
     """Flush this process's step spans (bounded by timeout_s). Safe to call more than once."""
-    pipeline = _pipeline
-    if pipeline is not None:
-        with fail_open("shutdown"):
-            pipeline.shutdown(timeout_s)
-    with fail_open("shutdown.provider"):
-        from opentelemetry import trace
+    with _shutdown_lock:
+        for callback in list(_before_shutdown):
+            with fail_open("shutdown.before"):
+                callback()
+        pipeline = _pipeline
+        if pipeline is not None:
+            with fail_open("shutdown"):
+                pipeline.shutdown(timeout_s)
+        with fail_open("shutdown.provider"):
+            from opentelemetry import trace
 
-        from tf_otel.sdk import bounded_flush
+            from tf_otel.sdk import bounded_flush
 
-        bounded_flush(trace.get_tracer_provider(), timeout_s)
+            bounded_flush(trace.get_tracer_provider(), timeout_s)
 
 
 _exit_handlers_installed = False
+SIGTERM_GRACE_S = 1.0
 
 
 def install_exit_handlers() -> None:
-    """Flush on normal exit and on SIGTERM (chaining any handler the program set)."""
+    """Flush on normal exit and on SIGTERM (chaining any handler the program set).
+
+    Python runs signal handlers only in the main thread between bytecodes, so a main thread
+    blocked in C++ (a parameter server in ``server.join()``) would never see SIGTERM through the
+    handler alone. A wake-up fd tells a watchdog thread at once: it flushes, and if the handler has
+    not run within SIGTERM_GRACE_S, restores the default action and re-sends the signal, so the
+    process ends as it would have without tracing."""
     global _exit_handlers_installed
     if _exit_handlers_installed:
         return
@@ -517,14 +541,63 @@ def install_exit_handlers() -> None:
         return
     with fail_open("sigterm"):
         previous = signal.getsignal(signal.SIGTERM)
+        if previous not in (signal.SIG_DFL, None) and not callable(previous):
+            return  # SIG_IGN: the program chose to ignore it
+        handled = threading.Event()
+
+        def default_action() -> None:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
         def on_sigterm(signum: int, frame: Any) -> None:
+            handled.set()
             shutdown(timeout_s=3.0)
             if callable(previous):
                 previous(signum, frame)
                 return
-            signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            default_action()
 
-        if previous in (signal.SIG_DFL, None) or callable(previous):
-            signal.signal(signal.SIGTERM, on_sigterm)
+        signal.signal(signal.SIGTERM, on_sigterm)
+        _start_sigterm_watchdog(handled)
+
+
+def _terminate_from_thread() -> None:
+    """End the process as an unhandled SIGTERM would. signal.signal() is main-thread only, so
+    the default action is restored through libc; SIGKILL if even that is impossible."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(int(signal.SIGTERM), ctypes.c_void_p(0))  # SIG_DFL
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)
+    except Exception:  # noqa: BLE001
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _start_sigterm_watchdog(handled: threading.Event) -> None:
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    if signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False) != -1:
+        # someone (asyncio...) owns the wake-up fd: give it back, keep the handler alone
+        signal.set_wakeup_fd(-1)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data and not handled.wait(0.2):
+                shutdown(timeout_s=3.0)
+                if not handled.wait(SIGTERM_GRACE_S):
+                    _terminate_from_thread()
+
+    threading.Thread(target=watch, name="tf_otel-sigterm", daemon=True).start()

@@ -265,3 +265,35 @@ def test_sigterm_flushes_spans_and_keeps_the_exit_status(receiver, tmp_path: Pat
     assert proc.wait(60) == -signal.SIGTERM
     # the batch delay is a minute: these spans can only have come from the SIGTERM flush
     assert len(_steps(receiver.wait_for(lambda s: len(_steps(s)) >= 5, 10))) >= 5
+
+
+def test_sigterm_ends_a_process_blocked_in_tensorflow(tmp_path: Path):
+    """A parameter server sits in server.join(), in C++: Python's handler never runs there, so
+    tf_otel's watchdog must still let SIGTERM end it, with the default exit status."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "ps.py"
+    script.write_text(
+        "import tensorflow as tf\n"
+        f"cluster = tf.train.ClusterSpec({{'ps': ['127.0.0.1:{port}']}})\n"
+        "server = tf.distribute.Server(cluster, job_name='ps', task_index=0)\n"
+        "print('serving', flush=True)\n"
+        "server.join()\n"
+    )
+    env = base_env(TF_OTEL_ENABLED="1", OTEL_TRACES_EXPORTER="none")
+    proc = subprocess.Popen(
+        [python(), str(script)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "serving"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == -signal.SIGTERM
+    finally:
+        proc.kill()

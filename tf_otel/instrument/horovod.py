@@ -20,11 +20,9 @@ HOROVOD_CACHE_CAPACITY=0 (per-rank ready ticks on every step, at Horovod's negot
 
 from __future__ import annotations
 
-import atexit
 import glob
 import logging
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -493,19 +491,6 @@ def _patch_optimizer(module: Any) -> None:
         wrap(module, "DistributedOptimizer", _check_optimizer)
 
 
-def _on_sigterm_factory(previous: Any) -> Callable:
-    def on_sigterm(signum: int, frame: Any) -> None:
-        with fail_open("horovod.sigterm"):
-            hook.finish()
-        if callable(previous):
-            previous(signum, frame)
-        else:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return on_sigterm
-
-
 def register() -> None:
     global _registered
     when_imported("horovod.common.basics", _patch_basics)
@@ -519,12 +504,9 @@ def register() -> None:
 
     coordinator.client_handlers[MSG_RECORDS] = hook.on_message
     coordinator.client_handlers[MSG_DONE] = lambda message: hook._done.set()
-    atexit.register(hook.finish)  # runs before tracing's flush (atexit is LIFO)
-    with fail_open("horovod.sigterm_install"):
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGTERM)
-            if callable(previous):  # tracing's flush handler: ours runs first, then it
-                signal.signal(signal.SIGTERM, _on_sigterm_factory(previous))
+    from tf_otel.tracing import before_shutdown
+
+    before_shutdown(hook.finish)  # exit and SIGTERM: hand over the timeline's last records
     with fail_open("horovod.stale"):
         _remove_stale()
 
