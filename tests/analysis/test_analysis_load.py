@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from test_analysis_cli import straggler_job
 
 from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.load import files
 from tf_otel.analysis.load.files import load_file, load_paths, worker_count
 from tf_otel.analysis.load.otlp import decode_traces_data
 from tf_otel.analysis.model import Span
@@ -106,3 +108,14 @@ def test_bad_kept_attribute_value_is_an_error_naming_the_input(tmp_path: Path):
     path.write_text(json.dumps(_document(attributes)) + "\n")
     with pytest.raises(AnalysisError, match="bad.jsonl line 1: malformed OTLP-JSON span"):
         load_file(path)
+
+
+def _die(path):
+    os._exit(3)  # a worker killed (e.g. by the OOM killer)
+
+
+def test_dead_worker_is_one_clear_error(tmp_path: Path, monkeypatch):
+    _write_ranks(tmp_path)
+    monkeypatch.setattr(files, "_load_rows", _die)
+    with pytest.raises(AnalysisError, match="worker process died.*TF_OTEL_ANALYZE_WORKERS=1"):
+        load_paths([str(tmp_path)], progress=False, workers=2)

@@ -16,6 +16,8 @@ import marshal
 import multiprocessing
 import os
 import zlib
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Iterable, List, Optional, Tuple
 
@@ -164,8 +166,15 @@ def load_paths(
                 bar.advance()
             return spans
         from_row = Span.from_row
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            for blob in pool.imap(_load_rows, files):
-                spans.extend([from_row(row) for row in marshal.loads(blob)])
-                bar.advance()
+        context = multiprocessing.get_context("fork")
+        try:
+            with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+                for blob in pool.map(_load_rows, files):  # in file order
+                    spans.extend([from_row(row) for row in marshal.loads(blob)])
+                    bar.advance()
+        except BrokenProcessPool:
+            raise AnalysisError(
+                f"reading trace files: a worker process died (out of memory?); "
+                f"{WORKERS_ENV}=1 reads them in this process"
+            ) from None
     return spans
