@@ -154,6 +154,7 @@ def test_tf_config_topology() -> None:
     assert {t.world_size for t in ranks} == {3}
     assert len({t.job_id for t in ranks}) == 1
     assert ranks[2].task == "ps:0"
+    assert {t.step_world_size for t in ranks} == {2}, "parameter servers run no steps"
 
 
 def test_bad_tf_config_is_reported(caplog: pytest.LogCaptureFixture) -> None:
@@ -177,7 +178,7 @@ def test_step_ids_are_deterministic_and_distinct() -> None:
 
 
 def test_wheel_ships_the_startup_hook(tmp_path) -> None:
-    """TF_OTEL_ENABLED=1 works after a plain `pip install tf-otel`: the .pth is in the wheel root."""
+    """TF_OTEL_ENABLED=1 works after `pip install tf-otel`: the .pth is in the wheel root."""
     import zipfile
     from pathlib import Path
 

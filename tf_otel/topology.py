@@ -40,6 +40,13 @@ class Topology:
     reference_host: Optional[str] = "127.0.0.1"
     # the task name in PS mode, e.g. "worker:1"
     task: Optional[str] = None
+    # ranks that run training steps (parameter servers do not); 0: all of world_size
+    stepping_ranks: int = 0
+
+    @property
+    def step_world_size(self) -> int:
+        """How many ranks report each step (a step root waits for these)."""
+        return self.stepping_ranks or self.world_size
 
     @property
     def is_reference(self) -> bool:
@@ -126,6 +133,7 @@ def _from_tf_config(config: Dict, host: str) -> Topology:
         launcher="tf_config",
         reference_host=hosts[0] or "127.0.0.1",
         task=f"{me[0]}:{me[1]}",
+        stepping_ranks=sum(1 for t in tasks if t[0] in ("chief", "master", "worker")),
     )
 
 

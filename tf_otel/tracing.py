@@ -243,7 +243,7 @@ class Pipeline:
         wait_s = self.settings.root_wait_ms / 1000.0
         if topo.is_reference:
             self._start_job_span()
-            self._aggregator = StepAggregator(topo.world_size, wait_s, self._emit_root)
+            self._aggregator = StepAggregator(topo.step_world_size, wait_s, self._emit_root)
             if topo.world_size > 1 and address is not None:
                 bind_host = "127.0.0.1" if address[0] in ("127.0.0.1", "localhost") else "0.0.0.0"
                 self._aggregator.serve((bind_host, address[1]))
