@@ -5,7 +5,8 @@ and the default is used instead.
 
 Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_FILE, TF_OTEL_ROOT_WAIT_MS,
 TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY, TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTIONS,
-TF_OTEL_TEST_CLOCK (test only), TF_OTEL_CLOCK_INTERVAL_S.
+TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by ","; read by
+tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def _positive_float(text: str) -> float:
     value = float(text.strip())
     if not value > 0:
         raise ValueError("expected a number > 0")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text.strip())
+    if not value >= 0:
+        raise ValueError("expected a number >= 0")
     return value
 
 
@@ -90,6 +98,7 @@ class Settings:
     step_functions: Tuple[str, ...] = ()
     test_clock: Optional[str] = None
     clock_interval_s: float = 60.0
+    gpu_metrics_interval_s: float = 10.0  # 0: off
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Settings:
@@ -105,4 +114,7 @@ class Settings:
             step_functions=read(env, "TF_OTEL_STEP_FUNCTIONS", _names, ()),
             test_clock=(env.get("TF_OTEL_TEST_CLOCK") or "").strip() or None,
             clock_interval_s=read(env, "TF_OTEL_CLOCK_INTERVAL_S", _positive_float, 60.0),
+            gpu_metrics_interval_s=read(
+                env, "TF_OTEL_GPU_METRICS_INTERVAL_S", _non_negative_float, 10.0
+            ),
         )

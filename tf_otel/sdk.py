@@ -33,8 +33,10 @@ def configure_from_env() -> bool:
     global _configured_here
     if provider_is_configured():
         return False
-    # opentelemetry-instrument's defaults, but nothing for signals tf_otel does not produce.
-    os.environ.setdefault("OTEL_METRICS_EXPORTER", "none")
+    # opentelemetry-instrument's defaults, but nothing for signals tf_otel does not produce:
+    # metrics only where there is a GPU to report on (tf_otel.nccl.gpu_metrics).
+    has_gpu = os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
+    os.environ.setdefault("OTEL_METRICS_EXPORTER", "otlp" if has_gpu else "none")
     os.environ.setdefault("OTEL_LOGS_EXPORTER", "none")
     from opentelemetry.distro import OpenTelemetryConfigurator, OpenTelemetryDistro
 

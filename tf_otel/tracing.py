@@ -157,6 +157,7 @@ class Pipeline:
         self._client: Optional[CoordinatorClient] = None
         self._clock_sync: Any = None
         self._clock_settled = False
+        self._gpu: Any = None  # GPU metrics sampler (None without NVML / GPU)
         self._clock_deadline = 0.0
         self._started = False
         self._closed = False
@@ -255,6 +256,18 @@ class Pipeline:
                 "tf_otel: rank 0's host is unknown (multi-host launch); set "
                 "TF_OTEL_COORDINATOR=host:port so step roots cover every rank",
             )
+        if self.settings.gpu_metrics_interval_s > 0:
+            with fail_open("gpu_metrics.start"):
+                from tf_otel.nccl.gpu_metrics import start_gpu_metrics
+
+                self._gpu = start_gpu_metrics(
+                    {
+                        record.ATTR_RANK: topo.rank,
+                        record.ATTR_JOB_ID: self.job_id,
+                        "host.name": topo.host,
+                    },
+                    interval_s=self.settings.gpu_metrics_interval_s,
+                )
         with fail_open("clock.start"):
             from tf_otel.clock import sync
 
@@ -297,6 +310,9 @@ class Pipeline:
         if self._clock_sync is not None:
             with fail_open("clock.stop"):
                 self._clock_sync.stop()
+        if self._gpu is not None:
+            with fail_open("gpu_metrics.stop"):
+                self._gpu.stop()
         if self._job_span is not None:
             self._job_span.end(end_time=clock.now_ns())
         if counters:
@@ -362,6 +378,10 @@ class Pipeline:
             record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
             **handle.attributes,
         }
+        if self._gpu is not None:  # the analysis joins GPU utilisation with steps
+            utilization = self._gpu.latest(self.topology.local_rank, "gpu.utilization")
+            if utilization is not None:
+                attributes["gpu.utilization"] = utilization
         injected = clock.test_clock()
         if injected is not None:  # TF_OTEL_TEST_CLOCK (tests only): the error we should undo
             attributes[ATTR_TEST_CLOCK_ERROR] = injected.error_at_local(handle.start_ns)

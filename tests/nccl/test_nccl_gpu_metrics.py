@@ -116,3 +116,55 @@ def test_nvml_without_devices_is_absent_too():
     assert start_gpu_metrics(meter_provider=provider, nvml=nvml) is None
     assert nvml.shutdowns == 1 and _points(reader) == {}
     provider.shutdown()
+
+
+def test_step_spans_carry_the_ranks_gpu_utilisation(monkeypatch):
+    """The pipeline starts GPU metrics at its first step and joins the latest utilisation of
+    the rank's GPU (its local rank) onto each step span, where `tf-otel analyze` reads it."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tf_otel import tracing
+    from tf_otel.config import Settings
+    from tf_otel.nccl import gpu_metrics
+    from tf_otel.topology import Topology
+
+    nvml = FakeNvml()
+    real_start = gpu_metrics.start_gpu_metrics
+    monkeypatch.setattr(
+        gpu_metrics,
+        "start_gpu_metrics",
+        lambda attributes, interval_s: real_start(
+            attributes, interval_s, meter_provider=MeterProvider(), nvml=nvml
+        ),
+    )
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    topology = Topology(rank=1, world_size=1, local_rank=1, job_id="gpu-job")
+    pipeline = tracing.Pipeline(Settings(gpu_metrics_interval_s=0.1), topology, provider)
+    pipeline.end_step(pipeline.begin_step("k", "n", "tf_function"))
+    pipeline.shutdown()
+    steps = [s for s in exporter.get_finished_spans() if s.attributes["tf_otel.category"] == "step"]
+    assert [s.attributes["gpu.utilization"] for s in steps] == [0.9]  # device 1 of the stand-in
+    assert nvml.shutdowns == 1
+
+
+def test_no_gpu_means_no_gpu_attribute_on_steps():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tf_otel import tracing
+    from tf_otel.config import Settings
+    from tf_otel.topology import Topology
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    pipeline = tracing.Pipeline(Settings(), Topology(job_id="cpu-job"), provider)
+    pipeline.end_step(pipeline.begin_step("k", "n", "tf_function"))
+    pipeline.shutdown()
+    assert pipeline._gpu is None
+    assert all("gpu.utilization" not in s.attributes for s in exporter.get_finished_spans())

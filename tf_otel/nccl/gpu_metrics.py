@@ -70,6 +70,10 @@ class GpuSampler:
                 self.errors += 1
         return out
 
+    def latest(self, device: int, metric: str) -> Optional[float]:
+        """The last sampled value of ``metric`` for ``device`` (None before the first sample)."""
+        return self._latest.get(device, {}).get(metric)
+
     def sample_once(self) -> None:
         values = {i: self._read(h) for i, h in enumerate(self._handles)}
         with self._lock:
