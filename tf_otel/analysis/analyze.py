@@ -10,6 +10,7 @@ from __future__ import annotations
 from itertools import chain
 from typing import List, Optional, Tuple
 
+from tf_otel.analysis.causality import repair_causality
 from tf_otel.analysis.critical_path import critical_path
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.findings import evaluate_rules
@@ -58,7 +59,14 @@ def _analyze(
     straggler_min_ns: int,
 ) -> AnalysisResult:
     spans = filter_job(spans, job_id)
+    repair = repair_causality(spans)
     all_steps, warnings = group_steps(spans)
+    if repair.violations:
+        warnings.append(
+            f"clock: {repair.violations} collective(s) in {repair.traces} step(s) ended on one "
+            f"rank before the last rank began them; shifted forward by up to "
+            f"{repair.max_shift_ns / 1e3:.1f} us (controlled logical clock)"
+        )
     if not all_steps:
         raise AnalysisError(f"{source or 'input'}: no step traces (no step.root or step spans)")
     selected = select_steps(all_steps, step_range, start_ns, end_ns)
