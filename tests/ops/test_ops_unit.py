@@ -14,6 +14,7 @@ from tf_otel.capture.step_stats import (
     cap_records,
     op_type,
     parse_recv_label,
+    step_stats_capped,
     step_stats_records,
 )
 from tf_otel.instrument.ops import OpsController
@@ -91,6 +92,42 @@ def test_cap_keeps_the_longest_and_summarises_the_rest():
     assert summary.attributes[ATTR_OPS_DROPPED_NS] == sum(10 * i for i in range(1, 91))
     assert (summary.start_ns, summary.end_ns) == (1000, 100_000 + 1000)
     assert len(cap_records(records, limit=0)) == 101  # no cap: everything plus the summary
+
+
+def _fields(r: Record) -> tuple:
+    return (r.name, r.start_ns, r.end_ns, r.category, r.step, r.attributes)
+
+
+def _longer(records: list, cut: int) -> list:
+    return sorted(_fields(r) for r in records if r.end_ns - r.start_ns > cut)
+
+
+def test_capped_fast_path_equals_records_then_cap_on_a_real_trace():
+    """step_stats_capped (picks the longest from raw durations) == cap_records(records), on the
+    FULL_TRACE step_stats of a real ~1k-op while loop, capped and uncapped."""
+    tf = pytest.importorskip("tensorflow")
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.compat.v1.placeholder(tf.float32, [4])
+        body = lambda i, a: (i + 1, tf.tanh(a * 1.0001 + 0.5))  # noqa: E731
+        out = tf.compat.v1.while_loop(lambda i, a: i < 50, body, [tf.constant(0), a])[1]
+    metadata = tf.compat.v1.RunMetadata()
+    with tf.compat.v1.Session(graph=graph) as sess:
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        sess.run(out, {a: [1.0] * 4}, options=options, run_metadata=metadata)
+    stats = metadata.step_stats
+    records = step_stats_records(stats, step=2)
+    assert len(records) > 500
+    for limit in (0, 40, len(records) - 1):
+        fast = step_stats_capped(stats, 2, limit)
+        slow = cap_records(records, limit, 2)
+        assert _fields(fast[0]) == _fields(slow[0])  # the summary
+        # same kept set (ties at the cut may pick other ops of the same duration)
+        cut = min(r.end_ns - r.start_ns for r in slow[1:])
+        assert _longer(fast[1:], cut) == _longer(slow[1:], cut)
+        assert len(fast) == len(slow)
+        assert [r.start_ns for r in fast[1:]] == sorted(r.start_ns for r in fast[1:])
+    assert step_stats_capped(type(stats)(), 2, 10) == []
 
 
 def test_controller_every_n_and_windows():

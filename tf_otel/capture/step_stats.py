@@ -3,8 +3,11 @@
 Usage (on the export thread; ``step_stats`` is a ``tensorflow.StepStats`` message or any object
 with the same fields)::
 
-    from tf_otel.capture.step_stats import step_stats_records, cap_records
-    records = cap_records(step_stats_records(run_metadata.step_stats, step=12), limit=500)
+    from tf_otel.capture.step_stats import step_stats_capped
+    records = step_stats_capped(run_metadata.step_stats, step=12, limit=500)
+
+(the same as ``cap_records(step_stats_records(...), 500)``, but only the kept node executions
+become Records: the longest are picked from the raw durations first);
 
 - every ``node_stats`` entry becomes a ``compute`` Record: ``tensorflow.op.name``,
   ``tensorflow.op.type`` (from the timeline label ``name = Type(inputs)``), ``tensorflow.device``;
@@ -18,6 +21,7 @@ with the same fields)::
 
 from __future__ import annotations
 
+import heapq
 import re
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -74,39 +78,88 @@ def op_type(label: str, node_name: str) -> str:
     return node_name.rsplit("/", 1)[-1].split(":")[0] or "?"
 
 
-def _times(node: Any) -> tuple:
-    start = node.all_start_nanos or node.all_start_micros * 1000
-    rel = node.op_end_rel_nanos or node.all_end_rel_nanos
-    if not rel:
-        rel = (node.op_end_rel_micros or node.all_end_rel_micros) * 1000
-    return start, start + max(0, rel)
+def _record(node: Any, device: str, start: int, end: int, step: Optional[int]) -> Record:
+    name = node.node_name
+    label = node.timeline_label
+    if name == "RecvTensor":
+        attrs = parse_recv_label(label)
+        if attrs is not None:
+            return Record(f"RecvTensor {attrs[ATTR_EDGE]}", start, end, TRANSFER, step, attrs)
+    kind = op_type(label, name)
+    category = INPUT if kind in INPUT_OP_TYPES else COMPUTE
+    attrs = {ATTR_OP_NAME: name, ATTR_OP_TYPE: kind, ATTR_DEVICE: device}
+    return Record(f"{name}:{kind}", start, end, category, step, attrs)
+
+
+def _raw(step_stats: Any) -> tuple:
+    """Parallel lists (starts, ends, devices, nodes) of the node executions worth a Record.
+    Times: ``*_nanos`` when set, else ``*_micros``; the op end, else the end of all work."""
+    starts: List[int] = []
+    ends: List[int] = []
+    devices: List[str] = []
+    nodes: List[Any] = []
+    for dev in step_stats.dev_stats:
+        device = dev.device
+        for node in dev.node_stats:
+            start = node.all_start_nanos or node.all_start_micros * 1000
+            if start <= 0 or node.node_name in _SKIP:
+                continue
+            rel = node.op_end_rel_nanos or node.all_end_rel_nanos
+            if not rel:
+                rel = (node.op_end_rel_micros or node.all_end_rel_micros) * 1000
+            starts.append(start)
+            ends.append(start + max(0, rel))
+            devices.append(device)
+            nodes.append(node)
+    return starts, ends, devices, nodes
 
 
 def step_stats_records(step_stats: Any, step: Optional[int] = None) -> List[Record]:
     """One Record per node execution in ``step_stats`` (all devices), sorted by start."""
-    out: List[Record] = []
-    for dev in step_stats.dev_stats:
-        device = dev.device
-        for node in dev.node_stats:
-            name = node.node_name
-            if name in _SKIP:
-                continue
-            start, end = _times(node)
-            if start <= 0:
-                continue
-            label = node.timeline_label
-            if name == "RecvTensor":
-                attrs = parse_recv_label(label)
-                if attrs is not None:
-                    edge = attrs[ATTR_EDGE]
-                    out.append(Record(f"RecvTensor {edge}", start, end, TRANSFER, step, attrs))
-                    continue
-            kind = op_type(label, name)
-            category = INPUT if kind in INPUT_OP_TYPES else COMPUTE
-            attrs = {ATTR_OP_NAME: name, ATTR_OP_TYPE: kind, ATTR_DEVICE: device}
-            out.append(Record(f"{name}:{kind}", start, end, category, step, attrs))
+    starts, ends, devices, nodes = _raw(step_stats)
+    out = [_record(*x, step) for x in zip(nodes, devices, starts, ends)]
     out.sort(key=lambda r: r.start_ns)
     return out
+
+
+def step_stats_capped(
+    step_stats: Any, step: Optional[int], limit: int, source: str = "step_stats"
+) -> List[Record]:
+    """``cap_records(step_stats_records(...))`` without building the dropped Records: the
+    longest ``limit`` node executions are picked from the raw durations (heapq), only those
+    become Records; the summary is computed from the raw numbers. Ties: step_stats order."""
+    starts, ends, devices, nodes = _raw(step_stats)
+    n = len(starts)
+    if not n:
+        return []
+    durations = [e - s for s, e in zip(starts, ends)]
+    keep = range(n)
+    if 0 < limit < n:
+        keep = heapq.nlargest(limit, range(n), key=durations.__getitem__)
+    kept = [_record(nodes[i], devices[i], starts[i], ends[i], step) for i in keep]
+    kept.sort(key=lambda r: r.start_ns)
+    total_ns = sum(durations)
+    kept_ns = sum(durations[i] for i in keep)
+    summary = Record(
+        "op trace summary",
+        min(starts),
+        max(ends),
+        FRAMEWORK,
+        step,
+        _summary(source, n, len(kept), total_ns, total_ns - kept_ns),
+    )
+    return [summary, *kept]
+
+
+def _summary(source: str, total: int, kept: int, total_ns: int, dropped_ns: int) -> Dict:
+    return {
+        ATTR_OPS_SOURCE: source,
+        ATTR_OPS_TOTAL: total,
+        ATTR_OPS_KEPT: kept,
+        ATTR_OPS_DROPPED: total - kept,
+        ATTR_OPS_TOTAL_NS: total_ns,
+        ATTR_OPS_DROPPED_NS: dropped_ns,
+    }
 
 
 def cap_records(
@@ -130,13 +183,8 @@ def cap_records(
         max(r.end_ns for r in records),
         FRAMEWORK,
         step,
-        {
-            ATTR_OPS_SOURCE: source,
-            ATTR_OPS_TOTAL: len(records),
-            ATTR_OPS_KEPT: len(kept),
-            ATTR_OPS_DROPPED: len(dropped),
-            ATTR_OPS_TOTAL_NS: total_ns,
-            ATTR_OPS_DROPPED_NS: sum(r.end_ns - r.start_ns for r in dropped),
-        },
+        _summary(
+            source, len(records), len(kept), total_ns, sum(r.end_ns - r.start_ns for r in dropped)
+        ),
     )
     return [summary, *kept]

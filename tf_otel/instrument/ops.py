@@ -164,9 +164,9 @@ def _tf1_end(handle: Any) -> None:
     step, limit = handle.step, MAX_OP_SPANS
 
     def convert() -> List[Record]:
-        from tf_otel.capture.step_stats import cap_records, step_stats_records
+        from tf_otel.capture.step_stats import step_stats_capped
 
-        return cap_records(step_stats_records(ours.step_stats, step), limit, step, "step_stats")
+        return step_stats_capped(ours.step_stats, step, limit, "step_stats")
 
     handle.deferred.append(convert)
 
