@@ -1,0 +1,69 @@
+"""`tf-otel analyze` on a real `horovodrun -np 2` job in which rank 1 is slowed by a known delay
+in some steps: it names rank 1 as the straggler of exactly those steps, with the delay within
+10 %, both from the OTLP-JSON files (TF_OTEL_FILE) and from a real Jaeger v2."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from backends import JaegerServer
+from conftest import VENV_BIN, base_env, horovodrun, run
+
+pytestmark = pytest.mark.integration
+
+DELAY_MS = 150
+SLOW_STEPS = {3, 6}
+SERVICE = "analyze-real"
+
+
+def _stragglers(report: dict) -> dict:
+    return {
+        s["step"]: s["straggler"]
+        for s in report["steps"]
+        if s["step"] > 0 and s.get("straggler")  # step 0 traces and compiles the function
+    }
+
+
+def _analyze(args) -> dict:
+    result = run(
+        [
+            str(VENV_BIN / "tf-otel"),
+            "analyze",
+            *args,
+            "--format",
+            "json",
+            "--straggler-min-ms",
+            "20",
+        ],
+        base_env(),
+    )
+    return json.loads(result.stdout)
+
+
+def test_rank1_named_as_the_straggler_of_exactly_the_slowed_steps(tmp_path):
+    with JaegerServer() as jaeger:
+        env = base_env(
+            TF_OTEL_ENABLED="1",
+            TF_OTEL_FILE=str(tmp_path / "spans-{rank}.jsonl"),
+            OTEL_SERVICE_NAME=SERVICE,
+            OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.otlp_grpc_endpoint,
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+            STEPS="10",
+            SLOW_RANK="1",
+            SLOW_MS=str(DELAY_MS),
+            SLOW_STEPS=",".join(map(str, sorted(SLOW_STEPS))),
+        )
+        horovodrun("horovod_tape.py", env, backend="gloo")
+        time.sleep(2)  # the last batches reach Jaeger
+        from_files = _analyze([str(tmp_path)])
+        from_jaeger = _analyze(["--jaeger", jaeger.query_url, "--service", SERVICE])
+    for report in (from_files, from_jaeger):
+        train = [s for s in report["steps"] if s["step"] > 0]
+        assert len(train) >= 9
+        stragglers = _stragglers(report)
+        assert set(stragglers) == SLOW_STEPS, stragglers
+        for straggler in stragglers.values():
+            assert straggler["rank"] == 1
+            assert abs(straggler["excess_ms"] - DELAY_MS) <= 0.1 * DELAY_MS, straggler
