@@ -9,6 +9,7 @@ Step key ``ps_closure:<function>``, kind ``tf_function``, name ``closure <functi
 ``tensorflow.ps.worker_index``. Closures run on the coordinator's worker threads, one per remote
 worker, so several steps may be open at once. Op tracing does not apply (the ops run in the
 worker processes); TF1 ``tf.distribute.Server`` clusters are traced by session.py / ops.py.
+``ResourceClosure``s (per-worker datasets and resources, built once) are not steps.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def closure_name(closure: Any) -> str:
 
 
 def _execute_on_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if _resource and isinstance(instance, _resource[0]):
+        return wrapped(*args, **kwargs)
     worker = args[0] if args else kwargs.get("worker")
     name = closure_name(instance)
     attributes = {
@@ -57,7 +60,12 @@ def _execute_on_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: d
     )
 
 
+_resource: list = []  # [ResourceClosure]
+
+
 def _patch(module: Any) -> None:
+    resource = getattr(module, "ResourceClosure", None)
+    _resource[:] = [resource] if resource is not None else []
     wrap(module.Closure, "execute_on", _execute_on_wrapper)
 
 

@@ -1,0 +1,98 @@
+"""A real TF2 ParameterServerStrategy cluster (1 chief/coordinator + 1 ps + 2 workers on 127.0.0.1,
+one process per task, TF_CONFIG): each closure ClusterCoordinator.schedule runs on a worker is one
+step span of the chief with the worker it ran on, in its step trace under the step root."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+
+import pytest
+from conftest import REPO, base_env, example, python
+
+from tf_otel.topology import detect
+from tf_otel.tracing import step_root_span_id, step_trace_id
+
+pytestmark = pytest.mark.integration
+
+CLOSURES = 8
+KEY = "ps_closure:train_step"
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_pss_one_step_span_per_closure_with_its_worker(receiver):
+    chief, ps, w0, w1, coord = _free_ports(5)
+    cluster = {
+        "chief": [f"127.0.0.1:{chief}"],
+        "ps": [f"127.0.0.1:{ps}"],
+        "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"],
+    }
+    servers = []
+    try:
+        envs = {}
+        for task, index in (("ps", 0), ("worker", 0), ("worker", 1), ("chief", 0)):
+            envs[task, index] = base_env(
+                **receiver.env("grpc"),
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": task, "index": index}}),
+                TF_OTEL_ENABLED="1",
+                TF_OTEL_ROOT_WAIT_MS="500",  # only the chief runs steps: roots do not wait
+                TF_OTEL_COORDINATOR=f"127.0.0.1:{coord}",
+                STEPS=str(CLOSURES),
+            )
+        for task, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+            servers.append(
+                subprocess.Popen(
+                    [python(), example("ps_tf2.py")], env=envs[task, index], cwd=REPO,
+                    text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                )
+            )  # fmt: skip
+        done = subprocess.run(
+            [python(), example("ps_tf2.py")], env=envs["chief", 0], cwd=REPO, text=True,
+            capture_output=True, timeout=240,
+        )  # fmt: skip
+    finally:
+        for p in servers:
+            p.kill()  # ps and workers block in server.join() (C++): only SIGKILL ends them
+            p.wait()
+    assert f"chief done closures={CLOSURES}" in done.stdout, (
+        done.stdout[-2000:] + done.stderr[-4000:]
+    )
+
+    def closures(spans):
+        return [s for s in spans if s.category == "step" and "tensorflow.ps.worker" in s.attributes]
+
+    spans = receiver.wait_for(lambda s: len(closures(s)) >= CLOSURES, 30)
+    spans = receiver.wait_for(lambda s: False, 2)  # roots are emitted after ROOT_WAIT_MS
+    steps = closures(spans)
+    assert sorted(s.attributes["tf_otel.step"] for s in steps) == list(range(CLOSURES))
+    assert {s.rank for s in steps} == {0}  # the chief (TF_CONFIG order: chief, worker, ps)
+    workers = set()
+    for s in steps:
+        index = s.attributes["tensorflow.ps.worker_index"]
+        assert s.attributes["tensorflow.ps.worker"] == f"/job:worker/replica:0/task:{index}"
+        assert s.attributes["tensorflow.function.name"] == "train_step"
+        assert s.name == "rank 0 closure train_step"
+        assert s.attributes["tf_otel.step.kind"] == "tf_function"
+        assert s.end_ns > s.start_ns
+        workers.add(index)
+    assert workers == {0, 1}, workers  # closures ran on both workers
+
+    # on the step traces: trace id of (job, key, step), child of that step's root span
+    job_id = steps[0].resource.get("tf_otel.job.id") or detect(envs["chief", 0]).job_id
+    roots = {s.span_id: s for s in spans if s.category == "step.root"}
+    for s in steps:
+        step = s.attributes["tf_otel.step"]
+        assert s.trace_id == f"{step_trace_id(job_id, KEY, step):032x}"
+        assert s.parent_id == f"{step_root_span_id(job_id, KEY, step):016x}"
+        assert s.parent_id in roots, (step, sorted(roots))
+        assert roots[s.parent_id].trace_id == s.trace_id
