@@ -30,16 +30,25 @@ with strategy.scope():
     w = tf.Variable(tf.random.normal([32, 1], seed=1), name="w")
 
 
+def dataset_fn():
+    features = tf.random.stateless_normal([256, 32], seed=[1, 2])
+    labels = tf.random.stateless_normal([256, 1], seed=[1, 3])
+    return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
+
+
+# built on each worker by a ResourceClosure (not a step)
+iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+
 @tf.function
-def train_step():
-    features = tf.random.stateless_normal([64, 32], seed=[1, 2])  # made on the worker
-    labels = tf.random.stateless_normal([64, 1], seed=[1, 3])
+def train_step(iterator):
+    features, labels = next(iterator)
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(tf.square(tf.matmul(features, w) - labels))
     w.assign_sub(0.01 * tape.gradient(loss, w))
     return loss
 
 
-results = [coordinator.schedule(train_step) for _ in range(STEPS)]
+results = [coordinator.schedule(train_step, args=(iterator,)) for _ in range(STEPS)]
 coordinator.join()
 print(f"chief done closures={len(results)} loss={results[-1].fetch():.6f}", flush=True)
