@@ -26,6 +26,8 @@ from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
 from tf_otel.analysis.load.jaeger import convert_jaeger_traces, is_jaeger_document
 from tf_otel.analysis.load.otlp import decode_traces_rows, is_traces_data
+from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as FAST_DECODER
+from tf_otel.analysis.load.otlp_msgspec import LineDecoder
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Span
 
@@ -100,9 +102,15 @@ def load_file_rows(path: Path) -> List[Row]:
     data = _read_bytes(path)
     lines = data.splitlines()
     spans: List[Row] = []
+    fast = LineDecoder() if FAST_DECODER else None  # msgspec; else only the generic path
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        if fast is not None:
+            rows = fast.decode(line)
+            if rows is not None:
+                spans.extend(rows)
+                continue
         try:
             obj = loads(line)
         except DECODE_ERRORS:

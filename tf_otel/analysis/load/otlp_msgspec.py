@@ -1,0 +1,187 @@
+"""Fast path for ``TracesData`` lines: ``msgspec`` typed decoding of only the fields read.
+
+``msgspec`` (optional) decodes a line straight into the small ``Struct`` classes below,
+skipping every other field in C. A line outside this plain layout (other spellings, nulls,
+non-string ids, ambiguous values, invalid JSON, ...) gives ``None``: the caller decodes it
+again on the generic path (``otlp.decode_traces_rows``), which gives the same rows, or the
+same error, as before this fast path existed.
+
+Usage::
+
+    decoder = LineDecoder()        # only when AVAILABLE
+    rows = decoder.decode(line)    # a list of ``Span.to_row`` tuples, or None
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from tf_otel.analysis.load._json import DECODE_ERRORS, loads
+from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, SLOT_ATTRIBUTES, as_int
+from tf_otel.analysis.otlp_values import attributes_dict, pair_value
+from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
+
+try:  # optional speed-up, never required
+    import msgspec
+except ImportError:  # pragma: no cover - depends on the environment
+    msgspec = None
+
+AVAILABLE = msgspec is not None
+Row = Tuple[Any, ...]  # ``Span.to_row``
+_NO_ATTRIBUTES: Dict[str, Any] = {}  # shared by spans with no kept attributes; never mutated
+
+
+class _Ambiguous(Exception):
+    """A line the fast path leaves to the generic path."""
+
+
+if msgspec is not None:
+    _NULL = msgspec.Raw(b"null")
+
+    class _KeyValue(msgspec.Struct, gc=False):
+        key: str
+        value: msgspec.Raw = _NULL  # decoded (and cached) only for the analysis attributes
+
+    class _Span(msgspec.Struct, gc=False):
+        traceId: str
+        spanId: str
+        startTimeUnixNano: Union[int, str]
+        endTimeUnixNano: Union[int, str]
+        parentSpanId: Optional[str] = None
+        name: Optional[str] = ""
+        attributes: Optional[List[_KeyValue]] = None
+
+    class _ScopeSpans(msgspec.Struct, gc=False):
+        spans: Optional[List[_Span]] = None
+
+    class _ResourceSpans(msgspec.Struct, gc=False):
+        resource: msgspec.Raw = _NULL  # decoded in full (once per line) on the generic path
+        scopeSpans: Optional[List[_ScopeSpans]] = None
+
+    class _TracesData(msgspec.Struct, gc=False):
+        resourceSpans: Optional[List[_ResourceSpans]] = None
+
+    _DECODE_ERRORS: tuple = (msgspec.DecodeError, msgspec.ValidationError)
+
+
+_IMMUTABLE = (str, int, float, bool, type(None))
+_VALUE_CACHE_MAX = 100_000  # distinct raw values remembered per input
+
+
+def _value(raw: bytes) -> Any:
+    """A raw ``AnyValue`` as the generic path decodes it (``decode_traces_rows``)."""
+    value = loads(raw)
+    if type(value) is dict and len(value) == 1 and "stringValue" in value:
+        return value["stringValue"]
+    if type(value) is dict and len(value) == 1 and "intValue" in value:
+        return int(value["intValue"])
+    return pair_value({"value": value})
+
+
+class LineDecoder:
+    """Decodes the lines of one input; caches normalised ids across its lines."""
+
+    def __init__(self) -> None:
+        self._decoder = msgspec.json.Decoder(_TracesData)
+        self._trace_ids: Dict[str, str] = {}
+        self._parent_ids: Dict[str, Optional[str]] = {}
+        self._values: Dict[bytes, Any] = {}
+
+    def decode(self, line: bytes) -> Optional[List[Row]]:
+        """The line's spans as rows; None where the generic path must decide."""
+        try:
+            data = self._decoder.decode(line)
+        except _DECODE_ERRORS:
+            return None
+        if not data.resourceSpans:
+            return None  # missing, null or empty: "batches" or a non-OTLP document
+        try:
+            return self._rows(data)
+        except (_Ambiguous, KeyError, TypeError, ValueError, AttributeError, *DECODE_ERRORS):
+            return None  # the generic path repeats it and names the error
+
+    def _rows(self, data: Any) -> List[Row]:
+        from tf_otel.analysis.load.otlp import normalise_id  # (otlp imports this module)
+
+        rows: List[Row] = []
+        append = rows.append
+        kept_keys = ANALYSIS_ATTRIBUTES
+        slot_keys = SLOT_ATTRIBUTES
+        trace_ids = self._trace_ids
+        parent_ids = self._parent_ids
+        values = self._values
+        for resource_spans in data.resourceSpans:
+            resource_obj = loads(bytes(resource_spans.resource)) or {}
+            resource = attributes_dict(resource_obj.get("attributes"))
+            resource_rank = resource.get(ATTR_RANK)
+            has_resource_job = ATTR_JOB_ID in resource
+            resource_job = resource.get(ATTR_JOB_ID)
+            if resource_spans.scopeSpans is None:
+                raise _Ambiguous  # maybe the older instrumentationLibrarySpans
+            for scope in resource_spans.scopeSpans:
+                for raw in scope.spans or ():
+                    # trace and parent ids repeat: normalise each once (and share the string)
+                    raw_id = raw.traceId
+                    trace_id = trace_ids.get(raw_id)
+                    if trace_id is None:
+                        trace_id = trace_ids[raw_id] = normalise_id(raw_id, 16) or ""
+                    span_id = raw.spanId
+                    if not (len(span_id) == 16 and span_id.islower() and span_id.isalnum()):
+                        span_id = normalise_id(span_id, 8) or ""
+                    raw_id = raw.parentSpanId
+                    parent_id = parent_ids.get(raw_id) if raw_id else None
+                    if parent_id is None and raw_id:
+                        parent_id = parent_ids[raw_id] = normalise_id(raw_id, 8)
+                    start_ns = int(raw.startTimeUnixNano)
+                    end_ns = int(raw.endTimeUnixNano)
+                    # decode only what the analysis reads
+                    category: Any = ""
+                    rank = step = job = gpu = None
+                    kept = _NO_ATTRIBUTES
+                    for pair in raw.attributes or ():
+                        key = pair.key
+                        if key not in kept_keys:
+                            continue
+                        # values repeat (category, rank, step): decode each once
+                        raw_value = bytes(pair.value)
+                        value = values.get(raw_value, values)
+                        if value is values:
+                            value = _value(raw_value)
+                            if type(value) in _IMMUTABLE and len(values) < _VALUE_CACHE_MAX:
+                                values[raw_value] = value
+                        if key not in slot_keys:
+                            if kept is _NO_ATTRIBUTES:
+                                kept = {}
+                            kept[key] = value
+                        elif key == ATTR_CATEGORY:
+                            category = value
+                        elif key == ATTR_RANK:
+                            rank = value
+                        elif key == ATTR_STEP:
+                            step = value
+                        elif key == ATTR_JOB_ID:
+                            job = value
+                        else:
+                            gpu = value
+                    if has_resource_job:
+                        job = resource_job
+                    if rank is None:
+                        rank = resource_rank
+                    append(
+                        (
+                            trace_id,
+                            span_id,
+                            parent_id or None,
+                            raw.name,
+                            start_ns,
+                            end_ns if end_ns >= start_ns else start_ns,
+                            kept,
+                            resource,
+                            category if type(category) is str else str(category),
+                            rank if type(rank) is int else as_int(rank),
+                            step if type(step) is int or step is None else as_int(step),
+                            None if job is None else str(job),
+                            gpu,
+                        )
+                    )
+        return rows
