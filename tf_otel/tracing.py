@@ -32,6 +32,7 @@ from tf_otel.health import count, counters, fail_open, log_once, logger
 from tf_otel.topology import Topology
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
+_US = 1000
 ATTR_TEST_CLOCK_ERROR = "tf_otel.clock.test_error_ns"
 CLOCK_SETTLED_ROUNDS = 6  # warm-up rounds at 10, 20, 40 ... ms: a drift baseline of ~0.3 s
 CLOCK_SETTLE_MAX_S = 15.0
@@ -442,8 +443,11 @@ class Pipeline:
             end = model.to_reference(rec.end_ns)
             if start < p_lo or end > p_hi:
                 count("spans_clamped")
-            start = min(max(start, p_lo), p_hi)
-            end = min(max(end, start), p_hi)
+            # Backends that keep microseconds (Jaeger) truncate start and duration separately:
+            # a child must end a microsecond before its parent to stay inside it there too.
+            limit = p_hi - _US if p_hi - p_lo > 2 * _US else p_hi
+            start = min(max(start, p_lo), limit)
+            end = min(max(end, start), limit)
             attributes = {
                 record.ATTR_CATEGORY: rec.category,
                 record.ATTR_RANK: self.topology.rank,
