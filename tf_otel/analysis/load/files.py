@@ -19,7 +19,7 @@ import zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple, Union
 
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.gc_pause import paused_gc
@@ -97,20 +97,36 @@ def load_file(path: Path) -> List[Span]:
     return [from_row(row) for row in load_file_rows(path)]
 
 
+def _split_lines(data: bytes) -> List[Union[bytes, memoryview]]:
+    """``data.splitlines()`` without copying the lines (views: msgspec reads them as is)."""
+    if b"\r" in data:
+        return list(data.splitlines())
+    view = memoryview(data)
+    lines: List[Union[bytes, memoryview]] = []
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        lines.append(view[start:end])
+        start = end + 1
+    return lines
+
+
 def load_file_rows(path: Path) -> List[Row]:
     """One file's spans as ``Span.to_row`` tuples."""
     data = _read_bytes(path)
-    lines = data.splitlines()
-    spans: List[Row] = []
     fast = LineDecoder() if FAST_DECODER else None  # msgspec; else only the generic path
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    lines = _split_lines(data) if fast is not None else data.splitlines()
+    spans: List[Row] = []
+    for number, view in enumerate(lines, start=1):
         if fast is not None:
-            rows = fast.decode(line)
+            rows = fast.decode(view)
             if rows is not None:
                 spans.extend(rows)
                 continue
+        line = bytes(view)
+        if not line.strip():
+            continue
         try:
             obj = loads(line)
         except DECODE_ERRORS:
