@@ -17,7 +17,12 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
-from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, SLOT_ATTRIBUTES, as_int
+from tf_otel.analysis.model import (
+    ANALYSIS_ATTRIBUTES,
+    ATTR_GPU_UTILIZATION,
+    SLOT_ATTRIBUTES,
+    as_int,
+)
 from tf_otel.analysis.otlp_values import attributes_dict, pair_value
 from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 
@@ -64,6 +69,12 @@ if msgspec is not None:
     _DECODE_ERRORS: tuple = (msgspec.DecodeError, msgspec.ValidationError)
 
 
+# what each analysis attribute fills: a ``Span`` slot, or (_OTHER) the kept attributes dict
+_CATEGORY, _RANK, _STEP, _JOB, _GPU, _OTHER = range(6)
+_SLOTS = dict.fromkeys(ANALYSIS_ATTRIBUTES, _OTHER)
+_SLOTS.update({ATTR_CATEGORY: _CATEGORY, ATTR_RANK: _RANK, ATTR_STEP: _STEP, ATTR_JOB_ID: _JOB})
+_SLOTS[ATTR_GPU_UTILIZATION] = _GPU
+assert set(_SLOTS) == ANALYSIS_ATTRIBUTES and len(SLOT_ATTRIBUTES) == _OTHER
 _IMMUTABLE = (str, int, float, bool, type(None))
 _VALUE_CACHE_MAX = 100_000  # distinct raw values remembered per input
 
@@ -105,8 +116,7 @@ class LineDecoder:
 
         rows: List[Row] = []
         append = rows.append
-        kept_keys = ANALYSIS_ATTRIBUTES
-        slot_keys = SLOT_ATTRIBUTES
+        dispatch = _SLOTS
         trace_ids = self._trace_ids
         parent_ids = self._parent_ids
         values = self._values
@@ -139,9 +149,9 @@ class LineDecoder:
                     rank = step = job = gpu = None
                     kept = _NO_ATTRIBUTES
                     for pair in raw.attributes or ():
-                        key = pair.key
-                        if key not in kept_keys:
-                            continue
+                        slot = dispatch.get(pair.key)
+                        if slot is None:
+                            continue  # not read by the analysis: never decoded
                         # values repeat (category, rank, step): decode each once
                         raw_value = bytes(pair.value)
                         value = values.get(raw_value, values)
@@ -149,17 +159,17 @@ class LineDecoder:
                             value = _value(raw_value)
                             if type(value) in _IMMUTABLE and len(values) < _VALUE_CACHE_MAX:
                                 values[raw_value] = value
-                        if key not in slot_keys:
+                        if slot == _CATEGORY:
+                            category = value
+                        elif slot == _RANK:
+                            rank = value
+                        elif slot == _STEP:
+                            step = value
+                        elif slot == _OTHER:
                             if kept is _NO_ATTRIBUTES:
                                 kept = {}
-                            kept[key] = value
-                        elif key == ATTR_CATEGORY:
-                            category = value
-                        elif key == ATTR_RANK:
-                            rank = value
-                        elif key == ATTR_STEP:
-                            step = value
-                        elif key == ATTR_JOB_ID:
+                            kept[pair.key] = value
+                        elif slot == _JOB:
                             job = value
                         else:
                             gpu = value
