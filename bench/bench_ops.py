@@ -208,19 +208,43 @@ def conversion(step_stats, logdir, base_ns, repeats=5):
     return results
 
 
+def median_ci(values):
+    """Distribution-free ~95 % confidence interval of the median (order statistics,
+    normal approximation of the binomial): sorted[k], sorted[n-1-k], k = n/2 - 0.98 sqrt(n)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    k = max(0, int(n / 2 - 0.98 * n**0.5))
+    return ordered[k], ordered[n - 1 - k]
+
+
 def report(tf2, tf1, conv, total_ops, args):
     """Markdown of the parts that ran (tf2/tf1 None: overhead skipped; conv None: conversion)."""
 
     def table(times, title):
         base = statistics.median(times["off"])
-        rows = [f"### {title}", "", "| mode | median ms / step | ratio to off |", "|---|---|---|"]
+        rows = [
+            f"### {title}",
+            "",
+            "| mode | median ms / step | ratio of medians "
+            "| per-round ratio: median [q1, q3] | 95 % CI of that median |",
+            "|---|---|---|---|---|",
+        ]
         for name, values in times.items():
             med = statistics.median(values)
-            rows.append(f"| {name} | {med * 1e3:.3f} | {med / base:.3f}× |")
+            # each round's block against that round's "off" block (same load, minutes apart
+            # at most); quartiles show the spread the load leaves
+            paired = [v / o for v, o in zip(values, times["off"])]
+            q1, q2, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+            lo, hi = median_ci(paired)
+            rows.append(
+                f"| {name} | {med * 1e3:.3f} | {med / base:.3f}× "
+                f"| {statistics.median(paired):.3f}× [{q1:.3f}, {q3:.3f}] | {lo:.3f}–{hi:.3f} |"
+            )
         per = statistics.median(times["every step"]) - base
         rows += [
             "",
-            f"Per op-traced step: +{per * 1e3:.2f} ms over a {base * 1e3:.2f} ms step.",
+            f"Per op-traced step: +{per * 1e3:.2f} ms over a {base * 1e3:.2f} ms step; at every "
+            f"100th step that is {1 + per / 100 / base:.3f}× (per-step cost / 100 / step time).",
             "",
         ]
         return rows
