@@ -97,6 +97,7 @@ class LineDecoder:
         self._trace_ids: Dict[str, str] = {}
         self._parent_ids: Dict[str, Optional[str]] = {}
         self._values: Dict[bytes, Any] = {}
+        self._names: Dict[Optional[str], Optional[str]] = {}
 
     def decode(self, line: bytes) -> Optional[List[Row]]:
         """The line's spans as rows; None where the generic path must decide."""
@@ -120,6 +121,7 @@ class LineDecoder:
         trace_ids = self._trace_ids
         parent_ids = self._parent_ids
         values = self._values
+        names = self._names
         for resource_spans in data.resourceSpans:
             resource_obj = loads(bytes(resource_spans.resource)) or {}
             resource = attributes_dict(resource_obj.get("attributes"))
@@ -142,6 +144,8 @@ class LineDecoder:
                     parent_id = parent_ids.get(raw_id) if raw_id else None
                     if parent_id is None and raw_id:
                         parent_id = parent_ids[raw_id] = normalise_id(raw_id, 8)
+                    name = raw.name  # names repeat every step: share one string
+                    name = names.setdefault(name, name)
                     start_ns = int(raw.startTimeUnixNano)
                     end_ns = int(raw.endTimeUnixNano)
                     # decode only what the analysis reads
@@ -182,7 +186,7 @@ class LineDecoder:
                             trace_id,
                             span_id,
                             parent_id or None,
-                            raw.name,
+                            name,
                             start_ns,
                             end_ns if end_ns >= start_ns else start_ns,
                             kept,
