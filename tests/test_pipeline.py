@@ -219,3 +219,25 @@ def test_messages_to_a_rank_that_has_not_connected_yet_are_held() -> None:
         coordinator.client_handlers.pop("test.early")
         rank1.shutdown()
         rank0.shutdown()
+
+
+def test_late_extents_never_make_a_second_root_and_silent_ranks_are_learnt() -> None:
+    from tf_otel.coordinator import LEARN_STEPS, StepAggregator
+
+    roots = []
+    aggregator = StepAggregator(3, wait_s=0.3, emit_root=lambda *args: roots.append(args))
+    try:
+        for step in range(LEARN_STEPS):  # rank 2 never reports (a TF2 PS worker, say)
+            aggregator.add(0, "k", step, 10, 20)
+            aggregator.add(1, "k", step, 11, 21)
+        deadline = time.monotonic() + 5
+        while len(roots) < LEARN_STEPS and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [r[1] for r in roots] == list(range(LEARN_STEPS))
+        aggregator.add(2, "k", 0, 12, 22)  # too late: step 0's root is out
+        aggregator.add(0, "k", LEARN_STEPS, 10, 20)
+        aggregator.add(1, "k", LEARN_STEPS, 11, 21)
+        assert roots[-1][1] == LEARN_STEPS, "no timeout needed once the reporters are known"
+        assert len([r for r in roots if r[1] == 0]) == 1
+    finally:
+        aggregator.close()

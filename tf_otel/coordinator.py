@@ -27,6 +27,8 @@ EmitRoot = Callable[[str, int, int, int, int], None]
 MAX_PENDING_STEPS = 1024
 ROOT_MARGIN_NS = 1000
 MAX_HELD_MESSAGES = 1024
+MAX_EMITTED_STEPS = 8192
+LEARN_STEPS = 3
 
 # Extension messages (JSON objects with a "t" type): handlers run on coordinator threads.
 # rank 0 receives from a rank: server_handlers[type](rank, message)
@@ -60,12 +62,25 @@ class StepAggregator:
         self._held: Dict[int, list] = {}  # rank -> messages sent before it connected
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
+        self._emitted: OrderedDict[Tuple[str, int], None] = OrderedDict()  # bounded
+        self._reporters: set = set()  # ranks that have reported any step
         self._reaper = threading.Thread(target=self._reap_loop, name="tf_otel-roots", daemon=True)
         self._reaper.start()
+
+    def expected_ranks(self) -> int:
+        """How many reports complete a step: every stepping rank at first; once a few steps are
+        out, the ranks that actually report (TF2 ParameterServerStrategy workers never do)."""
+        if len(self._emitted) < LEARN_STEPS:
+            return self.world_size
+        return max(1, min(self.world_size, len(self._reporters)))
 
     def add(self, rank: int, key: str, step: int, start_ns: int, end_ns: int) -> None:
         ready = None
         with self._lock:
+            if (key, step) in self._emitted:
+                count("roots_late_extent")  # its root is out: a second one would split the step
+                return
+            self._reporters.add(rank)
             entry = self._pending.get((key, step))
             if entry is None:
                 entry = {"start": start_ns, "end": end_ns, "ranks": set(), "t": time.monotonic()}
@@ -77,12 +92,15 @@ class StepAggregator:
             entry["start"] = min(entry["start"], start_ns)
             entry["end"] = max(entry["end"], end_ns)
             entry["ranks"].add(rank)
-            if len(entry["ranks"]) >= self.world_size:
+            if len(entry["ranks"]) >= self.expected_ranks():
                 ready = self._pending.pop((key, step))
         if ready is not None:
             self._emit((key, step), ready)
 
     def _emit(self, key_step: Tuple[str, int], entry: Dict) -> None:
+        self._emitted[key_step] = None
+        while len(self._emitted) > MAX_EMITTED_STEPS:
+            self._emitted.popitem(last=False)
         try:
             # 1 us of margin: backends that keep microseconds must still see children inside
             start, end = entry["start"] - ROOT_MARGIN_NS, entry["end"] + ROOT_MARGIN_NS

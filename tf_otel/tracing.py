@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import itertools
 import os
 import queue
 import signal
@@ -150,7 +151,7 @@ class Pipeline:
                 "tf_otel: the TracerProvider is not the OpenTelemetry SDK's; step root spans "
                 "cannot get their cross-rank ids",
             )
-        self._counters: Dict[str, int] = {}
+        self._counters: Dict[str, Any] = {}  # step key -> itertools.count
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._steps: Dict[tuple, Any] = {}  # (key, step) -> (span context, start, end), bounded
         self._job_span: Any = None
@@ -170,8 +171,10 @@ class Pipeline:
     def begin_step(self, key: str, name: str, kind: str, **attributes: Any) -> StepHandle:
         if not self._started:
             self._start()
-        step = self._counters.get(key, 0)
-        self._counters[key] = step + 1
+        counter = self._counters.get(key)
+        if counter is None:  # setdefault is atomic: closure threads (TF2 PS) may race here
+            counter = self._counters.setdefault(key, itertools.count())
+        step = next(counter)
         trace_id = step_trace_id(self.job_id, key, step)
         return StepHandle(
             key=key,
