@@ -2,7 +2,7 @@
 
 ``msgspec`` (optional) decodes a line straight into the small ``Struct`` classes below,
 skipping every other field in C. A line outside this plain layout (other spellings, nulls,
-non-string ids, ambiguous values, invalid JSON, ...) gives ``None``: the caller decodes it
+non-string ids, values that do not decode, invalid JSON, ...) gives ``None``: the caller decodes it
 again on the generic path (``otlp.decode_traces_rows``), which gives the same rows, or the
 same error, as before this fast path existed.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
+from tf_otel.analysis.load.otlp import normalise_id
 from tf_otel.analysis.model import (
     ANALYSIS_ATTRIBUTES,
     ATTR_GPU_UTILIZATION,
@@ -99,7 +100,7 @@ class LineDecoder:
         self._values: Dict[bytes, Any] = {}
         self._names: Dict[Optional[str], Optional[str]] = {}
 
-    def decode(self, line: bytes) -> Optional[List[Row]]:
+    def decode(self, line: Union[bytes, memoryview]) -> Optional[List[Row]]:
         """The line's spans as rows; None where the generic path must decide."""
         try:
             data = self._decoder.decode(line)
@@ -113,8 +114,6 @@ class LineDecoder:
             return None  # the generic path repeats it and names the error
 
     def _rows(self, data: Any) -> List[Row]:
-        from tf_otel.analysis.load.otlp import normalise_id  # (otlp imports this module)
-
         rows: List[Row] = []
         append = rows.append
         dispatch = _SLOTS
