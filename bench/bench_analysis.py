@@ -31,6 +31,7 @@ from tf_otel.analysis.analyze import analyze_spans  # noqa: E402
 from tf_otel.analysis.gc_pause import paused_gc  # noqa: E402
 from tf_otel.analysis.load import _json  # noqa: E402
 from tf_otel.analysis.load.files import find_trace_files, load_paths, worker_count  # noqa: E402
+from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as MSGSPEC  # noqa: E402
 from tf_otel.analysis.report.json_report import to_json  # noqa: E402
 
 EPOCH_NS = 1_700_000_000 * 10**9
@@ -254,6 +255,7 @@ def main() -> int:
                 "spans": len(spans),
                 "input_mb": round(size_mb, 1),
                 "json_parser": _json.PARSER,
+                "fast_decoder": "msgspec" if MSGSPEC else None,
                 "load_s": round(t1 - t0, 2),
                 "analysis_s": round(t2 - t1, 2),
                 "json_report_s": round(t3 - t2, 2),
