@@ -43,10 +43,15 @@ def fail_open(key: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - instrumentation must never raise into training
-        log_once(
-            "error:" + key,
-            "tf_otel: %s failed (%s: %s); tracing of this part is skipped, training goes on",
-            key,
-            type(exc).__name__,
-            exc,
-        )
+        report_failure(key, exc)
+
+
+def report_failure(key: str, exc: Exception) -> None:
+    """What fail_open does with an exception: logged once per key, counted."""
+    log_once(
+        "error:" + key,
+        "tf_otel: %s failed (%s: %s); tracing of this part is skipped, training goes on",
+        key,
+        type(exc).__name__,
+        exc,
+    )

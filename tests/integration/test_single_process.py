@@ -270,9 +270,7 @@ def test_sigterm_flushes_spans_and_keeps_the_exit_status(receiver, tmp_path: Pat
 def test_sigterm_ends_a_process_blocked_in_tensorflow(tmp_path: Path):
     """A parameter server sits in server.join(), in C++: Python's handler never runs there, so
     tf_otel's watchdog must still let SIGTERM end it, with the default exit status."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _closed_port()
     script = tmp_path / "ps.py"
     script.write_text(
         "import tensorflow as tf\n"

@@ -81,7 +81,7 @@ def build_xspace():
 
 def test_saved_fixture_is_what_the_builder_makes():
     assert FIXTURE.exists(), "run this file with python to (re)generate the fixture"
-    assert load_xspace(str(FIXTURE)) == build_xspace()
+    assert str(load_xspace(str(FIXTURE))) == str(build_xspace())  # lenient schema copy: by content
 
 
 def test_fixture_kernels_times_and_attributes():

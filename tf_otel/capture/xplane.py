@@ -78,7 +78,8 @@ def parse_xspace(data: bytes) -> Any:
     return space
 
 
-def _stat(stat: Any, stat_md: Any) -> Any:
+def stat_value(stat: Any, stat_md: Any) -> Any:
+    """An XStat's value; a ref_value resolved to the referenced stat metadata's name."""
     kind = stat.WhichOneof("value")
     if kind is None:
         return None
@@ -94,7 +95,7 @@ def profile_start_ns(space: Any) -> Optional[int]:
             for st in plane.stats:
                 md = plane.stat_metadata.get(st.metadata_id)
                 if md is not None and md.name == "profile_start_time":
-                    value = _stat(st, plane.stat_metadata)
+                    value = stat_value(st, plane.stat_metadata)
                     if isinstance(value, int) and value > 0:
                         return value
     return None

@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
-from tf_otel.health import fail_open, log_once
+from tf_otel.health import fail_open, log_once, report_failure
 from tf_otel.tracing import get_pipeline as _get_pipeline
 
 _active = False
@@ -123,14 +123,14 @@ def run_step(
         handle = _get_pipeline().begin_step(key, name, kind, **(attributes or {}))
     except Exception as exc:  # noqa: BLE001
         handle = None
-        _failed("step.begin", exc)
+        report_failure("step.begin", exc)
     call = StepCall(instance, args, kwargs, kind)
     if handle is not None:
         for hook in step_hooks:
             try:
                 hook.on_step_start(handle, call)
             except Exception as exc:  # noqa: BLE001
-                _failed(f"{type(hook).__name__}.on_step_start", exc)
+                report_failure(f"{type(hook).__name__}.on_step_start", exc)
     state.depth += 1
     error: Optional[BaseException] = None
     try:
@@ -145,23 +145,12 @@ def run_step(
                 try:
                     hook.on_step_end(handle, call, error)
                 except Exception as exc:  # noqa: BLE001
-                    _failed(f"{type(hook).__name__}.on_step_end", exc)
+                    report_failure(f"{type(hook).__name__}.on_step_end", exc)
             try:
                 _get_pipeline().end_step(handle, error)
             except Exception as exc:  # noqa: BLE001
-                _failed("step.end", exc)
+                report_failure("step.end", exc)
     return call.result
-
-
-def _failed(key: str, exc: Exception) -> None:
-    """What fail_open does, without a context manager on the per-step path."""
-    log_once(
-        "error:" + key,
-        "tf_otel: %s failed (%s: %s); tracing of this part is skipped, training goes on",
-        key,
-        type(exc).__name__,
-        exc,
-    )
 
 
 def in_keras_loop(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -17,7 +17,7 @@ Structure read (TSL xplane.proto / xplane_schema, as the CUPTI collector writes 
   ``base_ns``) + ``line.timestamp_ns`` + ``event.offset_ps // 1000``.
 
 Memcpy / memset activities (no ``kernel_details``, not an NCCL name) are not kernels: skipped.
-TensorFlow is imported only inside ``load_xspace`` (for ``xplane_pb2``).
+TensorFlow is imported only when an XSpace is parsed (tf_otel.capture.xplane, for its schema).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import logging
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
+from tf_otel.capture.xplane import parse_xspace, stat_value
 from tf_otel.nccl.kernels import parse_kernel_name
 from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, KERNEL, Record
 
@@ -41,34 +42,24 @@ _warned = [False]
 
 
 def load_xspace(src: Union[str, bytes, Any]) -> Any:
-    """An XSpace from a path, serialized bytes, or an XSpace (returned as is)."""
+    """An XSpace from a path, serialized bytes, or an XSpace (returned as is). Parsed leniently:
+    real profiler output holds strings that are not UTF-8 (see tf_otel.capture.xplane)."""
     if not isinstance(src, (str, bytes)):
         return src
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # lazy: TF costs seconds
-
-    data = src
     if isinstance(src, str):
         with open(src, "rb") as f:
             data = f.read()
-    space = xplane_pb2.XSpace()
-    try:
-        space.ParseFromString(data)
-    except Exception as e:  # DecodeError
-        where = src if isinstance(src, str) else f"{len(data)} bytes"
-        raise ValueError(f"{where}: not a serialized XSpace ({e})") from e
-    return space
+        try:
+            return parse_xspace(data)
+        except ValueError as e:
+            raise ValueError(f"{src}: {e}") from e
+    return parse_xspace(src)
 
 
 def _stat_value(stat: Any, stat_md: Any) -> Any:
-    kind = stat.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "ref_value":
-        md = stat_md.get(stat.ref_value)
-        return md.name if md is not None else None
-    if kind == "bytes_value":
+    if stat.WhichOneof("value") == "bytes_value":
         return stat.bytes_value.decode("utf-8", "replace")
-    return getattr(stat, kind)
+    return stat_value(stat, stat_md)
 
 
 def _stats_of(stats: Iterable[Any], stat_md: Any) -> Dict[str, Any]:
