@@ -54,6 +54,7 @@ FAST = [
     _line([_span(traceId="q80AAAAAAAAAAAAAAAAAAA==", spanId="AAAAAAAAAAE=")]),  # base64 ids
     _line([_span(traceId="AB" * 16, spanId="CD" * 8, parentSpanId=None)]),
     _line([_span(startTimeUnixNano=30, endTimeUnixNano="20")]),  # end clamped
+    _line([_span(startTimeUnixNano=-(2**63), endTimeUnixNano=2**63 - 1)]),
     _line([_span(name=None, attributes=None)]),
     _line([_span(attributes=[])]),
     _line([_span(attributes=[_attr("tf_otel.rank", {"stringValue": "5"})])]),
@@ -73,6 +74,8 @@ FAST = [
     _line([_span(attributes=[_attr("tf_otel.job.id", {"stringValue": "j"})])]),
 ]
 
+TRUNCATED = b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"ab"'
+BAD_SPAN_ID = _line([_span(spanId="not an id")])
 GENERIC = [  # left to the generic path (which decodes them or names the error)
     b'{"batches":[{"scopeSpans":[{"spans":[]}]}]}',
     b'{"resourceSpans":[]}',
@@ -80,13 +83,14 @@ GENERIC = [  # left to the generic path (which decodes them or names the error)
     .replace(" ", "")
     .encode(),
     _line([_span(traceId=12)]),
-    _line([_span(spanId="not an id")]),
+    BAD_SPAN_ID,
     _line([_span(startTimeUnixNano=1.5e3)]),
+    _line([_span(startTimeUnixNano=2**64)]),  # orjson: a float
     _line([_span(startTimeUnixNano="ten")]),
     _line([_span(attributes=[_attr("tf_otel.step", {"intValue": "seven"})])]),
     _line([_span(attributes=[{"value": {"stringValue": "no key"}}])]),
     _line([_span(name=3)]),
-    b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"ab"',
+    TRUNCATED,
     b'{"data":[]}',
     b"[1, 2]",
 ]
@@ -120,7 +124,7 @@ def _load(path: Path, fast: bool, monkeypatch) -> Any:
         return str(error)
 
 
-@pytest.mark.parametrize("lines", [FAST, [FAST[0], GENERIC[0], FAST[1]], [FAST[0], GENERIC[4]]])
+@pytest.mark.parametrize("lines", [FAST, [FAST[0], GENERIC[0], FAST[1]], [FAST[0], BAD_SPAN_ID]])
 def test_files_load_the_same_with_and_without_msgspec(tmp_path: Path, monkeypatch, lines):
     path = tmp_path / "rank0.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
@@ -130,7 +134,7 @@ def test_files_load_the_same_with_and_without_msgspec(tmp_path: Path, monkeypatc
 
 def test_bad_line_after_fast_lines_names_file_and_line(tmp_path: Path, monkeypatch):
     path = tmp_path / "rank0.jsonl"
-    path.write_bytes(FAST[0] + b"\n" + FAST[1] + b"\n" + GENERIC[10] + b"\n")
+    path.write_bytes(FAST[0] + b"\n" + FAST[1] + b"\n" + TRUNCATED + b"\n")
     assert (
         _load(path, True, monkeypatch)
         == f"{path}: line 3 is not valid JSON (truncated or corrupt file)"

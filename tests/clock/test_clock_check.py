@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from typing import Dict, List
 
@@ -45,7 +44,7 @@ def check_table(table: Dict[int, List[str]], transport: str, skew_us: float) -> 
     assert abs(offset_us - injected_us - error_us) < 1.0
 
 
-@pytest.mark.skipif(not (VENV_BIN / "horovodrun").exists(), reason="horovodrun not installed")
+@pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 def test_horovodrun_gloo_clock_check() -> None:
     env = env_with_path({"TF_OTEL_TEST_CLOCK": "1:1500000000:200"})
     proc = subprocess.run(
@@ -60,9 +59,8 @@ def test_horovodrun_gloo_clock_check() -> None:
     check_table(rows(proc.stdout), "tcp", skew_us=1_500_000)
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
 def test_mpirun_mpi4py_clock_check() -> None:
-    pytest.importorskip("mpi4py")
+    import mpi4py  # noqa: F401 - installed by scripts/install.sh; its absence is a failure
     env = env_with_path({"TF_OTEL_TEST_CLOCK": "1:-2000000000:-200"})
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -7,7 +7,6 @@ published model's error is measured every 5 ms while the background sync runs.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import pytest
@@ -29,6 +28,7 @@ pytestmark = pytest.mark.integration
     ["1:2000000000:200", "1:-2000000000:-200", "1:-2000000000:200", ""],
     ids=["+2s+200ppm", "-2s-200ppm", "-2s+200ppm", "no-skew"],
 )
+@pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 def test_recovered_offset_matches_injected_error(test_clock: str) -> None:
     result = run_pair(test_clock, duration=2.0)
     errors = [abs(e) for e in result["errors_ns"]]
@@ -46,7 +46,7 @@ def test_recovered_offset_matches_injected_error(test_clock: str) -> None:
     assert result["uncertainty_ns"] > 0
 
 
-@pytest.mark.skipif(not os.path.exists(LIBFAKETIME), reason="libfaketime (faketime) not installed")
+@pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 def test_libfaketime_rank_offset_recovered() -> None:
     """Rank 0 runs under libfaketime FAKETIME=+2s (its libc clock_gettime is shifted), rank 1 not.
 

