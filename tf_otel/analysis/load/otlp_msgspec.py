@@ -14,7 +14,7 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, List, Optional, Tuple, Union
 
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
 from tf_otel.analysis.load.otlp import normalise_id
@@ -48,11 +48,14 @@ if msgspec is not None:
         key: str
         value: msgspec.Raw = _NULL  # decoded (and cached) only for the analysis attributes
 
+    # orjson reads integers beyond 64 bits as floats: larger times go to the generic path
+    _Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
     class _Span(msgspec.Struct, gc=False):
         traceId: str
         spanId: str
-        startTimeUnixNano: Union[int, str]
-        endTimeUnixNano: Union[int, str]
+        startTimeUnixNano: Union[_Int64, str]
+        endTimeUnixNano: Union[_Int64, str]
         parentSpanId: Optional[str] = None
         name: Optional[str] = ""
         attributes: Optional[List[_KeyValue]] = None
