@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def analyze(*args: str):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    paths = [os.environ.get("PYTHONPATH", ""), str(REPO)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     return subprocess.run(
         [sys.executable, "-m", "tf_otel.cli", "analyze", *args],
         capture_output=True,
@@ -143,18 +144,22 @@ def test_two_jobs_need_a_choice(tmp_path: Path):
     assert done.returncode == 0 and json.loads(done.stdout)["summary"]["steps"] == 1
 
 
-def test_png_without_matplotlib_is_a_clear_message(trace_file: Path, tmp_path: Path):
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        done = analyze(str(trace_file), "--png", str(tmp_path / "png"))
-        assert done.returncode == 2 and "matplotlib" in done.stderr
-        return
+def test_png_export_writes_one_picture_per_step(trace_file: Path, tmp_path: Path):
     done = analyze(str(trace_file), "--png", str(tmp_path / "png"))
     assert done.returncode == 0, done.stderr
     written = sorted(p.name for p in (tmp_path / "png").iterdir())
     assert written == [f"step_{n}.png" for n in range(6)]
     assert all((tmp_path / "png" / n).read_bytes()[:4] == b"\x89PNG" for n in written)
+
+
+def test_png_without_matplotlib_is_a_clear_message(trace_file: Path, tmp_path: Path, monkeypatch):
+    shim = tmp_path / "shim" / "matplotlib"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('matplotlib hidden for this test')\n")
+    monkeypatch.setenv("PYTHONPATH", str(shim.parent))
+    done = analyze(str(trace_file), "--png", str(tmp_path / "png"))
+    assert done.returncode == 2 and "matplotlib" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_jaeger_ui_download_file_reads_like_otlp(trace_file: Path, tmp_path: Path):

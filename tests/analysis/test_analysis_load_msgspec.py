@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
+import msgspec  # noqa: E402,F401 - a dev dependency; its absence is a failure
 import pytest
-
-pytest.importorskip("msgspec")
 
 from tf_otel.analysis.errors import AnalysisError  # noqa: E402
 from tf_otel.analysis.load import files  # noqa: E402
