@@ -1,8 +1,10 @@
 """Step-tracing overhead on Keras fit with ~20 ms steps: traced vs untraced, interleaved in one
-run (machines are noisy), reported as a ratio of medians. Also: a traced job with no collector
-listening vs untraced, whole-process wall time.
+run (machines are noisy), reported as the median of per-round ratios (each round runs every
+variant back to back, in rotating order) and as a ratio of medians. The OTLP receiver runs in its
+own process so that its parsing does not load the machine the bench measures on. Also: a traced
+job with no collector listening vs untraced, whole-process wall time.
 
-    .venv/bin/python bench/bench_steps.py [--pairs 6] [--steps 150]
+    .venv/bin/python bench/bench_steps.py [--rounds 10] [--steps 150] [--width 1024]
 
 Writes docs/BENCHMARKS_steps.md.
 """
@@ -10,6 +12,7 @@ Writes docs/BENCHMARKS_steps.md.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import socket
 import statistics
@@ -31,7 +34,7 @@ def env_for(extra: dict) -> dict:
     return env
 
 
-def fit_seconds(extra: dict, steps: int) -> tuple[float, float]:
+def fit_seconds(extra: dict, steps: int, width: int) -> tuple[float, float]:
     """(fit time, whole process wall time) of one keras_fit.py run."""
     env = env_for(
         {
@@ -39,7 +42,7 @@ def fit_seconds(extra: dict, steps: int) -> tuple[float, float]:
             "EVALUATE": "0",
             "STEPS": str(steps),
             "BATCH": "256",
-            "WIDTH": "640",
+            "WIDTH": str(width),
             **extra,
         }
     )
@@ -58,6 +61,13 @@ def fit_seconds(extra: dict, steps: int) -> tuple[float, float]:
     return fit, wall
 
 
+def _serve_receiver(conn) -> None:
+    with OtlpReceiver() as receiver:
+        conn.send(receiver.env("grpc"))
+        conn.recv()  # until the bench is done
+        conn.send(len([s for s in receiver.spans() if s.category == "step"]))
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,54 +76,74 @@ def closed_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_steps.md"))
     args = parser.parse_args()
-    results: dict = {"untraced": [], "traced": [], "no_collector": []}
-    with OtlpReceiver() as receiver:
-        variants = {
-            "untraced": {},
-            "traced": {"TF_OTEL_ENABLED": "1", **receiver.env("grpc")},
-            "no_collector": {
-                "TF_OTEL_ENABLED": "1",
-                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
-            },
-        }
-        for i in range(args.pairs):
-            for name, extra in variants.items():
-                results[name].append(fit_seconds(extra, args.steps))
-                fit, wall = results[name][-1]
-                print(
-                    f"pair {i + 1}/{args.pairs} {name:12s} fit {fit:7.3f} s  wall {wall:6.2f} s",
-                    flush=True,
-                )
-        spans = len([s for s in receiver.spans() if s.category == "step"])
+    parent, child = multiprocessing.Pipe()
+    server = multiprocessing.Process(target=_serve_receiver, args=(child,), daemon=True)
+    server.start()
+    receiver_env = parent.recv()
+    variants = {
+        "untraced": {},
+        "traced": {"TF_OTEL_ENABLED": "1", **receiver_env},
+        "no_collector": {
+            "TF_OTEL_ENABLED": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
+        },
+    }
+    names = list(variants)
+    results: dict = {name: [] for name in names}
+    for i in range(args.rounds):
+        order = names[i % 3 :] + names[: i % 3]
+        for name in order:
+            results[name].append(fit_seconds(variants[name], args.steps, args.width))
+            fit, wall = results[name][-1]
+            print(
+                f"round {i + 1}/{args.rounds} {name:12s} fit {fit:7.3f} s  wall {wall:6.2f} s",
+                flush=True,
+            )
+    parent.send("done")
+    spans = parent.recv()
+    server.join(5)
     median_fit = {k: statistics.median(f for f, _ in v) for k, v in results.items()}
     median_wall = {k: statistics.median(w for _, w in v) for k, v in results.items()}
+
+    def paired(name: str, index: int = 0) -> tuple[float, float, float]:
+        ratios = sorted(a[index] / b[index] for a, b in zip(results[name], results["untraced"]))
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        return statistics.median(ratios), q[0], q[2]
+
     step_ms = median_fit["untraced"] / args.steps * 1000
-    ratio = median_fit["traced"] / median_fit["untraced"]
-    ratio_nc = median_fit["no_collector"] / median_fit["untraced"]
-    wall_ratio = median_wall["no_collector"] / median_wall["untraced"]
+    ratio, ratio_q1, ratio_q3 = paired("traced")
+    ratio_nc, nc_q1, nc_q3 = paired("no_collector")
+    wall_ratio = paired("no_collector", 1)[0]
     load = os.getloadavg()[0]
+    traced_step_ms = median_fit["traced"] / args.steps * 1000
+    nc_step_ms = median_fit["no_collector"] / args.steps * 1000
+    runs = "; ".join(
+        f"{name} {', '.join(f'{f:.3f}' for f, _ in results[name])}" for name in names
+    )
     text = f"""## Step tracing overhead (bench/bench_steps.py)
 
-Keras 3 `fit`, {args.steps} steps of ~{step_ms:.1f} ms (Dense 640×2, batch 256, TF-CPU), one
-process per run, {args.pairs} runs of each variant interleaved in one session; fit time measured
-inside the process after a 3-step warm-up; medians. Load average at the end: {load:.1f}.
+Keras 3 `fit`, {args.steps} steps of ~{step_ms:.1f} ms (Dense {args.width}×2, batch 256,
+TF-CPU), one process per run, {args.rounds} rounds each running every variant back to back in
+rotating order; fit time measured inside the process after a 3-step warm-up. Ratio: median of
+the per-round ratios to the same round's untraced run [quartiles]. The OTLP receiver runs in a
+separate process. Load average at the end: {load:.1f}.
 
-| variant | median fit s | per step ms | ratio to untraced | median process wall s |
-|---|---:|---:|---:|---:|
-| untraced | {median_fit["untraced"]:.3f} | {step_ms:.2f} | 1.000 | {median_wall["untraced"]:.2f} |
-| traced, OTLP/gRPC to a receiver | {median_fit["traced"]:.3f} | {median_fit["traced"] / args.steps * 1000:.2f} | **{ratio:.3f}** | {median_wall["traced"]:.2f} |
-| traced, no collector listening | {median_fit["no_collector"]:.3f} | {median_fit["no_collector"] / args.steps * 1000:.2f} | {ratio_nc:.3f} | {median_wall["no_collector"]:.2f} |
+| variant | median fit s | per step ms | per-round ratio [q1, q3] | ratio of medians | median wall s |
+|---|---:|---:|---:|---:|---:|
+| untraced | {median_fit["untraced"]:.3f} | {step_ms:.2f} | 1.000 | 1.000 | {median_wall["untraced"]:.2f} |
+| traced, OTLP/gRPC | {median_fit["traced"]:.3f} | {traced_step_ms:.2f} | **{ratio:.3f}** [{ratio_q1:.3f}, {ratio_q3:.3f}] | {median_fit["traced"] / median_fit["untraced"]:.3f} | {median_wall["traced"]:.2f} |
+| traced, no collector | {median_fit["no_collector"]:.3f} | {nc_step_ms:.2f} | {ratio_nc:.3f} [{nc_q1:.3f}, {nc_q3:.3f}] | {median_fit["no_collector"] / median_fit["untraced"]:.3f} | {median_wall["no_collector"]:.2f} |
 
-Goal ≤ 1.01× for the traced fit. The whole-process wall time with no collector is
-{wall_ratio:.3f}× the untraced one (start-up of the SDK and the bounded exit flush included).
-The receiver got {spans} step spans over the traced runs (expected {args.pairs * (args.steps + 3)}).
-Runs (fit s): untraced {", ".join(f"{f:.3f}" for f, _ in results["untraced"])}; traced
-{", ".join(f"{f:.3f}" for f, _ in results["traced"])}; no collector
-{", ".join(f"{f:.3f}" for f, _ in results["no_collector"])}.
+Goal ≤ 1.01× for the traced fit. Whole-process wall time with no collector: {wall_ratio:.3f}×
+the untraced one per round (SDK start-up and the bounded exit flush included). The receiver got
+{spans} step spans (expected {args.rounds * (args.steps + 3)}).
+
+Runs (fit s, in round order): {runs}.
 """
     Path(args.out).write_text(text)
     print(text)

@@ -37,6 +37,7 @@ _US = 1000
 ATTR_TEST_CLOCK_ERROR = "tf_otel.clock.test_error_ns"
 CLOCK_SETTLED_ROUNDS = 6  # warm-up rounds at 10, 20, 40 ... ms: a drift baseline of ~0.3 s
 CLOCK_SETTLE_MAX_S = 15.0
+EXPORT_INTERVAL_S = 0.5
 
 
 def step_trace_id(job_id: str, key: str, step: int) -> int:
@@ -165,6 +166,7 @@ class Pipeline:
         self._closed = False
         self._start_lock = threading.Lock()
         self._worker = threading.Thread(target=self._work, name="tf_otel-export", daemon=True)
+        self._wake = threading.Event()  # set at shutdown: no more pauses between batches
 
     # -- training-thread side -------------------------------------------------------------
 
@@ -305,6 +307,7 @@ class Pipeline:
             return
         self._closed = True
         self._queue.put(None)
+        self._wake.set()
         self._worker.join(timeout_s)
         if self._client is not None:
             self._client.close(min(timeout_s, 2.0))
@@ -325,16 +328,27 @@ class Pipeline:
     # -- export-thread side ---------------------------------------------------------------
 
     def _work(self) -> None:
+        """Convert queued steps in batches, EXPORT_INTERVAL_S apart: every wake-up of this thread
+        may hold the GIL just when the training thread comes back from TF's C++ and then costs
+        it up to the interpreter's switch interval (5 ms), so fewer, larger bursts are cheaper
+        for training than one burst per step (measured: bench/bench_steps_inprocess.py)."""
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            self._wait_for_clock()
-            with fail_open("export.step"):
-                if isinstance(item, StepHandle):
-                    self._export_step(item)
-                else:
-                    self._export_late(*item)
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            for item in batch:
+                if item is None:
+                    return
+                self._wait_for_clock()
+                with fail_open("export.step"):
+                    if isinstance(item, StepHandle):
+                        self._export_step(item)
+                    else:
+                        self._export_late(*item)
+            self._wake.wait(EXPORT_INTERVAL_S)
 
     def _wait_for_clock(self) -> None:
         """Early steps wait (on this thread, queued) until the clock model has a drift estimate

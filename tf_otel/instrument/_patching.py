@@ -41,6 +41,12 @@ def deactivate() -> None:
                 unwrap(owner, attribute)
 
 
+def deactivate_steps() -> None:
+    """Stop tracing steps but keep the wrappers in place (benchmarks: on / off in one process)."""
+    global _active
+    _active = False
+
+
 def is_active() -> bool:
     return _active
 
