@@ -32,6 +32,7 @@ def _draw(step: StepResult, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     trace = step.trace
     origin = trace.start_ns
@@ -55,6 +56,15 @@ def _draw(step: StepResult, path: Path) -> None:
             edgecolors="black",
             linewidth=1.5,
         )
+    shown = {span.category for t in trace.ranks.values() for span in t.nodes}
+    shown |= {segment.category for segment in step.path.segments}
+    handles = [
+        Patch(facecolor=COLOURS.get(category, "#999"), label=category)
+        for category in COLOURS
+        if category in shown
+    ]
+    if handles:
+        axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     axes.set_yticks(range(len(lanes)))
     axes.set_yticklabels([f"rank {rank}" for rank in lanes])
     axes.invert_yaxis()
