@@ -101,18 +101,24 @@ def profile_start_ns(space: Any) -> Optional[int]:
     return None
 
 
+def time_base_ns(space: Any, base_ns: Optional[int] = None) -> int:
+    """Epoch ns of the profile start: the Task Environment plane's, else the caller's."""
+    base = profile_start_ns(space)
+    if base is not None:
+        return base
+    if base_ns is None:
+        raise ValueError(
+            "XSpace has no 'Task Environment' profile_start_time: pass base_ns "
+            "(time.time_ns() taken just before the profiler started)"
+        )
+    return base_ns
+
+
 def host_records(
     space: Any, step: Optional[int] = None, base_ns: Optional[int] = None
 ) -> List[Record]:
     """Records of the host plane's op, input and tf.function events, sorted by start."""
-    base = profile_start_ns(space)
-    if base is None:
-        if base_ns is None:
-            raise ValueError(
-                "XSpace has no 'Task Environment' profile_start_time: pass base_ns "
-                "(time.time_ns() taken just before the profiler started)"
-            )
-        base = base_ns
+    base = time_base_ns(space, base_ns)
     out: List[Record] = []
     for plane in space.planes:
         if plane.name != HOST_PLANE:

@@ -26,7 +26,7 @@ import logging
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-from tf_otel.capture.xplane import parse_xspace, stat_value
+from tf_otel.capture.xplane import parse_xspace, stat_value, time_base_ns
 from tf_otel.nccl.kernels import parse_kernel_name
 from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, KERNEL, Record
 
@@ -94,14 +94,7 @@ def gpu_kernel_records(
     plane (TF <= 2.15: take time.time_ns() just before starting the profiler).
     """
     space = load_xspace(src)
-    base = profile_start_ns(space)
-    if base is None:
-        if base_ns is None:
-            raise ValueError(
-                "XSpace has no 'Task Environment' profile_start_time: pass base_ns "
-                "(time.time_ns() taken just before the profiler started)"
-            )
-        base = base_ns
+    base = time_base_ns(space, base_ns)
     out: List[Record] = []
     dropped = 0
     for plane in space.planes:
