@@ -122,9 +122,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     traced_step_ms = median_fit["traced"] / args.steps * 1000
     nc_step_ms = median_fit["no_collector"] / args.steps * 1000
-    runs = "; ".join(
-        f"{name} {', '.join(f'{f:.3f}' for f, _ in results[name])}" for name in names
-    )
+    runs = "; ".join(f"{name} {', '.join(f'{f:.3f}' for f, _ in results[name])}" for name in names)
     text = f"""## Step tracing overhead (bench/bench_steps.py)
 
 Keras 3 `fit`, {args.steps} steps of ~{step_ms:.1f} ms (Dense {args.width}×2, batch 256,

@@ -61,6 +61,7 @@ def test_horovodrun_gloo_clock_check() -> None:
 
 def test_mpirun_mpi4py_clock_check() -> None:
     import mpi4py  # noqa: F401 - installed by scripts/install.sh; its absence is a failure
+
     env = env_with_path({"TF_OTEL_TEST_CLOCK": "1:-2000000000:-200"})
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

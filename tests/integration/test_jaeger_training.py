@@ -14,8 +14,11 @@ pytestmark = pytest.mark.integration
 
 def _step_traces(jaeger: JaegerServer, service: str, expected: int):
     traces = jaeger.wait_for_traces(service, expected, timeout=60)
-    return [t for t in traces if any(
-        JaegerServer.tags(s).get("tf_otel.category") == "step.root" for s in t["spans"])]
+    return [
+        t
+        for t in traces
+        if any(JaegerServer.tags(s).get("tf_otel.category") == "step.root" for s in t["spans"])
+    ]
 
 
 def _assert_well_formed(trace: dict, ranks: int) -> None:
@@ -41,13 +44,19 @@ def _assert_well_formed(trace: dict, ranks: int) -> None:
 
 def test_single_process_steps_in_jaeger():
     with JaegerServer() as jaeger:
-        env = base_env(TF_OTEL_ENABLED="1", STEPS="6", OTEL_SERVICE_NAME="jaeger-single",
-                       OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.otlp_grpc_endpoint,
-                       OTEL_EXPORTER_OTLP_INSECURE="true")
+        env = base_env(
+            TF_OTEL_ENABLED="1",
+            STEPS="6",
+            OTEL_SERVICE_NAME="jaeger-single",
+            OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.otlp_grpc_endpoint,
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+        )
         run([python(), example("custom_loop.py")], env)
         traces = _step_traces(jaeger, "jaeger-single", 7)  # 6 steps + the job trace
         steps = sorted(
-            JaegerServer.tags(s)["tf_otel.step"] for t in traces for s in t["spans"]
+            JaegerServer.tags(s)["tf_otel.step"]
+            for t in traces
+            for s in t["spans"]
             if JaegerServer.tags(s).get("tf_otel.category") == "step"
         )
         assert steps == list(range(6))
@@ -57,9 +66,13 @@ def test_single_process_steps_in_jaeger():
 
 def test_horovod_two_ranks_in_jaeger():
     with JaegerServer() as jaeger:
-        env = base_env(TF_OTEL_ENABLED="1", STEPS="5", OTEL_SERVICE_NAME="jaeger-hvd",
-                       OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.otlp_http_endpoint,
-                       OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        env = base_env(
+            TF_OTEL_ENABLED="1",
+            STEPS="5",
+            OTEL_SERVICE_NAME="jaeger-hvd",
+            OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.otlp_http_endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        )
         horovodrun("horovod_tape.py", env, backend="gloo")
         traces = _step_traces(jaeger, "jaeger-hvd", 6)
         by_step = defaultdict(list)
@@ -81,14 +94,19 @@ def test_training_through_the_collector_into_jaeger():
             "TF_OTEL_TAIL_BASELINE_PERCENT": "100",
         }
         with CollectorServer(COLLECTOR_CONFIG_DIR / "training.yaml", env=collector_env) as coll:
-            env = base_env(TF_OTEL_ENABLED="1", STEPS="4", OTEL_SERVICE_NAME="via-collector",
-                           OTEL_EXPORTER_OTLP_ENDPOINT=coll.otlp_grpc_endpoint,
-                           OTEL_EXPORTER_OTLP_INSECURE="true")
+            env = base_env(
+                TF_OTEL_ENABLED="1",
+                STEPS="4",
+                OTEL_SERVICE_NAME="via-collector",
+                OTEL_EXPORTER_OTLP_ENDPOINT=coll.otlp_grpc_endpoint,
+                OTEL_EXPORTER_OTLP_INSECURE="true",
+            )
             horovodrun("horovod_tape.py", env, backend="gloo")
             for backend in (jaeger, tempo_standin):
                 traces = _step_traces(backend, "via-collector", 5)
-                train = [t for t in traces if any("train_step" in s["operationName"]
-                                                  for s in t["spans"])]
+                train = [
+                    t for t in traces if any("train_step" in s["operationName"] for s in t["spans"])
+                ]
                 assert len(train) == 4
                 for trace in train:
                     _assert_well_formed(trace, ranks=2)

@@ -48,6 +48,7 @@ def test_op_type_from_label_or_name():
 
 def test_step_stats_message_to_records():
     from tensorflow.core.framework import step_stats_pb2
+
     stats = step_stats_pb2.StepStats()
     worker = stats.dev_stats.add(device="/job:worker/replica:0/task:0/device:CPU:0")
     for name, label, start_us, rel_us in (
@@ -106,6 +107,7 @@ def test_capped_fast_path_equals_records_then_cap_on_a_real_trace():
     """step_stats_capped (picks the longest from raw durations) == cap_records(records), on the
     FULL_TRACE step_stats of a real ~1k-op while loop, capped and uncapped."""
     import tensorflow as tf
+
     graph = tf.Graph()
     with graph.as_default():
         a = tf.compat.v1.placeholder(tf.float32, [4])
