@@ -24,7 +24,13 @@ from backends import JAEGER_CONFIG, jaeger_binary  # noqa: E402
 OUT = REPO / "out" / "demo"
 PID_FILE = OUT / "jaeger.pid"
 VENV_BIN = Path(sys.executable).parent
-PORTS = {"JAEGER_OTLP_GRPC_PORT": 4317, "JAEGER_OTLP_HTTP_PORT": 4318, "JAEGER_QUERY_PORT": 16686}
+# deploy/jaeger-v2.yaml reads these; a taken default port is replaced by a free one
+PORTS = {
+    "JAEGER_OTLP_GRPC_PORT": 4317,
+    "JAEGER_OTLP_HTTP_PORT": 4318,
+    "JAEGER_QUERY_HTTP_PORT": 16686,
+    "JAEGER_QUERY_GRPC_PORT": 16685,
+}
 SERVICE = "tf-otel-demo"
 
 
@@ -70,7 +76,7 @@ def start_jaeger() -> dict:
         start_new_session=True,
     )
     PID_FILE.write_text(f"{proc.pid}\n")
-    query = f"http://127.0.0.1:{ports['JAEGER_QUERY_PORT']}"
+    query = f"http://127.0.0.1:{ports['JAEGER_QUERY_HTTP_PORT']}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
