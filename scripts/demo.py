@@ -144,8 +144,8 @@ def analyze(jaeger: dict) -> None:
         slowest = max(warm, key=lambda s: s.get("duration_ms", 0))
         trace_id = slowest.get("trace_id", "")
         say(
-            f"slowest step: {slowest.get('step')} ({slowest.get('duration_ms', 0):.1f} ms), "
-            f"trace {trace_id}"
+            f"slowest step after the first: {slowest.get('step')} "
+            f"({slowest.get('duration_ms', 0):.1f} ms), trace {trace_id}"
         )
         say(f"  its spans: {jaeger['query']}/api/traces/{trace_id}")
     say(f"all traces: {jaeger['query']}/api/traces?service={SERVICE}")
