@@ -218,7 +218,27 @@ class _Process:
         self._tmp.cleanup()
 
 
-class JaegerServer(_Process):
+class _OtlpServer(_Process):
+    """A backend process that receives OTLP on otlp_grpc_port / otlp_http_port."""
+
+    otlp_grpc_port: int
+    otlp_http_port: int
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        """For OTLPSpanExporter (grpc) with insecure=True."""
+        return f"http://{HOST}:{self.otlp_grpc_port}"
+
+    @property
+    def otlp_http_endpoint(self) -> str:
+        """Base URL (OTEL_EXPORTER_OTLP_ENDPOINT style); traces go to /v1/traces."""
+        return f"http://{HOST}:{self.otlp_http_port}"
+
+    def _otlp_ports_open(self) -> bool:
+        return all(_port_open(p) for p in (self.otlp_grpc_port, self.otlp_http_port))
+
+
+class JaegerServer(_OtlpServer):
     """Jaeger v2 with in-memory storage (deploy/jaeger-v2.yaml) on free ports of 127.0.0.1."""
 
     what = "jaeger"
@@ -253,22 +273,12 @@ class JaegerServer(_Process):
         return f"{HOST}:{self.otlp_grpc_port}"
 
     @property
-    def otlp_grpc_endpoint(self) -> str:
-        """For OTLPSpanExporter (grpc) with insecure=True."""
-        return f"http://{HOST}:{self.otlp_grpc_port}"
-
-    @property
-    def otlp_http_endpoint(self) -> str:
-        """Base URL (OTEL_EXPORTER_OTLP_ENDPOINT style); traces go to /v1/traces."""
-        return f"http://{HOST}:{self.otlp_http_port}"
-
-    @property
     def query_url(self) -> str:
         """The UI and the HTTP query API (/api/services, /api/traces)."""
         return f"http://{HOST}:{self.query_http_port}"
 
     def _ready(self) -> bool:
-        if not all(_port_open(p) for p in (self.otlp_grpc_port, self.otlp_http_port)):
+        if not self._otlp_ports_open():
             return False
         return http_get(self.query_url + "/api/services", timeout=2)[0] == 200
 
@@ -369,7 +379,7 @@ class JaegerServer(_Process):
         return tags
 
 
-class CollectorServer(_Process):
+class CollectorServer(_OtlpServer):
     """The tf_otel collector with a config from collector-config/ on free ports of 127.0.0.1.
 
     The config must take OTELCOL_LISTEN_HOST, OTELCOL_OTLP_GRPC_PORT, OTELCOL_OTLP_HTTP_PORT and
@@ -403,16 +413,8 @@ class CollectorServer(_Process):
             "OTELCOL_HEALTH_PORT": self.health_port,
         }
 
-    @property
-    def otlp_grpc_endpoint(self) -> str:
-        return f"http://{HOST}:{self.otlp_grpc_port}"
-
-    @property
-    def otlp_http_endpoint(self) -> str:
-        return f"http://{HOST}:{self.otlp_http_port}"
-
     def _ready(self) -> bool:
-        if not all(_port_open(p) for p in (self.otlp_grpc_port, self.otlp_http_port)):
+        if not self._otlp_ports_open():
             return False
         return http_get(f"http://{HOST}:{self.health_port}/", timeout=2)[0] == 200
 

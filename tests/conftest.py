@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,18 @@ def horovodrun(
         str(EXAMPLES / script),
     ]
     return run(command, env, timeout)
+
+
+def free_ports(n: int = 1) -> List[int]:
+    """n distinct ports free on 127.0.0.1 right now (held together while picked)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def example(name: str) -> str:

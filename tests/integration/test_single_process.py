@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import REPO, VENV_BIN, base_env, example, python, run
+from conftest import REPO, VENV_BIN, base_env, example, free_ports, python, run
 
 pytestmark = pytest.mark.integration
 
@@ -165,14 +165,8 @@ def _untraced_and_traced(extra_env):
     return untraced, traced, time.monotonic() - t0
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_missing_collector_changes_nothing_for_the_job():
-    port = _closed_port()
+    port = free_ports()[0]
     untraced, traced, _ = _untraced_and_traced(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
@@ -270,7 +264,7 @@ def test_sigterm_flushes_spans_and_keeps_the_exit_status(receiver, tmp_path: Pat
 def test_sigterm_ends_a_process_blocked_in_tensorflow(tmp_path: Path):
     """A parameter server sits in server.join(), in C++: Python's handler never runs there, so
     tf_otel's watchdog must still let SIGTERM end it, with the default exit status."""
-    port = _closed_port()
+    port = free_ports()[0]
     script = tmp_path / "ps.py"
     script.write_text(
         "import tensorflow as tf\n"

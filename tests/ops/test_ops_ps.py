@@ -5,31 +5,20 @@ spans and RecvTensor transfer spans whose byte counts are the ps variables' size
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from collections import defaultdict
 
 import pytest
-from conftest import REPO, base_env, example, python
+from conftest import REPO, base_env, example, free_ports, python
 
 pytestmark = pytest.mark.integration
 
 W1_BYTES, W2_BYTES = 32 * 64 * 4, 64 * 1 * 4  # examples/ps_tf1.py's variables (float32)
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 def test_ps_cluster_op_traced_steps_hold_ops_and_recv_transfers(receiver):
-    ps, w0, w1, coord = _free_ports(4)
+    ps, w0, w1, coord = free_ports(4)
     cluster = {"ps": [f"127.0.0.1:{ps}"], "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"]}
     procs = []
     try:

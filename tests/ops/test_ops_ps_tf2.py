@@ -5,11 +5,10 @@ step span of the chief with the worker it ran on, in its step trace under the st
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 
 import pytest
-from conftest import REPO, base_env, example, python
+from conftest import REPO, base_env, example, free_ports, python
 
 from tf_otel.topology import detect
 from tf_otel.tracing import step_root_span_id, step_trace_id
@@ -20,18 +19,8 @@ CLOSURES = 8
 KEY = "ps_closure:train_step"
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def test_pss_one_step_span_per_closure_with_its_worker(receiver):
-    chief, ps, w0, w1, coord = _free_ports(5)
+    chief, ps, w0, w1, coord = free_ports(5)
     cluster = {
         "chief": [f"127.0.0.1:{chief}"],
         "ps": [f"127.0.0.1:{ps}"],
