@@ -27,14 +27,20 @@ def count(key: str, n: int = 1) -> None:
         counters[key] += n
 
 
+def first_time(key: str) -> bool:
+    """True the first time ``key`` is seen (the log-once bookkeeping), False after."""
+    with _lock:
+        if key in _logged:
+            return False
+        _logged.add(key)
+        return True
+
+
 def log_once(key: str, message: str, *args: object, level: int = logging.WARNING) -> None:
     """Log ``message`` the first time ``key`` is seen; later calls only count."""
-    with _lock:
-        counters[key] += 1
-        if key in _logged:
-            return
-        _logged.add(key)
-    logger.log(level, message, *args)
+    count(key)
+    if first_time(key):
+        logger.log(level, message, *args)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import os
 import threading
 from typing import IO, Any, Dict, Optional, Sequence
 
-from tf_otel.health import count, log_once
+from tf_otel.health import count, first_time, log_once
 
 _configured_here = False
 
@@ -57,13 +57,8 @@ class _ExportFailureFilter(logging.Filter):
         if record.levelno < logging.WARNING:
             return True
         count("export_errors")
-        key = "export:" + record.name
-        from tf_otel.health import _lock, _logged
-
-        with _lock:
-            if key in _logged:
-                return False
-            _logged.add(key)
+        if not first_time("export:" + record.name):
+            return False
         record.msg = f"tf_otel: span export is failing; training goes on. First error: {record.msg}"
         return True
 
