@@ -10,7 +10,7 @@ from __future__ import annotations
 from itertools import chain
 from typing import List, Optional, Tuple
 
-from tf_otel.analysis.causality import repair_causality
+from tf_otel.analysis.causality import repair_trace_causality
 from tf_otel.analysis.critical_path import critical_path
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.findings import evaluate_rules
@@ -19,7 +19,7 @@ from tf_otel.analysis.gpu import gpu_utilisation
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
 from tf_otel.analysis.result import AnalysisResult, StepResult
-from tf_otel.analysis.steps import filter_job, group_steps, select_steps
+from tf_otel.analysis.steps import filter_job, group_trace_steps, select_steps, spans_by_trace
 from tf_otel.analysis.stragglers import straggler_summary
 
 
@@ -59,8 +59,9 @@ def _analyze(
     straggler_min_ns: int,
 ) -> AnalysisResult:
     spans = filter_job(spans, job_id)
-    repair = repair_causality(spans)
-    all_steps, warnings = group_steps(spans)
+    traces = spans_by_trace(spans)
+    repair = repair_trace_causality(traces)
+    all_steps, warnings = group_trace_steps(traces)
     if repair.violations:
         warnings.append(
             f"clock: {repair.violations} collective(s) in {repair.traces} step(s) ended on one "

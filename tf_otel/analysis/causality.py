@@ -11,13 +11,17 @@ Usage::
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-from typing import Dict, List
+from itertools import compress
+from operator import attrgetter
+from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel.analysis.model import Span
+from tf_otel.analysis.steps import spans_by_trace
 from tf_otel.clock.causality import CollectiveRecord, correct
 from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, STEP_ROOT
+
+_CATEGORY = attrgetter("category")
 
 
 @dataclass
@@ -28,31 +32,46 @@ class CausalityRepair:
 
 
 def repair_causality(spans: List[Span]) -> CausalityRepair:
-    collectives: Dict[str, List[CollectiveRecord]] = defaultdict(list)
-    for span in spans:
-        if span.category == COLLECTIVE and span.rank is not None:
-            key = span.attributes.get(ATTR_COLLECTIVE_KEY)
-            if key is not None:
-                collectives[span.trace_id].append(
-                    CollectiveRecord(span.rank, key, span.start_ns, span.end_ns)
-                )
+    return repair_trace_causality(spans_by_trace(spans))
+
+
+def repair_trace_causality(traces: Dict[str, List[Span]]) -> CausalityRepair:
+    """``repair_causality`` on spans already split by trace (``steps.spans_by_trace``)."""
     repair = CausalityRepair()
-    fixes = {}
-    for trace_id, records in collectives.items():
-        fix = correct(records)
+    for trace_spans in traces.values():
+        members = [
+            (span, key)
+            for span in compress(trace_spans, map(COLLECTIVE.__eq__, map(_CATEGORY, trace_spans)))
+            if span.rank is not None
+            and (key := span.attributes.get(ATTR_COLLECTIVE_KEY)) is not None
+        ]
+        if not members or not _may_violate(members):
+            continue
+        fix = correct([CollectiveRecord(s.rank, key, s.start_ns, s.end_ns) for s, key in members])
         if fix.violations:
-            fixes[trace_id] = fix
             repair.violations += len(fix.violations)
             repair.traces += 1
-    if not fixes:
-        return repair
-    roots: Dict[str, Span] = {}
-    for span in spans:
-        fix = fixes.get(span.trace_id)
-        if fix is None:
-            continue
+            _shift(trace_spans, fix, repair)
+    return repair
+
+
+def _may_violate(members: List[Tuple[Span, Any]]) -> bool:
+    """Whether some collective ends on one rank before another rank began it (cheap check)."""
+    last_start: Dict[Any, int] = {}
+    first_end: Dict[Any, int] = {}
+    for span, key in members:
+        if last_start.get(key, span.start_ns) <= span.start_ns:
+            last_start[key] = span.start_ns
+        if first_end.get(key, span.end_ns) >= span.end_ns:
+            first_end[key] = span.end_ns
+    return any(first_end[key] < start for key, start in last_start.items())
+
+
+def _shift(trace_spans: List[Span], fix: Any, repair: CausalityRepair) -> None:
+    root: Optional[Span] = None
+    for span in trace_spans:
         if span.category == STEP_ROOT:
-            roots[span.trace_id] = span
+            root = span
             continue
         if span.rank is None:
             continue
@@ -61,6 +80,5 @@ def repair_causality(spans: List[Span]) -> CausalityRepair:
         repair.max_shift_ns = max(repair.max_shift_ns, shift_start, shift_end)
         span.start_ns += shift_start
         span.end_ns += shift_end
-    for trace_id, root in roots.items():  # the root still covers every rank
-        root.end_ns = max([root.end_ns] + [s.end_ns for s in spans if s.trace_id == trace_id])
-    return repair
+    if root is not None:  # the root still covers every rank
+        root.end_ns = max([root.end_ns] + [s.end_ns for s in trace_spans])

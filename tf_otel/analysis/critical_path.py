@@ -117,6 +117,8 @@ class CriticalPath:
     step: StepTrace
     segments: List[Segment] = field(default_factory=list)  # in time order
     legs: List[Leg] = field(default_factory=list)  # in time order
+    # collective key -> rank -> arrival (earliest start), for the straggler statistics
+    arrivals: Optional[Dict[str, Dict[int, int]]] = field(default=None, repr=False)
 
     @property
     def length_ns(self) -> int:
@@ -170,17 +172,23 @@ class _RankIndex:
         self.by_end = nodes
         self.ends = [s.end_ns for s in nodes]
         self.limit = len(nodes)  # spans at or after this index are used or ended too late
-        partial = sorted([s for s in timeline.nodes if s.category in _PARTIAL_OK], key=_START_ID)
-        self.partial_starts = [s.start_ns for s in partial]
-        self.partial_reach: List[Span] = []  # prefix: the span reaching furthest
-        best: Optional[Span] = None
-        for span in partial:
-            if best is None or span.end_ns > best.end_ns:
-                best = span
-            self.partial_reach.append(best)
-        fillers = sorted(timeline.fillers, key=_START_ID)
-        self.fillers = fillers
-        self.filler_starts = [s.start_ns for s in fillers]
+        self._partial: Optional[Tuple[List[int], List[Span]]] = None
+        self._fillers: Optional[Tuple[List[int], List[Span]]] = None
+
+    def _partial_index(self) -> Tuple[List[int], List[Span]]:
+        """Starts of the compute/input spans, and per prefix the one reaching furthest."""
+        if self._partial is None:
+            partial = sorted(
+                [s for s in self.timeline.nodes if s.category in _PARTIAL_OK], key=_START_ID
+            )
+            reach: List[Span] = []
+            best: Optional[Span] = None
+            for span in partial:
+                if best is None or span.end_ns > best.end_ns:
+                    best = span
+                reach.append(best)
+            self._partial = ([s.start_ns for s in partial], reach)
+        return self._partial
 
     def last_before(self, t: int) -> Tuple[Optional[Span], bool]:
         """The span the path takes at time t, and whether it is still running at t."""
@@ -189,9 +197,10 @@ class _RankIndex:
         if ended is not None and ended.end_ns == t:
             self.limit = index
             return ended, False
-        cut = bisect.bisect_left(self.partial_starts, t)
+        starts, reach = self._partial_index()
+        cut = bisect.bisect_left(starts, t)
         if cut > 0:
-            running = self.partial_reach[cut - 1]
+            running = reach[cut - 1]
             if running.end_ns > t:
                 return running, True
         if ended is not None:
@@ -200,17 +209,33 @@ class _RankIndex:
 
     def gap_name(self, start: int, end: int) -> Tuple[str, Optional[str]]:
         """The framework/kernel span overlapping [start, end) most, else '(gap)'."""
+        if self._fillers is None:
+            fillers = sorted(self.timeline.fillers, key=_START_ID)
+            self._fillers = ([s.start_ns for s in fillers], fillers)
+        starts, fillers = self._fillers
         best: Optional[Span] = None
         best_overlap = 0
-        last = bisect.bisect_left(self.filler_starts, end) - 1
+        last = bisect.bisect_left(starts, end) - 1
         for i in range(last, max(-1, last - 64), -1):  # bounded scan, nearest starts first
-            span = self.fillers[i]
+            span = fillers[i]
             overlap = min(end, span.end_ns) - max(start, span.start_ns)
             if overlap > best_overlap:
                 best, best_overlap = span, overlap
         if best is None:
             return "(gap)", None
         return best.name, best.span_id
+
+
+class _LazyIndexes(Dict[int, _RankIndex]):
+    """Rank -> index, built on first use: the path visits only a few ranks of a step."""
+
+    def __init__(self, step: StepTrace) -> None:
+        super().__init__()
+        self.step = step
+
+    def __missing__(self, rank: int) -> _RankIndex:
+        index = self[rank] = _RankIndex(self.step.ranks[rank])
+        return index
 
 
 def _collective_index(step: StepTrace) -> Dict[str, Dict[int, Span]]:
@@ -276,8 +301,12 @@ def critical_path(step: StepTrace) -> CriticalPath:
     path = CriticalPath(step)
     if not step.ranks:
         return path
-    indexes = {rank: _RankIndex(timeline) for rank, timeline in step.ranks.items()}
+    indexes = _LazyIndexes(step)
     syncs = _collective_index(step)
+    path.arrivals = {
+        key[2:]: {rank: span.start_ns for rank, span in members.items()}
+        for key, members in syncs.items()
+    }
     syncs.update(_transfer_index(step))
     expected = set(step.expected_ranks)
     backward: List[Segment] = []

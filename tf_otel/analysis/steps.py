@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import groupby
 from operator import attrgetter
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
@@ -35,6 +36,8 @@ from tf_otel.record import (
 # kernel, unknown) only names the gaps between them.
 TIMELINE_CATEGORIES = frozenset((COMPUTE, INPUT, COLLECTIVE, TRANSFER))
 COLLECTIVE_PARTS = frozenset((COLLECTIVE_WAIT, COLLECTIVE_TRANSFER))
+_TRACE_ID = attrgetter("trace_id")
+_SPAN_ID = attrgetter("span_id")
 
 
 @dataclass
@@ -117,6 +120,8 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
     timeline: Optional[RankTimeline] = None
     nodes: List[Span] = []
     fillers: List[Span] = []
+    parts: Dict[str, List[Span]] = {}
+    extent_from_spans = False
     for span in spans:
         category = span.category
         if category == STEP_ROOT or category == JOB:
@@ -136,9 +141,11 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
                     timeline.end_ns = max(s.end_ns for s in own)
                 ranks[rank] = timeline
             last_rank, nodes, fillers = rank, timeline.nodes, timeline.fillers
+            parts = timeline.parts
+            extent_from_spans = not timeline.step_span  # no step span: the spans' extent
         if category == STEP:
             continue
-        if not timeline.step_span:
+        if extent_from_spans:
             timeline.start_ns = min(timeline.start_ns, span.start_ns)
             timeline.end_ns = max(timeline.end_ns, span.end_ns)
         if category in timeline_categories:
@@ -146,7 +153,7 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
             if parent is None or parent.category not in timeline_categories:
                 nodes.append(span)
         elif category in collective_parts and span.parent_id:
-            timeline.parts.setdefault(span.parent_id, []).append(span)
+            parts.setdefault(span.parent_id, []).append(span)
         else:
             fillers.append(span)
     if unranked:
@@ -163,15 +170,40 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
     )
 
 
+def spans_by_trace(spans: Iterable[Span]) -> Dict[str, List[Span]]:
+    """Each trace's spans in input order (duplicates kept); runs of one trace taken at C speed."""
+    traces: Dict[str, List[Span]] = {}
+    for trace_id, run in groupby(spans, key=_TRACE_ID):
+        found = traces.get(trace_id)
+        if found is None:
+            traces[trace_id] = list(run)
+        else:
+            found.extend(run)
+    return traces
+
+
+def _unique_by_id(spans: List[Span]) -> Dict[str, Span]:
+    """Span id -> span in input order; the first of duplicates (same span id) wins."""
+    by_id = dict(zip(map(_SPAN_ID, spans), spans))
+    if len(by_id) == len(spans):
+        return by_id
+    by_id = {}
+    for span in spans:
+        by_id.setdefault(span.span_id, span)
+    return by_id
+
+
 def group_steps(spans: Iterable[Span]) -> Tuple[List[StepTrace], List[str]]:
     """Steps ordered by (step number, start); duplicate spans (same trace+span id) dropped."""
-    traces: Dict[str, Dict[str, Span]] = defaultdict(dict)
-    for span in spans:
-        traces[span.trace_id].setdefault(span.span_id, span)
+    return group_trace_steps(spans_by_trace(spans))
+
+
+def group_trace_steps(traces: Dict[str, List[Span]]) -> Tuple[List[StepTrace], List[str]]:
+    """``group_steps`` on spans already split by trace (``spans_by_trace``)."""
     warnings: List[str] = []
     steps = []
     for trace_id in sorted(traces):
-        step = _build_step(trace_id, traces[trace_id], warnings)
+        step = _build_step(trace_id, _unique_by_id(traces[trace_id]), warnings)
         if step is not None:
             steps.append(step)
     steps.sort(key=lambda s: (s.step if s.step is not None else -1, s.start_ns, s.trace_id))

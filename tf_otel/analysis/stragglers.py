@@ -108,7 +108,8 @@ def straggler_summary(
             rank_stats.straggler_steps.append(key)
             rank_stats.excess_ns += found.excess_ns
             rank_stats.saving_ns += found.saving_ns
-        for members in _collective_arrivals(step).values():
+        arrivals = path.arrivals if path.arrivals is not None else _collective_arrivals(step)
+        for members in arrivals.values():
             for rank in members:
                 stats(rank).collectives += 1
             last = _strictly_last(members)
