@@ -119,3 +119,46 @@ def test_dead_worker_is_one_clear_error(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(files, "_load_rows", _die)
     with pytest.raises(AnalysisError, match="worker process died.*TF_OTEL_ANALYZE_WORKERS=1"):
         load_paths([str(tmp_path)], progress=False, workers=2)
+
+
+def _one_big_file(directory: Path, copies: int = 20) -> Path:
+    """Every rank's lines in one file, as the Collector's file exporter writes one file."""
+    lines = [json.dumps(line) for line in straggler_job().otlp_lines()] * copies
+    path = directory / "collector.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_big_file_is_read_in_parts_with_the_same_result(tmp_path: Path, monkeypatch):
+    path = _one_big_file(tmp_path)
+    monkeypatch.setattr(files, "PART_MIN_BYTES", 1000)
+    parts = files.plan_parts([path], 2)
+    assert len(parts) == 16 and parts[0][1] == 0 and parts[-1][2] == path.stat().st_size
+    assert all(a[2] == b[1] for a, b in zip(parts, parts[1:]))  # contiguous, no gaps
+    data = path.read_bytes()
+    assert all(data[start - 1 : start] == b"\n" for _, start, _ in parts[1:])  # line starts
+    one = [s.to_row() for s in load_paths([str(path)], progress=False, workers=1)]
+    two = [s.to_row() for s in load_paths([str(path)], progress=False, workers=2)]
+    assert worker_count([path], 2) == 2 and len(one) > 100 and one == two
+
+
+def test_corrupt_line_in_a_later_part_is_named_by_its_line_in_the_file(tmp_path: Path, monkeypatch):
+    path = _one_big_file(tmp_path)
+    lines = path.read_text().splitlines()
+    lines[30] = lines[30][:-50]  # truncated line 31, far from the first part
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(files, "PART_MIN_BYTES", 1000)
+    assert files.plan_parts([path], 2)[0][2] < sum(len(line) + 1 for line in lines[:30])
+    with pytest.raises(AnalysisError, match=r"collector.jsonl: line 31 is not valid JSON"):
+        load_paths([str(path)], progress=False, workers=2)
+
+
+def test_pretty_printed_document_is_not_cut(tmp_path: Path, monkeypatch):
+    path = tmp_path / "pretty.json"
+    document = {"resourceSpans": []}
+    for line in straggler_job().otlp_lines() * 10:
+        document["resourceSpans"].extend(line["resourceSpans"])
+    path.write_text(json.dumps(document, indent=2))
+    monkeypatch.setattr(files, "PART_MIN_BYTES", 1000)
+    assert files.plan_parts([path], 2) == [(path, 0, -1)]
+    assert len(load_paths([str(path)], progress=False, workers=2)) > 100

@@ -15,6 +15,7 @@ import gzip
 import marshal
 import multiprocessing
 import os
+import re
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -115,6 +116,25 @@ def _split_lines(data: bytes) -> List[Union[bytes, memoryview]]:
 def load_file_rows(path: Path) -> List[Row]:
     """One file's spans as ``Span.to_row`` tuples."""
     data = _read_bytes(path)
+    try:
+        spans = _decode_lines(path, data)
+    except _NotLines as not_lines:
+        return _load_whole(path, data, not_lines.line, not_lines.line_count)
+    if not spans and not data.strip():
+        raise AnalysisError(f"{path}: empty file")
+    return spans
+
+
+class _NotLines(Exception):
+    """A line that is not JSON before any span: maybe the file is one pretty-printed document."""
+
+    def __init__(self, line: int, line_count: int) -> None:
+        super().__init__(line)
+        self.line, self.line_count = line, line_count
+
+
+def _decode_lines(path: Path, data: bytes) -> List[Row]:
+    """Spans of newline-delimited ``TracesData`` lines."""
     fast = LineDecoder() if FAST_DECODER else None  # msgspec; else only the generic path
     lines = _split_lines(data) if fast is not None else data.splitlines()
     spans: List[Row] = []
@@ -131,14 +151,14 @@ def load_file_rows(path: Path) -> List[Row]:
             obj = loads(line)
         except DECODE_ERRORS:
             if not spans:
-                return _load_whole(path, data, number, len(lines))
-            raise AnalysisError(
-                f"{path}: line {number} is not valid JSON (truncated or corrupt file)"
-            ) from None
+                raise _NotLines(number, len(lines)) from None
+            raise _bad_line(path, number) from None
         spans.extend(_decode_document(obj, f"{path} line {number}"))
-    if not spans and not data.strip():
-        raise AnalysisError(f"{path}: empty file")
     return spans
+
+
+def _bad_line(path: Path, number: int) -> AnalysisError:
+    return AnalysisError(f"{path}: line {number} is not valid JSON (truncated or corrupt file)")
 
 
 def _load_whole(path: Path, data: bytes, bad_line: int, line_count: int) -> List[Row]:
@@ -147,22 +167,111 @@ def _load_whole(path: Path, data: bytes, bad_line: int, line_count: int) -> List
         obj = loads(data)
     except DECODE_ERRORS:
         if line_count == 1 or bad_line > 1:
-            raise AnalysisError(
-                f"{path}: line {bad_line} is not valid JSON (truncated or corrupt file)"
-            ) from None
+            raise _bad_line(path, bad_line) from None
         raise AnalysisError(f"{path}: not valid JSON (truncated, corrupt or not a trace)") from None
     return _decode_document(obj, str(path))
 
 
-def _load_rows(path: Path) -> bytes:
-    """In a worker process: one file's spans as marshalled rows (half pickle's cost; rows hold
+# A big plain file is read in parts by several workers: (path, first byte, end byte); the
+# whole file is (path, 0, -1). Parts start at line starts, so each is whole TracesData lines.
+Part = Tuple[Path, int, int]
+PART_MIN_BYTES = 16 << 20
+PARTS_PER_WORKER = 8
+
+
+def plan_parts(files: List[Path], workers: int) -> List[Part]:
+    """Files in order; big newline-delimited ones are cut so that there are about
+    ``PARTS_PER_WORKER`` parts per worker (a short tail when the last parts finish)."""
+    sizes = [_size(path) for path in files]
+    target = max(PART_MIN_BYTES, sum(sizes) // max(1, workers * PARTS_PER_WORKER))
+    parts: List[Part] = []
+    for path, size in zip(files, sizes):
+        if workers > 1 and size >= 1.5 * target and _splittable(path):
+            parts.extend(_cut(path, size, target))
+        else:
+            parts.append((path, 0, -1))
+    return parts
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # reported when read
+
+
+def _splittable(path: Path) -> bool:
+    """Plain (not gzip) newline-delimited JSON: the first line is a whole JSON document."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(2)
+            first = head + handle.readline(64 << 20)
+    except OSError:
+        return False
+    if head == b"\x1f\x8b" or not first.endswith(b"\n"):
+        return False
+    try:
+        loads(first)
+    except DECODE_ERRORS:
+        return False
+    return True
+
+
+def _cut(path: Path, size: int, target: int) -> List[Part]:
+    bounds = [0]
+    with open(path, "rb") as handle:
+        count = round(size / target)
+        for offset in (size * n // count for n in range(1, count)):
+            if offset <= bounds[-1]:
+                continue
+            handle.seek(offset - 1)
+            rest = handle.readline()  # to the end of the line holding byte offset - 1
+            cut = offset - 1 + len(rest)
+            if bounds[-1] < cut < size:
+                bounds.append(cut)
+    bounds.append(size)
+    return [(path, start, end) for start, end in zip(bounds, bounds[1:])]
+
+
+def load_part_rows(part: Part) -> List[Row]:
+    """The spans of one part of a file (``plan_parts``)."""
+    path, start, end = part
+    if start == 0 and end < 0:
+        return load_file_rows(path)
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            data = handle.read(end - start)
+    except OSError as error:
+        raise AnalysisError(f"{path}: cannot read ({error})") from None
+    try:
+        return _decode_lines(path, data)
+    except AnalysisError as error:
+        raise _renumbered(error, path, start) from None
+    except _NotLines as not_lines:  # the file's first line was JSON: this is a corrupt line
+        raise _renumbered(_bad_line(path, not_lines.line), path, start) from None
+
+
+def _renumbered(error: AnalysisError, path: Path, start: int) -> AnalysisError:
+    """The error with line numbers counted from the start of the file (only on errors)."""
+    if start == 0:
+        return error
+    with open(path, "rb") as handle:
+        before = handle.read(start).count(b"\n")
+    text = re.sub(
+        r"\bline (\d+)\b", lambda m: f"line {int(m.group(1)) + before}", str(error), count=1
+    )
+    return AnalysisError(text)
+
+
+def _load_rows(part: Part) -> bytes:
+    """In a worker process: one part's spans as marshalled rows (half pickle's cost; rows hold
     only JSON types). An ``AnalysisError`` travels back to the parent as is."""
     with paused_gc():
-        return marshal.dumps(load_file_rows(path))
+        return marshal.dumps(load_part_rows(part))
 
 
-def worker_count(files: List[Path], workers: Optional[int] = None) -> int:
-    """Processes for reading ``files``: one per file up to the usable CPUs (env override)."""
+def _usable_cpus(workers: Optional[int]) -> int:
     if workers is None:
         workers = int(os.environ.get(WORKERS_ENV, "0") or 0)
     if workers <= 0:
@@ -172,7 +281,21 @@ def worker_count(files: List[Path], workers: Optional[int] = None) -> int:
             workers = os.cpu_count() or 1
     if "fork" not in multiprocessing.get_all_start_methods():
         return 1  # the rows would be cheap to send, but re-importing per worker is not
-    return max(1, min(workers, len(files)))
+    return max(1, workers)
+
+
+def _plan(files: List[Path], workers: Optional[int]) -> Tuple[List[Part], int]:
+    """The parts to read and the worker processes reading them (1: no worker processes)."""
+    cpus = _usable_cpus(workers)
+    if cpus == 1:
+        return [(path, 0, -1) for path in files], 1
+    parts = plan_parts(files, cpus)
+    return parts, min(cpus, len(parts))
+
+
+def worker_count(files: List[Path], workers: Optional[int] = None) -> int:
+    """Processes reading ``files``: one per part (big files are cut) up to the usable CPUs."""
+    return _plan(files, workers)[1]
 
 
 def load_paths(
@@ -182,8 +305,8 @@ def load_paths(
     parallel by forked worker processes (``workers``, default: usable CPUs)."""
     files = find_trace_files(paths)
     spans: List[Span] = []
-    jobs = worker_count(files, workers)
-    with paused_gc(), Progress("reading trace files", len(files), progress) as bar:
+    parts, jobs = _plan(files, workers)
+    with paused_gc(), Progress("reading trace files", len(parts), progress) as bar:
         if jobs == 1:
             for path in files:
                 spans.extend(load_file(path))
@@ -193,7 +316,7 @@ def load_paths(
         context = multiprocessing.get_context("fork")
         try:
             with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-                for blob in pool.map(_load_rows, files):  # in file order
+                for blob in pool.map(_load_rows, parts):  # in file order
                     spans.extend([from_row(row) for row in marshal.loads(blob)])
                     bar.advance()
         except BrokenProcessPool:
