@@ -7,7 +7,7 @@ steps) -> ``findings`` -> ``report`` (terminal, JSON, HTML, PNG).
 Usage::
 
     from tf_otel.analysis.analyze import analyze_spans
-    from tf_otel.analysis.load.otlp_json import load_paths
+    from tf_otel.analysis.load.files import load_paths
 
     result = analyze_spans(load_paths(["traces/"]))
     print(result.findings)

@@ -18,7 +18,17 @@ from typing import Any, Collection
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from tf_otel.instrument import _patching, data, function, horovod, keras, ops, ps, session
+from tf_otel.instrument import (
+    _patching,
+    data,
+    function,
+    horovod,
+    keras,
+    nccl_ring,
+    ops,
+    ps,
+    session,
+)
 
 MIN_TF_VERSION = (2, 15)
 
@@ -66,7 +76,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         tracing.install_exit_handlers()
         _patching.activate()
         _patching.when_imported("tensorflow", check_tensorflow_version)
-        for module in (session, keras, function, ops, data, ps, horovod):
+        for module in (session, keras, function, ops, data, ps, horovod, nccl_ring):
             module.register()
 
     def _uninstrument(self, **kwargs: Any) -> None:

@@ -1,0 +1,80 @@
+"""NCCL collectives from the real profiler plugin become kernel spans under the step that
+launched them, on every rank, joinable across ranks by nccl.comm_hash + nccl.seq
+(horovodrun -np 2; NCCL's calls into the plugin are made by tests/nccl/ring_job.py)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+from conftest import base_env, horovodrun
+
+from tf_otel.instrument.nccl_ring import plugin_requested
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def _build_plugin(directory: Path) -> Path:
+    so = directory / "libnccl-profiler-tf_otel.so"
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "build_nccl_plugin.sh"), str(so)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "built" in out.stdout
+    return so
+
+
+def test_ring_collectives_are_spans_under_their_step_on_every_rank(receiver, tmp_path):
+    ring_dir = tmp_path / "shm"
+    ring_dir.mkdir()
+    env = base_env(
+        **receiver.env("grpc"),
+        TF_OTEL_ENABLED="1",
+        NCCL_PROFILER_PLUGIN=str(_build_plugin(tmp_path)),
+        TF_OTEL_NCCL_RING_DIR=str(ring_dir),
+        STEPS="5",
+    )
+    result = horovodrun(str(HERE / "ring_job.py"), env)
+    assert "rank 0 done" in result.stdout and "rank 1 done" in result.stdout
+    spans = receiver.wait_for(lambda s: sum(x.name == "nccl.AllReduce" for x in s) >= 20)
+    steps = {s.span_id: s for s in spans if s.category == "step"}
+    nccl = [s for s in spans if s.name == "nccl.AllReduce"]
+    assert len(nccl) == 20, [s.attributes for s in nccl]
+    by_step = defaultdict(list)
+    for span in nccl:
+        parent = steps[span.parent_id]  # under a step span ...
+        assert parent.rank == span.rank and parent.trace_id == span.trace_id  # ... of its rank
+        assert span.category == "kernel" and parent.start_ns <= span.start_ns <= parent.end_ns
+        a = span.attributes
+        assert a["nccl.comm_hash"] == "5eed0123456789ab" and a["nccl.rank"] == span.rank
+        assert a["nccl.timing"] == "execution" and a["nccl.bytes"] == 4096 * 4
+        assert a["tf_otel.step"] == parent.attributes["tf_otel.step"]
+        by_step[(a["tf_otel.step"], span.rank)].append(a["nccl.seq"])
+    for step in range(5):  # each rank: the two collectives its step launched, in order
+        for rank in (0, 1):
+            assert sorted(by_step[(step, rank)]) == [2 * step, 2 * step + 1]
+    keys = defaultdict(set)  # one collective = one (comm_hash, seq), seen by both ranks
+    for span in nccl:
+        keys[(span.attributes["nccl.comm_hash"], span.attributes["nccl.seq"])].add(span.rank)
+    assert len(keys) == 10 and all(ranks == {0, 1} for ranks in keys.values())
+    assert not list(ring_dir.iterdir()), "rings unlinked once read"
+
+
+def test_plugin_request_points_nccl_at_the_built_plugin(tmp_path, monkeypatch):
+    from tf_otel.instrument import nccl_ring
+
+    built = tmp_path / "libnccl-profiler-tf_otel.so"
+    built.write_bytes(b"")
+    monkeypatch.setattr(nccl_ring, "PLUGIN_PATH", built)
+    env = {"TF_OTEL_NCCL_PROFILER": "1"}
+    assert plugin_requested(env) and env["NCCL_PROFILER_PLUGIN"] == str(built)
+    own = {"TF_OTEL_NCCL_PROFILER": "1", "NCCL_PROFILER_PLUGIN": "/opt/other.so"}
+    assert plugin_requested(own) and own["NCCL_PROFILER_PLUGIN"] == "/opt/other.so"
+    assert not plugin_requested({})  # no plugin: the hook stays off
+    monkeypatch.setattr(nccl_ring, "PLUGIN_PATH", tmp_path / "missing.so")
+    missing = {"TF_OTEL_NCCL_PROFILER": "1"}
+    assert not plugin_requested(missing) and "NCCL_PROFILER_PLUGIN" not in missing
