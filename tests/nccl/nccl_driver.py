@@ -5,6 +5,9 @@ drive the real tf_otel plugin the way NCCL calls it (plugin tests and tests/nccl
 from __future__ import annotations
 
 import ctypes as C
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +150,17 @@ V4_INIT = [VPP, INT_P, C.c_char_p, C.c_uint64, C.c_int, C.c_int, C.c_int, C.c_vo
 ProfV4 = _profiler(V4_INIT, DescrV4)
 V5_INIT = [VPP, C.c_uint64, INT_P, C.c_char_p, C.c_int, C.c_int, C.c_int, C.c_void_p]
 ProfV5 = _profiler(V5_INIT, DescrV5)
+
+
+def build_plugin(directory: Path) -> Path:
+    """The plugin compiled by the project's build script into ``directory``."""
+    assert shutil.which(os.environ.get("CC", "gcc")), "a C compiler is part of the set-up"
+    so = directory / "libnccl-profiler-tf_otel.so"
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "build_nccl_plugin.sh"), str(so)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "built" in out.stdout
+    return so

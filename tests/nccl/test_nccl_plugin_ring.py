@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-import shutil
 import subprocess
 import threading
 
@@ -16,7 +15,6 @@ from nccl_driver import (  # noqa: E402
     GROUP,
     KERNEL_CH,
     PROXY_OP,
-    ROOT,
     DescrV1,
     DescrV3,
     DescrV4,
@@ -26,6 +24,7 @@ from nccl_driver import (  # noqa: E402
     ProfV4,
     ProfV5,
     StateArgsV4,
+    build_plugin,
 )
 
 from tf_otel.nccl import ring as ringmod
@@ -34,16 +33,7 @@ from tf_otel.record import KERNEL
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    assert shutil.which(os.environ.get("CC", "gcc")), "a C compiler is part of the set-up"
-    so = tmp_path_factory.mktemp("plugin") / "libnccl-profiler-tf_otel.so"
-    out = subprocess.run(
-        [str(ROOT / "scripts" / "build_nccl_plugin.sh"), str(so)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "built" in out.stdout
-    return C.CDLL(str(so))
+    return C.CDLL(str(build_plugin(tmp_path_factory.mktemp("plugin"))))
 
 
 @pytest.fixture

@@ -4,28 +4,15 @@ launched them, on every rank, joinable across ranks by nccl.comm_hash + nccl.seq
 
 from __future__ import annotations
 
-import subprocess
 from collections import defaultdict
 from pathlib import Path
 
 from conftest import base_env, horovodrun
+from nccl_driver import build_plugin
 
 from tf_otel.instrument.nccl_ring import plugin_requested
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-
-
-def _build_plugin(directory: Path) -> Path:
-    so = directory / "libnccl-profiler-tf_otel.so"
-    out = subprocess.run(
-        [str(ROOT / "scripts" / "build_nccl_plugin.sh"), str(so)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "built" in out.stdout
-    return so
 
 
 def test_ring_collectives_are_spans_under_their_step_on_every_rank(receiver, tmp_path):
@@ -34,7 +21,7 @@ def test_ring_collectives_are_spans_under_their_step_on_every_rank(receiver, tmp
     env = base_env(
         **receiver.env("grpc"),
         TF_OTEL_ENABLED="1",
-        NCCL_PROFILER_PLUGIN=str(_build_plugin(tmp_path)),
+        NCCL_PROFILER_PLUGIN=str(build_plugin(tmp_path)),
         TF_OTEL_NCCL_RING_DIR=str(ring_dir),
         STEPS="5",
     )
