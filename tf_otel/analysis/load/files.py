@@ -15,7 +15,6 @@ import gzip
 import marshal
 import multiprocessing
 import os
-import re
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -133,12 +132,12 @@ class _NotLines(Exception):
         self.line, self.line_count = line, line_count
 
 
-def _decode_lines(path: Path, data: bytes) -> List[Row]:
-    """Spans of newline-delimited ``TracesData`` lines."""
+def _decode_lines(path: Path, data: bytes, first_line: int = 1) -> List[Row]:
+    """Spans of newline-delimited ``TracesData`` lines (numbered from ``first_line``)."""
     fast = LineDecoder() if FAST_DECODER else None  # msgspec; else only the generic path
     lines = _split_lines(data) if fast is not None else data.splitlines()
     spans: List[Row] = []
-    for number, view in enumerate(lines, start=1):
+    for number, view in enumerate(lines, start=first_line):
         if fast is not None:
             rows = fast.decode(view)
             if rows is not None:
@@ -246,22 +245,16 @@ def load_part_rows(part: Part) -> List[Row]:
         raise AnalysisError(f"{path}: cannot read ({error})") from None
     try:
         return _decode_lines(path, data)
-    except AnalysisError as error:
-        raise _renumbered(error, path, start) from None
-    except _NotLines as not_lines:  # the file's first line was JSON: this is a corrupt line
-        raise _renumbered(_bad_line(path, not_lines.line), path, start) from None
-
-
-def _renumbered(error: AnalysisError, path: Path, start: int) -> AnalysisError:
-    """The error with line numbers counted from the start of the file (only on errors)."""
-    if start == 0:
-        return error
+    except (AnalysisError, _NotLines):
+        pass
+    # an error: decode again with line numbers counted from the start of the file
     with open(path, "rb") as handle:
-        before = handle.read(start).count(b"\n")
-    text = re.sub(
-        r"\bline (\d+)\b", lambda m: f"line {int(m.group(1)) + before}", str(error), count=1
-    )
-    return AnalysisError(text)
+        first_line = handle.read(start).count(b"\n") + 1
+    try:
+        _decode_lines(path, data, first_line)
+    except _NotLines as not_lines:  # the file's first line was JSON: this one is corrupt
+        raise _bad_line(path, not_lines.line) from None
+    raise AssertionError("a part decoded differently twice")  # pragma: no cover
 
 
 def _load_rows(part: Part) -> bytes:
