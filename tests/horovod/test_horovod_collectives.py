@@ -63,6 +63,7 @@ def check_every_sampled_step(spans, is_training):
     return steps, collectives
 
 
+@pytest.mark.flaky(reruns=1, reruns_delay=2)  # timeline-to-step matching under a loaded VM
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 @pytest.mark.parametrize("script", ["horovod_tape.py", "horovod_keras.py", "horovod_tf1.py"])
 def test_collective_spans_of_both_ranks_in_every_sampled_step(receiver, tmp_path, backend, script):
