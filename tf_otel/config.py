@@ -6,13 +6,15 @@ and the default is used instead.
 Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_FILE, TF_OTEL_ROOT_WAIT_MS,
 TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY, TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTIONS,
 TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by ","; read by
-tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S.
+tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S,
+TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross-rank channel;
+see tf_otel.job_secret for what is used without it).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Tuple, TypeVar
 
 from tf_otel.health import log_once
@@ -99,6 +101,8 @@ class Settings:
     test_clock: Optional[str] = None
     clock_interval_s: float = 60.0
     gpu_metrics_interval_s: float = 10.0  # 0: off
+    # authenticates rank <-> rank 0 (tf_otel.job_secret); never in a repr or a log line
+    job_secret: Optional[str] = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Settings:
@@ -117,4 +121,5 @@ class Settings:
             gpu_metrics_interval_s=read(
                 env, "TF_OTEL_GPU_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
+            job_secret=(env.get("TF_OTEL_JOB_SECRET") or "").strip() or None,
         )
