@@ -61,12 +61,16 @@ def parse_recv_label(label: str) -> Optional[Dict[str, Any]]:
     m = _RECV.match(label or "")
     if m is None:
         return None
+    try:  # "[.Mb/s]", "[1.2.3Mb/s]" or a size of thousands of digits: not a TF label
+        nbytes, rate = int(m.group("bytes")), float(m.group("rate"))
+    except ValueError:
+        return None
     return {
         ATTR_SRC: m.group("src"),
         ATTR_DST: m.group("dst"),
-        ATTR_BYTES: int(m.group("bytes")),
+        ATTR_BYTES: nbytes,
         ATTR_EDGE: m.group("edge"),
-        ATTR_RATE: float(m.group("rate")) * _UNIT.get(m.group("unit"), 1.0),
+        ATTR_RATE: rate * _UNIT.get(m.group("unit"), 1.0),
     }
 
 
