@@ -55,6 +55,7 @@ _DTYPE_BYTES = {
 _READ_CHUNK = 1 << 20
 _MAX_PENDING = 1 << 16  # an undecodable prefix longer than this is garbage, not a partial write
 _EVENT_START = re.compile(r'\{"(?:ph|name)"')
+_MAX_US = 2**63 / 1000 / 2  # Record times are int64 ns; half of it leaves room for clock shifts
 
 # attribute keys (docs/ARCHITECTURE.md, collective)
 ATTR_OP = "horovod.op"
@@ -69,6 +70,14 @@ ATTR_WAIT = "horovod.wait_ns"
 ATTR_ARRIVAL = (
     "horovod.arrival"  # how this rank's arrival is known: tick|negotiate|inferred|unknown
 )
+
+
+def _time_us(base_us: float, value: Any) -> float:
+    """``base_us + value`` (us); ValueError unless finite and within int64 ns (it becomes one)."""
+    us = base_us + float(value)
+    if not -_MAX_US < us < _MAX_US:  # also False for NaN
+        raise ValueError(f"timestamp {value!r} out of range")
+    return us
 
 
 class TimelineReader:
@@ -105,8 +114,9 @@ class TimelineReader:
                 break
             try:
                 event, next_pos = self._decoder.raw_decode(text, pos)
-            except ValueError:
-                if not final and end - pos < _MAX_PENDING:
+            except (ValueError, RecursionError) as error:
+                partial = not isinstance(error, RecursionError)  # too deep: never valid
+                if partial and not final and end - pos < _MAX_PENDING:
                     break  # most likely a partial write: wait for more
                 match = _EVENT_START.search(text, pos + 1)
                 self.garbage += 1
@@ -179,7 +189,7 @@ class TimelineParser:
     def feed(self, event: Dict[str, Any]) -> None:
         try:
             self._feed(event)
-        except (TypeError, ValueError, KeyError, AttributeError):
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
             count("horovod_timeline_bad_event")
 
     def _feed(self, event: Dict[str, Any]) -> None:
@@ -188,14 +198,14 @@ class TimelineParser:
         if ph == "M":
             args = event.get("args") or {}
             if "start_time_since_epoch_in_micros" in args:
-                self.epoch_us = float(args["start_time_since_epoch_in_micros"])
+                self.epoch_us = _time_us(0.0, args["start_time_since_epoch_in_micros"])
             elif event.get("name") == "process_name" and "name" in args and pid is not None:
                 self.names[int(pid)] = str(args["name"])
             return
         if pid is None or self.epoch_us is None:
             return
         pid = int(pid)
-        ts = self.epoch_us + float(event["ts"])
+        ts = _time_us(self.epoch_us, event["ts"])
         stack = self._stack.setdefault(pid, [])
         if ph == "B":
             name = str(event.get("name", ""))
