@@ -2,10 +2,15 @@
 emits the step's root span once every rank has reported, so the root covers all ranks.
 
 Newline-delimited JSON over one TCP connection per rank; never touched by the training thread.
+Every connection starts with a mutual HMAC handshake over the per-job key (tf_otel.job_secret):
+rank 0 accepts only ranks that hold the key, a rank accepts messages only from a rank 0 that
+does. Anything else is refused and counted (``coordinator_refused``); every buffer is bounded.
 
 Usage (done by tracing.Pipeline)::
 
     server = StepAggregator(world_size, wait_s, emit_root); server.serve(("127.0.0.1", port))
+    # emit_root(key, step, start_ns, end_ns, n_ranks, reported): reported is the sorted tuple of
+    # ranks that reported when the root is partial (some rank never did), else None
     client = CoordinatorClient(address, rank); client.report(key, step, start_ns, end_ns)
 """
 
@@ -20,21 +25,67 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from tf_otel import job_secret
 from tf_otel.health import count, log_once
 
-# emit_root(key, step, start_ns, end_ns, ranks_reported)
-EmitRoot = Callable[[str, int, int, int, int], None]
+# emit_root(key, step, start_ns, end_ns, n_ranks, reported ranks if partial else None)
+EmitRoot = Callable[[str, int, int, int, int, Optional[Tuple[int, ...]]], None]
 MAX_PENDING_STEPS = 1024
 ROOT_MARGIN_NS = 1000
 MAX_HELD_MESSAGES = 1024
+MAX_HELD_BYTES = 16 << 20  # per rank: messages held for a rank that has not connected yet
 MAX_EMITTED_STEPS = 8192
 LEARN_STEPS = 3
+SERVICE = "coordinator"
+MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
+MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)
+MAX_KEY_LEN = 512
+HANDSHAKE_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 64  # at once, beyond the job's own ranks: a flood of strangers is refused
 
 # Extension messages (JSON objects with a "t" type): handlers run on coordinator threads.
 # rank 0 receives from a rank: server_handlers[type](rank, message)
 server_handlers: Dict[str, Callable[[int, Dict[str, Any]], None]] = {}
 # a rank receives from rank 0: client_handlers[type](message)
 client_handlers: Dict[str, Callable[[Dict[str, Any]], None]] = {}
+
+
+def decode(line: bytes) -> Optional[Dict[str, Any]]:
+    """One message line -> its JSON object with a string type "t"; None for anything else."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested beyond the stack
+        return None
+    if not isinstance(message, dict) or not isinstance(message.get("t"), str):
+        return None
+    return message
+
+
+def _encode(message: Dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _hex(value: Any, size: int) -> Optional[bytes]:
+    if not isinstance(value, str) or len(value) != 2 * size:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        return None
+
+
+def _refuse(peer: Any, why: str) -> None:
+    log_once(  # counts "coordinator_refused" every time, logs the first
+        "coordinator_refused",
+        "tf_otel: coordinator refused a connection from %s (%s); every rank must hold the same "
+        "job secret (TF_OTEL_JOB_SECRET)",
+        peer,
+        why,
+    )
 
 
 def _dispatch(handler: Optional[Callable], *args: Any) -> None:
@@ -50,8 +101,15 @@ def _dispatch(handler: Optional[Callable], *args: Any) -> None:
 class StepAggregator:
     """Collects per-rank step extents; emits one root per (key, step)."""
 
-    def __init__(self, world_size: int, wait_s: float, emit_root: EmitRoot) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        wait_s: float,
+        emit_root: EmitRoot,
+        secret: Optional[job_secret.JobKey] = None,
+    ) -> None:
         self.world_size = world_size
+        self.secret = secret or job_secret.job_key()
         self.wait_s = wait_s
         self.emit_root = emit_root
         self._pending: OrderedDict[Tuple[str, int], Dict] = OrderedDict()
@@ -59,7 +117,9 @@ class StepAggregator:
         self._server: Optional[socketserver.ThreadingTCPServer] = None
         self._finished: set = set()  # ranks that said bye or dropped their connection
         self._writers: Dict[int, Any] = {}  # rank -> its connection's write file
-        self._held: Dict[int, list] = {}  # rank -> messages sent before it connected
+        self._held: Dict[int, list] = {}  # rank -> messages sent before it connected (bounded)
+        self._held_bytes: Dict[int, int] = {}
+        self._connections = 0
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._emitted: OrderedDict[Tuple[str, int], None] = OrderedDict()  # bounded
@@ -97,14 +157,31 @@ class StepAggregator:
         if ready is not None:
             self._emit((key, step), ready)
 
+    def _add_extent(self, rank: int, message: Dict[str, Any]) -> None:
+        key, step, start, end = (message.get(f) for f in ("k", "s", "a", "b"))
+        if (
+            not isinstance(key, str)
+            or len(key) > MAX_KEY_LEN
+            or not all(_is_int(v) and v >= 0 for v in (step, start, end))
+            or end < start
+        ):
+            count("coordinator_bad_message")
+            return
+        self.add(rank, key, step, start, end)
+
     def _emit(self, key_step: Tuple[str, int], entry: Dict) -> None:
         self._emitted[key_step] = None
         while len(self._emitted) > MAX_EMITTED_STEPS:
             self._emitted.popitem(last=False)
+        ranks = entry["ranks"]
+        # partial: a rank that steps never reported (killed mid-step, or too late)
+        partial = tuple(sorted(ranks)) if len(ranks) < self.expected_ranks() else None
+        if partial is not None:
+            count("roots_partial")
         try:
             # 1 us of margin: backends that keep microseconds must still see children inside
             start, end = entry["start"] - ROOT_MARGIN_NS, entry["end"] + ROOT_MARGIN_NS
-            self.emit_root(key_step[0], key_step[1], start, end, len(entry["ranks"]))
+            self.emit_root(key_step[0], key_step[1], start, end, len(ranks), partial)
         except Exception as exc:  # noqa: BLE001
             log_once("emit_root", "tf_otel: cannot emit step root span (%s)", exc)
 
@@ -119,8 +196,6 @@ class StepAggregator:
         with self._lock:
             pending, self._pending = self._pending, OrderedDict()
         for key_step, entry in pending.items():
-            if len(entry["ranks"]) < self.world_size:
-                count("roots_partial")
             self._emit(key_step, entry)
 
     def _reap_loop(self) -> None:
@@ -132,7 +207,6 @@ class StepAggregator:
                     if now - entry["t"] > self.wait_s:
                         late.append((key_step, self._pending.pop(key_step)))
             for key_step, entry in late:
-                count("roots_partial")
                 self._emit(key_step, entry)
 
     def serve(self, address: Tuple[str, int]) -> bool:
@@ -140,34 +214,23 @@ class StepAggregator:
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
-                rank = -1
-                for line in self.rfile:
-                    try:
-                        message = json.loads(line)
-                    except ValueError:
-                        count("coordinator_bad_message")
-                        continue
-                    kind = message.get("t")
-                    if kind == "hello":
-                        rank = int(message["rank"])
-                        with aggregator._write_lock:
-                            aggregator._writers[rank] = self.wfile
-                            for data in aggregator._held.pop(rank, ()):
-                                self.wfile.write(data)
-                            self.wfile.flush()
-                    elif kind == "extent":
-                        aggregator.add(rank, message["k"], message["s"], message["a"], message["b"])
-                    elif kind == "bye":
-                        break
-                    else:
-                        _dispatch(server_handlers.get(kind), rank, message)
-                with aggregator._write_lock:
-                    aggregator._writers.pop(rank, None)
-                aggregator._finished.add(rank)
+                if not aggregator._admit():
+                    _refuse(self.client_address, "too many connections at once")
+                    return
+                try:
+                    aggregator._handle(self.connection, self.rfile, self.wfile, self.client_address)
+                except Exception as exc:  # noqa: BLE001 - a stranger's bytes must not raise
+                    count("coordinator_conn_error")
+                    log_once("coordinator_conn", "tf_otel: coordinator connection ended (%s)", exc)
+                finally:
+                    aggregator._release()
 
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                count("coordinator_conn_error")  # never socketserver's traceback on stderr
 
         try:
             self._server = Server(address, Handler)
@@ -181,14 +244,101 @@ class StepAggregator:
                 exc,
             )
             return False
+        job_secret.warn_if_weak(self.secret, address[0], "coordinator")
         threading.Thread(
             target=self._server.serve_forever, name="tf_otel-coordinator", daemon=True
         ).start()
         return True
 
+    def _admit(self) -> bool:
+        with self._lock:
+            if self._connections >= MAX_CONNECTIONS + self.world_size:
+                return False
+            self._connections += 1
+            return True
+
+    def _release(self) -> None:
+        with self._lock:
+            self._connections -= 1
+
+    def _handshake(self, conn: socket.socket, rfile: Any, wfile: Any, peer: Any) -> Optional[int]:
+        """The rank of an authenticated peer (rank 0's proof sent back), or None: refused."""
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)  # a silent stranger does not keep a thread
+        server_nonce = job_secret.nonce()
+        wfile.write(_encode({"t": "challenge", "n": server_nonce.hex()}))
+        wfile.flush()
+        try:
+            line = rfile.readline(MAX_LINE)
+        except OSError:
+            _refuse(peer, "no hello in time")
+            return None
+        message = decode(line)
+        if message is None or message.get("t") != "hello":
+            _refuse(peer, "no hello")
+            return None
+        rank = message.get("rank")
+        mac = _hex(message.get("mac"), job_secret.MAC_BYTES)
+        client_nonce = _hex(message.get("cn"), job_secret.NONCE_BYTES)
+        if not _is_int(rank) or not 0 < rank < self.world_size:
+            _refuse(peer, f"rank {str(rank)[:20]!r} is not in 1..{self.world_size - 1}")
+            return None
+        key = self.secret.key
+        if (
+            mac is None
+            or client_nonce is None
+            or not job_secret.check(job_secret.client_mac(key, SERVICE, server_nonce, rank), mac)
+        ):
+            _refuse(peer, f"wrong credentials for rank {rank}")
+            return None
+        conn.settimeout(None)
+        welcome = {"t": "welcome", "mac": job_secret.server_mac(key, SERVICE, client_nonce, rank)}
+        welcome["mac"] = welcome["mac"].hex()
+        with self._write_lock:
+            self._writers[rank] = wfile
+            wfile.write(_encode(welcome))
+            for data in self._held.pop(rank, ()):
+                wfile.write(data)
+            self._held_bytes.pop(rank, None)
+            wfile.flush()
+        return rank
+
+    def _handle(self, conn: socket.socket, rfile: Any, wfile: Any, peer: Any) -> None:
+        rank = self._handshake(conn, rfile, wfile, peer)
+        if rank is None:
+            return
+        try:
+            while True:
+                line = rfile.readline(MAX_LINE)
+                if not line:
+                    break
+                if not line.endswith(b"\n"):
+                    if len(line) >= MAX_LINE:  # a rank never sends this: the stream is broken
+                        count("coordinator_bad_message")
+                        break
+                    continue  # the last, unterminated line of a connection that ends
+                message = decode(line)
+                if message is None:
+                    count("coordinator_bad_message")
+                    continue
+                kind = message["t"]
+                if kind == "extent":
+                    self._add_extent(rank, message)
+                elif kind == "bye":
+                    break
+                elif kind in ("hello", "challenge", "welcome"):
+                    count("coordinator_bad_message")
+                else:
+                    _dispatch(server_handlers.get(kind), rank, message)
+        finally:
+            with self._write_lock:
+                if self._writers.get(rank) is wfile:
+                    self._writers.pop(rank, None)
+            with self._lock:
+                self._finished.add(rank)
+
     def send(self, rank: int, message: Dict[str, Any]) -> bool:
         """Send an extension message to one rank (held until it connects); False if lost."""
-        data = json.dumps(message).encode() + b"\n"
+        data = _encode(message)
         with self._write_lock:
             writer = self._writers.get(rank)
             if writer is None:
@@ -196,10 +346,12 @@ class StepAggregator:
                     return False
                 # not connected yet (it starts its first step later): deliver on its hello
                 held = self._held.setdefault(rank, [])
-                if len(held) >= MAX_HELD_MESSAGES:
+                size = self._held_bytes.get(rank, 0) + len(data)
+                if len(held) >= MAX_HELD_MESSAGES or size > MAX_HELD_BYTES:
                     count("coordinator_held_dropped")
                     return False
                 held.append(data)
+                self._held_bytes[rank] = size
                 return True
             try:
                 writer.write(data)
@@ -229,9 +381,19 @@ class StepAggregator:
 class CoordinatorClient:
     """A rank's link to rank 0; reports go through a bounded queue, sent by a daemon thread."""
 
-    def __init__(self, address: Tuple[str, int], rank: int, max_queue: int = 4096) -> None:
+    CONNECT_DEADLINE_S = 60.0
+    MAX_HANDSHAKE_TRIES = 3
+
+    def __init__(
+        self,
+        address: Tuple[str, int],
+        rank: int,
+        max_queue: int = 4096,
+        secret: Optional[job_secret.JobKey] = None,
+    ) -> None:
         self.address = address
         self.rank = rank
+        self.secret = secret or job_secret.job_key()
         self._queue: queue.Queue[Optional[bytes]] = queue.Queue(max_queue)
         self._thread = threading.Thread(target=self._run, name="tf_otel-coord-client", daemon=True)
         self._thread.start()
@@ -242,7 +404,7 @@ class CoordinatorClient:
     def send(self, message: Dict[str, Any]) -> None:
         """Queue a message for rank 0 (never blocks; dropped and counted when the queue is full)."""
         try:
-            self._queue.put_nowait(json.dumps(message).encode() + b"\n")
+            self._queue.put_nowait(_encode(message))
         except queue.Full:
             count("coordinator_dropped")
 
@@ -253,44 +415,83 @@ class CoordinatorClient:
             return
         self._thread.join(timeout_s)
 
-    def _connect(self) -> Optional[socket.socket]:
+    def _handshake(self, sock: socket.socket) -> Tuple[Any, str]:
+        """(the connection's read file, "") once both sides proved the key; (None, why) if not."""
+        rfile = sock.makefile("rb")
+        challenge = decode(rfile.readline(MAX_LINE))
+        server_nonce = _hex((challenge or {}).get("n"), job_secret.NONCE_BYTES)
+        if challenge is None or challenge["t"] != "challenge" or server_nonce is None:
+            return None, "it sent no tf_otel challenge"
+        key, client_nonce = self.secret.key, job_secret.nonce()
+        mac = job_secret.client_mac(key, SERVICE, server_nonce, self.rank)
+        hello = {"t": "hello", "rank": self.rank, "mac": mac.hex(), "cn": client_nonce.hex()}
+        sock.sendall(_encode(hello))
+        welcome = decode(rfile.readline(MAX_LINE))
+        if welcome is None:
+            return None, "it refused this rank's credentials"
+        proof = _hex(welcome.get("mac"), job_secret.MAC_BYTES)
+        expected = job_secret.server_mac(key, SERVICE, client_nonce, self.rank)
+        if welcome["t"] != "welcome" or proof is None or not job_secret.check(expected, proof):
+            return None, "it could not prove the job secret"
+        return rfile, ""
+
+    def _connect(self) -> Tuple[Optional[socket.socket], Any]:
         delay = 0.05
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + self.CONNECT_DEADLINE_S
+        refusals = 0
+        why = "no answer"
+        while time.monotonic() < deadline and refusals < self.MAX_HANDSHAKE_TRIES:
             try:
-                sock = socket.create_connection(self.address, timeout=5)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.sendall(json.dumps({"t": "hello", "rank": self.rank}).encode() + b"\n")
-                return sock
-            except OSError:
+                sock = socket.create_connection(self.address, timeout=HANDSHAKE_TIMEOUT_S)
+            except OSError:  # rank 0 not listening yet
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+                continue
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                rfile, why = self._handshake(sock)
+            except OSError as exc:  # includes the handshake's timeout
+                rfile, why = None, f"no handshake ({exc or type(exc).__name__})"
+            if rfile is not None:
+                sock.settimeout(None)
+                return sock, rfile
+            sock.close()
+            refusals += 1
+            count("coordinator_handshake_failed")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
         log_once(
             "coordinator_connect",
-            "tf_otel: cannot reach rank 0 at %s:%s; this rank's spans may fall outside their "
-            "step root. Set TF_OTEL_COORDINATOR=host:port of rank 0",
-            *self.address,
+            "tf_otel: cannot reach rank 0's coordinator at %s:%s (%s); this rank's spans may fall "
+            "outside their step root. Set TF_OTEL_COORDINATOR=host:port of rank 0 and the same "
+            "TF_OTEL_JOB_SECRET on every rank",
+            self.address[0],
+            self.address[1],
+            why,
         )
-        return None
+        return None, None
 
-    def _read(self, sock: socket.socket) -> None:
+    def _read(self, rfile: Any) -> None:
         try:
-            for line in sock.makefile("rb"):
-                try:
-                    message = json.loads(line)
-                except ValueError:
+            while True:
+                line = rfile.readline(MAX_CLIENT_LINE)
+                if not line or not line.endswith(b"\n"):
+                    if len(line) >= MAX_CLIENT_LINE:
+                        count("coordinator_bad_message")
+                    return
+                message = decode(line)
+                if message is None:
                     count("coordinator_bad_message")
                     continue
-                _dispatch(client_handlers.get(message.get("t")), message)
+                _dispatch(client_handlers.get(message["t"]), message)
         except (OSError, ValueError):
             pass
 
     def _run(self) -> None:
-        sock = self._connect()
+        sock, rfile = self._connect()
         if sock is not None:
-            sock.settimeout(None)
             threading.Thread(
-                target=self._read, args=(sock,), name="tf_otel-coord-reader", daemon=True
+                target=self._read, args=(rfile,), name="tf_otel-coord-reader", daemon=True
             ).start()
         while True:
             item = self._queue.get()

@@ -44,6 +44,7 @@ LAUNCHER_SECRETS = (
 )
 WEAK = "job id"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_PROCESS_ID = secrets.token_hex(16)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,9 @@ def job_key(env: Optional[Mapping[str, str]] = None, job_id: Optional[str] = Non
     if job_id is None:
         from tf_otel.topology import detect
 
-        job_id = detect(env, job_id=settings.job_id).job_id
+        topo = detect(env, job_id=settings.job_id)
+        # no launcher: topology makes up a random id per call; one process keeps one
+        job_id = _PROCESS_ID if topo.launcher == "none" and not settings.job_id else topo.job_id
     return JobKey(_derive(WEAK, job_id), WEAK)
 
 

@@ -486,7 +486,17 @@ class Pipeline:
         for rec in records:
             emit(rec)
 
-    def _emit_root(self, key: str, step: int, start_ns: int, end_ns: int, ranks: int) -> None:
+    def _emit_root(
+        self,
+        key: str,
+        step: int,
+        start_ns: int,
+        end_ns: int,
+        ranks: int,
+        reported: Optional[tuple] = None,
+    ) -> None:
+        """The step's root over every rank; ``reported``: the ranks heard from when some rank
+        never reported the step (killed mid-step, or later than the wait) -> marked partial."""
         from opentelemetry.context import Context
         from opentelemetry.trace import Link
 
@@ -511,6 +521,9 @@ class Pipeline:
                 record.ATTR_WORLD_SIZE: self.topology.world_size,
             },
         )
+        if reported is not None:
+            span.set_attribute("tf_otel.step.partial", True)
+            span.set_attribute("tf_otel.step.ranks_reported", list(reported))
         span.end(end_time=end_ns)
 
 

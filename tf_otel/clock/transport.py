@@ -7,6 +7,12 @@ the client; REPORT(length) is followed by ``length`` bytes of JSON (clock-check 
 Both ends timestamp the same way (receive returns -> read the clock; read the clock -> send), so
 the residual asymmetry is small; TCP_NODELAY keeps Nagle out of the RTT.
 
+Each connection opens with a mutual HMAC handshake over the per-job key (tf_otel.job_secret),
+outside the hot path: the server sends ``MAGIC`` + a 32-byte nonce; the client sends
+HELLO(rank) + its 32-byte MAC + its own 32-byte nonce; the server answers with its 32-byte MAC.
+A peer without the key is refused and counted (``clock_refused``); a client whose server cannot
+prove the key (a process squatting on the port) fails the round with OSError.
+
 Usage::
 
     server = TcpServer("127.0.0.1", port); server.start()      # rank 0
@@ -23,7 +29,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from tf_otel import clock
+from tf_otel import clock, job_secret
 from tf_otel.clock.estimate import Exchange
 from tf_otel.health import count, log_once
 
@@ -33,6 +39,12 @@ HEAD = struct.Struct("<QQ")  # seq, t1 of a reply
 STAMP = struct.Struct("<Q")  # t2 of a reply
 PING, HELLO, REPORT = 1, 2, 3
 MAX_REPORT = 1 << 20
+MAGIC = b"TFOTELC1"
+SERVICE = "clock"
+HANDSHAKE_TIMEOUT_S = 5.0
+MAX_HANDSHAKES = 64  # strangers mid-handshake at once; beyond: refused at once
+MAX_RANK = 1 << 24
+MAX_REPORTS = 1 << 16
 
 # MPI tags (on COMM_WORLD: point-to-point only, so no collective call is needed to set up)
 TAG_PING, TAG_PONG, TAG_REPORT = 0x7C10, 0x7C11, 0x7C12
@@ -51,8 +63,11 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
 class TcpServer:
     """Rank 0's clock service: one daemon thread accepting, one per connected rank."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, secret: Optional[job_secret.JobKey] = None) -> None:
         self.host, self.port = host, port
+        self.secret = secret or job_secret.job_key()
+        self._handshaking = 0
+        self._conns_lock = threading.Lock()
         self.reports: Dict[int, Dict[str, Any]] = {}
         self._reports_changed = threading.Condition()
         self._sock: Optional[socket.socket] = None
@@ -72,6 +87,7 @@ class TcpServer:
             raise
         self.port = sock.getsockname()[1]
         self._sock = sock
+        job_secret.warn_if_weak(self.secret, self.host, "clock service")
         threading.Thread(target=self._accept, name="tf_otel-clock-server", daemon=True).start()
 
     def _accept(self) -> None:
@@ -81,19 +97,58 @@ class TcpServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            with self._conns_lock:
+                if self._handshaking >= MAX_HANDSHAKES:
+                    _refuse("too many connections at once")
+                    conn.close()
+                    continue
+                self._handshaking += 1
+                self._conns.append(conn)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._conns.append(conn)
             threading.Thread(
                 target=self._serve, args=(conn,), name="tf_otel-clock-conn", daemon=True
             ).start()
+
+    def _handshake(self, conn: socket.socket) -> Optional[int]:
+        """The rank of a peer that proved the job key (rank 0's proof sent back), else None."""
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)  # a silent stranger does not keep a thread
+        try:
+            server_nonce = job_secret.nonce()
+            conn.sendall(MAGIC + server_nonce)
+            hello = bytearray(FRAME.size + job_secret.MAC_BYTES + job_secret.NONCE_BYTES)
+            if not _recv_exact(conn, memoryview(hello)):
+                _refuse("closed during the handshake")
+                return None
+        except OSError:
+            _refuse("no hello in time")
+            return None
+        kind, rank = FRAME.unpack_from(hello)
+        mac = bytes(hello[FRAME.size : FRAME.size + job_secret.MAC_BYTES])
+        client_nonce = bytes(hello[FRAME.size + job_secret.MAC_BYTES :])
+        if kind != HELLO or not 0 < rank < MAX_RANK:
+            _refuse("no hello")
+            return None
+        expected = job_secret.client_mac(self.secret.key, SERVICE, server_nonce, rank)
+        if not job_secret.check(expected, mac):
+            _refuse(f"wrong credentials for rank {rank}")
+            return None
+        conn.sendall(job_secret.server_mac(self.secret.key, SERVICE, client_nonce, rank))
+        conn.settimeout(None)
+        return int(rank)
 
     def _serve(self, conn: socket.socket) -> None:
         now_ns = clock.now_ns
         frame = bytearray(FRAME.size)
         view = memoryview(frame)
         reply = bytearray(REPLY.size)
-        rank = -1
         try:
+            try:
+                rank = self._handshake(conn)
+            finally:
+                with self._conns_lock:
+                    self._handshaking -= 1
+            if rank is None:
+                return
             while True:
                 if not _recv_exact(conn, view):
                     return
@@ -105,22 +160,28 @@ class TcpServer:
                     conn.sendall(reply)
                     self.bytes_in += FRAME.size
                     self.bytes_out += REPLY.size
-                elif kind == HELLO:
-                    rank = int(arg)
                 elif kind == REPORT and 0 < arg <= MAX_REPORT:
                     payload = bytearray(arg)
                     if not _recv_exact(conn, memoryview(payload)):
                         return
+                    report = json.loads(payload.decode())
+                    if not isinstance(report, dict):
+                        raise ValueError("a clock report is not a JSON object")
                     with self._reports_changed:
-                        self.reports[rank] = json.loads(payload.decode())
+                        if rank in self.reports or len(self.reports) < MAX_REPORTS:
+                            self.reports[rank] = report
                         self._reports_changed.notify_all()
                 else:
+                    count("clock.server.bad_frame")
                     return
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             if not self._closed:
                 count("clock.server.conn_error")
                 log_once("clock:server_conn", "tf_otel: clock service connection lost (%s)", exc)
         finally:
+            with self._conns_lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)  # bounded: only live connections are kept
             conn.close()
 
     def wait_reports(self, n: int, timeout: float) -> Dict[int, Dict[str, Any]]:
@@ -141,7 +202,9 @@ class TcpServer:
             except OSError:
                 pass
             self._sock.close()
-        for conn in list(self._conns):
+        with self._conns_lock:
+            conns = list(self._conns)
+        for conn in conns:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -152,8 +215,11 @@ class TcpServer:
 class TcpClient:
     """A rank's connection to the clock service."""
 
-    def __init__(self, host: str, port: int, rank: int) -> None:
+    def __init__(
+        self, host: str, port: int, rank: int, secret: Optional[job_secret.JobKey] = None
+    ) -> None:
         self.host, self.port, self.rank = host, port, rank
+        self.secret = secret or job_secret.job_key()
         self._sock: Optional[socket.socket] = None
         self.bytes_out = 0
         self.bytes_in = 0
@@ -163,9 +229,26 @@ class TcpClient:
         return self._sock is not None
 
     def connect(self, timeout: float) -> None:
+        """Connect and run the handshake; OSError if the server is absent or not this job's."""
         sock = socket.create_connection((self.host, self.port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(FRAME.pack(HELLO, self.rank))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            challenge = bytearray(len(MAGIC) + job_secret.NONCE_BYTES)
+            if not _recv_exact(sock, memoryview(challenge)) or challenge[: len(MAGIC)] != MAGIC:
+                raise OSError("the process on the clock port is not a tf_otel clock service")
+            key, client_nonce = self.secret.key, job_secret.nonce()
+            server_nonce = bytes(challenge[len(MAGIC) :])
+            mac = job_secret.client_mac(key, SERVICE, server_nonce, self.rank)
+            sock.sendall(FRAME.pack(HELLO, self.rank) + mac + client_nonce)
+            proof = bytearray(job_secret.MAC_BYTES)
+            if not _recv_exact(sock, memoryview(proof)):
+                raise OSError("the clock service refused this rank's credentials (job secret)")
+            expected = job_secret.server_mac(key, SERVICE, client_nonce, self.rank)
+            if not job_secret.check(expected, bytes(proof)):
+                raise OSError("the clock service could not prove the job secret")
+        except OSError:
+            sock.close()
+            raise
         self._sock = sock
 
     def exchange(self, n: int, timeout: float) -> List[Exchange]:
@@ -211,6 +294,15 @@ class TcpClient:
                 self._sock.close()
             finally:
                 self._sock = None
+
+
+def _refuse(why: str) -> None:
+    log_once(  # counts "clock_refused" every time, logs the first
+        "clock_refused",
+        "tf_otel: clock service refused a connection (%s); every rank must hold the same job "
+        "secret (TF_OTEL_JOB_SECRET)",
+        why,
+    )
 
 
 def mpi_ready() -> Any:
