@@ -8,7 +8,8 @@ Usage::
 
 - The endpoint runs on rank 0 only, only when ``TF_OTEL_ADMIN_PORT`` is set (0: any free port,
   logged), from the first training step on (helper processes never bind it). Without
-  ``TF_OTEL_ADMIN_TOKEN`` a token is generated and logged once. Requests
+  ``TF_OTEL_ADMIN_TOKEN`` a token is generated and written to a file only the user can read
+  (mode 0600; its path is logged, the token never is). Requests
   without the right token (``Authorization: Bearer <token>`` or ``X-TF-OTEL-Token``) get 401.
 - ``POST /ops?steps=K`` -> 200 ``{"start": {step key: first traced step}, "steps": K}``: rank 0
   picks the start (its current step + a margin) and broadcasts it, so every rank traces the same
@@ -24,6 +25,7 @@ import logging
 import os
 import secrets
 import signal
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
@@ -108,7 +110,7 @@ def start_endpoint(port: int, token: Optional[str] = None) -> ThreadingHTTPServe
     global _server
     if not token:
         token = secrets.token_urlsafe(24)
-        logger.warning("tf_otel: admin token (TF_OTEL_ADMIN_TOKEN not set): %s", token)
+        _write_token(token)
     handler = type("Handler", (_Handler,), {"token": token})
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
@@ -118,6 +120,22 @@ def start_endpoint(port: int, token: Optional[str] = None) -> ThreadingHTTPServe
         "tf_otel: admin endpoint on http://127.0.0.1:%d (POST /ops?steps=K)", server.server_port
     )
     return server
+
+
+def _write_token(token: str) -> None:
+    """Hand a generated token to the user through a 0600 file: logs are shared, files are not."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="tf_otel-admin-token-", suffix=".txt")  # 0600, O_EXCL
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    except OSError as exc:
+        logger.warning(
+            "tf_otel: cannot write the generated admin token to a file (%s); the endpoint is "
+            "unusable: set TF_OTEL_ADMIN_TOKEN",
+            exc,
+        )
+        return
+    logger.warning("tf_otel: admin token (TF_OTEL_ADMIN_TOKEN not set) is in %s (mode 0600)", path)
 
 
 def _on_signal(signum: int, frame: Any) -> None:

@@ -1,0 +1,244 @@
+"""Property-based tests of the cross-rank messages: arbitrary bytes, lines and JSON sent to a live
+coordinator and a live clock service, by strangers and by ranks that hold the job key, and fed to
+the message decoders. Only counted refusals / bad messages: no exception escapes a server thread,
+no connection hangs, and a good rank is still served afterwards."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tf_otel import coordinator, job_secret
+from tf_otel.clock import transport
+from tf_otel.health import counters
+
+from .channel_peers import clock_login, coordinator_login, send_and_drain, wait_until
+
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,  # real sockets on a shared machine; hangs are caught by HANG_GUARD_S
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+message_types = st.sampled_from(
+    ["extent", "hello", "bye", "challenge", "welcome", "hvd.c", "hvd.done", "ops.w", "zz"]
+)
+objects = st.fixed_dictionaries(
+    {"t": message_types},
+    optional={
+        "k": json_values,
+        "s": json_values,
+        "a": json_values,
+        "b": json_values,
+        "rank": json_values,
+        "mac": json_values,
+        "cn": json_values,
+        "c": json_values,
+    },
+) | st.dictionaries(st.text(max_size=4), json_values, max_size=5)
+lines = st.one_of(
+    st.binary(max_size=300),
+    objects.map(lambda o: json.dumps(o).encode() + b"\n"),
+    st.lists(objects.map(json.dumps), max_size=6).map(lambda ls: "\n".join(ls).encode() + b"\n"),
+    st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n + b"\n"),  # nesting past the stack
+)
+
+
+class Errors:
+    """Exceptions that escape any thread (a server's connection thread included)."""
+
+    def __init__(self) -> None:
+        self.seen: list = []
+        self._previous = threading.excepthook
+
+    def __enter__(self) -> Errors:
+        threading.excepthook = lambda args: self.seen.append(args.exc_value)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        threading.excepthook = self._previous
+
+
+@pytest.fixture(scope="module")
+def live_coordinator():
+    roots: list = []
+    aggregator = coordinator.StepAggregator(3, 0.2, lambda *args: roots.append(args))
+    assert aggregator.serve(("127.0.0.1", 0))
+    address = aggregator._server.server_address  # the port the OS gave
+    with Errors() as errors:
+        yield aggregator, address, roots, errors
+    aggregator.close()
+
+
+@pytest.fixture(scope="module")
+def live_clock():
+    server = transport.TcpServer("127.0.0.1", 0)
+    server.start()
+    with Errors() as errors:
+        yield server, errors
+    server.close()
+
+
+def _connection_errors() -> int:
+    return counters["coordinator_conn_error"] + counters["coordinator_conn"]
+
+
+def _good_rank_is_served(aggregator, address, roots) -> None:
+    """A real CoordinatorClient (rank 1) logs in and its message reaches rank 0's handler."""
+    got: list = []
+    coordinator.server_handlers["test.ping"] = lambda rank, message: got.append(rank)
+    client = coordinator.CoordinatorClient(address, 1)
+    try:
+        client.send({"t": "test.ping"})
+        assert wait_until(lambda: got == [1]), "a good rank is still served"
+        assert wait_until(lambda: 1 in aggregator.connected_ranks())
+    finally:
+        client.close(5)
+        coordinator.server_handlers.pop("test.ping")
+
+
+def test_decode_never_raises_and_keeps_only_typed_objects() -> None:
+    @FUZZ
+    @given(lines)
+    def check(line: bytes) -> None:
+        message = coordinator.decode(line)
+        assert message is None or isinstance(message["t"], str)
+
+    check()
+
+
+def test_strangers_are_refused_and_counted(live_coordinator) -> None:
+    aggregator, address, roots, errors = live_coordinator
+
+    @FUZZ
+    @given(lines)
+    def check(payload: bytes) -> None:
+        refused, before = counters["coordinator_refused"], _connection_errors()
+        send_and_drain(socket.create_connection(address, timeout=5), payload)
+        assert wait_until(lambda: counters["coordinator_refused"] == refused + 1)
+        assert _connection_errors() == before
+
+    check()
+    assert not errors.seen
+    assert not aggregator.connected_ranks(), "no stranger got a rank's seat"
+    _good_rank_is_served(aggregator, address, roots)
+
+
+def test_garbage_from_an_authenticated_rank_is_counted_never_raised(live_coordinator) -> None:
+    aggregator, address, roots, errors = live_coordinator
+    key = job_secret.job_key().key
+
+    @FUZZ
+    @given(lines)
+    def check(payload: bytes) -> None:
+        before = _connection_errors()
+        sock, welcomed = coordinator_login(address, 2, key)
+        assert welcomed
+        send_and_drain(sock, payload)
+        assert _connection_errors() == before
+
+    check()
+    assert not errors.seen
+    _good_rank_is_served(aggregator, address, roots)
+
+
+def test_wrong_key_or_rank_is_refused(live_coordinator) -> None:
+    aggregator, address, roots, errors = live_coordinator
+    key = job_secret.job_key().key
+
+    @FUZZ
+    @given(st.binary(min_size=32, max_size=32), st.booleans(), st.integers(-5, 10))
+    def check(wrong: bytes, right_key: bool, rank: int) -> None:
+        refused = counters["coordinator_refused"]
+        sock, welcomed = coordinator_login(address, rank, key if right_key else wrong)
+        sock.close()
+        legit = right_key and 0 < rank < 3
+        assert welcomed == legit
+        if not legit:
+            assert wait_until(lambda: counters["coordinator_refused"] > refused)
+
+    check()
+    assert not errors.seen
+    _good_rank_is_served(aggregator, address, roots)
+
+
+clock_payloads = st.one_of(
+    st.binary(max_size=200),
+    st.lists(
+        st.tuples(st.integers(0, 255), st.integers(0, 2**64 - 1)).map(
+            lambda f: transport.FRAME.pack(*f)
+        ),
+        max_size=4,
+    ).map(b"".join),
+    st.binary(max_size=300).map(lambda b: transport.FRAME.pack(transport.REPORT, len(b)) + b),
+    json_values.map(lambda v: json.dumps(v).encode()).map(
+        lambda b: transport.FRAME.pack(transport.REPORT, len(b)) + b
+    ),
+)
+
+
+def test_clock_service_refuses_strangers_and_survives_garbage(live_clock) -> None:
+    server, errors = live_clock
+    key = job_secret.job_key().key
+
+    @FUZZ
+    @given(clock_payloads, st.booleans())
+    def check(payload: bytes, authenticated: bool) -> None:
+        refused = counters["clock_refused"]
+        if authenticated:
+            sock, ok = clock_login("127.0.0.1", server.port, 1, key)
+            assert ok
+        else:
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        send_and_drain(sock, payload)
+        if not authenticated:
+            assert wait_until(lambda: counters["clock_refused"] > refused)
+
+    check()
+    assert not errors.seen
+    assert all(isinstance(r, dict) for r in server.reports.values())
+    client = transport.TcpClient("127.0.0.1", server.port, rank=1)
+    client.connect(timeout=5)
+    try:
+        assert len(client.exchange(8, timeout=5)) == 8, "a good rank is still served"
+    finally:
+        client.close()
+
+
+def test_clock_client_refuses_a_server_without_the_key() -> None:
+    """A process squatting on the clock port (here: one with another key) is not trusted."""
+    impostor = transport.TcpServer(
+        "127.0.0.1", 0, secret=job_secret.JobKey(b"x" * 32, "TF_OTEL_JOB_SECRET")
+    )
+    impostor.start()
+    try:
+        client = transport.TcpClient("127.0.0.1", impostor.port, rank=1)
+        with pytest.raises(OSError):
+            client.connect(timeout=5)
+        assert not client.connected
+    finally:
+        impostor.close()
+
+
+def test_struct_frames_of_every_kind_do_not_hang(live_clock) -> None:
+    """Each frame kind, alone, after a proper login: the server answers or closes."""
+    server, errors = live_clock
+    key = job_secret.job_key().key
+    for kind in range(0, 6):
+        sock, ok = clock_login("127.0.0.1", server.port, 1, key)
+        assert ok
+        send_and_drain(sock, struct.pack("<B7xQ", kind, 7))
+    assert not errors.seen
