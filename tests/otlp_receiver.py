@@ -80,7 +80,8 @@ def spans_of(request: trace_service_pb2.ExportTraceServiceRequest) -> List[Recei
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host  # e.g. a simulated cluster's bridge address (tests/cluster/sim.py)
         self._spans: List[ReceivedSpan] = []
         self._lock = threading.Lock()
         self.requests = {"grpc": 0, "http": 0}
@@ -104,7 +105,7 @@ class OtlpReceiver:
 
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), self._grpc)
-        self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+        self.grpc_port = self._grpc.add_insecure_port(f"{self.host}:0")
         self._grpc.start()
 
         class Handler(BaseHTTPRequestHandler):
@@ -132,7 +133,7 @@ class OtlpReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http = ThreadingHTTPServer((self.host, 0), Handler)
         self.http_port = self._http.server_address[1]
         threading.Thread(target=self._http.serve_forever, daemon=True).start()
         return self
@@ -154,10 +155,10 @@ class OtlpReceiver:
     def env(self, protocol: str = "grpc") -> Dict[str, str]:
         """OTEL_* variables that send a subprocess's traces here."""
         if protocol == "grpc":
-            endpoint = f"http://127.0.0.1:{self.grpc_port}"
+            endpoint = f"http://{self.host}:{self.grpc_port}"
             wire = "grpc"
         else:
-            endpoint = f"http://127.0.0.1:{self.http_port}"
+            endpoint = f"http://{self.host}:{self.http_port}"
             wire = "http/protobuf"
         return {
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,

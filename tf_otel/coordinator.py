@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from tf_otel import job_secret
 from tf_otel.health import count, log_once
+from tf_otel.topology import resolve_address
 
 # emit_root(key, step, start_ns, end_ns, n_ranks, reported ranks if partial else None)
 EmitRoot = Callable[[str, int, int, int, int, Optional[Tuple[int, ...]]], None]
@@ -442,7 +443,8 @@ class CoordinatorClient:
         why = "no answer"
         while time.monotonic() < deadline and refusals < self.MAX_HANDSHAKE_TRIES:
             try:
-                sock = socket.create_connection(self.address, timeout=HANDSHAKE_TIMEOUT_S)
+                address = resolve_address(self.address)  # Horovod multi-host: a lookup
+                sock = socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S)
             except OSError:  # rank 0 not listening yet
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)

@@ -4,10 +4,24 @@ Read from the launcher's environment, no communication: Horovod (gloo), Open MPI
 (PMI), PMIx, SLURM and TF_CONFIG. The job id is derived from launcher facts that every rank of one
 launch shares, so every rank computes the same id alone; ``TF_OTEL_JOB_ID`` overrides.
 
+Rank 0's host (``reference_host``) on several hosts, without settings (``TF_OTEL_COORDINATOR``
+overrides all of these):
+
+- SLURM: the first node of SLURM_STEP_NODELIST (block distribution, SLURM's default).
+- Open MPI: the first node of OMPI_MCA_orte_node_regex that holds ranks (mpirun's own node is
+  listed first even when it holds none: OMPI_MCA_orte_num_nodes tells); by-slot and by-node
+  mapping, Open MPI's defaults, put rank 0 there.
+- Horovod (gloo): nothing names it (HOROVOD_GLOO_RENDEZVOUS_ADDR is the launcher's host), so rank 0
+  publishes its address in the launcher's rendezvous key-value store (an HTTP PUT under scope
+  ``tf_otel``) and the other ranks read it back there; both happen on tf_otel's background
+  threads (``resolve_address``), never on the training thread.
+- TF_CONFIG: the first task of the cluster spec (chief, else worker 0).
+
 Usage::
 
     topo = detect()
     topo.rank, topo.world_size, topo.job_id, topo.reference_host
+    host, port = resolve_address(topo.coordinator_address())   # background threads only
 """
 
 from __future__ import annotations
@@ -17,6 +31,8 @@ import json
 import os
 import re
 import socket
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -25,6 +41,10 @@ from tf_otel.health import log_once
 
 COORDINATOR_BASE_PORT = 29400
 COORDINATOR_PORT_SPAN = 500
+# reference_host of a Horovod multi-host launch: rank 0's address is looked up at connect time
+KV_SCHEME = "kv+http://"
+KV_SCOPE = "tf_otel"
+KV_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -56,8 +76,108 @@ class Topology:
         """Default address of rank 0's coordinator (the clock service uses port + 1)."""
         if self.reference_host is None:
             return None
+        if self.is_reference and self.reference_host.startswith(KV_SCHEME):
+            publish_reference(self.reference_host)
         digest = int(hashlib.sha256(self.job_id.encode()).hexdigest()[:8], 16)
         return self.reference_host, COORDINATOR_BASE_PORT + 2 * (digest % COORDINATOR_PORT_SPAN)
+
+
+# -- rank 0's address through Horovod's rendezvous key-value store ------------------------------
+
+
+def kv_reference(env: Mapping[str, str], job_id: str) -> Optional[str]:
+    """The lookup address of rank 0's host in horovodrun's rendezvous store, if there is one."""
+    addr = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if not addr or not port or not port.isdigit():
+        return None
+    host = f"[{addr}]" if ":" in addr else addr
+    return f"{KV_SCHEME}{host}:{port}/{KV_SCOPE}/rank0-{job_id}"
+
+
+def _kv_parts(reference: str) -> Tuple[str, int, str]:
+    rest = reference[len(KV_SCHEME) :]
+    hostport, _, path = rest.partition("/")
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]"), int(port), "/" + path
+
+
+def _kv_request(reference: str, method: str) -> Tuple[int, bytes]:
+    """One request to the store; a PUT sends this host's address, the one that reaches the
+    launcher (so the other hosts reach it too): (status, body)."""
+    import http.client
+
+    host, port, path = _kv_parts(reference)
+    conn = http.client.HTTPConnection(host, port, timeout=KV_TIMEOUT_S)
+    try:
+        conn.connect()
+        body = b""
+        if method == "PUT":
+            local = conn.sock.getsockname()[0]
+            body = json.dumps({"host": local, "hostname": socket.gethostname()}).encode()
+        conn.request(method, path, body=body, headers={"Content-Length": str(len(body))})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+_published: Dict[str, threading.Thread] = {}
+_resolved: Dict[str, str] = {}
+_kv_lock = threading.Lock()
+
+
+def publish_reference(reference: str, attempts: int = 30) -> threading.Thread:
+    """Rank 0: PUT this host's address (the one that reaches the launcher) into the store, on a
+    daemon thread, once per process."""
+
+    def run() -> None:
+        for attempt in range(attempts):
+            try:
+                if _kv_request(reference, "PUT")[0] == 200:
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(min(0.1 * 2**attempt, 2.0))
+        log_once(
+            "topology:kv_publish",
+            "tf_otel: cannot publish rank 0's address in horovodrun's rendezvous store (%s); "
+            "set TF_OTEL_COORDINATOR=HOST:PORT of rank 0 on every rank",
+            reference,
+        )
+
+    with _kv_lock:
+        thread = _published.get(reference)
+        if thread is None:
+            thread = threading.Thread(target=run, name="tf_otel-publish-rank0", daemon=True)
+            _published[reference] = thread
+            thread.start()
+    return thread
+
+
+def resolve_address(address: Tuple[str, int]) -> Tuple[str, int]:
+    """The address to connect to. A rendezvous lookup (Horovod multi-host) is done here: it
+    blocks up to a few seconds, so call it on background threads only. Raises OSError while rank
+    0 has not published its address yet (callers retry)."""
+    host, port = address
+    if not host.startswith(KV_SCHEME):
+        return address
+    with _kv_lock:
+        known = _resolved.get(host)
+    if known is None:
+        try:
+            status, body = _kv_request(host, "GET")
+        except (OSError, ValueError) as exc:
+            raise OSError(f"rendezvous store unreachable ({exc})") from exc
+        if status != 200:
+            raise OSError("rank 0 has not published its address yet")
+        try:
+            known = str(json.loads(body)["host"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise OSError(f"bad rank 0 address in the rendezvous store ({exc})") from exc
+        with _kv_lock:
+            _resolved[host] = known
+    return known, port
 
 
 def _int(env: Mapping[str, str], *names: str) -> Optional[int]:
@@ -218,7 +338,35 @@ def _launch_identity(
     reference_host: Optional[str] = None
     if size == local_size:
         reference_host = "127.0.0.1"
+    elif launcher == "horovod" and kv_reference(env, job_id):
+        # exact: rank 0 says where it is (horovodrun's -H order is not in the ranks' env)
+        reference_host = kv_reference(env, job_id)
+    elif launcher == "openmpi" and env.get("OMPI_MCA_orte_node_regex"):
+        nodes = ompi_nodes(env["OMPI_MCA_orte_node_regex"], _int(env, "OMPI_MCA_orte_num_nodes"))
+        reference_host = nodes[0] if nodes else None
     elif env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST"):
         nodes = expand_slurm_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
         reference_host = nodes[0] if nodes else None
     return job_id, reference_host
+
+
+def ompi_nodes(regex: str, num_nodes: Optional[int] = None) -> List[str]:
+    """The nodes holding ranks, from Open MPI's ``OMPI_MCA_orte_node_regex`` such as
+    ``login,node[2:1-3]@0(4)``: mpirun's own node first, then the daemons' nodes; when the list is
+    longer than ``num_nodes`` mpirun's node holds no rank and is dropped."""
+    names, _, _ = regex.partition("@")
+    nodes: List[str] = []
+    for match in re.finditer(r"([^,\[]+)(?:\[(\d+):([^\]]*)\])?([^,]*)", names):
+        prefix, width, ranges, suffix = match.groups()
+        if ranges is None:
+            nodes.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                return []
+            for n in range(int(lo), int(hi or lo) + 1):
+                nodes.append(prefix + str(n).zfill(int(width)) + suffix)
+    if num_nodes is not None and 0 < num_nodes < len(nodes):
+        nodes = nodes[len(nodes) - num_nodes :]
+    return nodes

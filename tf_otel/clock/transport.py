@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional
 from tf_otel import clock, job_secret
 from tf_otel.clock.estimate import Exchange
 from tf_otel.health import count, log_once
+from tf_otel.topology import resolve_address
 
 FRAME = struct.Struct("<B7xQ")
 REPLY = struct.Struct("<QQQ")
@@ -230,7 +231,7 @@ class TcpClient:
 
     def connect(self, timeout: float) -> None:
         """Connect and run the handshake; OSError if the server is absent or not this job's."""
-        sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        sock = socket.create_connection(resolve_address((self.host, self.port)), timeout=timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             challenge = bytearray(len(MAGIC) + job_secret.NONCE_BYTES)
