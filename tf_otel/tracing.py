@@ -204,6 +204,9 @@ class Pipeline:
     def add_records(self, key: str, step: int, records: List[record.Record]) -> None:
         """Records of a step that were produced after it ended (e.g. parsed timelines)."""
         if records and not self._closed:
+            if self._queue.qsize() >= self.settings.max_queue:  # bounded like end_step's
+                count("records_dropped", len(records))
+                return
             self._queue.put((key, step, records))
 
     # -- coordinator extension messages (see coordinator.server_handlers / client_handlers) --

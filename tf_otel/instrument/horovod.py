@@ -41,6 +41,9 @@ _POLL_S = 0.2
 _CLOSE_WAIT_S = 3.0  # a stopped file not closed by Horovod after this is read as it is
 _USER_GRACE_NS = 2_000_000_000  # user timeline: a window is final this long after its step
 _MAX_WINDOWS = 256
+# per step window: bounds its list, every rank's share of it and the hvd.c message carrying it
+# (a step that never ends would otherwise collect every later collective)
+MAX_COLLECTIVES_PER_STEP = 20_000
 _EXIT_WAIT_S = 3.0
 _PREFIX = "tf_otel-hvd-"
 
@@ -268,6 +271,14 @@ class HorovodCollectives(StepHook):
             window = _window_of(c, windows, shift)
             if window is None:
                 count("horovod_collectives_unmatched")
+            elif len(window["items"]) >= MAX_COLLECTIVES_PER_STEP:
+                count("horovod_collectives_dropped")
+                log_once(
+                    "horovod_step_full",
+                    "tf_otel: a step has over %d Horovod collectives; the rest are dropped "
+                    "(counted)",
+                    MAX_COLLECTIVES_PER_STEP,
+                )
             else:
                 window["items"].append(c)
 
