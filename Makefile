@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install tools nccl-plugin test test-fast demo lint bench clean
+.PHONY: install tools nccl-plugin test test-fast demo lint bench clean cluster cluster-down
 
 install:
 	@bash scripts/install.sh
@@ -29,6 +29,12 @@ lint: install
 
 bench: install tools
 	@$(PY) bench/run_all.py
+
+cluster: install  # hosts as network namespaces on one machine (docs/CLUSTER.md)
+	@bash scripts/cluster/cluster.sh up $(CLUSTER_ARGS)
+
+cluster-down:
+	@bash scripts/cluster/cluster.sh down
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info out
