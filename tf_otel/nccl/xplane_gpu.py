@@ -32,8 +32,9 @@ from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, KERNEL, Record
 
 log = logging.getLogger(__name__)
 
-GPU_PLANE = re.compile(r"^/device:GPU:(\d+)$")
-STREAM_LINE = re.compile(r"^Stream #(\d+)")
+# bounded digit counts: int() of thousands of digits raises (CPython's int_max_str_digits)
+GPU_PLANE = re.compile(r"^/device:GPU:(\d{1,9})$")
+STREAM_LINE = re.compile(r"^Stream #(\d{1,20})(?!\d)")
 TASK_ENV_PLANE = "Task Environment"
 MAX_EVENTS = 200_000
 
