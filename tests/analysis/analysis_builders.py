@@ -260,3 +260,61 @@ def decoded_spans(job: JobBuilder):
 def ms(value: float) -> int:
     """Milliseconds (builder units) as nanoseconds."""
     return round(value * 1_000_000)
+
+
+def horovod_like_run(
+    world_size: int = 4,
+    steps: int = 30,
+    slow: Optional[Dict[int, tuple]] = None,
+    jitter_ms: float = 2.0,
+    warmup_ms: float = 0.0,
+    unknown_arrivals: bool = False,
+    seed: int = 7,
+    job_id: str = "job-hvd",
+) -> JobBuilder:
+    """A run shaped like a traced Horovod custom loop without op detail: per rank and step an
+    input wait, the rank's own step work (no spans: a gap), one allreduce, a short tail.
+
+    ``slow``: step -> (rank, delay_ms, kind) with kind ``before_step`` (the rank starts the
+    step late), ``input`` (its input wait is longer) or ``compute`` (its step work is longer).
+    Every rank's times jitter by up to ``jitter_ms`` (a seeded ``random.Random``); step 0 takes
+    ``warmup_ms`` more on every rank's step work (tracing). ``unknown_arrivals``: ranks other
+    than 0 carry Horovod's cache-hit view: ``horovod.arrival=unknown`` and a span starting when
+    the last rank became ready.
+    """
+    import random
+
+    rng = random.Random(seed)
+    slow = slow or {}
+    job = JobBuilder(job_id, world_size=world_size)
+    t = 0.0
+    for number in range(steps):
+        step = job.step(number)
+        slow_rank, delay, kind = slow.get(number, (-1, 0.0, ""))
+        plan = {}
+        for rank in range(world_size):
+            extra = delay if rank == slow_rank else 0.0
+            start = (
+                t + round(rng.uniform(0, jitter_ms), 3) + (extra if kind == "before_step" else 0)
+            )
+            input_end = start + 1.0 + round(rng.uniform(0, jitter_ms / 4), 3)
+            input_end += extra if kind == "input" else 0.0
+            work = 10.0 + round(rng.uniform(0, jitter_ms), 3) + (extra if kind == "compute" else 0)
+            work += warmup_ms if number == 0 else 0.0
+            plan[rank] = (round(start, 3), round(input_end, 3), round(input_end + work, 3))
+        last_ready = max(arrive for _, _, arrive in plan.values())
+        done = round(last_ready + 5.0, 3)
+        for rank, (start, input_end, arrive) in plan.items():
+            end = round(done + 1.0 + rng.uniform(0, jitter_ms / 4), 3)
+            step.rank(rank, start, end)
+            step.span(rank, "input", "IteratorGetNext (tf.data)", start, input_end)
+            attributes: Dict[str, Any] = {"horovod.last_arrival": arrive == last_ready}
+            span_start = arrive
+            if unknown_arrivals and rank != 0:
+                attributes = {"horovod.arrival": "unknown", "horovod.last_arrival": False}
+                span_start = last_ready
+            elif unknown_arrivals:
+                attributes = {"horovod.arrival": "negotiate", "horovod.last_arrival": False}
+            step.collective(rank, f"s{number}/grad", span_start, done, **attributes)
+        t = round((max(s.end_ns for s in step.step_spans.values()) - EPOCH_NS) / 1e6 + 0.5, 3)
+    return job

@@ -67,7 +67,8 @@ def test_json_names_the_straggler_steps(trace_file: Path, tmp_path: Path):
     rank1 = next(r for r in report["ranks"] if r["rank"] == 1)
     assert rank1["straggler_steps"] == [2, 4]
     page = html_path.read_text()
-    assert page.count("<svg") == 6  # one swimlane per step
+    assert page.count("<svg") == 1 + 6  # the overview's step-time plot, one swimlane per step
+    assert page.index("id='overview'") < page.index("id='steps'")
     assert 'class="critical"' in page
 
 

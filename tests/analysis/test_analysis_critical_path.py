@@ -123,7 +123,8 @@ def test_input_bound_step_and_gaps():
         "input": ms(60),
         "communication": ms(20),
         "straggler_wait": 0,
-        "framework": ms(5),
+        "framework": ms(5),  # ops are traced on this rank: a gap between them is framework
+        "before_step": 0,
     }
     assert [f.rule for f in result.findings] == ["input_bound"]
     assert result.findings[0].evidence["share"] == 0.6
@@ -157,7 +158,7 @@ def test_late_rank_start_and_root_after_ranks():
     step.collective(1, "g", 30, 50)
     path = only_path(job)
     assert segments(path) == [
-        (1, 0.0, 20.0, "framework", "(before rank's step)"),
+        (1, 0.0, 20.0, "before_step", "(before rank's step)"),
         (1, 20.0, 30.0, "compute", "fwd1"),
         (0, 30.0, 50.0, "communication", "allreduce.g"),
     ]

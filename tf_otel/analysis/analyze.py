@@ -20,7 +20,7 @@ from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
 from tf_otel.analysis.result import AnalysisResult, StepResult
 from tf_otel.analysis.steps import filter_job, group_trace_steps, select_steps, spans_by_trace
-from tf_otel.analysis.stragglers import straggler_summary
+from tf_otel.analysis.stragglers import straggler_summary, warmup_keys
 
 
 def analyze_spans(
@@ -30,7 +30,7 @@ def analyze_spans(
     step_range: Optional[Tuple[Optional[int], Optional[int]]] = None,
     start_ns: Optional[int] = None,
     end_ns: Optional[int] = None,
-    straggler_min_share: float = 0.05,
+    straggler_min_share: float = 0.0,
     straggler_min_ns: int = 1_000_000,
 ) -> AnalysisResult:
     if not spans:
@@ -74,15 +74,26 @@ def _analyze(
     if not selected:
         raise AnalysisError(f"{source or 'input'}: no steps in the selected range")
     results = [StepResult(key, trace, critical_path(trace)) for key, trace in enumerate(selected)]
+    warmup = warmup_keys({r.key: r.trace.duration_ns for r in results})
+    for key in warmup:
+        results[key].warmup = True
     stragglers = straggler_summary(
-        {r.key: r.path for r in results}, straggler_min_share, straggler_min_ns
+        {r.key: r.path for r in results}, straggler_min_share, straggler_min_ns, warmup
     )
     for step_result in results:
         step_result.straggler = stragglers.step_stragglers.get(step_result.key)
         missing = step_result.trace.missing_ranks
         if missing:
             warnings.append(f"step {step_result.label}: no spans from ranks {missing}")
-    outliers = step_outliers({r.key: r.trace.duration_ns for r in results})
+    unattributed = [r.label for r in results if r.path.unattributed_waits and not r.warmup]
+    if unattributed:
+        warnings.append(
+            f"{len(unattributed)} step(s) (first: {', '.join(unattributed[:5])}) waited at a "
+            "collective for a rank whose arrival Horovod's response cache hid, and no rank's own "
+            "work explains the wait: counted as communication, nobody blamed "
+            "(TF_OTEL_HOROVOD_EXACT=1 records every arrival)"
+        )
+    outliers = step_outliers({r.key: r.trace.duration_ns for r in results if not r.warmup})
     for key in outliers.outliers:
         results[key].outlier = True
     job = job_id or next((r.trace.job_id for r in results if r.trace.job_id), None)

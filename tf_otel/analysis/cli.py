@@ -89,11 +89,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     tuning.add_argument(
         "--straggler-min-share",
         type=float,
-        default=0.05,
-        help="excess over the median rank, as a share of the step (0.05)",
+        default=0.0,
+        help="besides beating the run's own noise (learned from the run), the excess must be "
+        "at least this share of the step (0: off)",
     )
     tuning.add_argument(
-        "--straggler-min-ms", type=float, default=1.0, help="and at least this many ms (1.0)"
+        "--straggler-min-ms",
+        type=float,
+        default=1.0,
+        help="and at least this many ms (1.0; the floor when the run shows no noise)",
     )
     output = parser.add_argument_group("output")
     output.add_argument("--format", choices=("table", "json"), default="table")

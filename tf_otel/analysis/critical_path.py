@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Dict, List, Optional, Tuple
 
-from tf_otel.analysis.model import ATTR_LAST_ARRIVAL, ATTR_TRANSFER_EDGE, ATTR_WAIT_NS, Span
+from tf_otel.analysis.model import (
+    ATTR_ARRIVAL,
+    ATTR_LAST_ARRIVAL,
+    ATTR_TRANSFER_EDGE,
+    ATTR_WAIT_NS,
+    Span,
+)
 from tf_otel.analysis.steps import RankTimeline, StepTrace
 from tf_otel.record import (
     ATTR_COLLECTIVE_KEY,
@@ -55,13 +61,17 @@ PATH_INPUT = "input"
 PATH_COMMUNICATION = "communication"
 PATH_STRAGGLER_WAIT = "straggler_wait"
 PATH_FRAMEWORK = "framework"
+PATH_BEFORE_STEP = "before_step"
 PATH_CATEGORIES = (
     PATH_COMPUTE,
     PATH_INPUT,
     PATH_COMMUNICATION,
     PATH_STRAGGLER_WAIT,
     PATH_FRAMEWORK,
+    PATH_BEFORE_STEP,
 )
+STEP_WORK = "(rank step work)"  # a gap on a rank without op detail: its own step work
+UNKNOWN_ARRIVAL = "unknown"
 _NODE_CATEGORY = {COMPUTE: PATH_COMPUTE, INPUT: PATH_INPUT}
 _PRIORITY = {COLLECTIVE: 3, TRANSFER: 2, COMPUTE: 1, INPUT: 0}
 _PARTIAL_OK = frozenset((COMPUTE, INPUT))
@@ -94,10 +104,16 @@ class Leg:
     end_ns: int
     median_other_ns: Optional[int] = None
     slowest_other_ns: Optional[int] = None
+    # every rank's same leg (its own included): rank -> (start, end); a rank whose arrival is
+    # unknown ends at the last thing it is known to have done (a lower bound)
+    windows: Dict[int, Tuple[int, int]] = field(default_factory=dict, repr=False)
 
     @property
     def length_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+    def lengths(self) -> Dict[int, int]:
+        return {rank: max(0, end - start) for rank, (start, end) in self.windows.items()}
 
     @property
     def excess_ns(self) -> int:
@@ -119,6 +135,8 @@ class CriticalPath:
     legs: List[Leg] = field(default_factory=list)  # in time order
     # collective key -> rank -> arrival (earliest start), for the straggler statistics
     arrivals: Optional[Dict[str, Dict[int, int]]] = field(default=None, repr=False)
+    # collectives on the path whose last arrival was unknown and unexplained (nobody blamed)
+    unattributed_waits: int = 0
 
     @property
     def length_ns(self) -> int:
@@ -147,6 +165,19 @@ class CriticalPath:
         for leg in self.legs:
             totals[leg.rank] = totals.get(leg.rank, 0) + leg.saving_ns
         return totals
+
+    def lateness_by_rank(self) -> Dict[int, int]:
+        """Every rank's lateness in this step: over the path's legs, its leg minus the median
+        of the other ranks' same leg (signed; the run's noise is learned from these)."""
+        totals: Dict[int, int] = {}
+        for leg in self.legs:
+            lengths = leg.lengths()
+            if len(lengths) < 2:
+                continue
+            for rank, length in lengths.items():
+                others = [v for r, v in lengths.items() if r != rank]
+                totals[rank] = totals.get(rank, 0) + length - int(statistics.median(others))
+        return dict(sorted(totals.items()))
 
 
 _START_ID = attrgetter("start_ns", "span_id")
@@ -263,15 +294,73 @@ def _transfer_index(step: StepTrace) -> Dict[str, Dict[int, Span]]:
     return index
 
 
-def _last_arrival(members: Dict[int, Span], current: int) -> int:
+def _unknown(span: Span) -> bool:
+    return span.attributes.get(ATTR_ARRIVAL) == UNKNOWN_ARRIVAL
+
+
+def known_before(timeline: RankTimeline, t: int) -> int:
+    """The last moment before ``t`` this rank is known to have been busy with its own work:
+    the latest end of its non-collective spans ending by ``t``, else its step's start."""
+    known = timeline.start_ns
+    for span in timeline.nodes:
+        if span.category != COLLECTIVE and known < span.end_ns <= t:
+            known = span.end_ns
+    return min(known, t)
+
+
+def estimated_arrivals(members: Dict[int, Span], step: StepTrace) -> Dict[int, int]:
+    """Each member's arrival: the span start where known; for a rank whose arrival Horovod's
+    cache hid, the end of its last own work plus the work the known ranks did after theirs
+    (the ranks run the same step), never after its span start (the last rank's readiness)."""
+    after = [
+        span.start_ns - known_before(step.ranks[rank], span.start_ns)
+        for rank, span in members.items()
+        if not _unknown(span) and rank in step.ranks
+    ]
+    typical = int(statistics.median(after)) if after else 0
+    return {
+        rank: (
+            min(span.start_ns, known_before(step.ranks[rank], span.start_ns) + typical)
+            if _unknown(span) and rank in step.ranks
+            else span.start_ns
+        )
+        for rank, span in members.items()
+    }
+
+
+def _unknown_last_arrival(
+    members: Dict[int, Span], current: int, step: StepTrace
+) -> Tuple[int, Optional[int]]:
+    """Horovod's response cache hid some ranks' arrivals: their spans start when the last rank
+    became ready. Each rank's latest known moment: its arrival where known, else the end of its
+    last own work. The rank furthest ahead is blamed when its lead explains at least half of
+    the wait; else nobody is (the rest of the wait stays on the collective, as communication):
+    returns (rank, the time the path leaves the collective for it, None: its span start)."""
+    fake = max(span.start_ns for span in members.values() if _unknown(span))
+    latest = estimated_arrivals(members, step)
+    top = max(latest, key=lambda r: (latest[r], r == current, -r))
+    if not _unknown(members[top]):
+        return top, None
+    second = max((v for r, v in latest.items() if r != top), default=latest[top])
+    gap = fake - second
+    if gap <= 0 or 2 * (latest[top] - second) >= gap:
+        return top, None
+    return top, latest[top]
+
+
+def _last_arrival(
+    members: Dict[int, Span], current: int, step: StepTrace
+) -> Tuple[int, Optional[int]]:
     flagged = [
         rank for rank, span in members.items() if span.attributes.get(ATTR_LAST_ARRIVAL) is True
     ]
     if len(flagged) == 1:
-        return flagged[0]
+        return flagged[0], None
+    if any(_unknown(span) for span in members.values()):
+        return _unknown_last_arrival(members, current, step)
     latest = max(span.start_ns for span in members.values())
     tied = [rank for rank, span in members.items() if span.start_ns == latest]
-    return current if current in tied else min(tied)
+    return (current if current in tied else min(tied)), None
 
 
 def _waits_for_unseen_rank(node: Span, members: Dict[int, Span], expected: set) -> bool:
@@ -303,12 +392,14 @@ def critical_path(step: StepTrace) -> CriticalPath:
         return path
     indexes = _LazyIndexes(step)
     syncs = _collective_index(step)
-    path.arrivals = {
+    path.arrivals = {  # only where every rank's arrival is known (not hidden by Horovod's cache)
         key[2:]: {rank: span.start_ns for rank, span in members.items()}
         for key, members in syncs.items()
+        if not any(_unknown(span) for span in members.values())
     }
     syncs.update(_transfer_index(step))
     expected = set(step.expected_ranks)
+    detailed = {r for r, t in step.ranks.items() if any(s.category == COMPUTE for s in t.nodes)}
     backward: List[Segment] = []
     legs: List[Leg] = []
 
@@ -319,7 +410,10 @@ def critical_path(step: StepTrace) -> CriticalPath:
     def add_gap(rank: int, start: int, end: int) -> None:
         if end > start:
             name, span_id = indexes[rank].gap_name(start, end)
-            backward.append(Segment(rank, start, end, PATH_FRAMEWORK, name, span_id))
+            category = PATH_FRAMEWORK
+            if rank not in detailed:  # no op spans: the gap is the rank's own step work
+                category, name = PATH_COMPUTE, (STEP_WORK if name == "(gap)" else name)
+            backward.append(Segment(rank, start, end, category, name, span_id))
 
     last_end = max(t.end_ns for t in step.ranks.values())
     rank = min(r for r, t in step.ranks.items() if t.end_ns == last_end)
@@ -346,10 +440,16 @@ def critical_path(step: StepTrace) -> CriticalPath:
             continue
         # a sync point: close the leg that starts when this sync completes on this rank
         legs.append(Leg(leg_rank, sync_key, leg_end_key, node.end_ns, leg_end_ns))
-        source = _last_arrival(members, rank) if node.category == COLLECTIVE else None
+        source, known_at = (
+            _last_arrival(members, rank, step) if node.category == COLLECTIVE else (None, None)
+        )
         if source is None:  # transfer: wait for the peer that started last
             source = max(members, key=lambda r: (members[r].start_ns, r == rank, -r))
-        arrival = min(members[source].start_ns, t) if source != rank else node.start_ns
+        if known_at is not None:  # nobody to blame: the unexplained wait is communication
+            arrival = min(known_at, t)
+            path.unattributed_waits += 1
+        else:
+            arrival = min(members[source].start_ns, t) if source != rank else node.start_ns
         wait_end = arrival
         if _waits_for_unseen_rank(node, members, expected):
             wait_end = min(t, max(arrival, _wait_end(node, step.ranks[rank])))
@@ -359,7 +459,7 @@ def critical_path(step: StepTrace) -> CriticalPath:
         leg_rank, leg_end_key, leg_end_ns = rank, sync_key, t
     first = step.ranks[rank].start_ns
     add_gap(rank, min(first, t), t)
-    add(rank, step.start_ns, min(first, t), PATH_FRAMEWORK, "(before rank's step)")
+    add(rank, step.start_ns, min(first, t), PATH_BEFORE_STEP, "(before rank's step)")
     legs.append(Leg(leg_rank, STEP_START, leg_end_key, step.start_ns, leg_end_ns))
     path.segments = backward[::-1]
     path.legs = legs[::-1]
@@ -379,6 +479,7 @@ def _sync_key(node: Span) -> Optional[str]:
 
 def _compare_legs(legs: List[Leg], step: StepTrace, syncs: Dict[str, Dict[int, Span]]) -> None:
     for leg in legs:
+        leg.windows[leg.rank] = (leg.start_ns, leg.end_ns)
         others: List[int] = []
         for rank, timeline in step.ranks.items():
             if rank == leg.rank:
@@ -391,9 +492,14 @@ def _compare_legs(legs: List[Leg], step: StepTrace, syncs: Dict[str, Dict[int, S
             if leg.end == STEP_END:
                 end: Optional[int] = timeline.end_ns
             else:
-                member = syncs.get(leg.end, {}).get(rank)
+                members = syncs.get(leg.end, {})
+                member = members.get(rank)
                 end = member.start_ns if member else None
+                if member is not None and _unknown(member):
+                    end = estimated_arrivals(members, step)[rank]
             if begin is not None and end is not None:
+                end = max(begin, end)  # overlapping collectives: this rank waited anyway
+                leg.windows[rank] = (begin, end)
                 others.append(end - begin)
         if others:
             leg.median_other_ns = int(statistics.median(others))

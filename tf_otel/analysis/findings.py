@@ -9,6 +9,8 @@ In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constan
   total step time or it straggles in >= 10% of the steps;
 - input_bound: input wait is >= 15% of the time on the critical path;
 - communication_bound: communication + straggler wait >= 30% of the critical path;
+- persistent_lateness: a rank whose median lateness (over the steady steps) is beyond the
+  run's straggler threshold: late in most steps, so measured against itself per step;
 - step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``);
 - low_gpu_utilization: only when spans carry ``gpu.utilization``: a rank's p95 < 70%.
 Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else low.
@@ -16,7 +18,7 @@ Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else
 
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List
 
 from tf_otel.analysis.critical_path import (
     PATH_COMMUNICATION,
@@ -43,23 +45,29 @@ def _ms(ns: float) -> float:
 
 def straggler_findings(result: AnalysisResult) -> List[Finding]:
     findings = []
-    total = result.total_ns or 1
+    total = sum(step.trace.duration_ns for step in result.steady_steps) or 1
     for stats in result.stragglers.ranks.values():
         count = len(stats.straggler_steps)
         if not count:
             continue
         saving_share = stats.saving_ns / total
-        step_share = count / max(1, len(result.steps))
+        step_share = count / max(1, len(result.steady_steps))
         if saving_share < STRAGGLER_MIN_SAVING_SHARE and step_share < STRAGGLER_MIN_STEP_SHARE:
             continue
         numbers = [result.step_number(key) for key in stats.straggler_steps]
+        causes: Dict[str, int] = {}
+        for key in stats.straggler_steps:
+            category = result.steps[key].straggler.category  # type: ignore[union-attr]
+            causes[category] = causes.get(category, 0) + 1
         findings.append(
             Finding(
                 rule="straggler",
                 severity=_severity(saving_share),
                 summary=(
-                    f"rank {stats.rank} is the straggler in {count} of {len(result.steps)} steps,"
+                    f"rank {stats.rank} is the straggler in {count} of "
+                    f"{len(result.steady_steps)} steady steps,"
                     f" {_ms(stats.excess_ns / count)} ms behind the median rank on average"
+                    f" (cause: {', '.join(sorted(causes, key=lambda c: -causes[c]))})"
                 ),
                 evidence={
                     "rank": stats.rank,
@@ -68,6 +76,8 @@ def straggler_findings(result: AnalysisResult) -> List[Finding]:
                     "mean_excess_ms": _ms(stats.excess_ns / count),
                     "what_if_saving_ms": _ms(stats.saving_ns),
                     "what_if_saving_share": round(saving_share, 4),
+                    "causes": dict(sorted(causes.items())),
+                    "threshold_ms": _ms(result.stragglers.noise.threshold_for(stats.rank)),
                     "last_arrivals": stats.last_arrivals,
                     "collectives": stats.collectives,
                     "last_to_end": stats.last_to_end,
@@ -77,6 +87,34 @@ def straggler_findings(result: AnalysisResult) -> List[Finding]:
                     "critical path): an uneven data shard or input pipeline, a slower or shared "
                     "host (CPU contention, thermal throttling, another job), or rank-specific work "
                     "(logging, checkpointing on rank 0). Balance the work or move it off the step."
+                ),
+            )
+        )
+    return findings
+
+
+def persistent_findings(result: AnalysisResult) -> List[Finding]:
+    noise = result.stragglers.noise
+    findings = []
+    for rank, usual in noise.persistent().items():
+        findings.append(
+            Finding(
+                rule="persistent_lateness",
+                severity=_severity(usual * len(result.steady_steps) / (result.total_ns or 1)),
+                summary=(
+                    f"rank {rank} is late in most steps: median {_ms(usual)} ms behind the "
+                    f"other ranks (noise threshold {_ms(noise.threshold_ns)} ms)"
+                ),
+                evidence={
+                    "rank": rank,
+                    "median_lateness_ms": _ms(usual),
+                    "threshold_ms": _ms(noise.threshold_ns),
+                    "noise_sigma_ms": _ms(noise.sigma_ns),
+                },
+                suggestion=(
+                    "Something this rank does every step and the others do not: rank-0 duties "
+                    "(logging, metrics, tracing), an uneven shard, a slower host. Its single "
+                    "straggler steps are judged against this usual lateness."
                 ),
             )
         )
@@ -182,6 +220,7 @@ def gpu_findings(result: AnalysisResult) -> List[Finding]:
 
 def evaluate_rules(result: AnalysisResult) -> List[Finding]:
     findings = straggler_findings(result)
+    findings += persistent_findings(result)
     findings += _share_finding(result, "input_bound", [PATH_INPUT], INPUT_BOUND_SHARE)
     findings += _share_finding(
         result,

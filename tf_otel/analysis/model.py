@@ -26,6 +26,7 @@ from tf_otel.record import (
 
 ATTR_GPU_UTILIZATION = "gpu.utilization"
 ATTR_LAST_ARRIVAL = "horovod.last_arrival"
+ATTR_ARRIVAL = "horovod.arrival"  # how a rank's arrival is known: tick|negotiate|inferred|unknown
 ATTR_WAIT_NS = "horovod.wait_ns"
 ATTR_TRANSFER_EDGE = "tensorflow.transfer.edge"
 
@@ -36,6 +37,7 @@ SLOT_ATTRIBUTES = frozenset(
 ANALYSIS_ATTRIBUTES = SLOT_ATTRIBUTES | {
     ATTR_COLLECTIVE_KEY,
     ATTR_LAST_ARRIVAL,
+    ATTR_ARRIVAL,
     ATTR_WAIT_NS,
     ATTR_TRANSFER_EDGE,
     ATTR_WORLD_SIZE,

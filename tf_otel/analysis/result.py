@@ -18,6 +18,7 @@ class StepResult:
     path: CriticalPath
     straggler: Optional[StepStraggler] = None
     outlier: bool = False
+    warmup: bool = False  # a leading step still tracing / compiling: kept out of statistics
 
     @property
     def label(self) -> str:
@@ -26,7 +27,7 @@ class StepResult:
     @property
     def what_if_ns(self) -> int:
         saving = self.straggler.saving_ns if self.straggler else 0
-        return self.trace.duration_ns - saving
+        return min(self.trace.duration_ns, max(0, self.trace.duration_ns - saving))
 
 
 @dataclass
@@ -57,16 +58,25 @@ class AnalysisResult:
     def what_if_total_ns(self) -> int:
         return sum(step.what_if_ns for step in self.steps)
 
+    @property
+    def steady_steps(self) -> List[StepResult]:
+        return [step for step in self.steps if not step.warmup]
+
+    @property
+    def warmup_steps(self) -> List[StepResult]:
+        return [step for step in self.steps if step.warmup]
+
     def by_category(self) -> Dict[str, int]:
+        """Critical path time by category over the steady steps (warm-up kept out)."""
         totals = dict.fromkeys(PATH_CATEGORIES, 0)
-        for step in self.steps:
+        for step in self.steady_steps:
             for category, value in step.path.by_category().items():
                 totals[category] += value
         return totals
 
     def by_rank(self) -> Dict[int, int]:
         totals: Dict[int, int] = {}
-        for step in self.steps:
+        for step in self.steady_steps:
             for rank, value in step.path.by_rank().items():
                 totals[rank] = totals.get(rank, 0) + value
         return dict(sorted(totals.items()))

@@ -1,30 +1,58 @@
-"""Stragglers across steps: who is late, how often, by how much, and what it costs.
+"""Stragglers across steps: who is late, how often, by how much, what it costs - beyond noise.
 
 Usage::
 
-    summary = straggler_summary(paths, min_share=0.05, min_ns=1_000_000)
-    summary.step_stragglers        # {step key: StepStraggler(rank, excess_ns, saving_ns)}
+    warmup = warmup_keys({key: path.step.duration_ns for key, path in paths.items()})
+    summary = straggler_summary(paths, warmup=warmup, min_share=0.0, min_ns=1_000_000)
+    summary.step_stragglers        # {step key: StepStraggler(rank, excess_ns, saving_ns, ...)}
+    summary.noise.threshold_ns     # what this run's own noise allows
     summary.ranks[1].last_arrivals
 
-Three views, per rank:
-- step straggler: the rank whose legs on the critical path exceed the median rank's by the most
-  in a step (``excess_ns``), counted when the excess is at least ``min_share`` of the step and
-  ``min_ns``; the step's what-if saving is that rank's ``saving_ns`` (its legs cut to the next
-  slowest rank's);
-- last arrival at collectives: the rank that started a collective strictly last, lateness =
-  its arrival - the median arrival of the others;
-- last to end its step: strictly last, lateness = its end - the median end of the others.
+- Warm-up: the leading steps far slower than the run settles to (tracing, compiling, first
+  allocations): longer than median + max(3.5 robust sigmas, 1x median) of the later half of
+  the steps, at most a quarter of the steps. They are reported, and kept out of everything below.
+- Lateness: per step and rank, over the legs of the critical path (see ``critical_path``), the
+  rank's leg minus the median of the other ranks' same leg. The run's noise is learned from
+  these: centre = median over all (rank, steady step), sigma = 1.4826 x MAD of each rank's values
+  around its own median (a rank that is always a little late is an offset, not noise).
+- Step straggler: the rank whose legs on the path exceed the others' median by the most, named
+  only when that excess is above ``centre + NOISE_SIGMAS x sigma`` (and ``min_ns``,
+  ``min_share`` of the step); a rank late in most steps (its median lateness above that) is
+  measured against its own median instead, and reported once as persistently late. Its
+  excess is capped at the step's duration and its what-if saving (its legs cut to the next
+  slowest rank's) at the excess, so the what-if step time stays in
+  [0, duration]. The excess is split by category (input, compute / rank step work, before_step,
+  communication, framework): the rank's time in each minus the other ranks' median in their
+  same legs; the largest share names the cause.
+- Last arrival at collectives (all arrivals known): strictly last, lateness = its arrival - the
+  median arrival of the others; last to end its step: strictly last, lateness vs the others.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from tf_otel.analysis.critical_path import CriticalPath
-from tf_otel.analysis.steps import StepTrace
-from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE
+from tf_otel.analysis.critical_path import (
+    PATH_BEFORE_STEP,
+    PATH_COMMUNICATION,
+    PATH_COMPUTE,
+    PATH_FRAMEWORK,
+    PATH_INPUT,
+    CriticalPath,
+)
+from tf_otel.analysis.steps import RankTimeline, StepTrace
+from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRANSFER
+
+NOISE_SIGMAS = 5.0
+MAD_TO_SIGMA = 1.4826
+WARMUP_Z = 3.5
+WARMUP_MIN_RATIO = 1.0  # a warm-up step is at least twice the settled median
+MIN_NOISE_STEPS = 3
+EXCESS_CATEGORIES = (PATH_BEFORE_STEP, PATH_INPUT, PATH_COMPUTE, PATH_COMMUNICATION, PATH_FRAMEWORK)
+_SPAN_CATEGORY = {COLLECTIVE: PATH_COMMUNICATION, TRANSFER: PATH_COMMUNICATION, INPUT: PATH_INPUT}
+_PRIORITY = {PATH_COMMUNICATION: 3, PATH_INPUT: 2, PATH_COMPUTE: 1}
 
 
 @dataclass
@@ -32,6 +60,8 @@ class StepStraggler:
     rank: int
     excess_ns: int
     saving_ns: int
+    category: str = PATH_COMPUTE
+    excess_by_category_ns: Dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -49,20 +79,136 @@ class RankStragglerStats:
 
 
 @dataclass
+class StragglerNoise:
+    """What the run's own rank lateness looks like when nobody is slowed."""
+
+    center_ns: int = 0
+    sigma_ns: int = 0
+    threshold_ns: int = 0
+    samples: int = 0
+    baseline_ns: Dict[int, int] = field(default_factory=dict)  # each rank's median lateness
+
+    def threshold_for(self, rank: int) -> int:
+        """A rank that is late in most steps is measured against its own usual lateness."""
+        usual = self.baseline_ns.get(rank, self.center_ns)
+        if usual <= self.center_ns:
+            return self.threshold_ns
+        return max(self.threshold_ns, int(usual + NOISE_SIGMAS * self.sigma_ns))
+
+    def persistent(self) -> Dict[int, int]:
+        """Ranks late in most steps beyond the noise: rank -> median lateness."""
+        return {
+            rank: usual
+            for rank, usual in self.baseline_ns.items()
+            if usual > self.threshold_ns and self.samples
+        }
+
+
+@dataclass
 class StragglerSummary:
     step_stragglers: Dict[int, StepStraggler] = field(default_factory=dict)
     ranks: Dict[int, RankStragglerStats] = field(default_factory=dict)
+    warmup: List[int] = field(default_factory=list)  # step keys
+    noise: StragglerNoise = field(default_factory=StragglerNoise)
 
 
-def step_straggler(path: CriticalPath, min_share: float, min_ns: int) -> Optional[StepStraggler]:
+def _median(values: Iterable[float]) -> float:
+    return statistics.median(values)
+
+
+def warmup_keys(durations: Dict[int, int]) -> List[int]:
+    """Leading step keys (in order) far slower than the later half of the run."""
+    keys = list(durations)
+    if len(keys) < 3:
+        return []
+    later = [durations[k] for k in keys[len(keys) // 2 :]]
+    median = _median(later)
+    mad = _median(abs(v - median) for v in later)
+    threshold = median + max(WARMUP_Z * MAD_TO_SIGMA * mad, WARMUP_MIN_RATIO * median)
+    warm = []
+    for key in keys[: max(1, len(keys) // 4)]:
+        if durations[key] <= threshold:
+            break
+        warm.append(key)
+    return warm
+
+
+def lateness_noise(paths: Sequence[CriticalPath], min_ns: int) -> StragglerNoise:
+    per_rank: Dict[int, List[int]] = {}
+    for path in paths:
+        for rank, value in path.lateness_by_rank().items():
+            per_rank.setdefault(rank, []).append(value)
+    pool = [v for values in per_rank.values() for v in values]
+    if len(paths) < MIN_NOISE_STEPS or not pool:
+        return StragglerNoise(0, 0, min_ns, len(pool))
+    center = _median(pool)
+    residuals = [abs(v - _median(values)) for values in per_rank.values() for v in values]
+    sigma = MAD_TO_SIGMA * _median(residuals)
+    threshold = max(min_ns, int(center + NOISE_SIGMAS * sigma))
+    baseline = {rank: int(_median(values)) for rank, values in sorted(per_rank.items())}
+    return StragglerNoise(int(center), int(sigma), threshold, len(pool), baseline)
+
+
+def window_split(step: StepTrace, timeline: RankTimeline, begin: int, end: int) -> Dict[str, int]:
+    """How a rank spent [begin, end): before its step, input, communication, compute spans,
+    and the rest (its own step work: compute without op spans, else framework)."""
+    split = dict.fromkeys(EXCESS_CATEGORIES, 0)
+    if end <= begin:
+        return split
+    inside = max(begin, min(end, timeline.start_ns))
+    split[PATH_BEFORE_STEP] = inside - begin
+    detailed = any(s.category == COMPUTE for s in timeline.nodes)
+    rest = PATH_FRAMEWORK if detailed else PATH_COMPUTE
+    pieces: List[Tuple[int, int, str]] = []
+    for span in timeline.nodes:
+        start, stop = max(inside, span.start_ns), min(end, span.end_ns)
+        if stop > start:
+            pieces.append((start, stop, _SPAN_CATEGORY.get(span.category, PATH_COMPUTE)))
+    cuts = sorted({inside, end} | {p[0] for p in pieces} | {p[1] for p in pieces})
+    for a, b in zip(cuts, cuts[1:]):
+        covering = [c for s, e, c in pieces if s <= a and e >= b]
+        category = max(covering, key=_PRIORITY.__getitem__) if covering else rest
+        split[category] += b - a
+    return split
+
+
+def excess_split(path: CriticalPath, rank: int) -> Dict[str, int]:
+    """The rank's excess by category: its legs' split minus the others' median split."""
+    step = path.step
+    totals = dict.fromkeys(EXCESS_CATEGORIES, 0)
+    for leg in path.legs:
+        if leg.rank != rank or len(leg.windows) < 2:
+            continue
+        splits = {
+            r: window_split(step, step.ranks[r], start, end)
+            for r, (start, end) in leg.windows.items()
+            if r in step.ranks
+        }
+        own = splits.get(rank)
+        if own is None:
+            continue
+        for category in EXCESS_CATEGORIES:
+            others = [s[category] for r, s in splits.items() if r != rank]
+            totals[category] += own[category] - int(_median(others))
+    return totals
+
+
+def step_straggler(
+    path: CriticalPath, noise: StragglerNoise, min_share: float = 0.0
+) -> Optional[StepStraggler]:
     excess = path.excess_by_rank()
     if not excess:
         return None
     rank = min(excess, key=lambda r: (-excess[r], r))
-    threshold = max(min_ns, min_share * path.step.duration_ns)
-    if excess[rank] <= 0 or excess[rank] < threshold:
+    duration = path.step.duration_ns
+    value = min(excess[rank], duration)
+    if value <= 0 or value <= noise.threshold_for(rank) or value < min_share * duration:
         return None
-    return StepStraggler(rank, excess[rank], path.saving_by_rank().get(rank, 0))
+    saving = min(path.saving_by_rank().get(rank, 0), value)
+    split = excess_split(path, rank)
+    category = max(EXCESS_CATEGORIES, key=lambda c: (split[c], -EXCESS_CATEGORIES.index(c)))
+    by_category = {c: v for c, v in split.items() if v > 0}
+    return StepStraggler(rank, value, saving, category, by_category)
 
 
 def _strictly_last(values: Dict[int, int]) -> Optional[int]:
@@ -73,7 +219,7 @@ def _strictly_last(values: Dict[int, int]) -> Optional[int]:
 
 
 def _median_others(values: Dict[int, int], rank: int) -> int:
-    return int(statistics.median(v for r, v in values.items() if r != rank))
+    return int(_median(v for r, v in values.items() if r != rank))
 
 
 def _collective_arrivals(step: StepTrace) -> Dict[str, Dict[int, int]]:
@@ -89,19 +235,26 @@ def _collective_arrivals(step: StepTrace) -> Dict[str, Dict[int, int]]:
 
 
 def straggler_summary(
-    paths: Dict[int, CriticalPath], min_share: float = 0.05, min_ns: int = 1_000_000
+    paths: Dict[int, CriticalPath],
+    min_share: float = 0.0,
+    min_ns: int = 1_000_000,
+    warmup: Optional[List[int]] = None,
 ) -> StragglerSummary:
-    """``paths``: step key -> critical path, in step order."""
+    """``paths``: step key -> critical path, in step order; ``warmup``: keys kept out."""
     summary = StragglerSummary()
+    summary.warmup = list(warmup or [])
+    skipped = set(summary.warmup)
+    steady = {key: path for key, path in paths.items() if key not in skipped}
+    summary.noise = lateness_noise(list(steady.values()), min_ns)
 
     def stats(rank: int) -> RankStragglerStats:
         return summary.ranks.setdefault(rank, RankStragglerStats(rank))
 
-    for key, path in paths.items():
+    for key, path in steady.items():
         step = path.step
         for rank in step.ranks:
             stats(rank).steps += 1
-        found = step_straggler(path, min_share, min_ns)
+        found = step_straggler(path, summary.noise, min_share)
         if found is not None:
             summary.step_stragglers[key] = found
             rank_stats = stats(found.rank)
@@ -121,5 +274,8 @@ def straggler_summary(
         if last is not None:
             stats(last).last_to_end += 1
             stats(last).end_lateness_ns += ends[last] - _median_others(ends, last)
+    for path in paths.values():  # warm-up ranks still listed
+        for rank in path.step.ranks:
+            stats(rank)
     summary.ranks = dict(sorted(summary.ranks.items()))
     return summary

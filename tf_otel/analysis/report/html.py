@@ -1,8 +1,12 @@
-"""The ``--html`` report: summary, findings, and one inline SVG swimlane per pictured step.
+"""The ``--html`` report: overview first, findings, then one SVG swimlane per step that matters.
 
 Usage::
 
     Path("report.html").write_text(render_html(result, max_pictures=20))
+
+The overview (``report.overview``: step time over the run, a ranks x steps lateness heatmap,
+the top stragglers) stays the same size at any scale; swimlanes are drawn only for the
+``max_pictures`` steps that matter most (stragglers and outliers first, then the slowest).
 
 Swimlanes: one lane per rank (a rank without spans is drawn empty and labelled), timeline spans
 as boxes coloured by category, framework/kernel spans as thin boxes under them, the critical
@@ -17,6 +21,7 @@ from typing import List
 
 from tf_otel.analysis.critical_path import PATH_CATEGORIES
 from tf_otel.analysis.report import ms, notable_steps
+from tf_otel.analysis.report.overview import overview_from_result, render_overview
 from tf_otel.analysis.report.terminal import render_table
 from tf_otel.analysis.result import AnalysisResult, StepResult
 from tf_otel.record import COLLECTIVE, COMPUTE, INPUT, TRANSFER
@@ -30,7 +35,14 @@ COLOURS = {
     "kernel": "#9c755f",
     "straggler_wait": "#e15759",
     "communication": "#59a14f",
+    "before_step": "#edc948",
 }
+STYLE = (
+    "body{font-family:sans-serif;margin:20px} pre{background:#f6f6f6;padding:8px}"
+    " .finding{margin:8px 0;padding:6px;border-left:4px solid #e15759;background:#fdf3f3}"
+    " table{border-collapse:collapse} td,th{border:1px solid #ddd;padding:2px 8px;"
+    "font-size:13px;text-align:right}"
+)
 WIDTH = 1100
 LABEL_WIDTH = 70
 LANE_HEIGHT = 28
@@ -48,23 +60,25 @@ def _title(name: str, category: str, start: int, end: int, origin: int) -> str:
     )
 
 
-def swimlane_svg(step: StepResult) -> str:
+def swimlane_svg(step: StepResult) -> str:  # noqa: C901 - one drawing, read top to bottom
     trace = step.trace
     origin, duration = trace.start_ns, max(1, trace.duration_ns)
     lanes = sorted(set(trace.expected_ranks) | set(trace.ranks))
     lane_of = {rank: i for i, rank in enumerate(lanes)}
-    height = 24 + LANE_HEIGHT * len(lanes)
+    # many ranks: thinner lanes, so a 64-rank step stays about a screen high
+    lane_height, box_height = (LANE_HEIGHT, BOX_HEIGHT) if len(lanes) <= 16 else (14, 9)
+    height = 24 + lane_height * len(lanes)
     out: List[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
         f'font-family="sans-serif" font-size="11">'
     ]
     for rank in lanes:
-        y = 20 + LANE_HEIGHT * lane_of[rank]
+        y = 20 + lane_height * lane_of[rank]
         label = f"rank {rank}" if rank in trace.ranks else f"rank {rank} (no spans)"
         out.append(f'<text x="2" y="{y + 13}">{html.escape(label)}</text>')
         out.append(
-            f'<line x1="{LABEL_WIDTH}" y1="{y + LANE_HEIGHT - 4}" x2="{WIDTH - 10}" '
-            f'y2="{y + LANE_HEIGHT - 4}" stroke="#ddd"/>'
+            f'<line x1="{LABEL_WIDTH}" y1="{y + lane_height - 4}" x2="{WIDTH - 10}" '
+            f'y2="{y + lane_height - 4}" stroke="#ddd"/>'
         )
         timeline = trace.ranks.get(rank)
         if timeline is None:
@@ -73,7 +87,7 @@ def swimlane_svg(step: StepResult) -> str:
             x0, x1 = _x(span.start_ns, origin, duration), _x(span.end_ns, origin, duration)
             colour = COLOURS.get(span.category, COLOURS["framework"])
             out.append(
-                f'<rect x="{x0:.1f}" y="{y + BOX_HEIGHT}" width="{max(0.5, x1 - x0):.1f}" '
+                f'<rect x="{x0:.1f}" y="{y + box_height}" width="{max(0.5, x1 - x0):.1f}" '
                 f'height="4" fill="{colour}"><title>'
                 f"{_title(span.name, span.category, span.start_ns, span.end_ns, origin)}"
                 "</title></rect>"
@@ -83,24 +97,24 @@ def swimlane_svg(step: StepResult) -> str:
             colour = COLOURS.get(span.category, "#999")
             out.append(
                 f'<rect x="{x0:.1f}" y="{y}" width="{max(0.5, x1 - x0):.1f}" '
-                f'height="{BOX_HEIGHT}" fill="{colour}" fill-opacity="0.55"><title>'
+                f'height="{box_height}" fill="{colour}" fill-opacity="0.55"><title>'
                 f"{_title(span.name, span.category, span.start_ns, span.end_ns, origin)}"
                 "</title></rect>"
             )
     previous = None
     for segment in step.path.segments:
-        y = 20 + LANE_HEIGHT * lane_of.get(segment.rank, 0)
+        y = 20 + lane_height * lane_of.get(segment.rank, 0)
         x0 = _x(segment.start_ns, origin, duration)
         x1 = _x(segment.end_ns, origin, duration)
         if previous is not None and previous.rank != segment.rank:
-            y_prev = 20 + LANE_HEIGHT * lane_of.get(previous.rank, 0)
+            y_prev = 20 + lane_height * lane_of.get(previous.rank, 0)
             out.append(
-                f'<line x1="{x0:.1f}" y1="{y_prev + BOX_HEIGHT / 2}" x2="{x0:.1f}" '
-                f'y2="{y + BOX_HEIGHT / 2}" stroke="#000" stroke-width="2"/>'
+                f'<line x1="{x0:.1f}" y1="{y_prev + box_height / 2}" x2="{x0:.1f}" '
+                f'y2="{y + box_height / 2}" stroke="#000" stroke-width="2"/>'
             )
         out.append(
             f'<rect class="critical" x="{x0:.1f}" y="{y}" width="{max(0.5, x1 - x0):.1f}" '
-            f'height="{BOX_HEIGHT}" fill="{COLOURS.get(segment.category, "#999")}" '
+            f'height="{box_height}" fill="{COLOURS.get(segment.category, "#999")}" '
             f'stroke="#000" stroke-width="2"><title>critical path: '
             f"{_title(segment.name, segment.category, segment.start_ns, segment.end_ns, origin)}"
             "</title></rect>"
@@ -115,7 +129,9 @@ def swimlane_svg(step: StepResult) -> str:
 
 
 def _legend() -> str:
-    items = [(c, COLOURS[c]) for c in (COMPUTE, INPUT, COLLECTIVE, TRANSFER, "framework")]
+    items = [
+        (c, COLOURS[c]) for c in (COMPUTE, INPUT, COLLECTIVE, TRANSFER, "framework", "before_step")
+    ]
     items.append(("straggler_wait", COLOURS["straggler_wait"]))
     spans = "".join(
         f'<span style="display:inline-block;width:12px;height:12px;background:{colour};'
@@ -130,11 +146,10 @@ def render_html(result: AnalysisResult, max_pictures: int = 20) -> str:
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>tf-otel analyze: job {html.escape(str(result.job_id))}</title>",
-        "<style>body{font-family:sans-serif;margin:20px} pre{background:#f6f6f6;padding:8px}"
-        " .finding{margin:8px 0;padding:6px;border-left:4px solid #e15759;background:#fdf3f3}"
-        "</style></head><body>",
+        f"<style>{STYLE}</style></head><body>",
         f"<h1>tf-otel analyze: job {html.escape(str(result.job_id))}</h1>",
-        "<h2>Findings</h2>",
+        render_overview(overview_from_result(result), {step.label for step in pictured}),
+        "<section id='findings'><h2>Findings</h2>",
     ]
     if not result.findings:
         parts.append("<p>none</p>")
@@ -145,7 +160,7 @@ def render_html(result: AnalysisResult, max_pictures: int = 20) -> str:
             f"{html.escape(finding.summary)}<br><small>evidence: {html.escape(evidence)}</small>"
             f"<br>suggestion: {html.escape(finding.suggestion)}</div>"
         )
-    parts.append("<h2>Summary</h2><pre>" + html.escape(render_table(result)) + "</pre>")
+    parts.append("</section>")
     note = (
         ""
         if len(pictured) == len(result.steps)
@@ -154,21 +169,29 @@ def render_html(result: AnalysisResult, max_pictures: int = 20) -> str:
             " --max-pictures to change)"
         )
     )
-    parts.append(f"<h2>Steps{note}</h2>" + _legend())
+    parts.append(f"<section id='steps'><h2>Steps that matter{note}</h2>" + _legend())
     for step in pictured:
         split = step.path.by_category()
         length = sum(split.values()) or 1
         shares = ", ".join(f"{c} {100 * split[c] / length:.0f}%" for c in PATH_CATEGORIES)
         straggler = (
-            f"; straggler rank {step.straggler.rank} (+{ms(step.straggler.excess_ns):.3f} ms)"
+            f"; straggler rank {step.straggler.rank} (+{ms(step.straggler.excess_ns):.3f} ms, "
+            f"{step.straggler.category})"
             if step.straggler
             else ""
         )
+        if step.warmup:
+            straggler += " (warm-up)"
         parts.append(
             f"<h3 id='step-{html.escape(step.label)}'>step {html.escape(step.label)}: "
             f"{ms(step.trace.duration_ns):.3f} ms{' (outlier)' if step.outlier else ''}"
             f"{html.escape(straggler)}</h3><p>critical path: {shares}</p>"
         )
         parts.append(swimlane_svg(step))
-    parts.append("</body></html>")
+    parts.append("</section>")
+    parts.append(
+        "<section id='summary'><h2>Summary</h2><pre>"
+        + html.escape(render_table(result))
+        + "</pre></section></body></html>"
+    )
     return "\n".join(parts)

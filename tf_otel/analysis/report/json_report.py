@@ -46,12 +46,23 @@ def _step(step: StepResult, with_path: bool) -> Dict[str, Any]:
         "straggler": None,
         "what_if_ms": _ms(step.what_if_ns),
         "outlier": step.outlier,
+        "warmup": step.warmup,
     }
     if step.straggler is not None:
         document["straggler"] = {
             "rank": step.straggler.rank,
             "excess_ms": _ms(step.straggler.excess_ns),
             "saving_ms": _ms(step.straggler.saving_ns),
+            "category": step.straggler.category,
+            "delay_ms": _ms(
+                min(
+                    step.straggler.excess_ns,
+                    step.straggler.excess_by_category_ns.get(step.straggler.category, 0),
+                )
+            ),
+            "excess_by_category_ms": {
+                c: _ms(v) for c, v in step.straggler.excess_by_category_ns.items()
+            },
         }
     if with_path:
         document["path"] = [
@@ -71,7 +82,8 @@ def _step(step: StepResult, with_path: bool) -> Dict[str, Any]:
 def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
     by_category = result.by_category()
     path_total = sum(by_category.values()) or 1
-    durations = sorted(step.trace.duration_ns for step in result.steps)
+    durations = sorted(step.trace.duration_ns for step in result.steady_steps)
+    noise = result.stragglers.noise
     path_by_rank = result.by_rank()
     ranks = []
     for stats in result.stragglers.ranks.values():
@@ -109,6 +121,14 @@ def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
             "what_if_saving_ms": _ms(result.total_ns - result.what_if_total_ns),
             "critical_path_ms": {c: _ms(v) for c, v in by_category.items()},
             "critical_path_share": {c: round(v / path_total, 4) for c, v in by_category.items()},
+            "warmup_steps": [step.trace.step for step in result.warmup_steps],
+            "warmup_ms": _ms(sum(step.trace.duration_ns for step in result.warmup_steps)),
+            "straggler_threshold_ms": _ms(noise.threshold_ns),
+            "lateness_noise": {
+                "center_ms": _ms(noise.center_ns),
+                "sigma_ms": _ms(noise.sigma_ns),
+                "samples": noise.samples,
+            },
         },
         "steps": [_step(step, with_path) for step in result.steps],
         "ranks": ranks,

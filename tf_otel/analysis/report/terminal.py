@@ -20,6 +20,7 @@ _SHORT = {
     "communication": "comm",
     "straggler_wait": "wait",
     "framework": "framework",
+    "before_step": "before",
 }
 
 
@@ -55,10 +56,22 @@ def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
         f"with stragglers at the median rank: {ms(what_if):.3f} ms "
         f"(-{_pct(total - what_if, total)})"
     )
+    warmup = result.warmup_steps
+    if warmup:
+        lines.append(
+            f"warm-up (tracing/compiling, kept out of the statistics): steps "
+            f"{', '.join(s.label for s in warmup)} "
+            f"({ms(sum(s.trace.duration_ns for s in warmup)):.3f} ms)"
+        )
+    noise = result.stragglers.noise
+    lines.append(
+        f"straggler threshold: {ms(noise.threshold_ns):.3f} ms (rank lateness noise: centre "
+        f"{ms(noise.center_ns):.3f} ms, sigma {ms(noise.sigma_ns):.3f} ms)"
+    )
     lines.append("")
     by_category = result.by_category()
     path_total = sum(by_category.values())
-    lines.append("critical path by category")
+    lines.append("critical path by category (steady steps)")
     lines += _table(
         ("category", "ms", "share"),
         [
@@ -101,8 +114,11 @@ def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
         length = sum(split.values())
         straggler = "-"
         if step.straggler:
-            straggler = f"r{step.straggler.rank} +{ms(step.straggler.excess_ns):.3f}"
-        label = step.label + (" *" if step.outlier else "")
+            straggler = (
+                f"r{step.straggler.rank} +{ms(step.straggler.excess_ns):.3f}"
+                f" {step.straggler.category}"
+            )
+        label = step.label + (" *" if step.outlier else " w" if step.warmup else "")
         step_rows.append(
             [label, f"{ms(step.trace.duration_ns):.3f}"]
             + [_pct(split[c], length) for c in PATH_CATEGORIES]
@@ -111,6 +127,8 @@ def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
     lines += _table(header, step_rows)
     if result.outliers.outliers:
         lines.append(f"  * outlier (> {ms(result.outliers.threshold_ns):.3f} ms)")
+    if warmup:
+        lines.append("  w warm-up")
     lines.append("")
     if result.findings:
         lines.append("findings")
