@@ -32,6 +32,9 @@ _NO_ATTRIBUTES: Dict[str, Any] = {}  # shared by spans with no kept attributes; 
 
 
 _ZEROS = {16: "0" * 32, 8: "0" * 16}
+# what a span of the wrong shape raises while decoded (OverflowError: int() of an infinite
+# double; RecursionError: AnyValues nested deeper than the stack allows)
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
 
 
 def normalise_id(raw: Any, size: int) -> Optional[str]:
@@ -148,7 +151,7 @@ def decode_traces_rows(obj: Any, origin: str) -> List[Tuple[Any, ...]]:
                             gpu,
                         )
                     )
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
+    except MALFORMED as error:
         detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
         raise AnalysisError(f"{origin}: malformed OTLP-JSON span ({detail})") from None
     return rows

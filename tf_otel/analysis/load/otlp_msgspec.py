@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Dict, List, Optional, Tuple, Union
 
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
-from tf_otel.analysis.load.otlp import normalise_id
+from tf_otel.analysis.load.otlp import MALFORMED, normalise_id
 from tf_otel.analysis.model import (
     ANALYSIS_ATTRIBUTES,
     ATTR_GPU_UTILIZATION,
@@ -107,13 +107,13 @@ class LineDecoder:
         """The line's spans as rows; None where the generic path must decide."""
         try:
             data = self._decoder.decode(line)
-        except _DECODE_ERRORS:
+        except (*_DECODE_ERRORS, RecursionError):  # msgspec: nesting too deep for it
             return None
         if not data.resourceSpans:
             return None  # missing, null or empty: "batches" or a non-OTLP document
         try:
             return self._rows(data)
-        except (_Ambiguous, KeyError, TypeError, ValueError, AttributeError, *DECODE_ERRORS):
+        except (_Ambiguous, *MALFORMED, *DECODE_ERRORS):
             return None  # the generic path repeats it and names the error
 
     def _rows(self, data: Any) -> List[Row]:
