@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,9 +20,14 @@ def build_url(base: str, path: str, query: Optional[Dict[str, Any]] = None) -> s
     return url
 
 
+def url_part(text: Any) -> str:
+    """``text`` as one path segment (an id from a server or a user may hold '/', ' ', ...)."""
+    return urllib.parse.quote(str(text), safe="")
+
+
 def get_json(url: str, timeout_s: float = 30.0) -> Any:
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
     try:
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             body = response.read()
     except urllib.error.HTTPError as error:
@@ -29,6 +35,10 @@ def get_json(url: str, timeout_s: float = 30.0) -> Any:
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise AnalysisError(f"{url}: cannot connect ({reason})") from None
+    except (ValueError, http.client.InvalidURL) as error:  # no http:// scheme, a bad port ...
+        raise AnalysisError(f"{url}: not a usable URL ({error})") from None
+    except http.client.HTTPException as error:  # not HTTP, or the body cut short
+        raise AnalysisError(f"{url}: bad HTTP response ({error!r})") from None
     try:
         return loads(body)
     except DECODE_ERRORS:

@@ -17,7 +17,7 @@ import time
 from typing import Any, Dict, Iterable, List, Optional
 
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.load.http import build_url, get_json
+from tf_otel.analysis.load.http import build_url, get_json, url_part
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Span
 from tf_otel.record import ATTR_JOB_ID
@@ -106,7 +106,7 @@ def fetch_jaeger(
     if trace_ids:
         with Progress("jaeger: fetching traces", len(trace_ids), progress) as bar:
             for trace_id in trace_ids:
-                documents.append(get_json(build_url(base_url, f"/api/traces/{trace_id}")))
+                documents.append(get_json(build_url(base_url, f"/api/traces/{url_part(trace_id)}")))
                 bar.advance()
     else:
         end_ns = end_ns if end_ns is not None else time.time_ns()

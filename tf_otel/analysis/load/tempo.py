@@ -14,7 +14,7 @@ import time
 from typing import Any, List, Optional
 
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.load.http import build_url, get_json
+from tf_otel.analysis.load.http import build_url, get_json, url_part
 from tf_otel.analysis.load.otlp import decode_traces_data, is_traces_data
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Span
@@ -50,7 +50,7 @@ def search_trace_ids(
     url = build_url(base_url, "/api/search", query)
     document = get_json(url)
     traces = document.get("traces") if isinstance(document, dict) else None
-    if not isinstance(traces, list):
+    if not isinstance(traces, list) or not all(isinstance(t, dict) for t in traces):
         raise AnalysisError(f"{url}: not a Tempo search response")
     return [str(trace["traceID"]) for trace in traces if trace.get("traceID")]
 
@@ -68,7 +68,7 @@ def fetch_tempo(
     spans: List[Span] = []
     with Progress("tempo: fetching traces", len(ids), progress) as bar:
         for trace_id in ids:
-            url = build_url(base_url, f"/api/traces/{trace_id}")
+            url = build_url(base_url, f"/api/traces/{url_part(trace_id)}")
             spans.extend(decode_traces_data(_trace_document(get_json(url)), url))
             bar.advance()
     return spans
