@@ -318,3 +318,46 @@ def horovod_like_run(
             step.collective(rank, f"s{number}/grad", span_start, done, **attributes)
         t = round((max(s.end_ns for s in step.step_spans.values()) - EPOCH_NS) / 1e6 + 0.5, 3)
     return job
+
+
+def synthetic_overview(ranks: int = 64, steps: int = 10_000, seed: int = 5):
+    """An ``Overview`` of a big run without building its spans: step times drifting around
+    100 ms, a 3 s warm-up step 0, a checkpoint every 1,000 steps, a few ranks slowed now and
+    then (rank 17 often, by 30-80 ms: its input), seeded and exact."""
+    import random
+
+    from tf_otel.analysis.report.overview import Overview
+
+    rng = random.Random(seed)
+    threshold = ms(12.0)
+    lateness = {rank: [0] * steps for rank in range(ranks)}
+    durations, stragglers, outliers = [], [], []
+    for step in range(steps):
+        base = ms(100.0 + 10.0 * (step / steps) + rng.uniform(-2.0, 2.0))
+        for rank in range(ranks):
+            lateness[rank][step] = round(rng.gauss(0, 1.5) * 1e6)
+        straggler = None
+        if step and (step % 97 == 0 or rng.random() < 0.01):
+            rank = 17 if rng.random() < 0.6 else rng.randrange(ranks)
+            delay = ms(rng.uniform(30.0, 80.0))
+            lateness[rank][step] = delay
+            base += delay
+            straggler = (rank, delay, delay - ms(2.0), "input" if rank == 17 else "compute")
+        if step == 0:
+            base = ms(3000.0)
+        elif step % 1000 == 0:
+            base += ms(400.0)  # a checkpoint
+        durations.append(base)
+        stragglers.append(straggler)
+        outliers.append(step > 0 and step % 1000 == 0)
+    return Overview(
+        title=f"synthetic run, {ranks} ranks x {steps} steps",
+        labels=[str(n) for n in range(steps)],
+        durations_ns=durations,
+        ranks=list(range(ranks)),
+        lateness=lateness,
+        threshold_ns=threshold,
+        warmup=[n == 0 for n in range(steps)],
+        outlier=outliers,
+        straggler=stragglers,
+    )

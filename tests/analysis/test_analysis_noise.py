@@ -81,7 +81,7 @@ def test_unknown_arrival_without_evidence_blames_nobody():
     result = analyze_spans(decoded_spans(job))
     assert stragglers(result) == {}
     assert any("response cache" in w for w in result.warnings)
-    assert result.steps[6].path.by_category()["communication"] > ms(60)
+    assert result.steps[6].path.by_category()["straggler_wait"] > ms(50)  # 60 ms - jitter
 
 
 def test_overlapping_collectives_keep_excess_and_what_if_in_bounds():

@@ -90,7 +90,7 @@ def _analyze(
         warnings.append(
             f"{len(unattributed)} step(s) (first: {', '.join(unattributed[:5])}) waited at a "
             "collective for a rank whose arrival Horovod's response cache hid, and no rank's own "
-            "work explains the wait: counted as communication, nobody blamed "
+            "work explains the wait: counted as straggler_wait, nobody blamed "
             "(TF_OTEL_HOROVOD_EXACT=1 records every arrival)"
         )
     outliers = step_outliers({r.key: r.trace.duration_ns for r in results if not r.warmup})

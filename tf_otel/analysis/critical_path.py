@@ -72,6 +72,7 @@ PATH_CATEGORIES = (
 )
 STEP_WORK = "(rank step work)"  # a gap on a rank without op detail: its own step work
 UNKNOWN_ARRIVAL = "unknown"
+UNEXPLAINED_MIN_NS = 1_000_000  # a hidden rank readier than the last known one by less: noise
 _NODE_CATEGORY = {COMPUTE: PATH_COMPUTE, INPUT: PATH_INPUT}
 _PRIORITY = {COLLECTIVE: 3, TRANSFER: 2, COMPUTE: 1, INPUT: 0}
 _PARTIAL_OK = frozenset((COMPUTE, INPUT))
@@ -340,7 +341,8 @@ def _unknown_last_arrival(
     latest = estimated_arrivals(members, step)
     top = max(latest, key=lambda r: (latest[r], r == current, -r))
     if not _unknown(members[top]):
-        return top, None
+        # a known arrival last of all; a hidden rank became ready clearly later: nobody known
+        return top, (latest[top] if fake - latest[top] > UNEXPLAINED_MIN_NS else None)
     second = max((v for r, v in latest.items() if r != top), default=latest[top])
     gap = fake - second
     if gap <= 0 or 2 * (latest[top] - second) >= gap:
@@ -445,13 +447,15 @@ def critical_path(step: StepTrace) -> CriticalPath:
         )
         if source is None:  # transfer: wait for the peer that started last
             source = max(members, key=lambda r: (members[r].start_ns, r == rank, -r))
-        if known_at is not None:  # nobody to blame: the unexplained wait is communication
+        if known_at is not None:  # nobody to blame: waiting for a rank we cannot name
             arrival = min(known_at, t)
             path.unattributed_waits += 1
         else:
             arrival = min(members[source].start_ns, t) if source != rank else node.start_ns
         wait_end = arrival
-        if _waits_for_unseen_rank(node, members, expected):
+        if known_at is not None:  # until the last rank was ready (the hidden ranks' starts)
+            wait_end = min(t, max(arrival, max(s.start_ns for s in members.values())))
+        elif _waits_for_unseen_rank(node, members, expected):
             wait_end = min(t, max(arrival, _wait_end(node, step.ranks[rank])))
         add(rank, wait_end, t, PATH_COMMUNICATION, node.name, node.span_id)
         add(rank, arrival, wait_end, PATH_STRAGGLER_WAIT, node.name, node.span_id)

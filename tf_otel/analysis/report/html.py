@@ -17,11 +17,11 @@ no external files.
 from __future__ import annotations
 
 import html
-from typing import List
+from typing import Iterable, List
 
 from tf_otel.analysis.critical_path import PATH_CATEGORIES
 from tf_otel.analysis.report import ms, notable_steps
-from tf_otel.analysis.report.overview import overview_from_result, render_overview
+from tf_otel.analysis.report.overview import Overview, overview_from_result, render_overview
 from tf_otel.analysis.report.terminal import render_table
 from tf_otel.analysis.result import AnalysisResult, StepResult
 from tf_otel.record import COLLECTIVE, COMPUTE, INPUT, TRANSFER
@@ -141,13 +141,23 @@ def _legend() -> str:
     return f"<p>{spans} &nbsp; black outline: critical path</p>"
 
 
+def page_head(title: str) -> str:
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>tf-otel analyze: {html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><h1>tf-otel analyze: {html.escape(title)}</h1>"
+    )
+
+
+def render_overview_page(data: Overview, pictured: Iterable[str] = ()) -> str:
+    """A page with the overview only (no step traces needed): big synthetic runs, tests."""
+    return page_head(data.title) + render_overview(data, pictured) + "</body></html>"
+
+
 def render_html(result: AnalysisResult, max_pictures: int = 20) -> str:
     pictured = notable_steps(result, max_pictures)
     parts = [
-        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>tf-otel analyze: job {html.escape(str(result.job_id))}</title>",
-        f"<style>{STYLE}</style></head><body>",
-        f"<h1>tf-otel analyze: job {html.escape(str(result.job_id))}</h1>",
+        page_head(f"job {result.job_id}"),
         render_overview(overview_from_result(result), {step.label for step in pictured}),
         "<section id='findings'><h2>Findings</h2>",
     ]

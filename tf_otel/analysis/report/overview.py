@@ -185,8 +185,10 @@ def _colour(ratio: Optional[float]) -> Tuple[int, int, int]:
     if ratio is None:
         return (210, 210, 210)  # no spans from this rank
     ratio = max(0.0, min(1.0, ratio))
-    if ratio < 0.5:  # white -> amber below half the threshold
-        t = ratio / 0.5
+    if ratio < 0.25:  # the run's usual jitter stays white
+        return (255, 255, 255)
+    if ratio < 0.5:  # white -> amber at half the threshold
+        t = (ratio - 0.25) / 0.25
         return (255, int(255 - 55 * t), int(255 - 175 * t))
     t = (ratio - 0.5) / 0.5  # amber -> red at the threshold
     return (int(255 - 30 * t), int(200 - 150 * t), int(80 - 40 * t))
@@ -244,9 +246,10 @@ def heatmap_html(data: Overview) -> str:
         f"top:0;width:{width}px;height:{rows * row_px}px;image-rendering:pixelated;"
         f'border:1px solid #ccc"></div>'
         f"<p><small>rows: {rank_note}; columns: {step_note}, steps "
-        f"{html.escape(data.labels[0])}..{html.escape(data.labels[-1])}. White: on time; amber: "
-        f"half the straggler threshold ({_ms(data.threshold_ns)} ms); red: at or beyond it; "
-        f"grey: no spans; blue-grey: warm-up.</small></p>"
+        f"{html.escape(data.labels[0])}..{html.escape(data.labels[-1])}. White: on time "
+        f"(under a quarter of the threshold); amber: half the straggler threshold "
+        f"({_ms(data.threshold_ns)} ms); red: at or beyond it; grey: no spans; blue-grey: "
+        "warm-up.</small></p>"
     )
 
 
