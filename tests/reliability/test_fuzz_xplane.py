@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # before hypothesis runs
 
 from tf_otel.capture.xplane import host_records, parse_xspace
+from tf_otel.nccl import kernels
+from tf_otel.nccl.kernels import parse_kernel_name
 from tf_otel.nccl.xplane_gpu import gpu_kernel_records, load_xspace
 
 FIXTURE = (
@@ -159,3 +161,29 @@ def test_a_bad_file_names_its_path(tmp_path):
     path.write_bytes(b"\xff\xff\xff garbage")
     with pytest.raises(ValueError, match=f"{path}: .*not a serialized XSpace"):
         load_xspace(str(path))
+
+
+_kernel_words = st.sampled_from(
+    ["ncclDevKernel", "ncclKernel", "void ncclDevKernel", "AllReduce", "AllGather", "Generic",
+     "SendRecv", "Sum", "MinMax", "f32", "bf16", "float", "__nv_bfloat16", "RING", "NVLS_TREE",
+     "TREE", "LL", "LL128", "SIMPLE", "", "(ncclDevKernelArgsStorage<4096ul>)", "<", "("]
+) | st.text(max_size=6)  # fmt: skip
+
+
+@FUZZ
+@given(st.lists(_kernel_words, max_size=8).map("_".join) | st.text(max_size=80))
+def test_kernel_names_parse_to_known_parts_or_none(name):
+    k = parse_kernel_name(name)
+    if k is not None:
+        assert k.collective in (None, *kernels.COLLECTIVES)
+        assert k.op in (None, *kernels.REDOPS)
+        assert k.algorithm in (None, *kernels.ALGORITHMS)
+        assert k.protocol in (None, *kernels.PROTOCOLS)
+        assert all(isinstance(v, str) for v in k.attributes().values())
+    for normalize in (
+        kernels.normalize_dtype,
+        kernels.normalize_algorithm,
+        kernels.normalize_protocol,
+        kernels.normalize_collective,
+    ):
+        assert normalize(name) is None or isinstance(normalize(name), str)
