@@ -166,7 +166,7 @@ class Pipeline:
         self._closed = False
         self._start_lock = threading.Lock()
         self._worker = threading.Thread(target=self._work, name="tf_otel-export", daemon=True)
-        self._wake = threading.Event()  # set at shutdown: no more pauses between batches
+        self._wake = threading.Event()  # no pause before the next batch (wake, shutdown)
 
     # -- training-thread side -------------------------------------------------------------
 
@@ -304,6 +304,10 @@ class Pipeline:
             },
         )
 
+    def wake(self) -> None:
+        """Convert what is queued now instead of at the next batch interval."""
+        self._wake.set()
+
     def shutdown(self, timeout_s: float = 5.0) -> None:
         if self._closed or not self._started:
             self._closed = True
@@ -351,7 +355,8 @@ class Pipeline:
                         self._export_step(item)
                     else:
                         self._export_late(*item)
-            self._wake.wait(EXPORT_INTERVAL_S)
+            if self._wake.wait(EXPORT_INTERVAL_S) and not self._closed:
+                self._wake.clear()  # a one-off wake(); at shutdown it stays set
 
     def _wait_for_clock(self) -> None:
         """Early steps wait (on this thread, queued) until the clock model has a drift estimate
@@ -579,16 +584,25 @@ def shutdown(timeout_s: float = 5.0) -> None:
 
 _exit_handlers_installed = False
 SIGTERM_GRACE_S = 1.0
+SIGNAL_FLUSH_TIMEOUT_S = 3.0
 
 
 def install_exit_handlers() -> None:
-    """Flush on normal exit and on SIGTERM (chaining any handler the program set).
+    """Flush on normal exit and on SIGTERM without ever taking SIGTERM from the program.
+
+    The program's own handling decides the process's fate, whenever it is installed:
+
+    - a handler the program set before us stays in place, untouched;
+    - where SIGTERM still has its default action, tf_otel stands in for it: flush, then end the
+      process exactly as the default would (status 143). A handler the program sets later simply
+      replaces ours, and from then on it decides;
+    - SIGTERM while the program's handler is installed: a watchdog thread (woken through the
+      signal wake-up fd) flushes what it can in the background and never ends the process.
 
     Python runs signal handlers only in the main thread between bytecodes, so a main thread
-    blocked in C++ (a parameter server in ``server.join()``) would never see SIGTERM through the
-    handler alone. A wake-up fd tells a watchdog thread at once: it flushes, and if the handler has
-    not run within SIGTERM_GRACE_S, restores the default action and re-sends the signal, so the
-    process ends as it would have without tracing."""
+    blocked in C++ (a parameter server in ``server.join()``) would never run our stand-in handler:
+    the watchdog then flushes and, only while our stand-in is still the installed handler, applies
+    the default action itself after SIGTERM_GRACE_S."""
     global _exit_handlers_installed
     if _exit_handlers_installed:
         return
@@ -597,25 +611,45 @@ def install_exit_handlers() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     with fail_open("sigterm"):
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous not in (signal.SIG_DFL, None) and not callable(previous):
-            return  # SIG_IGN: the program chose to ignore it
-        handled = threading.Event()
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        _start_sigterm_watchdog()
 
-        def default_action() -> None:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
 
-        def on_sigterm(signum: int, frame: Any) -> None:
-            handled.set()
-            shutdown(timeout_s=3.0)
-            if callable(previous):
-                previous(signum, frame)
-                return
-            default_action()
+_handled = threading.Event()  # our stand-in handler ran
 
-        signal.signal(signal.SIGTERM, on_sigterm)
-        _start_sigterm_watchdog(handled)
+
+def _ours_installed() -> bool:
+    return signal.getsignal(signal.SIGTERM) is _on_sigterm
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Stand-in for SIGTERM's default action: flush, then die as the default would. Called by a
+    program's later handler that chains to it, it only flushes: that handler decides."""
+    _handled.set()
+    shutdown(timeout_s=SIGNAL_FLUSH_TIMEOUT_S)
+    if _ours_installed():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def flush_in_background(timeout_s: float = SIGNAL_FLUSH_TIMEOUT_S) -> None:
+    """Hand what is queued to the exporters now, without closing anything: the program's own
+    SIGTERM handler may go on training (a preemption handler checkpoints at the next step)."""
+    pipeline = _pipeline
+    if pipeline is not None:
+        pipeline.wake()
+    with fail_open("flush"):
+        from opentelemetry import trace
+
+        provider = trace.get_tracer_provider()
+        if hasattr(provider, "force_flush"):
+            threading.Thread(
+                target=provider.force_flush,
+                args=(int(timeout_s * 1000),),
+                name="tf_otel-flush",
+                daemon=True,
+            ).start()
 
 
 def _terminate_from_thread() -> None:
@@ -634,7 +668,7 @@ def _terminate_from_thread() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _start_sigterm_watchdog(handled: threading.Event) -> None:
+def _start_sigterm_watchdog() -> None:
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     if signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False) != -1:
@@ -652,9 +686,13 @@ def _start_sigterm_watchdog(handled: threading.Event) -> None:
                 return
             if not data:
                 return
-            if signal.SIGTERM in data and not handled.wait(0.2):
-                shutdown(timeout_s=3.0)
-                if not handled.wait(SIGTERM_GRACE_S):
-                    _terminate_from_thread()
+            if signal.SIGTERM not in data or _handled.wait(0.2):
+                continue
+            if not _ours_installed():  # the program's handler decides; we only flush
+                flush_in_background()
+                continue
+            shutdown(timeout_s=SIGNAL_FLUSH_TIMEOUT_S)  # our stand-in is stuck behind C++
+            if not _handled.wait(SIGTERM_GRACE_S) and _ours_installed():
+                _terminate_from_thread()
 
     threading.Thread(target=watch, name="tf_otel-sigterm", daemon=True).start()
