@@ -20,6 +20,10 @@ command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
 [ -e /usr/include/x86_64-linux-gnu/openmpi/mpi.h ] || [ -n "$(find /usr/lib -name mpi.h -path '*openmpi*' 2>/dev/null | head -1)" ] || need_apt+=(libopenmpi-dev)
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+# the simulated cluster (scripts/cluster): one sshd per network-namespace host, reached by horovodrun
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need_apt+=(openssh-client)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
