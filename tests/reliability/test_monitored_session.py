@@ -84,3 +84,50 @@ def test_tf_keras_v1_backend_steps_are_its_train_callable_calls(receiver, tmp_pa
     steps = _step_spans(receiver, STEPS)
     assert {s.name for s in steps} == {"rank 0 Session.callable"}, {s.name for s in steps}
     assert [numbers for numbers in _by_fetches(steps).values()] == [list(range(STEPS))]
+
+
+def test_initialisation_rule_reads_the_graph_not_op_types():
+    """In process, real TF graph: initializers (any grouping, by object or by name), table
+    initializers and initialisation checks are initialisation; a training update made of plain
+    ``assign`` ops, a fetched variable value, a mix, an empty fetch are not."""
+    tf = pytest.importorskip("tensorflow")
+    from tf_otel.instrument.session import fetch_signature, is_initialisation_run
+
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.compat.v1.get_variable("v", [3], use_resource=False)  # ref variable: Assign
+        r = tf.compat.v1.get_variable("r", [3], use_resource=True)  # AssignVariableOp
+        local = tf.compat.v1.get_variable("l", [2], collections=["local_variables"])
+        keys = tf.constant(["a", "b"])
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(keys, tf.constant([1, 2])), -1
+        )
+        del table
+        init = tf.compat.v1.global_variables_initializer()
+        with tf.device("/cpu:0"):
+            grouped = tf.group(v.initializer, local.initializer, name="my_init")
+        checks = [tf.compat.v1.is_variable_initialized(x) for x in (v, r, local)]
+        custom_update = tf.group(tf.compat.v1.assign(v, v * 0.5), name="custom_sgd")
+        v1 = tf.compat.v1
+        everything = [init, v1.local_variables_initializer(), v1.tables_initializer()]
+        cases = {
+            "global init": (init, True),
+            "global + local + tables": (everything, True),
+            "group by name": ("my_init", True),
+            "dict of initializers": ({"a": grouped, "b": r.initializer}, True),
+            "initialisation checks": (checks, True),
+            "ref initializer's output tensor": (v.initializer.outputs[0], True),
+            "assign-based training op": (custom_update, False),
+            "a plain assign": (tf.compat.v1.assign(v, v + 1.0), False),
+            "a variable's value": (r.read_value(), False),
+            "init and a value": ([init, r.read_value()], False),
+            "nothing": ([], False),
+        }
+    session = tf.compat.v1.Session(graph=graph)
+    try:
+        for name, (fetches, expected) in cases.items():
+            signature = fetch_signature(fetches)
+            assert is_initialisation_run(session, fetches, signature) is expected, name
+            assert is_initialisation_run(session, fetches, signature) is expected, name  # cached
+    finally:
+        session.close()
