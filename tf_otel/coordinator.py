@@ -220,6 +220,14 @@ class StepAggregator:
                     return
                 try:
                     aggregator._handle(self.connection, self.rfile, self.wfile, self.client_address)
+                except OSError as exc:  # a rank died or its host went away
+                    log_once(
+                        "coordinator_conn_lost",
+                        "tf_otel: lost a coordinator connection from %s (%s); roots of the steps "
+                        "it was in are marked partial",
+                        self.client_address,
+                        exc,
+                    )
                 except Exception as exc:  # noqa: BLE001 - a stranger's bytes must not raise
                     count("coordinator_conn_error")
                     log_once("coordinator_conn", "tf_otel: coordinator connection ended (%s)", exc)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = str(REPO / "tests" / "reliability" / "scripts" / "rank_fault_train.py")
 STEPS = 8
-KILL_STEP = 3
+KILL_STEP = 5
 
 
 def _launch(
@@ -79,23 +79,27 @@ def _figures(name: str, **values: object) -> None:
 
 
 def test_rank_sigkilled_mid_step_others_exported_and_root_partial(receiver) -> None:
-    result, wall = _launch(3, _env(receiver, KILL_RANK="2", KILL_STEP=str(KILL_STEP)))
+    env = _env(receiver, KILL_RANK="2", KILL_STEP=str(KILL_STEP), TF_OTEL_ROOT_WAIT_MS="3000")
+    result, wall = _launch(3, env)
     output = result.stdout + result.stderr
-    assert "rank 2 killing itself in step 3" in output
+    assert f"rank 2 killing itself in step {KILL_STEP}" in output
     assert result.returncode != 0, "horovodrun reports the dead rank"
     spans = receiver.wait_for(lambda s: False, 3)
     steps = _steps(spans)
-    for rank in (0, 1):  # both survivors finished step 3 (its allreduce was done)
+    for rank in (0, 1):  # both survivors finished the kill step (its allreduce was done)
         assert set(range(KILL_STEP + 1)) <= set(steps.get(rank, [])), steps
     roots = _roots(spans)
     root = roots[KILL_STEP]
     assert root.attributes["tf_otel.step.partial"] is True
     assert list(root.attributes["tf_otel.step.ranks_reported"]) == [0, 1]
     assert root.attributes["tf_otel.step.ranks"] == 2
-    for step in range(KILL_STEP):  # control: steps every rank finished are whole
+    # control: steps every rank finished well before the kill are whole (the killed rank's report
+    # of the step just before it can be lost with it, still queued in its process; step 0 waits
+    # for every rank's coordinator link, which a loaded machine can delay past the root wait)
+    for step in range(1, KILL_STEP - 1):
         assert "tf_otel.step.partial" not in roots[step].attributes, step
     _no_tf_otel_failure(output)
-    expected = 3 * KILL_STEP + 2  # steps 0..2 on 3 ranks, step 3 on ranks 0 and 1
+    expected = 3 * KILL_STEP + 2  # steps before the kill on 3 ranks, the kill step on 2
     got = sum(1 for r in steps for s in steps[r] if s <= KILL_STEP)
     _figures(
         "rank_sigkill",
@@ -119,7 +123,7 @@ def test_rank0_killed_others_neither_hang_nor_fail_because_of_tf_otel(receiver) 
     untraced, untraced_wall, _ = _kill_rank0(receiver, "0")
     for result in (traced, untraced):
         output = result.stdout + result.stderr
-        assert "rank 0 killing itself in step 3" in output
+        assert f"rank 0 killing itself in step {KILL_STEP}" in output
         assert "rank 1 done" not in output, "Horovod ends rank 1 (not tf_otel)"
     _no_tf_otel_failure(traced.stdout + traced.stderr)
     # tf_otel adds no wait of its own to rank 1's end (30 s: a hung coordinator link would show)

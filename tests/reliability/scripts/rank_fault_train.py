@@ -28,10 +28,10 @@ hvd.broadcast_variables([w], root_rank=0)
 
 
 def maybe_die(step):
+    time.sleep(STEP_SLEEP_S)
     if hvd.rank() == KILL_RANK and int(step) == KILL_STEP:
         print(f"rank {hvd.rank()} killing itself in step {int(step)}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(STEP_SLEEP_S)
     return np.float32(0)
 
 
