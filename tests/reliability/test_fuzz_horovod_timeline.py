@@ -144,7 +144,7 @@ _metadata = st.fixed_dictionaries(
 )  # fmt: skip
 
 
-@FUZZ
+@settings(FUZZ, max_examples=150)
 @given(st.lists(_metadata | _event | _json, max_size=40))
 @example([{"ph": "M", "args": {"start_time_since_epoch_in_micros": 0}},
           {"ph": "B", "name": "ALLREDUCE", "pid": float("inf"), "ts": 1}])  # fmt: skip

@@ -118,7 +118,7 @@ def xspaces(draw):
     return space
 
 
-@FUZZ
+@settings(FUZZ, max_examples=100)  # each example: both readers on a message and its bytes
 @given(xspaces(), st.sampled_from([None, 0, 1_700_000_000_000_000_000]))
 @example(xplane_pb2.XSpace(planes=[xplane_pb2.XPlane(name="/device:GPU:" + "9" * 5000)]), 0)
 @example(
