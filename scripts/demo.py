@@ -139,7 +139,15 @@ def analyze(jaeger: dict) -> None:
         common + ["--format", "json"], check=True, capture_output=True, text=True
     )
     steps = json.loads(report.stdout).get("steps", [])
-    warm = [s for s in steps if s.get("step", 0) > 0] or steps  # step 0 traces the function
+    warm = [s for s in steps if not s.get("warmup")] or steps  # warm-up: tracing the function
+    for step in warm:
+        found = step.get("straggler")
+        if found:
+            say(
+                f"step {step.get('step')}: rank {found['rank']} held the step up by "
+                f"{found.get('delay_ms', found['excess_ms']):.1f} ms ({found.get('category')}); "
+                f"{step['duration_ms']:.1f} ms -> {step['what_if_ms']:.1f} ms without it"
+            )
     if warm:
         slowest = max(warm, key=lambda s: s.get("duration_ms", 0))
         trace_id = slowest.get("trace_id", "")

@@ -16,11 +16,17 @@ exactly at ``t``); at a collective jump to the rank that arrived last (``horovod
 when exactly one rank says so, else the latest start). Ties: stay on the current rank, else the
 lowest rank; among spans with the same end, the latest start, then category, then span id.
 
-Time on the path is split into ``compute``, ``input``, ``communication`` (a collective after its
+Time on the path is split into ``compute`` (compute spans; on a rank without op spans, its own
+step work between input and collectives), ``input``, ``communication`` (a collective after its
 last arrival, PS transfers), ``straggler_wait`` (a collective waiting for a rank that has no
 spans in the trace: from the last seen arrival to the end of this rank's ``collective.wait``
-child, else ``horovod.wait_ns`` after its start) and ``framework`` (time on the path inside no
-timeline span).
+child, else ``horovod.wait_ns`` after its start; or for a rank whose arrival Horovod's response
+cache hid, when nothing it is known to have done explains the wait), ``framework`` (on a rank
+with op spans, time between them) and ``before_step`` (before the rank began its step span).
+
+Hidden arrivals (``horovod.arrival = unknown``): such a rank's arrival is estimated as the end of
+its last own span plus the work the known ranks did after theirs (never after its span start);
+the rank furthest ahead is the last arrival when its lead explains at least half of the wait.
 
 The path is cut into legs at every sync point (collective or transfer on the path); a leg on
 rank r from sync A to sync B is compared with the same leg (A's completion to B's arrival) on

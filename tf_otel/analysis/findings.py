@@ -9,8 +9,8 @@ In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constan
   total step time or it straggles in >= 10% of the steps;
 - input_bound: input wait is >= 15% of the time on the critical path;
 - communication_bound: communication + straggler wait >= 30% of the critical path;
-- persistent_lateness: a rank whose median lateness (over the steady steps) is beyond the
-  run's straggler threshold: late in most steps, so measured against itself per step;
+- persistent_lateness: a rank whose median lateness (over the steady steps) stands out from
+  the ranks' step-to-step variation: late in most steps, so measured against itself per step;
 - step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``);
 - low_gpu_utilization: only when spans carry ``gpu.utilization``: a rank's p95 < 70%.
 Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else low.
@@ -103,7 +103,7 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
                 severity=_severity(usual * len(result.steady_steps) / (result.total_ns or 1)),
                 summary=(
                     f"rank {rank} is late in most steps: median {_ms(usual)} ms behind the "
-                    f"other ranks (noise threshold {_ms(noise.threshold_ns)} ms)"
+                    f"other ranks"
                 ),
                 evidence={
                     "rank": rank,

@@ -13,12 +13,12 @@ Usage::
   the steps, at most a quarter of the steps. They are reported, and kept out of everything below.
 - Lateness: per step and rank, over the legs of the critical path (see ``critical_path``), the
   rank's leg minus the median of the other ranks' same leg. The run's noise is learned from
-  these: centre = median over all (rank, steady step), sigma = 1.4826 x MAD of each rank's values
-  around its own median (a rank that is always a little late is an offset, not noise).
+  the steady steps' worst lateness (the statistic a straggler is judged by, heavy tails and
+  all): threshold = median + NOISE_SIGMAS x 1.4826 x MAD. A rank whose median lateness is beyond
+  NOISE_SIGMAS x the ranks' own step-to-step variation is late in most steps: its usual
+  lateness is taken out first, and it is judged against its own median plus the threshold.
 - Step straggler: the rank whose legs on the path exceed the others' median by the most, named
-  only when that excess is above ``centre + NOISE_SIGMAS x sigma`` (and ``min_ns``,
-  ``min_share`` of the step); a rank late in most steps (its median lateness above that) is
-  measured against its own median instead, and reported once as persistently late. Its
+  only when that excess is above its threshold (and ``min_ns``, ``min_share`` of the step). Its
   excess is capped at the step's duration and its what-if saving (its legs cut to the next
   slowest rank's) at the excess, so the what-if step time stays in
   [0, duration]. The excess is split by category (input, compute / rank step work, before_step,
@@ -88,20 +88,15 @@ class StragglerNoise:
     samples: int = 0
     baseline_ns: Dict[int, int] = field(default_factory=dict)  # each rank's median lateness
 
+    persistent_ns: Dict[int, int] = field(default_factory=dict)  # late in most steps
+
     def threshold_for(self, rank: int) -> int:
         """A rank that is late in most steps is measured against its own usual lateness."""
-        usual = self.baseline_ns.get(rank, self.center_ns)
-        if usual <= self.center_ns:
-            return self.threshold_ns
-        return max(self.threshold_ns, int(usual + NOISE_SIGMAS * self.sigma_ns))
+        return self.threshold_ns + self.persistent_ns.get(rank, 0)
 
     def persistent(self) -> Dict[int, int]:
         """Ranks late in most steps beyond the noise: rank -> median lateness."""
-        return {
-            rank: usual
-            for rank, usual in self.baseline_ns.items()
-            if usual > self.threshold_ns and self.samples
-        }
+        return dict(self.persistent_ns)
 
 
 @dataclass
@@ -134,19 +129,34 @@ def warmup_keys(durations: Dict[int, int]) -> List[int]:
 
 
 def lateness_noise(paths: Sequence[CriticalPath], min_ns: int) -> StragglerNoise:
+    """The threshold a step's worst lateness must pass: learned from the steps' worst lateness
+    (median + NOISE_SIGMAS robust sigmas), after taking out the usual lateness of the ranks that
+    are late in most steps (median lateness beyond NOISE_SIGMAS sigmas of the ranks' own
+    step-to-step variation)."""
+    per_step = [path.lateness_by_rank() for path in paths]
     per_rank: Dict[int, List[int]] = {}
-    for path in paths:
-        for rank, value in path.lateness_by_rank().items():
+    for values in per_step:
+        for rank, value in values.items():
             per_rank.setdefault(rank, []).append(value)
     pool = [v for values in per_rank.values() for v in values]
     if len(paths) < MIN_NOISE_STEPS or not pool:
         return StragglerNoise(0, 0, min_ns, len(pool))
     center = _median(pool)
-    residuals = [abs(v - _median(values)) for values in per_rank.values() for v in values]
-    sigma = MAD_TO_SIGMA * _median(residuals)
-    threshold = max(min_ns, int(center + NOISE_SIGMAS * sigma))
     baseline = {rank: int(_median(values)) for rank, values in sorted(per_rank.items())}
-    return StragglerNoise(int(center), int(sigma), threshold, len(pool), baseline)
+    residuals = [abs(v - baseline[r]) for r, values in per_rank.items() for v in values]
+    spread = MAD_TO_SIGMA * _median(residuals)
+    persistent = {
+        rank: usual
+        for rank, usual in baseline.items()
+        if usual - center > max(min_ns, NOISE_SIGMAS * spread)
+    }
+    worst = [
+        max(v - persistent.get(r, 0) for r, v in values.items()) for values in per_step if values
+    ]
+    middle = _median(worst)
+    sigma = MAD_TO_SIGMA * _median(abs(v - middle) for v in worst)
+    threshold = max(min_ns, int(middle + NOISE_SIGMAS * sigma))
+    return StragglerNoise(int(middle), int(sigma), threshold, len(worst), baseline, persistent)
 
 
 def window_split(step: StepTrace, timeline: RankTimeline, begin: int, end: int) -> Dict[str, int]:
