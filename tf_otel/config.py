@@ -8,7 +8,11 @@ TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY, TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTION
 TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by ","; read by
 tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S,
 TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross-rank channel;
-see tf_otel.job_secret for what is used without it).
+see tf_otel.job_secret for what is used without it),
+TF_OTEL_HOROVOD_EVERY (collective detail on 1 sampled step in N, picked by the step trace id so
+every rank picks the same steps; 1: every sampled step, 0: none; default 10, docs/HOROVOD.md),
+TF_OTEL_HOROVOD_SOURCE (``stamps``, the default: every rank times its own collectives;
+``timeline``: Horovod's DYNAMIC timeline on rank 0, which costs a spinning thread from hvd.init).
 """
 
 from __future__ import annotations
@@ -65,6 +69,13 @@ def _host_port(text: str) -> Tuple[str, int]:
     return host, int(port)
 
 
+def _horovod_source(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("stamps", "timeline"):
+        raise ValueError("expected stamps or timeline")
+    return value
+
+
 def _names(text: str) -> Tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
@@ -101,6 +112,8 @@ class Settings:
     test_clock: Optional[str] = None
     clock_interval_s: float = 60.0
     gpu_metrics_interval_s: float = 10.0  # 0: off
+    horovod_every: int = 10  # collective detail on 1 sampled step in N (docs/HOROVOD.md)
+    horovod_source: str = "stamps"  # or "timeline"
     # authenticates rank <-> rank 0 (tf_otel.job_secret); never in a repr or a log line
     job_secret: Optional[str] = field(default=None, repr=False)
 
@@ -122,4 +135,6 @@ class Settings:
                 env, "TF_OTEL_GPU_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
             job_secret=(env.get("TF_OTEL_JOB_SECRET") or "").strip() or None,
+            horovod_every=read(env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, 10),
+            horovod_source=read(env, "TF_OTEL_HOROVOD_SOURCE", _horovod_source, "stamps"),
         )

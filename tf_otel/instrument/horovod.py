@@ -1,4 +1,6 @@
-"""Horovod collectives on every rank's step trace, from rank 0's Horovod timeline.
+"""Horovod collectives on every rank's step trace: by default timed by every rank itself
+(instrument.horovod_stamps); with TF_OTEL_HOROVOD_SOURCE=timeline or a user's HOROVOD_TIMELINE
+file, from rank 0's Horovod timeline (below).
 
 The allreduce runs inside the TF graph, so Python wrappers would only time dispatch. Instead:
 
@@ -33,7 +35,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from tf_otel import clock
 from tf_otel.capture import horovod_timeline as tl
 from tf_otel.health import count, fail_open, log_once
-from tf_otel.instrument._patching import StepHook, add_step_hook, when_imported, wrap
+from tf_otel.instrument._patching import (
+    StepHook,
+    add_step_hook,
+    is_active,
+    when_imported,
+    wrap,
+)
+from tf_otel.instrument.horovod_stamps import MSG_ARRIVALS, MSG_LAST, OPS, collector
 
 MSG_RECORDS = "hvd.c"
 MSG_DONE = "hvd.done"
@@ -47,7 +56,7 @@ MAX_COLLECTIVES_PER_STEP = 20_000
 _EXIT_WAIT_S = 3.0
 _PREFIX = "tf_otel-hvd-"
 
-MANAGED, USER_FILE, OFF = "managed", "user_file", "off"
+MANAGED, USER_FILE, OFF, STAMPS = "managed", "user_file", "off", "stamps"
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -108,6 +117,9 @@ class HorovodCollectives(StepHook):
             self.mode = OFF
             return
         current = os.environ.get("HOROVOD_TIMELINE", "").strip()
+        if not current and _settings().horovod_source != "timeline":
+            self.mode = STAMPS  # no HOROVOD_TIMELINE: its writer thread spins from hvd.init
+            return
         if not current:
             os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
             self.mode = MANAGED
@@ -129,6 +141,8 @@ class HorovodCollectives(StepHook):
         current = os.environ.get("HOROVOD_TIMELINE", "").strip()
         if current and current.upper() != "DYNAMIC" and _env_flag("TF_OTEL_HOROVOD", True):
             self.mode = USER_FILE
+        elif _env_flag("TF_OTEL_HOROVOD", True) and _settings().horovod_source != "timeline":
+            self.mode = STAMPS  # timing our own ops needs nothing set before hvd.init
         else:
             self.mode = OFF
             log_once(
@@ -149,6 +163,15 @@ class HorovodCollectives(StepHook):
         pipeline = _pipeline()
         if pipeline is None or pipeline.topology.world_size < 2:
             return
+        if self.mode is None and self._horovod_ready():
+            self._resolve_late()
+        if self.mode == STAMPS:
+            if collector.backend is None:
+                collector.backend = self._backend()
+            collector.begin(handle)
+            return
+        if self.mode == MANAGED and not collector.wanted(handle):
+            return  # the same detail-step policy as the stamps (TF_OTEL_HOROVOD_EVERY)
         if pipeline.topology.rank != 0:
             self._expect(handle.key, handle.step)
             return
@@ -177,12 +200,32 @@ class HorovodCollectives(StepHook):
     def on_step_end(self, handle: Any, call: Any, error: Optional[BaseException]) -> None:
         if not handle.sampled or self.mode in (None, OFF):
             return
+        if self.mode == STAMPS:
+            collector.end(handle)
+            return
         with self._lock:
             window = self._windows.get((handle.key, handle.step))
             if window is not None:
                 window["end"] = handle.end_ns or clock.now_ns()
         if self.running is not None:
             self._stop_managed()
+
+    def stamping(self) -> bool:
+        """Graph construction: time Horovod ops (default source, more than one rank)?"""
+        if self.mode is None and self._horovod_ready():
+            self._resolve_late()
+        if self.mode != STAMPS or self._finished or not is_active():
+            return False
+        try:
+            return int(self.basics.size()) > 1
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _backend(self) -> Optional[str]:
+        try:
+            return "gloo" if self.basics.gloo_enabled() else "mpi"
+        except Exception:  # noqa: BLE001
+            return None
 
     def _horovod_ready(self) -> bool:
         basics = self.basics
@@ -368,6 +411,9 @@ class HorovodCollectives(StepHook):
         pipeline = _pipeline()
         if pipeline is None:
             return
+        if self.mode == STAMPS:
+            collector.finish(pipeline.topology.rank == 0, _EXIT_WAIT_S)
+            return
         if pipeline.topology.rank == 0:
             self._stop.set()
             if self.running is not None:
@@ -448,6 +494,12 @@ def _remove_stale() -> None:
             pass
 
 
+def _settings() -> Any:
+    from tf_otel.config import Settings
+
+    return Settings.from_env()
+
+
 def _pipeline() -> Any:
     from tf_otel import tracing
 
@@ -497,6 +549,31 @@ def _patch_basics(module: Any) -> None:
     wrap(module.HorovodBasics, "init", _init_wrapper)
 
 
+def _patch_mpi_lib(module: Any) -> None:
+    """Replace the op functions of Horovod's TF library with timed ones. Not wrapt: AutoGraph
+    warns about wrapt-decorated functions on every tf.function that calls them."""
+    library = getattr(module, "MPI_LIB", None)
+    tf = sys.modules.get("tensorflow")
+    if library is None or tf is None:
+        return
+    for name, (op, grouped) in OPS.items():
+        original = getattr(library, name, None)
+        if original is None or getattr(original, "_tf_otel_original", None) is not None:
+            continue
+        setattr(library, name, _timed(original, collector.wrapper(op, grouped), tf))
+
+
+def _timed(original: Callable, wrapper: Callable, tf: Any) -> Callable:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(original, None, args, kwargs)
+
+    call.__name__ = getattr(original, "__name__", "horovod_op")
+    call.__doc__ = original.__doc__
+    timed = tf.autograph.experimental.do_not_convert(call)
+    timed._tf_otel_original = original
+    return timed
+
+
 def _patch_optimizer(module: Any) -> None:
     if hasattr(module, "DistributedOptimizer"):
         wrap(module, "DistributedOptimizer", _check_optimizer)
@@ -505,6 +582,7 @@ def _patch_optimizer(module: Any) -> None:
 def register() -> None:
     global _registered
     when_imported("horovod.common.basics", _patch_basics)
+    when_imported("horovod.tensorflow.mpi_ops", _patch_mpi_lib)
     for module in ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"):
         when_imported(module, _patch_optimizer)
     if _registered:
@@ -515,6 +593,10 @@ def register() -> None:
 
     coordinator.client_handlers[MSG_RECORDS] = hook.on_message
     coordinator.client_handlers[MSG_DONE] = lambda message: hook._done.set()
+    coordinator.server_handlers[MSG_ARRIVALS] = collector.on_arrivals
+    coordinator.client_handlers[MSG_LAST] = collector.on_last
+    collector.every = _settings().horovod_every
+    collector.enabled = hook.stamping
     from tf_otel.tracing import before_shutdown
 
     before_shutdown(hook.finish)  # exit and SIGTERM: hand over the timeline's last records

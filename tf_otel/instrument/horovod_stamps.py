@@ -1,0 +1,365 @@
+"""Horovod collectives timed by every rank itself: the default source of collective spans.
+
+Why not Horovod's timeline (measured, docs/HOROVOD.md): with ``HOROVOD_TIMELINE`` set, rank 0's
+timeline writer thread spins (``sched_yield``) from ``hvd.init()`` on, a core's worth of CPU even
+while no file is written, and writes every event with two ``lseek`` and one ``write``; only
+rank 0 writes, and on response-cache hits it has no per-rank arrivals.
+
+Instead, where the program builds a Horovod op (``MPI_LIB.horovod_allreduce`` and the other
+collectives, called by every Python entry point of horovod.tensorflow), the graph gets two
+``tf.timestamp`` ops: one after the op's inputs are ready and before the op (this rank's
+arrival), one after its outputs (this rank's end); both go to a small variable per op (its own
+resource, so no ordering between collectives is added). Eager calls are timed in Python.
+
+On a collective-detail step (sampled, and picked by ``TF_OTEL_HOROVOD_EVERY`` from the step
+trace id, so every rank picks the same steps) the training thread reads all stamps with one
+function call; the export thread sends the arrivals (reference clock) to rank 0 (``hvd.a``),
+which broadcasts each tensor's last arrival and its rank (``hvd.l``); every rank then emits its
+own collective / wait / transfer records (capture.horovod_stamps).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from tf_otel import clock
+from tf_otel.capture import horovod_stamps as hs
+from tf_otel.capture import horovod_timeline as tl
+from tf_otel.health import count, fail_open, log_once
+
+MSG_ARRIVALS = "hvd.a"
+MSG_LAST = "hvd.l"
+_MAX_STEPS = 64
+_GATHER_WAIT_S = 5.0  # rank 0 answers with the ranks it has after this long
+_STALE_NS = 50_000_000  # a stamp older than the step start by more than this is a previous step
+
+# MPI_LIB function -> (op, grouped)
+OPS = {
+    "horovod_allreduce": ("allreduce", False),
+    "horovod_grouped_allreduce": ("allreduce", True),
+    "horovod_allgather": ("allgather", False),
+    "horovod_grouped_allgather": ("allgather", True),
+    "horovod_broadcast": ("broadcast", False),
+    "horovod_alltoall": ("alltoall", False),
+    "horovod_reducescatter": ("reducescatter", False),
+    "horovod_grouped_reducescatter": ("reducescatter", True),
+}
+
+
+def detail_wanted(trace_id: int, every: int) -> bool:
+    """Collective detail on 1 sampled step in ``every``, picked by the step trace id (the high 64
+    bits: independent of the ratio sampler, which reads the low ones); the same on every rank."""
+    return every > 0 and (every == 1 or (trace_id >> 64) % every == 0)
+
+
+class StampCollector:
+    """Graph stamps, the detail-step policy, and the cross-rank arrival exchange."""
+
+    def __init__(self) -> None:
+        self.every = 1
+        self.backend: Optional[str] = None
+        self.enabled: Callable[[], bool] = lambda: False
+        self._slots: List[Tuple[Any, List[hs.Stamp], Optional[str]]] = []
+        self._reader: Any = None
+        self._reader_n = -1
+        self._eager: Optional[List[Tuple[hs.Stamp, int, int, Optional[str]]]] = None
+        self._lock = threading.Lock()
+        self._mine: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
+        self._gather: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
+        self._tf1_logged = False
+        self._outstanding: Dict[Tuple[str, int], None] = {}  # detail steps not emitted yet
+        self._unshared: OrderedDict[Tuple[str, int], list] = OrderedDict()  # read, not sent
+
+    # -- graph construction (any thread that builds the program's graph) --------------------
+
+    def wrapper(self, op: str, grouped: bool) -> Callable:
+        def wrapped_op(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+            tf = sys.modules.get("tensorflow")
+            if tf is None or not args or not self.enabled():
+                return wrapped(*args, **kwargs)
+            if tf.executing_eagerly():
+                return self._eager_call(tf, wrapped, args, kwargs, op, grouped)
+            before = None
+            with fail_open("horovod.stamp"):
+                before = self._before(tf, args[0], grouped)
+            if before is None:
+                return wrapped(*args, **kwargs)
+            with tf.control_dependencies([before]):
+                out = wrapped(*args, **kwargs)
+            with fail_open("horovod.stamp"):
+                self._after(tf, args[0], out, before, op, grouped, kwargs)
+            return out
+
+        return wrapped_op
+
+    def _before(self, tf: Any, inputs: Any, grouped: bool) -> Any:
+        with tf.init_scope():
+            eager_outside = tf.executing_eagerly()
+        if not eager_outside:  # a TF1 graph: no variable we could read without its session
+            if not self._tf1_logged:
+                self._tf1_logged = True
+                log_once(
+                    "hvd_tf1_stamps",
+                    "tf_otel: Horovod collectives in a TF1 graph are not timed by default; set "
+                    "TF_OTEL_HOROVOD_SOURCE=timeline for collective spans from Horovod's timeline",
+                )
+            return None
+        with tf.control_dependencies(list(inputs) if grouped else [inputs]):
+            return tf.timestamp()
+
+    def _after(
+        self, tf: Any, inputs: Any, out: Any, before: Any, op: str, grouped: bool, kwargs: dict
+    ) -> None:
+        outs = tf.nest.flatten(out)
+        with tf.control_dependencies(outs):
+            after = tf.timestamp()
+        from tensorflow.python.ops import resource_variable_ops
+
+        # the class itself, not tf.Variable(...): tf.function's variable creator refuses
+        # variables made on a later trace, even lifted ones, and only sees tf.Variable(...)
+        with tf.init_scope(), tf.device("/cpu:0"):
+            slot = resource_variable_ops.ResourceVariable(
+                tf.zeros([2], tf.float64), trainable=False, name="tf_otel_hvd_stamp"
+            )
+        slot.assign(tf.stack([before, after]))
+        stamps, group = _stamps_of(outs[0].op.name, inputs, op, grouped, kwargs)
+        with self._lock:
+            self._slots.append((slot, stamps, group))
+
+    def _eager_call(
+        self, tf: Any, wrapped: Callable, args: tuple, kwargs: dict, op: str, grouped: bool
+    ) -> Any:
+        sink = self._eager
+        if sink is None:
+            return wrapped(*args, **kwargs)
+        start = time.time_ns()
+        out = wrapped(*args, **kwargs)
+        end = time.time_ns()
+        with fail_open("horovod.stamp"):
+            name = kwargs.get("name") or f"eager_{op}_{len(sink)}"
+            stamps, group = _stamps_of(name, args[0], op, grouped, kwargs)
+            sink.extend((s, start, end, group) for s in stamps)
+        return out
+
+    # -- training thread ----------------------------------------------------------------------
+
+    def wanted(self, handle: Any) -> bool:
+        return detail_wanted(handle.trace_id, self.every)
+
+    def begin(self, handle: Any) -> bool:
+        """A sampled step starts: True (and collect) when it is a collective-detail step."""
+        if not detail_wanted(handle.trace_id, self.every):
+            return False
+        handle.flags["hvd_stamps"] = time.time_ns()
+        self._eager = []
+        return True
+
+    def end(self, handle: Any) -> None:
+        started = handle.flags.get("hvd_stamps")
+        if started is None:
+            return
+        eager, self._eager = self._eager or [], None
+        values = self._read()
+        with self._lock:
+            slots = list(self._slots[: len(values)])
+        found: List[Tuple[hs.Stamp, int, int, Optional[str]]] = list(eager)
+        for (_, stamps, group), (t0, t1) in zip(slots, values):
+            t0_ns, t1_ns = int(t0 * 1e9), int(t1 * 1e9)
+            if t0_ns >= started - _STALE_NS:
+                found.extend((s, t0_ns, t1_ns, group) for s in stamps)
+        key, step = handle.key, handle.step
+        with self._lock:
+            self._outstanding[(key, step)] = None
+            self._unshared[(key, step)] = found
+            while len(self._outstanding) > _MAX_STEPS:
+                self._outstanding.pop(next(iter(self._outstanding)))
+            while len(self._unshared) > _MAX_STEPS:
+                self._unshared.popitem(last=False)
+        # on the export thread, after this step's span exists (records of it may follow)
+        handle.deferred.append(lambda: self._share_pending(key, step))
+
+    def _share_pending(self, key: str, step: int) -> list:
+        with self._lock:
+            found = self._unshared.pop((key, step), None)
+        return self._share(key, step, found) if found is not None else []
+
+    def _read(self) -> List[Tuple[float, float]]:
+        """Every stamp variable in one function call (a few µs per stamp, on the training thread,
+        detail steps only)."""
+        tf = sys.modules.get("tensorflow")
+        with self._lock:
+            variables = [slot for slot, _, _ in self._slots]
+        if tf is None or not variables:
+            return []
+        from tf_otel.instrument._patching import state
+
+        if self._reader is None or self._reader_n != len(variables):
+            self._reader = tf.function(
+                lambda: tf.stack([v.read_value() for v in variables]), autograph=False
+            )
+            self._reader_n = len(variables)
+        state.depth += 1  # our own function call is no training step
+        try:
+            return [tuple(row) for row in self._reader().numpy().tolist()]
+        finally:
+            state.depth -= 1
+
+    # -- export thread: share arrivals, emit ------------------------------------------------------
+
+    def _share(self, key: str, step: int, found: list) -> list:
+        pipeline = _pipeline()
+        if pipeline is None or not found:
+            with self._lock:
+                self._outstanding.pop((key, step), None)
+            return []
+        shift = clock.now_ns() - time.time_ns()  # wall clock (tf.timestamp) -> tf_otel's local
+        model = clock.current_model()
+        mine = {}
+        arrivals = {}
+        for stamp, t0, t1, group in found:
+            local0, local1 = t0 + shift, t1 + shift
+            mine[stamp.tensor] = (stamp, local0, local1, group)
+            arrivals[stamp.tensor] = model.to_reference(local0)
+        with self._lock:
+            self._mine[(key, step)] = mine
+            while len(self._mine) > _MAX_STEPS:
+                self._mine.popitem(last=False)
+                count("horovod_stamp_steps_dropped")
+        message = {"t": MSG_ARRIVALS, "k": key, "s": step, "a": arrivals}
+        if pipeline.topology.rank == 0:
+            self.on_arrivals(0, message)
+        else:
+            pipeline.send_to_reference(message)
+        return []
+
+    def on_arrivals(self, rank: int, message: Dict[str, Any]) -> None:
+        """Rank 0 (coordinator thread): one rank's arrivals for one step."""
+        pipeline = _pipeline()
+        if pipeline is None:
+            return
+        key, step = str(message["k"]), int(message["s"])
+        world = pipeline.topology.world_size
+        ready = []
+        with self._lock:
+            entry = self._gather.setdefault((key, step), {"t": time.monotonic(), "r": {}})
+            entry["r"][rank] = {str(k): int(v) for k, v in (message.get("a") or {}).items()}
+            now = time.monotonic()
+            for k, e in list(self._gather.items()):
+                if len(e["r"]) >= world or now - e["t"] > _GATHER_WAIT_S:
+                    ready.append((k, self._gather.pop(k)))
+            while len(self._gather) > _MAX_STEPS:
+                self._gather.popitem(last=False)
+                count("horovod_stamp_gathers_dropped")
+        for (k, s), e in ready:
+            self._answer(k, s, e["r"])
+
+    def _answer(self, key: str, step: int, per_rank: Dict[int, Dict[str, int]]) -> None:
+        pipeline = _pipeline()
+        if pipeline is None:
+            return
+        missing = pipeline.topology.world_size - len(per_rank)
+        if missing > 0:
+            count("horovod_stamp_ranks_missing", missing)
+        last = hs.last_arrivals(per_rank)
+        reply = {"t": MSG_LAST, "k": key, "s": step, "l": {n: list(v) for n, v in last.items()}}
+        pipeline.broadcast(reply)
+        self.on_last(reply)
+
+    def on_last(self, message: Dict[str, Any]) -> None:
+        """Every rank: the last arrivals of one step -> this rank's records."""
+        key, step = str(message["k"]), int(message["s"])
+        with self._lock:
+            mine = self._mine.pop((key, step), None)
+            self._outstanding.pop((key, step), None)
+        pipeline = _pipeline()
+        if not mine or pipeline is None:
+            return
+        rank = pipeline.topology.rank
+        last = message.get("l") or {}
+        from tf_otel.instrument.horovod import _from_reference
+
+        records = []
+        prefix = f"{key}/{step}/"
+        for tensor, (stamp, t0, t1, group) in mine.items():
+            seen = last.get(tensor)
+            last_local = _from_reference(int(seen[0])) if seen else None
+            last_rank = int(seen[1]) if seen else None
+            records.extend(
+                hs.records_for(
+                    stamp,
+                    t0,
+                    t1,
+                    last_local,
+                    last_rank,
+                    rank,
+                    step,
+                    tl.collective_key(key, step, tensor),
+                    prefix + group if group else None,
+                    self.backend,
+                )
+            )
+        if records:
+            pipeline.add_records(key, step, records)
+            count("horovod_collectives", len(mine))
+
+    def finish(self, is_rank0: bool, wait_s: float) -> None:
+        """At exit: wait (bounded) for the records of this rank's detail steps; rank 0 then
+        answers the steps some rank never reported."""
+        with self._lock:
+            unshared = list(self._unshared)
+        for key, step in unshared:  # the export thread may be far behind at exit
+            with fail_open("horovod.stamp_share"):
+                self._share_pending(key, step)
+        deadline = time.monotonic() + (wait_s * 2 / 3 if is_rank0 else wait_s)
+        while self._outstanding and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if is_rank0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Rank 0 at exit: answer the steps some rank never reported, with the ranks it has."""
+        with self._lock:
+            pending = list(self._gather.items())
+            self._gather.clear()
+        for (key, step), entry in pending:
+            with fail_open("horovod.stamp_flush"):
+                self._answer(key, step, entry["r"])
+
+
+def _stamps_of(
+    name: str, inputs: Any, op: str, grouped: bool, kwargs: dict
+) -> Tuple[List[hs.Stamp], Optional[str]]:
+    """Horovod's tensor names for an op (the node name, scope stripped with
+    ignore_name_scope; grouped: <name>_<i>of<n>), with dtypes and static shapes."""
+    if kwargs.get("ignore_name_scope"):
+        name = name.rsplit("/", 1)[-1]
+    tensors = list(inputs) if grouped else [inputs]
+    stamps = []
+    for i, tensor in enumerate(tensors):
+        dtype = getattr(getattr(tensor, "dtype", None), "name", None)
+        dims = None
+        with fail_open("horovod.stamp_shape"):
+            dims = tensor.shape.as_list()
+        stamps.append(
+            hs.Stamp(
+                tensor=f"{name}_{i + 1}of{len(tensors)}" if grouped else name,
+                op=op,
+                dtype=dtype,
+                shape=str(dims) if dims is not None else None,
+                nbytes=hs.nbytes(dtype, dims),
+            )
+        )
+    return stamps, (name if grouped else None)
+
+
+def _pipeline() -> Any:
+    from tf_otel import tracing
+
+    return tracing._pipeline
+
+
+collector = StampCollector()
