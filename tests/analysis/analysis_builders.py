@@ -271,6 +271,7 @@ def horovod_like_run(
     unknown_arrivals: bool = False,
     seed: int = 7,
     job_id: str = "job-hvd",
+    collectives: bool = True,
 ) -> JobBuilder:
     """A run shaped like a traced Horovod custom loop without op detail: per rank and step an
     input wait, the rank's own step work (no spans: a gap), one allreduce, a short tail.
@@ -280,7 +281,8 @@ def horovod_like_run(
     Every rank's times jitter by up to ``jitter_ms`` (a seeded ``random.Random``); step 0 takes
     ``warmup_ms`` more on every rank's step work (tracing). ``unknown_arrivals``: ranks other
     than 0 carry Horovod's cache-hit view: ``horovod.arrival=unknown`` and a span starting when
-    the last rank became ready.
+    the last rank became ready. ``collectives=False``: no collective spans at all (step spans
+    only, as with TF_OTEL_HOROVOD=0).
     """
     import random
 
@@ -315,7 +317,8 @@ def horovod_like_run(
                 span_start = last_ready
             elif unknown_arrivals:
                 attributes = {"horovod.arrival": "negotiate", "horovod.last_arrival": False}
-            step.collective(rank, f"s{number}/grad", span_start, done, **attributes)
+            if collectives:
+                step.collective(rank, f"s{number}/grad", span_start, done, **attributes)
         t = round((max(s.end_ns for s in step.step_spans.values()) - EPOCH_NS) / 1e6 + 0.5, 3)
     return job
 

@@ -117,3 +117,19 @@ def test_json_is_deterministic_whatever_the_input_order():
     second = json.dumps(to_json(analyze_spans(shuffled, source="x")), sort_keys=False)
     assert first == second
     assert EPOCH_NS > 0
+
+
+def test_without_collective_spans_the_rank_ready_last_is_blamed():
+    # step spans and input waits only: the sync is unseen; the rank whose own known work ended
+    # last (a late start, a long input wait) held the others up
+    slow = {6: (2, 50.0, "before_step"), 11: (1, 50.0, "input")}
+    job = horovod_like_run(steps=16, jitter_ms=1.0, slow=slow, collectives=False)
+    result = analyze_spans(decoded_spans(job))
+    found = stragglers(result)
+    assert sorted(found) == [6, 11]
+    assert (found[6].rank, found[6].category) == (2, "before_step")
+    assert (found[11].rank, found[11].category) == (1, "input")
+    for step in result.steps:
+        assert step.path.length_ns == step.trace.duration_ns
+    control = analyze_spans(decoded_spans(horovod_like_run(steps=16, collectives=False)))
+    assert stragglers(control) == {}

@@ -406,6 +406,8 @@ def critical_path(step: StepTrace) -> CriticalPath:
         if not any(_unknown(span) for span in members.values())
     }
     syncs.update(_transfer_index(step))
+    if not syncs and len(step.ranks) > 1 and not _has_op_spans(step):
+        return _implicit_sync_path(path)
     expected = set(step.expected_ranks)
     detailed = {r for r, t in step.ranks.items() if any(s.category == COMPUTE for s in t.nodes)}
     backward: List[Segment] = []
@@ -474,6 +476,61 @@ def critical_path(step: StepTrace) -> CriticalPath:
     path.segments = backward[::-1]
     path.legs = legs[::-1]
     _compare_legs(path.legs, step, syncs)
+    return path
+
+
+def _has_op_spans(step: StepTrace) -> bool:
+    return any(s.category == COMPUTE for t in step.ranks.values() for s in t.nodes)
+
+
+def _implicit_sync_path(path: CriticalPath) -> CriticalPath:
+    """Several ranks, no collective or transfer spans (TF_OTEL_HOROVOD=0, a lost timeline): the
+    ranks still synchronised somewhere in the step, unseen. Each rank is taken as ready once its
+    last known own work ended (its input; else its step start); the rank ready last carries the
+    path up to there, the rank that ended last the rest (the unseen sync and the work after it,
+    its step work)."""
+    step = path.step
+    ready = {rank: known_before(t, t.end_ns) for rank, t in step.ranks.items()}
+    source = min(ready, key=lambda r: (-ready[r], r))
+    sync = ready[source]
+    last_end = max(t.end_ns for t in step.ranks.values())
+    finisher = min(r for r, t in step.ranks.items() if t.end_ns == last_end)
+    timeline = step.ranks[source]
+    segments: List[Segment] = []
+    first = min(timeline.start_ns, sync)
+    if first > step.start_ns:
+        segments.append(
+            Segment(source, step.start_ns, first, PATH_BEFORE_STEP, "(before rank's step)")
+        )
+    t = first
+    for span in sorted(timeline.nodes, key=_START_ID):
+        if span.category == COLLECTIVE or span.end_ns > sync or span.end_ns <= t:
+            continue
+        if span.start_ns > t:
+            segments.append(Segment(source, t, span.start_ns, PATH_COMPUTE, STEP_WORK))
+        category = _NODE_CATEGORY.get(span.category, PATH_COMMUNICATION)
+        segments.append(
+            Segment(source, max(t, span.start_ns), span.end_ns, category, span.name, span.span_id)
+        )
+        t = span.end_ns
+    if last_end > t:
+        name = STEP_WORK + " (no collective spans)"
+        segments.append(Segment(finisher, t, last_end, PATH_COMPUTE, name))
+    if step.end_ns > last_end:
+        segments.append(
+            Segment(finisher, last_end, step.end_ns, PATH_FRAMEWORK, "(after last rank)")
+        )
+    path.segments = segments
+    leg = Leg(source, STEP_START, "<ready>", step.start_ns, sync)
+    others = []
+    for rank, value in ready.items():
+        leg.windows[rank] = (step.start_ns, max(step.start_ns, value))
+        if rank != source:
+            others.append(max(0, value - step.start_ns))
+    if others:
+        leg.median_other_ns = int(statistics.median(others))
+        leg.slowest_other_ns = max(others)
+    path.legs = [leg]
     return path
 
 
