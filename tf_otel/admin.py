@@ -34,17 +34,9 @@ from urllib.parse import parse_qs, urlparse
 from tf_otel import config
 from tf_otel.health import fail_open, log_once, logger
 
-SIGNAL_STEPS = config.read(os.environ, "TF_OTEL_OPS_SIGNAL_STEPS", config._non_negative_int, 10)
 MAX_STEPS = 10_000
 _server: Optional[ThreadingHTTPServer] = None
 _installed = False
-
-
-def _port(text: str) -> int:
-    value = int(text.strip())
-    if not 0 <= value < 65536:
-        raise ValueError("expected a port number 0-65535")
-    return value
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -144,7 +136,7 @@ def _on_signal(signum: int, frame: Any) -> None:
         with fail_open("admin.signal"):
             from tf_otel.instrument import ops
 
-            ops.request(SIGNAL_STEPS or 10)
+            ops.request(config.current().ops_signal_steps or 10)
 
     threading.Thread(target=ask, name="tf_otel-ops-request", daemon=True).start()
 
@@ -152,7 +144,8 @@ def _on_signal(signum: int, frame: Any) -> None:
 def start_from_env() -> None:
     """Start the endpoint if TF_OTEL_ADMIN_PORT is set and this is rank 0 (called by the ops hook
     at the first training step, on a thread: helper processes that run no steps never bind)."""
-    port = config.read(os.environ, "TF_OTEL_ADMIN_PORT", _port, None)
+    settings = config.current()
+    port = settings.admin_port
     if port is None:
         return
     from tf_otel.topology import detect
@@ -160,7 +153,7 @@ def start_from_env() -> None:
     if not detect().is_reference:
         return
     try:
-        start_endpoint(port, os.environ.get("TF_OTEL_ADMIN_TOKEN", "").strip() or None)
+        start_endpoint(port, settings.admin_token)
     except OSError as exc:
         log_once(
             "admin_bind",

@@ -41,22 +41,36 @@ def _bool(text: str) -> bool:
     raise ValueError("expected one of 1/true/yes/on or 0/false/no/off")
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError("expected a number") from None
+
+
 def _non_negative_int(text: str) -> int:
-    value = int(text.strip())
+    value = _int(text)
     if value < 0:
         raise ValueError("expected an integer >= 0")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text.strip())
+    value = _float(text)
     if not value > 0:
         raise ValueError("expected a number > 0")
     return value
 
 
 def _non_negative_float(text: str) -> float:
-    value = float(text.strip())
+    value = _float(text)
     if not value >= 0:
         raise ValueError("expected a number >= 0")
     return value
@@ -73,6 +87,20 @@ def _horovod_source(text: str) -> str:
     value = text.strip().lower()
     if value not in ("stamps", "timeline"):
         raise ValueError("expected stamps or timeline")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value < 65536:
+        raise ValueError("expected a port 0-65535 (0: any free port)")
+    return value
+
+
+def _directory(text: str) -> str:
+    value = text.strip()
+    if not value or not os.path.isdir(value):
+        raise ValueError("expected an existing directory")
     return value
 
 
@@ -116,10 +144,25 @@ class Settings:
     horovod_source: str = "stamps"  # or "timeline"
     # authenticates rank <-> rank 0 (tf_otel.job_secret); never in a repr or a log line
     job_secret: Optional[str] = field(default=None, repr=False)
+    file_max_mb: float = 1024.0  # TF_OTEL_FILE rotates past this size; 0: no cap
+    file_keep: int = 3  # rotated files kept beside TF_OTEL_FILE
+    exit_timeout_s: float = 5.0  # the exit flush gives up on a silent exporter after this
+    horovod: bool = True  # Horovod collectives on step traces
+    horovod_exact: bool = False  # HOROVOD_CACHE_CAPACITY=0: per-rank ready ticks every step
+    max_op_spans: int = 500  # op spans per traced step
+    ops_margin: int = 3  # steps between an on-demand decision and its first traced step
+    ops_margin_s: float = 0.5
+    ops_signal_steps: int = 10  # steps traced per SIGUSR2
+    admin_port: Optional[int] = None  # on-demand op tracing endpoint (rank 0, 127.0.0.1)
+    admin_token: Optional[str] = field(default=None, repr=False)
+    nccl_profiler: bool = False  # point NCCL_PROFILER_PLUGIN at tf_otel's plugin
+    nccl_ring_dir: str = "/dev/shm"
+    analyze_workers: int = 0  # tf-otel analyze processes; 0: one per usable CPU
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Settings:
         env = os.environ if env is None else env
+        warn_unknown(env)
         return cls(
             enabled=read(env, "TF_OTEL_ENABLED", _bool, False),
             job_id=(env.get("TF_OTEL_JOB_ID") or "").strip() or None,
@@ -136,5 +179,82 @@ class Settings:
             ),
             job_secret=(env.get("TF_OTEL_JOB_SECRET") or "").strip() or None,
             horovod_every=read(env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, 10),
+            file_max_mb=read(env, "TF_OTEL_FILE_MAX_MB", _non_negative_float, 1024.0),
+            file_keep=read(env, "TF_OTEL_FILE_KEEP", _non_negative_int, 3),
+            exit_timeout_s=read(env, "TF_OTEL_EXIT_TIMEOUT_S", _non_negative_float, 5.0),
+            horovod=read(env, "TF_OTEL_HOROVOD", _bool, True),
+            horovod_exact=read(env, "TF_OTEL_HOROVOD_EXACT", _bool, False),
+            max_op_spans=read(env, "TF_OTEL_MAX_OP_SPANS", _non_negative_int, 500),
+            ops_margin=read(env, "TF_OTEL_OPS_MARGIN", _non_negative_int, 3),
+            ops_margin_s=read(env, "TF_OTEL_OPS_MARGIN_S", _positive_float, 0.5),
+            ops_signal_steps=read(env, "TF_OTEL_OPS_SIGNAL_STEPS", _non_negative_int, 10),
+            admin_port=read(env, "TF_OTEL_ADMIN_PORT", _port, None),
+            admin_token=(env.get("TF_OTEL_ADMIN_TOKEN") or "").strip() or None,
+            nccl_profiler=read(env, "TF_OTEL_NCCL_PROFILER", _bool, False),
+            nccl_ring_dir=read(env, "TF_OTEL_NCCL_RING_DIR", _directory, "/dev/shm"),
+            analyze_workers=read(env, "TF_OTEL_ANALYZE_WORKERS", _non_negative_int, 0),
             horovod_source=read(env, "TF_OTEL_HOROVOD_SOURCE", _horovod_source, "stamps"),
         )
+
+
+# Every TF_OTEL_* variable tf_otel reads (the README's settings table is checked against it).
+VARIABLES = (
+    "TF_OTEL_ENABLED",
+    "TF_OTEL_JOB_ID",
+    "TF_OTEL_JOB_SECRET",
+    "TF_OTEL_FILE",
+    "TF_OTEL_FILE_MAX_MB",
+    "TF_OTEL_FILE_KEEP",
+    "TF_OTEL_EXIT_TIMEOUT_S",
+    "TF_OTEL_ROOT_WAIT_MS",
+    "TF_OTEL_MAX_QUEUE",
+    "TF_OTEL_COORDINATOR",
+    "TF_OTEL_STEP_FUNCTIONS",
+    "TF_OTEL_OPS_EVERY",
+    "TF_OTEL_MAX_OP_SPANS",
+    "TF_OTEL_OPS_MARGIN",
+    "TF_OTEL_OPS_MARGIN_S",
+    "TF_OTEL_OPS_SIGNAL_STEPS",
+    "TF_OTEL_ADMIN_PORT",
+    "TF_OTEL_ADMIN_TOKEN",
+    "TF_OTEL_HOROVOD",
+    "TF_OTEL_HOROVOD_EXACT",
+    "TF_OTEL_HOROVOD_EVERY",
+    "TF_OTEL_HOROVOD_SOURCE",
+    "TF_OTEL_CLOCK_INTERVAL_S",
+    "TF_OTEL_GPU_METRICS_INTERVAL_S",
+    "TF_OTEL_NCCL_PROFILER",
+    "TF_OTEL_NCCL_RING_DIR",
+    "TF_OTEL_ANALYZE_WORKERS",
+    "TF_OTEL_TEST_CLOCK",
+)
+# read by the install and build scripts, not by the package
+SCRIPT_VARIABLES = ("TF_OTEL_CACHE",)
+
+
+def warn_unknown(env: Mapping[str, str]) -> None:
+    """A TF_OTEL_* name tf_otel does not know is a typo that would be silently ignored: say so."""
+    import difflib
+
+    for name in env:
+        if name.startswith("TF_OTEL_") and name not in VARIABLES + SCRIPT_VARIABLES:
+            close = difflib.get_close_matches(name, VARIABLES, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            log_once(
+                "config_unknown:" + name,
+                "tf_otel: unknown setting %s=%r is ignored%s",
+                name,
+                env[name],
+                hint,
+            )
+
+
+_current: Optional[Settings] = None
+
+
+def current() -> Settings:
+    """This process's settings, read from the environment once."""
+    global _current
+    if _current is None:
+        _current = Settings.from_env()
+    return _current

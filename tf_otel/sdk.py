@@ -10,6 +10,8 @@ Usage::
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -55,6 +57,15 @@ class _ExportFailureFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
+            return True
+        if str(record.msg).startswith("Queue full"):  # a drop, not a failing collector
+            count("sdk_queue_full")
+            if not first_time("export:queue_full"):
+                return False
+            record.msg = (
+                "tf_otel: the SDK's span queue is full; spans are dropped and counted "
+                "(raise OTEL_BSP_MAX_QUEUE_SIZE). First: " + str(record.msg)
+            )
             return True
         count("export_errors")
         if not first_time("export:" + record.name):
@@ -102,29 +113,107 @@ def spans_to_otlp_json(spans: Sequence[Any]) -> Dict[str, Any]:
 
 
 class OtlpJsonFileExporter:
-    """Writes one OTLP/JSON TracesData per line (the Collector file exporter format)."""
+    """Writes one OTLP/JSON TracesData per line (the Collector file exporter format).
 
-    def __init__(self, path: str) -> None:
+    Bounded: past ``max_bytes`` the file is rotated (``spans.jsonl`` -> ``spans.1.jsonl`` ...,
+    ``keep`` old files, the oldest removed), so the files stay readable by ``tf-otel analyze``.
+    A file that cannot be opened is reported at start; a full disk stops writing (the partial
+    line is cut off), is counted and said once — training goes on."""
+
+    def __init__(self, path: str, max_bytes: int = 0, keep: int = 0) -> None:
         self.path = path
+        self.max_bytes = max_bytes  # 0: no cap
+        self.keep = keep
         self._lock = threading.Lock()
-        self._file: Optional[IO[str]] = None
+        self._file: Optional[IO[bytes]] = None
+        self._size = 0
+        self._stopped = False
+
+    def open(self) -> bool:
+        """Open (create) the file now; False with one clear message if it cannot be written."""
+        with self._lock:
+            return self._open()
+
+    def _open(self) -> bool:
+        try:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(directory, exist_ok=True)
+            self._file = open(self.path, "ab")  # noqa: SIM115
+            self._size = self._file.tell()
+            return True
+        except OSError as exc:
+            self._stop(
+                "file_open_errors",
+                "tf_otel: TF_OTEL_FILE=%r cannot be written (%s); no spans go to a file, "
+                "other exporters are unaffected",
+                exc,
+            )
+            return False
+
+    def _stop(self, key: str, message: str, exc: OSError) -> None:
+        self._stopped = True
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+        log_once(key, message, self.path, f"{type(exc).__name__}: {exc.strerror or exc}")
+
+    def _rotate(self) -> None:
+        assert self._file is not None
+        self._file.close()
+        self._file = None
+        stem, suffix = os.path.splitext(self.path)
+        older = [f"{stem}.{n}{suffix}" for n in range(1, self.keep + 1)]
+        if older:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(older[-1])
+            for src, dst in zip(reversed(older[:-1]), reversed(older[1:])):
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(src, dst)
+            os.replace(self.path, older[0])
+        else:
+            os.remove(self.path)
+        count("file_rotations")
+        self._open()
 
     def export(self, spans: Sequence[Any]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        try:
-            line = json.dumps(spans_to_otlp_json(spans), separators=(",", ":"))
-            with self._lock:
-                if self._file is None:
-                    directory = os.path.dirname(os.path.abspath(self.path))
-                    os.makedirs(directory, exist_ok=True)
-                    self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-                self._file.write(line + "\n")
-                self._file.flush()
-            return SpanExportResult.SUCCESS
-        except Exception as exc:  # noqa: BLE001
-            log_once("file_export", "tf_otel: cannot write TF_OTEL_FILE=%r (%s)", self.path, exc)
+        if self._stopped:
             return SpanExportResult.FAILURE
+        try:
+            line = json.dumps(spans_to_otlp_json(spans), separators=(",", ":")).encode() + b"\n"
+        except Exception as exc:  # noqa: BLE001
+            log_once("file_encode", "tf_otel: cannot encode spans for TF_OTEL_FILE (%s)", exc)
+            return SpanExportResult.FAILURE
+        with self._lock:
+            if self._file is None and (self._stopped or not self._open()):
+                return SpanExportResult.FAILURE
+            assert self._file is not None
+            try:
+                if self.max_bytes and self._size and self._size + len(line) > self.max_bytes:
+                    self._rotate()
+                    if self._file is None:
+                        return SpanExportResult.FAILURE
+                start = self._size
+                try:
+                    self._file.write(line)
+                    self._file.flush()
+                except OSError:
+                    with contextlib.suppress(OSError):  # no half line for the analysis to trip on
+                        self._file.truncate(start)
+                    raise
+                self._size += len(line)
+                return SpanExportResult.SUCCESS
+            except OSError as exc:
+                full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                self._stop(
+                    "file_disk_full" if full else "file_write_errors",
+                    "tf_otel: TF_OTEL_FILE=%r: writing stopped (%s); later spans for it are "
+                    "counted as lost, training goes on",
+                    exc,
+                )
+                return SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
@@ -132,7 +221,8 @@ class OtlpJsonFileExporter:
     def shutdown(self) -> None:
         with self._lock:
             if self._file is not None:
-                self._file.close()
+                with contextlib.suppress(OSError):
+                    self._file.close()
                 self._file = None
 
 
@@ -153,8 +243,9 @@ def file_path_for_rank(template: str) -> str:
         return template
 
 
-def add_file_exporter(path: str) -> bool:
-    """Add a batch processor writing OTLP-JSON to ``path`` on the global SDK TracerProvider."""
+def add_file_exporter(path: str, max_bytes: int = 0, keep: int = 0) -> bool:
+    """Add a batch processor writing OTLP-JSON to ``path`` on the global SDK TracerProvider;
+    the file is opened now, so a path that cannot be written is said at start."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -162,7 +253,10 @@ def add_file_exporter(path: str) -> bool:
     if not hasattr(provider, "add_span_processor"):
         log_once("file_export_provider", "tf_otel: TF_OTEL_FILE needs the OpenTelemetry SDK")
         return False
-    provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileExporter(path)))
+    exporter = OtlpJsonFileExporter(path, max_bytes=max_bytes, keep=keep)
+    if not exporter.open():
+        return False
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     return True
 
 
@@ -196,8 +290,10 @@ def _batch_processors(provider: Any) -> list:
 
 
 def _exporter_of(processor: Any) -> Any:
-    inner = getattr(processor, "_batch_processor", None)
-    return getattr(inner, "_exporter", None) or getattr(processor, "span_exporter", None)
+    from tf_otel.delivery import inner_exporter
+
+    exporter = inner_exporter(processor)
+    return getattr(exporter, "inner", exporter)  # under delivery's counting wrapper
 
 
 def _abandon(processor: Any) -> None:

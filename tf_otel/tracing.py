@@ -564,8 +564,17 @@ def before_shutdown(callback: Any) -> None:
 _shutdown_lock = threading.Lock()
 
 
-def shutdown(timeout_s: float = 5.0) -> None:
-    """Flush this process's step spans (bounded by timeout_s). Safe to call more than once."""
+_exit_reported = False
+
+
+def shutdown(timeout_s: Optional[float] = None) -> None:
+    """Flush this process's step spans (bounded by timeout_s, default TF_OTEL_EXIT_TIMEOUT_S),
+    then say in one line what was lost, if anything. Safe to call more than once."""
+    global _exit_reported
+    if timeout_s is None:
+        from tf_otel.config import current
+
+        timeout_s = current().exit_timeout_s
     with _shutdown_lock:
         for callback in list(_before_shutdown):
             with fail_open("shutdown.before"):
@@ -580,6 +589,12 @@ def shutdown(timeout_s: float = 5.0) -> None:
             from tf_otel.sdk import bounded_flush
 
             bounded_flush(trace.get_tracer_provider(), timeout_s)
+        if not _exit_reported:
+            _exit_reported = True
+            with fail_open("shutdown.report"):
+                from tf_otel import delivery
+
+                delivery.report_at_exit(timeout_s)
 
 
 _exit_handlers_installed = False

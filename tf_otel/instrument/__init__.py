@@ -72,7 +72,17 @@ class TensorFlowInstrumentor(BaseInstrumentor):
                 sdk.configure_from_env()
             sdk.quiet_exporter_logs()
             if settings.file:
-                sdk.add_file_exporter(sdk.file_path_for_rank(settings.file))
+                sdk.add_file_exporter(
+                    sdk.file_path_for_rank(settings.file),
+                    max_bytes=int(settings.file_max_mb * 1024 * 1024),
+                    keep=settings.file_keep,
+                )
+        with fail_open("delivery.watch"):  # after every span processor is in place
+            from opentelemetry import trace
+
+            from tf_otel import delivery
+
+            delivery.watch(trace.get_tracer_provider())
         tracing.install_exit_handlers()
         _patching.activate()
         _patching.when_imported("tensorflow", check_tensorflow_version)

@@ -113,9 +113,9 @@ hook = NcclRingHook()
 def plugin_requested(env: Optional[dict] = None) -> bool:
     """Point NCCL at the plugin when asked; whether NCCL will load a profiler plugin at all."""
     env = os.environ if env is None else env
-    from tf_otel.config import _bool, read
+    from tf_otel.config import Settings
 
-    if read(env, ENABLE_ENV, _bool, False) and not env.get(PLUGIN_ENV):
+    if Settings.from_env(env).nccl_profiler and not env.get(PLUGIN_ENV):
         if PLUGIN_PATH.exists():
             env[PLUGIN_ENV] = str(PLUGIN_PATH)
         else:
@@ -135,6 +135,7 @@ def register() -> None:
         return
     add_step_hook(hook)
     with fail_open("nccl_ring.stale"):
+        from tf_otel.config import current
         from tf_otel.nccl.ring import cleanup_stale
 
-        cleanup_stale(os.environ.get("TF_OTEL_NCCL_RING_DIR") or "/dev/shm")
+        cleanup_stale(current().nccl_ring_dir)

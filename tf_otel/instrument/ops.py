@@ -32,11 +32,11 @@ from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
 from tf_otel.record import SESSION_RUN, Record
 
-MAX_OP_SPANS = config.read(os.environ, "TF_OTEL_MAX_OP_SPANS", config._non_negative_int, 500)
+MAX_OP_SPANS = config.current().max_op_spans
 # steps between rank 0's decision and the first on-demand traced step (at least this many, and
 # at least ~TF_OTEL_OPS_MARGIN_S worth of steps so the broadcast arrives in time)
-MARGIN_STEPS = config.read(os.environ, "TF_OTEL_OPS_MARGIN", config._non_negative_int, 3)
-MARGIN_S = config.read(os.environ, "TF_OTEL_OPS_MARGIN_S", config._positive_float, 0.5)
+MARGIN_STEPS = config.current().ops_margin
+MARGIN_S = config.current().ops_margin_s
 MAX_ON_DEMAND = 10_000
 MSG_WINDOW = "tf_otel.ops.window"  # rank 0 -> ranks: {"w": {key: start}, "n": K}
 MSG_REQUEST = "tf_otel.ops.request"  # rank -> rank 0: {"n": K}

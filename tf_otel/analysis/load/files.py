@@ -266,7 +266,9 @@ def _load_rows(part: Part) -> bytes:
 
 def _usable_cpus(workers: Optional[int]) -> int:
     if workers is None:
-        workers = int(os.environ.get(WORKERS_ENV, "0") or 0)
+        from tf_otel.config import current
+
+        workers = current().analyze_workers
     if workers <= 0:
         try:
             workers = len(os.sched_getaffinity(0))

@@ -1,0 +1,253 @@
+"""Every loss is counted and said: collectors down / refusing / hanging / slow, a span file that
+cannot be opened, a full disk, and the file's size cap. Real TF training loop, real OTLP clients;
+the collectors are real sockets on 127.0.0.1 that misbehave on purpose."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Dict, Iterator
+
+import pytest
+from conftest import EXAMPLES, REPO, base_env, free_ports, run
+
+pytestmark = pytest.mark.integration
+LOST = re.compile(r"tf_otel: spans were lost: (.*)")
+
+
+def _train(env: Dict[str, str], steps: int = 30) -> subprocess.CompletedProcess:
+    return run(
+        ["python", str(EXAMPLES / "custom_loop.py")],
+        {**env, "STEPS": str(steps), "TF_OTEL_ENABLED": "1"},
+        timeout=180,
+    )
+
+
+def _otlp(endpoint: str, protocol: str = "grpc") -> Dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+
+
+class _Hanging:
+    """Accepts connections and never answers (a wedged collector or a black-holing proxy)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)  # held open, never read or answered
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+def _http_collector(status: int, delay_s: float = 0.0) -> ThreadingHTTPServer:
+    """An OTLP/HTTP endpoint that answers every export with ``status`` after ``delay_s``."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    class Handler(BaseHTTPRequestHandler):
+        spans = 0
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            time.sleep(delay_s)
+            if status == 200:
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                Handler.spans += sum(
+                    len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans
+                )
+            payload = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.handler = Handler  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def hanging() -> Iterator[_Hanging]:
+    server = _Hanging()
+    yield server
+    server.close()
+
+
+def test_hanging_collector_ends_bounded_and_says_what_was_lost(hanging: _Hanging):
+    env = base_env(**_otlp(f"http://127.0.0.1:{hanging.port}"), TF_OTEL_EXIT_TIMEOUT_S="2")
+    started = time.monotonic()
+    result = _train(env)
+    wall = time.monotonic() - started
+    lost = LOST.search(result.stderr)
+    assert lost, result.stderr[-3000:]
+    # every step span of the 30 steps is named as lost: none was confirmed
+    assert re.search(r"OTLPSpanExporter\(.*\): (\d+) of \1 lost", lost.group(1)), lost.group(1)
+    assert "did not answer" in lost.group(1) or "export failed" in lost.group(1)
+    assert hanging.conns, "the exporter never connected"
+    assert wall < 60, f"the job took {wall:.1f} s"  # generous: TF import on a loaded machine
+
+
+@pytest.mark.parametrize("kind", ["down", "refusing-http-503"])
+def test_down_or_refusing_collector_is_counted(kind: str):
+    if kind == "down":
+        env = base_env(**_otlp(f"http://127.0.0.1:{free_ports()[0]}"))
+        server = None
+    else:
+        server = _http_collector(503)
+        port = server.server_address[1]
+        env = base_env(**_otlp(f"http://127.0.0.1:{port}", "http/protobuf"))
+    try:
+        result = _train(env)
+    finally:
+        if server is not None:
+            server.shutdown()
+    assert "span export is failing" in result.stderr  # said once, when it starts failing
+    lost = LOST.search(result.stderr)
+    assert lost and "lost" in lost.group(1), result.stderr[-3000:]
+    assert "done steps=30" in result.stdout
+
+
+def test_slow_collector_gets_everything_and_nothing_is_reported_lost():
+    server = _http_collector(200, delay_s=0.3)
+    port = server.server_address[1]
+    env = base_env(**_otlp(f"http://127.0.0.1:{port}", "http/protobuf"))
+    try:
+        result = _train(env)
+    finally:
+        server.shutdown()
+    assert not LOST.search(result.stderr), result.stderr[-2000:]
+    assert server.handler.spans >= 31  # 30 step spans + the job span
+
+
+def test_unwritable_span_file_is_said_at_start(tmp_path: Path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    target = blocker / "spans.jsonl"
+    env = base_env(OTEL_TRACES_EXPORTER="none", TF_OTEL_FILE=str(target))
+    result = _train(env, steps=3)
+    assert f"TF_OTEL_FILE={str(target)!r} cannot be written" in result.stderr, result.stderr[-2000:]
+    assert "done steps=3" in result.stdout
+    assert result.stderr.count("TF_OTEL_FILE=") == 1  # one message, not one per export
+
+
+def test_span_file_rotates_at_its_cap(tmp_path: Path):
+    path = tmp_path / "spans.jsonl"
+    env = base_env(
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_BSP_SCHEDULE_DELAY="50",
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="4",  # many small lines
+        TF_OTEL_FILE=str(path),
+        TF_OTEL_FILE_MAX_MB="0.004",  # ~4 KB per file
+        TF_OTEL_FILE_KEEP="2",
+    )
+    result = _train(env, steps=60)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["spans.1.jsonl", "spans.2.jsonl", "spans.jsonl"], files
+    for p in tmp_path.iterdir():
+        assert p.stat().st_size <= 4 * 1024 + 4096  # the cap, plus at most one line over
+        for line in p.read_text().splitlines():
+            assert line.startswith('{"resourceSpans"')  # whole lines only
+    assert not LOST.search(result.stderr)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real filesystem that fills up: a 64 KiB tmpfs mounted for the test (root, as in CI)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_stops_the_file_counts_and_training_goes_on(small_disk: Path):
+    path = small_disk / "spans.jsonl"
+    env = base_env(
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_BSP_SCHEDULE_DELAY="50",
+        TF_OTEL_FILE=str(path),
+    )
+    result = _train(env, steps=400)
+    assert "done steps=400" in result.stdout
+    assert f"TF_OTEL_FILE={str(path)!r}: writing stopped (OSError: No space left" in result.stderr
+    lost = LOST.search(result.stderr)
+    assert lost and "export failed" in lost.group(1), result.stderr[-2000:]
+    assert "the span file stopped" in lost.group(1)
+    # what was written is whole lines: the partial one was cut off
+    text = path.read_text()
+    assert text and text.endswith("\n")
+    assert all(line.startswith('{"resourceSpans"') for line in text.splitlines())
+
+
+def test_unknown_and_bad_settings_each_get_one_clear_line():
+    env = base_env(
+        OTEL_TRACES_EXPORTER="none",
+        TF_OTEL_HOROVOD="maybe",
+        TF_OTEL_OPS_EVREY="3",
+        TF_OTEL_FILE_MAX_MB="lots",
+    )
+    result = _train(env, steps=2)
+    err = result.stderr
+    assert "TF_OTEL_HOROVOD='maybe' (expected one of 1/true/yes/on or 0/false/no/off)" in err
+    assert (
+        "unknown setting TF_OTEL_OPS_EVREY='3' is ignored; did you mean TF_OTEL_OPS_EVERY?" in err
+    )
+    assert "TF_OTEL_FILE_MAX_MB='lots' (expected a number)" in err
+    assert "Traceback" not in err
+    assert err.count("TF_OTEL_OPS_EVREY") == 1
+
+
+def test_analyze_workers_bad_value_is_one_line_not_a_traceback(tmp_path: Path):
+    (tmp_path / "empty.jsonl").write_text("")
+    result = run(
+        ["tf-otel", "analyze", str(tmp_path)],
+        base_env(TF_OTEL_ANALYZE_WORKERS="abc"),
+        check=False,
+    )
+    assert "TF_OTEL_ANALYZE_WORKERS='abc' (expected an integer)" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def test_repo_has_no_stray_tf_otel_reads():
+    """Only tf_otel/config.py reads TF_OTEL_* from the environment."""
+    offenders = []
+    for path in (REPO / "tf_otel").rglob("*.py"):
+        if path.name == "config.py" and path.parent.name == "tf_otel":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"environ(\.get)?[\[(]\s*[\"']TF_OTEL_", line):
+                offenders.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
