@@ -1,6 +1,10 @@
 """``horovodrun -np 2`` with TF_OTEL_OPS_EVERY=10: Keras 3 fit and a custom tf.function loop get op
 spans on steps 0, 10, 20 only, on both ranks; and on-demand op tracing through the admin
-endpoint (401 without the token) and SIGUSR2 on rank 1: the same K steps on every rank."""
+endpoint (401 without the token) and SIGUSR2 on rank 1: the same K steps on every rank.
+
+Op spans are compared with the ops TF itself reports for one more call of the same training
+function in the same process (scripts/reference_profile.py: TF's profiler, TF's XPlane proto),
+never with op-type names: TF picks ``MatMul`` or oneDNN's ``_MklMatMul``, fused or not, per CPU."""
 
 from __future__ import annotations
 
@@ -17,10 +21,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import REPO, VENV_BIN, base_env, horovodrun
+from conftest import REPO, VENV_BIN, base_env, example, run
 
 pytestmark = pytest.mark.integration
 SLOW_LOOP = Path(__file__).resolve().parent / "scripts" / "slow_loop.py"
+REFERENCE = Path(__file__).resolve().parent / "scripts" / "reference_profile.py"
 OPS = ("compute", "input")
 
 
@@ -35,30 +40,50 @@ def _op_steps(spans, step_filter):
 
 
 @pytest.mark.parametrize(
-    "script, kind, op_type",
-    [("keras_fit.py", "keras_train", "MatMul"), ("horovod_tape.py", "tf_function", "MatMul")],
+    "script, kind",
+    [("keras_fit.py", "keras_train"), ("horovod_tape.py", "tf_function")],
     ids=["keras3-fit", "custom-loop"],
 )
-def test_ops_every_10_on_both_ranks(receiver, script, kind, op_type):
+def test_ops_every_10_on_both_ranks(receiver, tmp_path: Path, script, kind):
     env = base_env(
         **receiver.env("grpc"), TF_OTEL_ENABLED="1", TF_OTEL_OPS_EVERY="10", STEPS="25",
-        EVALUATE="0",
+        EVALUATE="0", REFERENCE_FILE=str(tmp_path / "reference-{rank}.json"),
     )  # fmt: skip
-    result = horovodrun(script, env)
+    command = [
+        str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+        str(VENV_BIN / "python"), str(REFERENCE), example(script),
+    ]  # fmt: skip
+    result = run(command, env)
     assert result.stdout.count("done steps=25") == 2, result.stdout[-2000:]
+    reported = {}  # rank -> {(op name, op type)} TF's profiler saw in one training-function call
+    for rank in (0, 1):
+        ops = json.loads((tmp_path / f"reference-{rank}.json").read_text())["ops"]
+        reported[rank] = {tuple(op) for op in ops}
+        assert len(reported[rank]) >= 20, reported[rank]  # forward, backward and update ops
 
     def is_train(s):
         return s.attributes.get("tf_otel.step.kind") == kind
 
-    spans = receiver.wait_for(lambda s: len([x for x in s if is_train(x)]) >= 50, 30)
+    spans = receiver.wait_for(lambda s: len([x for x in s if is_train(x)]) >= 52, 30)
     spans = receiver.wait_for(lambda s: False, 2)
     found, steps = _op_steps(spans, is_train)
     assert sorted((s.rank, s.attributes["tf_otel.step"]) for s in steps.values()) == sorted(
-        (r, i) for r in (0, 1) for i in range(25)
+        (r, i)
+        for r in (0, 1)
+        for i in range(26)  # step 25: the reference call (not op-traced)
     )
     assert found == {0: [0, 10, 20], 1: [0, 10, 20]}
-    types = {s.attributes.get("tensorflow.op.type") for s in spans if s.category == "compute"}
-    assert op_type in types
+    traced = defaultdict(set)  # (rank, step) -> {(op name, op type)} of its op spans
+    for span in spans:
+        kind_of_op = span.attributes.get("tensorflow.op.type")
+        if span.category in OPS and span.parent_id in steps and kind_of_op:
+            step = steps[span.parent_id].attributes["tf_otel.step"]
+            traced[(span.rank, step)].add((span.attributes["tensorflow.op.name"], kind_of_op))
+    for (rank, step), ops in sorted(traced.items()):
+        if step == 0:  # the first call also runs one-off ops (shape / range set-up)
+            assert reported[rank] <= ops, (rank, sorted(reported[rank] - ops))
+        else:  # every op TF runs in a call, named and typed as TF reports it, and no other
+            assert ops == reported[rank], (rank, step, sorted(ops ^ reported[rank]))
 
 
 def _free_port():
