@@ -74,7 +74,10 @@ def test_collective_spans_of_both_ranks_in_every_sampled_step(receiver, tmp_path
         TMPDIR=str(tmp_path),
         OTEL_TRACES_SAMPLER="parentbased_traceidratio",
         OTEL_TRACES_SAMPLER_ARG="0.5",
+        TF_OTEL_HOROVOD_EVERY="1",  # collective detail on every sampled step
     )
+    if script == "horovod_tf1.py":  # TF1 graphs: collectives come from Horovod's timeline
+        env["TF_OTEL_HOROVOD_SOURCE"] = "timeline"
     result = horovodrun(script, env, backend=backend)
     assert "rank 0 done" in result.stdout and "rank 1 done" in result.stdout
     spans = collect(receiver)
@@ -95,6 +98,9 @@ def test_straggler_is_last_and_rank0_waits_50ms(receiver, tmp_path):
         SLOW_RANK="1",
         SLOW_MS="50",
         SLOW_STEPS=str(slow_step),
+        TF_OTEL_HOROVOD_EVERY="1",
+        # the timeline source; the default source's straggler tests: test_detail_modes.py
+        TF_OTEL_HOROVOD_SOURCE="timeline",
     )
     horovodrun("horovod_tape.py", env, backend="gloo")
     spans = collect(receiver)
@@ -162,7 +168,13 @@ def _horovodrun_command(script: str):
 
 
 def test_mpirun_with_mpi4py_imported(receiver, tmp_path):
-    env = base_env(**receiver.env("grpc"), TF_OTEL_ENABLED="1", STEPS="6", IMPORT_MPI4PY="1")
+    env = base_env(
+        **receiver.env("grpc"),
+        TF_OTEL_ENABLED="1",
+        STEPS="6",
+        IMPORT_MPI4PY="1",
+        TF_OTEL_HOROVOD_EVERY="1",
+    )
     env["TMPDIR"] = str(tmp_path)
     result = run(["mpirun", "-np", "2", python(), example("horovod_tape.py")], env)
     assert "rank 1 done" in result.stdout

@@ -1,0 +1,128 @@
+"""Collective-detail modes (issue 13) and exact per-rank arrivals with Horovod's response cache
+on (issue 17 point 3), real horovodrun, real OTLP receiver; functional, no timing goals.
+
+- default source (every rank times its own collectives), detail on 1 sampled step in N picked by
+  the step trace id: collectives on exactly those steps, on every rank, none elsewhere;
+- TF_OTEL_HOROVOD=0: step spans, no collectives; TF_OTEL_HOROVOD_SOURCE=timeline: collectives
+  from Horovod's timeline on the same detail steps;
+- 3 ranks, cache on, a straggler delayed before one step (ground truth) and a control step: every
+  rank's arrival is known, the delayed rank is named last by every rank and the others wait.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from conftest import VENV_BIN, base_env, run  # noqa: E402
+
+from tf_otel.instrument.horovod_stamps import detail_wanted  # noqa: E402
+
+pytestmark = pytest.mark.integration
+SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "stamps_loop.py")
+
+
+def horovodrun(env, np: int = 2):
+    command = [str(VENV_BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo"]
+    return run(command + [str(VENV_BIN / "python"), SCRIPT], env, timeout=400)
+
+
+def spans_of(receiver, wait_s: float = 4.0):
+    return receiver.wait_for(lambda s: False, wait_s)
+
+
+def training_steps(spans):
+    return [s for s in spans if s.category == "step" and "train_step" in s.name]
+
+
+@pytest.mark.parametrize("mode", ["stamps", "timeline", "off"])
+def test_collectives_only_on_the_detail_steps_of_every_rank(receiver, tmp_path, mode):
+    every = 3
+    env = base_env(
+        **receiver.env("grpc"),
+        TF_OTEL_ENABLED="1",
+        STEPS="12",
+        TMPDIR=str(tmp_path),
+        TF_OTEL_HOROVOD_EVERY=str(every),
+    )
+    if mode == "timeline":
+        env["TF_OTEL_HOROVOD_SOURCE"] = "timeline"
+    if mode == "off":
+        env["TF_OTEL_HOROVOD"] = "0"
+    result = horovodrun(env)
+    assert "rank 1 done" in result.stdout
+    spans = spans_of(receiver)
+    steps = training_steps(spans)
+    assert {(s.attributes["tf_otel.step"], s.rank) for s in steps} == {
+        (n, r) for n in range(12) for r in (0, 1)
+    }, "step spans on every rank for every step"
+    by_id = {s.span_id: s for s in spans}
+    got = defaultdict(set)  # step -> ranks with collectives
+    for c in (s for s in spans if s.category == "collective"):
+        parent = by_id[c.parent_id]
+        assert parent.rank == c.rank and parent.start_ns <= c.start_ns <= c.end_ns <= parent.end_ns
+        assert c.attributes["horovod.bytes"] == 32 * 32 * 4
+        assert c.attributes["horovod.op"] == "allreduce"
+        got[parent.attributes["tf_otel.step"]].add(c.rank)
+    if mode == "off":
+        assert not got
+        return
+    wanted = {
+        s.attributes["tf_otel.step"] for s in steps if detail_wanted(int(s.trace_id, 16), every)
+    }
+    assert wanted and len(wanted) < 12, "the policy picks some steps, not all (trace ids)"
+    if mode == "timeline":  # a step's collectives can start before Horovod opens its file
+        assert got and set(got) <= wanted
+    else:
+        assert set(got) == wanted
+    assert all(ranks == {0, 1} for ranks in got.values())
+
+
+def test_every_rank_knows_its_arrival_with_the_cache_on_3_ranks(receiver, tmp_path):
+    slow_step, slow_rank = 6, 2
+    env = base_env(
+        **receiver.env("grpc"),
+        TF_OTEL_ENABLED="1",
+        STEPS="10",
+        TMPDIR=str(tmp_path),
+        TF_OTEL_HOROVOD_EVERY="1",
+        SLOW_RANK=str(slow_rank),
+        SLOW_MS="80",
+        SLOW_STEPS=str(slow_step),
+    )
+    assert "HOROVOD_CACHE_CAPACITY" not in env  # Horovod's default: response cache on
+    result = horovodrun(env, np=3)
+    assert "rank 2 done" in result.stdout
+    spans = spans_of(receiver)
+    by_id = {s.span_id: s for s in spans}
+    collectives = [s for s in spans if s.category == "collective"]
+    per_step = defaultdict(list)
+    for c in collectives:
+        per_step[by_id[c.parent_id].attributes["tf_otel.step"]].append(c)
+    assert set(per_step) == set(range(10))
+    for step, items in per_step.items():
+        assert {c.rank for c in items} == {0, 1, 2}
+        assert all(c.attributes["horovod.arrival"] == "stamp" for c in items), step
+        keys = defaultdict(list)
+        for c in items:
+            keys[c.attributes["tf_otel.collective.key"]].append(c)
+        for same in keys.values():  # one collective: one rank is last, seen by all
+            assert len(same) == 3 and sum(c.attributes["horovod.last_arrival"] for c in same) == 1
+    slow = per_step[slow_step]
+    assert all(c.attributes["horovod.last_arrival"] == (c.rank == slow_rank) for c in slow)
+    waits = [c.attributes["horovod.wait_ns"] for c in slow if c.rank != slow_rank]
+    assert min(waits) >= 60e6, waits  # the injected 80 ms, less what the others were behind
+    children = [s for s in spans if s.category == "collective.wait"]
+    assert {by_id[w.parent_id].rank for w in children if w.parent_id in by_id} >= {0, 1}
+    # control: no step without an injected delay makes anyone wait as long
+    others = [
+        c.attributes["horovod.wait_ns"]
+        for step, items in per_step.items()
+        if step not in (0, slow_step)
+        for c in items
+    ]
+    assert max(others) < min(waits), (max(others), min(waits))
