@@ -144,6 +144,7 @@ class CriticalPath:
     arrivals: Optional[Dict[str, Dict[int, int]]] = field(default=None, repr=False)
     # collectives on the path whose last arrival was unknown and unexplained (nobody blamed)
     unattributed_waits: int = 0
+    _lateness: Optional[Dict[int, int]] = field(default=None, repr=False)
 
     @property
     def length_ns(self) -> int:
@@ -176,15 +177,32 @@ class CriticalPath:
     def lateness_by_rank(self) -> Dict[int, int]:
         """Every rank's lateness in this step: over the path's legs, its leg minus the median
         of the other ranks' same leg (signed; the run's noise is learned from these)."""
+        if self._lateness is not None:
+            return self._lateness
         totals: Dict[int, int] = {}
         for leg in self.legs:
             lengths = leg.lengths()
             if len(lengths) < 2:
                 continue
+            ordered = sorted(lengths.values())
             for rank, length in lengths.items():
-                others = [v for r, v in lengths.items() if r != rank]
-                totals[rank] = totals.get(rank, 0) + length - int(statistics.median(others))
-        return dict(sorted(totals.items()))
+                median = _median_without(ordered, length)
+                totals[rank] = totals.get(rank, 0) + length - median
+        self._lateness = dict(sorted(totals.items()))
+        return self._lateness
+
+
+def _median_without(ordered: List[int], value: int) -> int:
+    """The median of ``ordered`` (sorted) with one occurrence of ``value`` left out."""
+    cut = bisect.bisect_left(ordered, value)
+    n = len(ordered) - 1
+
+    def at(i: int) -> int:
+        return ordered[i if i < cut else i + 1]
+
+    if n % 2:
+        return at(n // 2)
+    return int((at(n // 2 - 1) + at(n // 2)) / 2)
 
 
 _START_ID = attrgetter("start_ns", "span_id")
@@ -548,6 +566,7 @@ def _compare_legs(legs: List[Leg], step: StepTrace, syncs: Dict[str, Dict[int, S
     for leg in legs:
         leg.windows[leg.rank] = (leg.start_ns, leg.end_ns)
         others: List[int] = []
+        estimated: Optional[Dict[int, int]] = None
         for rank, timeline in step.ranks.items():
             if rank == leg.rank:
                 continue
@@ -563,7 +582,9 @@ def _compare_legs(legs: List[Leg], step: StepTrace, syncs: Dict[str, Dict[int, S
                 member = members.get(rank)
                 end = member.start_ns if member else None
                 if member is not None and _unknown(member):
-                    end = estimated_arrivals(members, step)[rank]
+                    if estimated is None:
+                        estimated = estimated_arrivals(members, step)
+                    end = estimated[rank]
             if begin is not None and end is not None:
                 end = max(begin, end)  # overlapping collectives: this rank waited anyway
                 leg.windows[rank] = (begin, end)

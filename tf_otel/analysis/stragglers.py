@@ -18,7 +18,9 @@ Usage::
   NOISE_SIGMAS x the ranks' own step-to-step variation is late in most steps: its usual
   lateness is taken out first, and it is judged against its own median plus the threshold.
 - Step straggler: the rank whose legs on the path exceed the others' median by the most, named
-  only when that excess is above its threshold (and ``min_ns``, ``min_share`` of the step). Its
+  only when that excess is above its threshold (and ``min_ns``, ``min_share`` of the step) and,
+  unless the rank is persistently late, the step itself is longer than the median steady step
+  by more than the threshold (a rank late in a step that was not delayed delayed nothing). Its
   excess is capped at the step's duration and its what-if saving (its legs cut to the next
   slowest rank's) at the excess, so the what-if step time stays in
   [0, duration]. The excess is split by category (input, compute / rank step work, before_step,
@@ -89,6 +91,7 @@ class StragglerNoise:
     baseline_ns: Dict[int, int] = field(default_factory=dict)  # each rank's median lateness
 
     persistent_ns: Dict[int, int] = field(default_factory=dict)  # late in most steps
+    typical_step_ns: int = 0  # the median steady step
 
     def threshold_for(self, rank: int) -> int:
         """A rank that is late in most steps is measured against its own usual lateness."""
@@ -214,6 +217,8 @@ def step_straggler(
     value = min(excess[rank], duration)
     if value <= 0 or value <= noise.threshold_for(rank) or value < min_share * duration:
         return None
+    if rank not in noise.persistent_ns and duration - noise.typical_step_ns <= noise.threshold_ns:
+        return None  # the step is no longer than usual: nobody delayed it
     saving = min(path.saving_by_rank().get(rank, 0), value)
     split = excess_split(path, rank)
     category = max(EXCESS_CATEGORIES, key=lambda c: (split[c], -EXCESS_CATEGORIES.index(c)))
@@ -256,6 +261,8 @@ def straggler_summary(
     skipped = set(summary.warmup)
     steady = {key: path for key, path in paths.items() if key not in skipped}
     summary.noise = lateness_noise(list(steady.values()), min_ns)
+    if steady:
+        summary.noise.typical_step_ns = int(_median(p.step.duration_ns for p in steady.values()))
 
     def stats(rank: int) -> RankStragglerStats:
         return summary.ranks.setdefault(rank, RankStragglerStats(rank))
