@@ -19,6 +19,7 @@ SCRIPTS = {
     "steps": ["bench_steps_inprocess.py"],
     "steps-process": ["bench_steps.py"],
     "collectives": ["bench_collectives.py"],
+    "real-model": ["bench_real_model.py"],
     "ops": ["bench_ops.py"],
     "clock": ["bench_clock.py"],
     "analysis": ["bench_analysis.py"],
