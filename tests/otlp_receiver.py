@@ -21,6 +21,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import grpc
 from google.protobuf.json_format import Parse
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
@@ -79,10 +83,40 @@ def spans_of(request: trace_service_pb2.ExportTraceServiceRequest) -> List[Recei
     return result
 
 
+@dataclass
+class ReceivedPoint:
+    """One metric data point (sum, gauge or histogram) as it arrived."""
+
+    name: str
+    attributes: Dict[str, Any]
+    resource: Dict[str, Any]
+    value: Any  # number; for a histogram: (count, sum)
+    exemplar_trace_ids: List[str] = field(default_factory=list)
+
+
+def points_of(request: metrics_service_pb2.ExportMetricsServiceRequest) -> List[ReceivedPoint]:
+    out = []
+    for rm in request.resource_metrics:
+        resource = {kv.key: any_value(kv.value) for kv in rm.resource.attributes}
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                kind = metric.WhichOneof("data")
+                for p in getattr(metric, kind).data_points:
+                    attrs = {kv.key: any_value(kv.value) for kv in p.attributes}
+                    if kind in ("histogram", "exponential_histogram"):
+                        value: Any = (p.count, p.sum)
+                    else:
+                        value = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
+                    exemplars = [e.trace_id.hex() for e in getattr(p, "exemplars", ())]
+                    out.append(ReceivedPoint(metric.name, attrs, resource, value, exemplars))
+    return out
+
+
 class OtlpReceiver:
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host  # e.g. a simulated cluster's bridge address (tests/cluster/sim.py)
         self._spans: List[ReceivedSpan] = []
+        self._points: List[ReceivedPoint] = []
         self._lock = threading.Lock()
         self.requests = {"grpc": 0, "http": 0}
         self._grpc: Any = None
@@ -95,6 +129,25 @@ class OtlpReceiver:
             self._spans.extend(spans)
             self.requests[transport] += 1
 
+    def _add_points(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> None:
+        points = points_of(request)
+        with self._lock:
+            self._points.extend(points)
+
+    def points(self) -> List[ReceivedPoint]:
+        with self._lock:
+            return list(self._points)
+
+    def wait_for_points(
+        self, predicate: Callable[[List[ReceivedPoint]], Any], timeout_s: float = 15.0
+    ) -> List[ReceivedPoint]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            points = self.points()
+            if predicate(points) or time.monotonic() > deadline:
+                return points
+            time.sleep(0.05)
+
     def start(self) -> OtlpReceiver:
         receiver = self
 
@@ -103,8 +156,14 @@ class OtlpReceiver:
                 receiver._add(request, "grpc")
                 return trace_service_pb2.ExportTraceServiceResponse()
 
+        class MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+                receiver._add_points(request)
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), self._grpc)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsService(), self._grpc)
         self.grpc_port = self._grpc.add_insecure_port(f"{self.host}:0")
         self._grpc.start()
 
@@ -113,6 +172,20 @@ class OtlpReceiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
+                if self.path == "/v1/metrics":
+                    metrics = metrics_service_pb2.ExportMetricsServiceRequest()
+                    if "json" in (self.headers.get("Content-Type") or ""):
+                        Parse(body.decode(), metrics)
+                    else:
+                        metrics.ParseFromString(body)
+                    receiver._add_points(metrics)
+                    reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                    return
                 request = trace_service_pb2.ExportTraceServiceRequest()
                 if self.path != "/v1/traces":
                     self.send_response(404)

@@ -139,6 +139,20 @@ class Pipeline:
                     record.ATTR_LAUNCHER: topology.launcher,
                 },
             )
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        with fail_open("health_metrics"):
+            from tf_otel import health_metrics
+
+            health_metrics.register(
+                {
+                    "host.name": topology.host,
+                    "process.pid": os.getpid(),
+                    record.ATTR_RANK: topology.rank,
+                    record.ATTR_WORLD_SIZE: topology.world_size,
+                    record.ATTR_JOB_ID: topology.job_id,
+                },
+                step_queue_depth=self._queue.qsize,
+            )
         self._tracer = trace.get_tracer("tf_otel", __version__, tracer_provider=tracer_provider)
         self._sampler = getattr(self._tracer, "sampler", None)
         self._sample_fast = _fast_root_decision(self._sampler)
@@ -153,7 +167,6 @@ class Pipeline:
                 "cannot get their cross-rank ids",
             )
         self._counters: Dict[str, Any] = {}  # step key -> itertools.count
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._steps: Dict[tuple, Any] = {}  # (key, step) -> (span context, start, end), bounded
         self._job_span: Any = None
         self._aggregator: Optional[StepAggregator] = None
@@ -595,6 +608,14 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
                 from tf_otel import delivery
 
                 delivery.report_at_exit(timeout_s)
+            with fail_open("shutdown.metrics"):  # the final counts, never holding the exit
+                from tf_otel import health_metrics
+
+                flusher = threading.Thread(
+                    target=health_metrics.flush, args=(timeout_s,), daemon=True
+                )
+                flusher.start()
+                flusher.join(min(timeout_s, 2.0))
 
 
 _exit_handlers_installed = False
