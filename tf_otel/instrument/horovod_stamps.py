@@ -35,7 +35,7 @@ MSG_ARRIVALS = "hvd.a"
 MSG_LAST = "hvd.l"
 _MAX_STEPS = 64
 _GATHER_WAIT_S = 5.0  # rank 0 answers with the ranks it has after this long
-_STALE_NS = 50_000_000  # a stamp older than the step start by more than this is a previous step
+_STALE_NS = 100_000  # float64 seconds round to ~0.2 µs; older stamps ran before this step
 
 # MPI_LIB function -> (op, grouped)
 OPS = {
