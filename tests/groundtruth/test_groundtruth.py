@@ -8,7 +8,7 @@ and analysed by the real CLI. The launch is the ``launch`` fixture: today 4 rank
 hosts x two ranks) replaces it there, and the slow-link scenario (d) waits for it.
 
 Scenarios (tests/groundtruth/train_groundtruth.py):
-  late    - rank 2 sleeps DELAY_MS before it begins steps 4 and 7     -> cause before_step
+  late    - rank 2 sleeps DELAY_MS before it begins steps 5 and 12    -> cause before_step
   input   - rank 2's tf.data generator sleeps DELAY_MS in those steps -> cause input
   compute - rank 2 trains those steps on a 256x larger batch          -> cause compute;
             the delay's truth is measured in-process by every rank (its own work before the
@@ -34,9 +34,9 @@ pytestmark = pytest.mark.integration
 SCRIPT = REPO / "tests" / "groundtruth" / "train_groundtruth.py"
 RANKS = 4
 SLOW_RANK = 2
-SLOW_STEPS = [4, 7]
+SLOW_STEPS = [5, 12]
 DELAY_MS = 300.0
-STEPS = 10
+STEPS = 20  # steps are cheap next to the launch; the run's noise is learned from them
 CAUSE = {"late": "before_step", "input": "input", "compute": "compute"}
 
 
@@ -133,7 +133,10 @@ def test_analysis_names_exactly_the_injected_stragglers(scenario):
     for number, straggler in named.items():
         assert straggler["rank"] == SLOW_RANK, context
         assert straggler["category"] == CAUSE[name], context
-        expected = DELAY_MS if name != "compute" else _extra_work(truth, number, SLOW_RANK)
+        # the delay as the ranks measured it in-process (a loaded host oversleeps a sleep)
+        expected = _extra_work(truth, number, SLOW_RANK)
+        if name != "compute":
+            assert expected >= 0.95 * DELAY_MS, context  # the injection happened
         assert abs(straggler["delay_ms"] - expected) <= 0.1 * expected, (expected, context)
         assert straggler["excess_ms"] <= steps[number]["duration_ms"]
     finding = next(f for f in report["findings"] if f["rule"] == "straggler")

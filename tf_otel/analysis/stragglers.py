@@ -14,7 +14,8 @@ Usage::
 - Lateness: per step and rank, over the legs of the critical path (see ``critical_path``), the
   rank's leg minus the median of the other ranks' same leg. The run's noise is learned from
   the steady steps' worst lateness (the statistic a straggler is judged by, heavy tails and
-  all): threshold = median + NOISE_SIGMAS x 1.4826 x MAD. A rank whose median lateness is beyond
+  all): threshold = median + NOISE_SIGMAS x sigma, sigma the larger of 1.4826 x MAD and
+  (upper quartile - median) / 0.6745. A rank whose median lateness is beyond
   NOISE_SIGMAS x the ranks' own step-to-step variation is late in most steps: its usual
   lateness is taken out first, and it is judged against its own median plus the threshold.
 - Step straggler: the rank whose legs on the path exceed the others' median by the most, named
@@ -49,6 +50,7 @@ from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRAN
 
 NOISE_SIGMAS = 5.0
 MAD_TO_SIGMA = 1.4826
+UPPER_QUARTILE_Z = 0.6745  # the upper quartile of a normal distribution, in sigmas
 WARMUP_Z = 3.5
 WARMUP_MIN_RATIO = 1.0  # a warm-up step is at least twice the settled median
 MIN_NOISE_STEPS = 3
@@ -157,7 +159,14 @@ def lateness_noise(paths: Sequence[CriticalPath], min_ns: int) -> StragglerNoise
         max(v - persistent.get(r, 0) for r, v in values.items()) for values in per_step if values
     ]
     middle = _median(worst)
-    sigma = MAD_TO_SIGMA * _median(abs(v - middle) for v in worst)
+    ordered = sorted(worst)
+    upper_quartile = ordered[(3 * (len(ordered) - 1)) // 4]
+    # the larger of the MAD and the upper half's spread: lateness is skewed and heavy-tailed,
+    # and a few quiet steps must not make every hiccup a straggler
+    sigma = max(
+        MAD_TO_SIGMA * _median(abs(v - middle) for v in worst),
+        (upper_quartile - middle) / UPPER_QUARTILE_Z,
+    )
     threshold = max(min_ns, int(middle + NOISE_SIGMAS * sigma))
     return StragglerNoise(int(middle), int(sigma), threshold, len(worst), baseline, persistent)
 
