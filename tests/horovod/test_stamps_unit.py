@@ -1,0 +1,70 @@
+"""capture.horovod_stamps (pure): last arrivals over ranks, per-rank records, and the
+detail-step policy (no TF, no Horovod)."""
+
+from __future__ import annotations
+
+from tf_otel import record
+from tf_otel.capture import horovod_stamps as hs
+from tf_otel.instrument.horovod_stamps import detail_wanted
+from tf_otel.tracing import step_trace_id
+
+STAMP = hs.Stamp("grad_w0", "allreduce", "float32", "[32, 32]", 4096)
+
+
+def test_last_arrival_is_the_latest_rank_per_tensor():
+    last = hs.last_arrivals({0: {"a": 100, "b": 500}, 1: {"a": 300, "b": 200}, 2: {"a": 250}})
+    assert last == {"a": (300, 1), "b": (500, 0)}
+
+
+def test_a_waiting_rank_gets_wait_and_transfer_children():
+    out = hs.records_for(STAMP, 1_000, 9_000, 4_000, 2, rank=0, step=7, key="k/7/grad_w0")
+    parent, wait, transfer = out
+    assert parent.category == record.COLLECTIVE and (parent.start_ns, parent.end_ns) == (1_000, 9_000)
+    assert parent.attributes["horovod.wait_ns"] == 3_000
+    assert parent.attributes["horovod.last_arrival"] is False
+    assert parent.attributes["horovod.arrival"] == "stamp"
+    assert parent.attributes["horovod.bytes"] == 4096
+    assert (wait.start_ns, wait.end_ns, wait.parent_id) == (1_000, 4_000, parent.record_id)
+    assert (transfer.start_ns, transfer.end_ns) == (4_000, 9_000)
+
+
+def test_the_last_rank_has_no_wait_child():
+    out = hs.records_for(STAMP, 4_000, 9_000, 4_000, 1, rank=1, step=7, key="k")
+    assert [r.category for r in out] == [record.COLLECTIVE, record.COLLECTIVE_TRANSFER]
+    assert out[0].attributes["horovod.last_arrival"] is True
+    assert out[0].attributes["horovod.wait_ns"] == 0
+
+
+def test_children_stay_inside_the_collective_whatever_the_clocks_say():
+    # last arrival (mapped to this rank's clock) after this rank's end, or before its arrival
+    late = hs.records_for(STAMP, 1_000, 5_000, 8_000, 1, rank=0, step=1, key="k")
+    early = hs.records_for(STAMP, 1_000, 5_000, 500, 1, rank=0, step=1, key="k")
+    for out in (late, early):
+        parent = out[0]
+        for child in out[1:]:
+            assert parent.start_ns <= child.start_ns <= child.end_ns <= parent.end_ns
+
+
+def test_unknown_last_arrival_says_so():
+    out = hs.records_for(STAMP, 1_000, 5_000, None, None, rank=3, step=1, key="k")
+    assert out[0].attributes["horovod.arrival"] == "unknown"
+    assert out[0].attributes["horovod.last_arrival"] is False
+    assert [r.category for r in out] == [record.COLLECTIVE, record.COLLECTIVE_TRANSFER]
+
+
+def test_nbytes_needs_a_known_dtype_and_static_shape():
+    assert hs.nbytes("float32", [3, 4]) == 48
+    assert hs.nbytes("float32", [None, 4]) is None
+    assert hs.nbytes("string", [3]) is None
+
+
+def test_detail_policy_same_for_every_rank_and_about_one_in_n():
+    ids = [step_trace_id("job-1", "keras_train", step) for step in range(5000)]
+    picked = [detail_wanted(t, 10) for t in ids]
+    assert picked == [detail_wanted(t, 10) for t in ids]  # a function of the trace id only
+    assert 400 <= sum(picked) <= 600
+    assert all(detail_wanted(t, 1) for t in ids[:50])
+    assert not any(detail_wanted(t, 0) for t in ids[:50])
+    # independent of the ratio sampler (low 64 bits): sampled steps are picked at the same rate
+    sampled = [t for t in ids if (t & (2**64 - 1)) < 2**63]
+    assert 0.07 <= sum(detail_wanted(t, 10) for t in sampled) / len(sampled) <= 0.13
