@@ -27,7 +27,7 @@ import functools
 from typing import Any, Callable, Dict, FrozenSet, List, Optional
 
 from tf_otel import record
-from tf_otel.health import fail_open
+from tf_otel.health import report_failure
 from tf_otel.instrument._patching import is_active, run_step, state, when_imported, wrap
 
 ATTR_FETCHES = "tensorflow.session.fetches"
@@ -111,28 +111,47 @@ class _Initializers:
         )
 
 
-def _leaf_is_initialisation(fetch: Any, graph: Any, found: _Initializers) -> bool:
+def _tensor_is_initialisation(tensor: Any, found: _Initializers) -> bool:
+    """An initialisation check, or the output of a ref variable's initializer (Assign)."""
+    kind = tensor.op.type
+    return kind in _CHECK_TYPES or (kind == "Assign" and found.is_initializer(tensor.op))
+
+
+def _other_is_initialisation(fetch: Any, graph: Any, found: _Initializers) -> bool:
     if isinstance(fetch, str):
         try:
             fetch = graph.as_graph_element(fetch)
         except Exception:  # noqa: BLE001 - a bad name fails in TF's own run, not here
             return False
-    if hasattr(fetch, "op"):  # a Tensor: an initialisation check, or an initializer's output
-        return fetch.op.type in _CHECK_TYPES or found.is_initializer(fetch.op)
+        if hasattr(fetch, "op"):
+            return _tensor_is_initialisation(fetch, found)
     if hasattr(fetch, "control_inputs") and hasattr(fetch, "type"):  # an Operation
         return found.is_initializer(fetch)
     return False
 
 
-def _all_initialisation(fetches: Any, graph: Any, found: _Initializers, depth: int = 0) -> bool:
-    """True when every fetch initialises (or checks the initialisation of) state."""
+def _walk(fetches: Any, found: _Initializers, others: List[Any], depth: int = 0) -> bool:
+    """Check tensors as met (a training run's loss ends it at once, without reading the
+    graph's collections); collect operations and names for later. False: not initialisation."""
     if isinstance(fetches, dict):
         fetches = list(fetches.values())
     if isinstance(fetches, (list, tuple)):
         if depth > 3 or not fetches:
             return False
-        return all(_all_initialisation(item, graph, found, depth + 1) for item in fetches)
-    return _leaf_is_initialisation(fetches, graph, found)
+        return all(_walk(item, found, others, depth + 1) for item in fetches)
+    # (hasattr of an attribute a Tensor lacks is slow: TF formats an error message for it)
+    if hasattr(fetches, "op"):
+        return _tensor_is_initialisation(fetches, found)
+    others.append(fetches)
+    return True
+
+
+def _all_initialisation(fetches: Any, graph: Any, found: _Initializers) -> bool:
+    """True when every fetch initialises (or checks the initialisation of) state."""
+    others: List[Any] = []
+    if not _walk(fetches, found, others):
+        return False
+    return all(_other_is_initialisation(other, graph, found) for other in others)
 
 
 def is_initialisation_run(session: Any, fetches: Any, signature: str) -> bool:
@@ -149,9 +168,11 @@ def is_initialisation_run(session: Any, fetches: Any, signature: str) -> bool:
     graph = getattr(session, "graph", None)
     if graph is None or not hasattr(graph, "get_collection"):
         return False
-    result = False
-    with fail_open("session.init_rule"):
+    try:
         result = _all_initialisation(fetches, graph, _Initializers(graph))
+    except Exception as exc:  # noqa: BLE001 - never into training: then it is a step
+        result = False
+        report_failure("session.init_rule", exc)
     complete = len(signature) < _MAX_KEY and signature.count(",") < _MAX_NAMES - 1
     if complete:
         if cache is None:
