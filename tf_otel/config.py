@@ -228,8 +228,19 @@ VARIABLES = (
     "TF_OTEL_ANALYZE_WORKERS",
     "TF_OTEL_TEST_CLOCK",
 )
-# read by the install and build scripts, not by the package
-SCRIPT_VARIABLES = ("TF_OTEL_CACHE",)
+# read elsewhere, never by this package: the install/build scripts, the NCCL profiler plugin (C),
+# the collector configs, the simulated cluster and the test suite
+SCRIPT_VARIABLES = (
+    "TF_OTEL_CACHE",
+    "TF_OTEL_JAEGER_BIN",
+    "TF_OTEL_COLLECTOR_BIN",
+    "TF_OTEL_NCCL_CHILD_EVENTS",
+    "TF_OTEL_NCCL_RING_RECORDS",
+    "TF_OTEL_TAIL_DECISION_WAIT",
+    "TF_OTEL_TAIL_SLOW_STEP_MS",
+    "TF_OTEL_TAIL_BASELINE_PERCENT",
+    "TF_OTEL_CLUSTER_HOST",
+)
 
 
 def warn_unknown(env: Mapping[str, str]) -> None:

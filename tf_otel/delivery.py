@@ -182,6 +182,7 @@ def ended_spans() -> int:
 def summary(waited_s: Optional[float] = None) -> Optional[str]:
     """One line naming every loss at exit, or None when nothing was lost."""
     parts = []
+    limit = f" (TF_OTEL_EXIT_TIMEOUT_S={waited_s:g})" if waited_s is not None else ""
     for loss in losses():
         if not loss.lost:
             continue
@@ -191,10 +192,7 @@ def summary(waited_s: Optional[float] = None) -> Optional[str]:
         if loss.queue_full:
             causes.append(f"{loss.queue_full:,} dropped from the full export queue")
         if loss.queued:
-            after = f" after {waited_s:.1f} s" if waited_s is not None else ""
-            causes.append(
-                f"{loss.queued:,} unconfirmed at exit (the exporter did not answer{after})"
-            )
+            causes.append(f"{loss.queued:,} unsent when the exit flush gave up{limit}")
         parts.append(f"{loss.label}: {loss.lost:,} of {loss.ended:,} lost ({', '.join(causes)})")
     steps = counters.get("steps_dropped", 0)
     if steps:

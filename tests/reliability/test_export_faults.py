@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator
 
 import pytest
-from conftest import EXAMPLES, REPO, base_env, free_ports, run
+from conftest import EXAMPLES, base_env, free_ports, run
 
 pytestmark = pytest.mark.integration
 LOST = re.compile(r"tf_otel: spans were lost: (.*)")
@@ -113,7 +113,7 @@ def test_hanging_collector_ends_bounded_and_says_what_was_lost(hanging: _Hanging
     assert lost, result.stderr[-3000:]
     # every step span of the 30 steps is named as lost: none was confirmed
     assert re.search(r"OTLPSpanExporter\(.*\): (\d+) of \1 lost", lost.group(1)), lost.group(1)
-    assert "did not answer" in lost.group(1) or "export failed" in lost.group(1)
+    assert "unsent when the exit flush gave up" in lost.group(1) or "export failed" in lost.group(1)
     assert hanging.conns, "the exporter never connected"
     assert wall < 60, f"the job took {wall:.1f} s"  # generous: TF import on a loaded machine
 
@@ -239,15 +239,3 @@ def test_analyze_workers_bad_value_is_one_line_not_a_traceback(tmp_path: Path):
     )
     assert "TF_OTEL_ANALYZE_WORKERS='abc' (expected an integer)" in result.stderr
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
-
-
-def test_repo_has_no_stray_tf_otel_reads():
-    """Only tf_otel/config.py reads TF_OTEL_* from the environment."""
-    offenders = []
-    for path in (REPO / "tf_otel").rglob("*.py"):
-        if path.name == "config.py" and path.parent.name == "tf_otel":
-            continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if re.search(r"environ(\.get)?[\[(]\s*[\"']TF_OTEL_", line):
-                offenders.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
-    assert not offenders, "\n".join(offenders)

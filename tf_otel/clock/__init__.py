@@ -16,7 +16,6 @@ The identity model is in force until a synchronisation has run (tf_otel.clock.sy
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -65,7 +64,9 @@ def _resolve_test_clock() -> Optional[testclock.TestClock]:
 
 
 def _read_test_clock() -> Optional[testclock.TestClock]:
-    raw = os.environ.get(testclock.ENV)
+    from tf_otel.config import Settings
+
+    raw = Settings.from_env().test_clock  # resolved once per process (tests reset it)
     shift = None
     if raw and raw.strip():
         from tf_otel.health import log_once

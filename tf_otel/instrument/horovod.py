@@ -59,13 +59,6 @@ _PREFIX = "tf_otel-hvd-"
 MANAGED, USER_FILE, OFF, STAMPS = "managed", "user_file", "off", "stamps"
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    return raw.strip().lower() not in ("0", "false", "no", "off")
-
-
 def _to_reference_ns_of_rank0() -> int:
     """rank 0: timeline us-since-epoch (system clock) -> reference ns offset."""
     return clock.current_model().to_reference(clock.now_ns()) - time.time_ns()
@@ -113,7 +106,7 @@ class HorovodCollectives(StepHook):
         """Called just before hvd.init(): choose the mode and set Horovod's env."""
         if self.mode is not None:
             return
-        if not _env_flag("TF_OTEL_HOROVOD", True):
+        if not _settings().horovod:
             self.mode = OFF
             return
         current = os.environ.get("HOROVOD_TIMELINE", "").strip()
@@ -133,15 +126,15 @@ class HorovodCollectives(StepHook):
             )
         else:
             self.mode = USER_FILE
-        if _env_flag("TF_OTEL_HOROVOD_EXACT", False):
+        if _settings().horovod_exact:
             os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
 
     def _resolve_late(self) -> None:
         """tf_otel instrumented after hvd.init(): only a user's timeline file can be read."""
         current = os.environ.get("HOROVOD_TIMELINE", "").strip()
-        if current and current.upper() != "DYNAMIC" and _env_flag("TF_OTEL_HOROVOD", True):
+        if current and current.upper() != "DYNAMIC" and _settings().horovod:
             self.mode = USER_FILE
-        elif _env_flag("TF_OTEL_HOROVOD", True) and _settings().horovod_source != "timeline":
+        elif _settings().horovod and _settings().horovod_source != "timeline":
             self.mode = STAMPS  # timing our own ops needs nothing set before hvd.init
         else:
             self.mode = OFF
