@@ -119,6 +119,11 @@ class Leg:
     def length_ns(self) -> int:
         return self.end_ns - self.start_ns
 
+    @property
+    def syncs(self) -> bool:
+        """Whether the leg ends where the ranks wait for each other (not at a rank's step end)."""
+        return self.end != STEP_END or self.begin == STEP_START
+
     def lengths(self) -> Dict[int, int]:
         return {rank: max(0, end - start) for rank, (start, end) in self.windows.items()}
 
@@ -163,15 +168,17 @@ class CriticalPath:
         return dict(sorted(totals.items()))
 
     def excess_by_rank(self) -> Dict[int, int]:
+        """Over the legs that end at a sync (a rank finishing its step late after the last
+        sync held nobody up in this step: it shows as a late start at the next one)."""
         totals: Dict[int, int] = {}
         for leg in self.legs:
-            totals[leg.rank] = totals.get(leg.rank, 0) + leg.excess_ns
+            totals[leg.rank] = totals.get(leg.rank, 0) + (leg.excess_ns if leg.syncs else 0)
         return totals
 
     def saving_by_rank(self) -> Dict[int, int]:
         totals: Dict[int, int] = {}
         for leg in self.legs:
-            totals[leg.rank] = totals.get(leg.rank, 0) + leg.saving_ns
+            totals[leg.rank] = totals.get(leg.rank, 0) + (leg.saving_ns if leg.syncs else 0)
         return totals
 
     def lateness_by_rank(self) -> Dict[int, int]:
@@ -182,7 +189,7 @@ class CriticalPath:
         totals: Dict[int, int] = {}
         for leg in self.legs:
             lengths = leg.lengths()
-            if len(lengths) < 2:
+            if len(lengths) < 2 or not leg.syncs:
                 continue
             ordered = sorted(lengths.values())
             for rank, length in lengths.items():
