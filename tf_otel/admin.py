@@ -15,6 +15,9 @@ Usage::
   picks the start (its current step + a margin) and broadcasts it, so every rank traces the same
   steps. ``GET /status`` -> the current op-tracing windows.
 - SIGUSR2 on any rank asks rank 0 the same (only installed when the program has no handler).
+
+The endpoint knows nothing of op tracing itself: ``tf_otel.instrument.ops`` hands it its request
+and status functions through :func:`connect` when it registers (so the two never import each other).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import signal
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import Any, Callable, Dict, Optional
 from urllib.parse import parse_qs, urlparse
 
 from tf_otel import config
@@ -37,6 +40,16 @@ from tf_otel.health import fail_open, log_once, logger
 MAX_STEPS = 10_000
 _server: Optional[ThreadingHTTPServer] = None
 _installed = False
+# set by tf_otel.instrument.ops.register(): ask every rank for K traced steps -> starts by key,
+# and the current windows for GET /status
+_request: Optional[Callable[[int], Dict[str, int]]] = None
+_status: Optional[Callable[[], Dict[str, Any]]] = None
+
+
+def connect(request: Callable[[int], Dict[str, int]], status: Callable[[], Dict[str, Any]]) -> None:
+    """Give the endpoint and the signal handler the op tracer's request and status functions."""
+    global _request, _status
+    _request, _status = request, status
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -73,9 +86,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._reply(400, {"error": f"steps={raw!r}: expected an integer 1-{MAX_STEPS}"})
             return
-        from tf_otel.instrument import ops
-
-        starts = ops.request(steps)
+        if _request is None:
+            self._reply(503, {"error": "op tracing is not registered in this process"})
+            return
+        starts = _request(steps)
         if not starts:
             self._reply(409, {"error": "no training step seen yet; try again once steps run"})
             return
@@ -88,10 +102,10 @@ class _Handler(BaseHTTPRequestHandler):
         if urlparse(self.path).path != "/status":
             self._reply(404, {"error": "GET /status or POST /ops?steps=K"})
             return
-        from tf_otel.instrument import ops
-
-        windows = {k: list(v) for k, v in ops.controller.windows.items()}
-        self._reply(200, {"every": ops.controller.every, "windows": windows})
+        if _status is None:
+            self._reply(503, {"error": "op tracing is not registered in this process"})
+            return
+        self._reply(200, _status())
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -134,9 +148,8 @@ def _on_signal(signum: int, frame: Any) -> None:
     # a signal handler runs on the main (training) thread: hand the request to a thread
     def ask() -> None:
         with fail_open("admin.signal"):
-            from tf_otel.instrument import ops
-
-            ops.request(config.current().ops_signal_steps or 10)
+            if _request is not None:
+                _request(config.current().ops_signal_steps or 10)
 
     threading.Thread(target=ask, name="tf_otel-ops-request", daemon=True).start()
 

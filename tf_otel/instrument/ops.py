@@ -115,6 +115,12 @@ def request(steps: int) -> Dict[str, int]:
     return starts
 
 
+def status() -> Dict[str, Any]:
+    """The admin endpoint's GET /status: the sampling period and the on-demand windows."""
+    windows = {k: list(v) for k, v in controller.windows.items()}
+    return {"every": controller.every, "windows": windows}
+
+
 def _on_window(message: Dict[str, Any]) -> None:
     controller.apply(dict(message.get("w") or {}), int(message.get("n") or 1))
 
@@ -299,4 +305,5 @@ def register() -> None:
     with fail_open("admin.start"):
         from tf_otel import admin
 
+        admin.connect(request, status)
         admin.install()

@@ -1,0 +1,124 @@
+"""The package's shape: no import cycle inside tf_otel/.
+
+The import graph is built from every module's syntax tree, module-level AND function-level
+imports (a deferred import still ties two modules together; it only hides the circle until run
+time). An edge goes to the module named, not to its parent packages' ``__init__``; a module's
+import of its own ancestor package (``from tf_otel import clock`` in ``tf_otel.clock.sync``) is
+not an edge either: Python runs a package's ``__init__`` before any module inside it, so that
+dependency is always there and a package's facade importing its own parts is no circle between
+rooms. A synthetic package with a known circle checks that the finder finds one.
+
+Run: ``.venv/bin/python -m pytest -p no:cacheprovider tests/test_architecture.py``
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tf_otel"
+
+
+def _modules(root: Path) -> Dict[str, Path]:
+    """Dotted module name -> file, for every .py under the package ``root``."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _resolve(name: str, modules: Dict[str, Path]) -> str:
+    """The innermost known module of a dotted name (``a.b.func`` -> ``a.b``); '' if outside."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def import_graph(root: Path) -> Dict[str, Set[str]]:
+    """Module -> the package's modules it imports anywhere in its body."""
+    modules = _modules(root)
+    graph: Dict[str, Set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets: List[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's own package, up level-1 more
+                    anchor = name.split(".")
+                    anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                    base = ".".join(anchor + ([base] if base else []))
+                # `from pkg import mod` imports pkg.mod when it is a module, else a name of pkg
+                targets = [f"{base}.{alias.name}" for alias in node.names] or [base]
+                targets = [t if t in modules else base for t in targets]
+            for target in targets:
+                found = _resolve(target, modules)
+                if found and found != name and not name.startswith(found + "."):
+                    graph[name].add(found)
+    return graph
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_in_tf_otel():
+    graph = import_graph(PACKAGE)
+    assert len(graph) > 50 and "tf_otel.instrument.ops" in graph  # the real package was read
+    assert "tf_otel.admin" in graph["tf_otel.instrument.ops"]  # function-level imports count
+    found = cycles(graph)
+    assert not found, "import cycles inside tf_otel/: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_finder_sees_a_function_level_cycle(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("def h():\n    from pkg.sub import b\n")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from pkg import sub\n\n\ndef f():\n    from .. import c\n")
+    (pkg / "c.py").write_text("import os\n\n\ndef g():\n    import pkg.a\n")
+    (pkg / "d.py").write_text("from pkg import a\nfrom .sub.b import f\n")  # into it, not in it
+    graph = import_graph(pkg)
+    assert graph["pkg.sub"] == {"pkg.sub.b"}  # a facade of its parts; b -> its package: no edge
+    assert graph["pkg.sub.b"] == {"pkg.c"} and graph["pkg.d"] == {"pkg.a", "pkg.sub.b"}
+    assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+    (pkg / "c.py").write_text("import os\n")  # control: the circle broken
+    assert cycles(import_graph(pkg)) == []
