@@ -20,6 +20,7 @@ SCRIPTS = {
     "steps-process": ["bench_steps.py"],
     "collectives": ["bench_collectives.py"],
     "real-model": ["bench_real_model.py"],
+    "arrivals": ["bench_arrivals.py"],
     "ops": ["bench_ops.py"],
     "clock": ["bench_clock.py"],
     "analysis": ["bench_analysis.py"],
