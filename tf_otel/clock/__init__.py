@@ -44,6 +44,10 @@ class ClockModel:
     def to_reference(self, local_ns: int) -> int:
         return local_ns + self.offset_at(local_ns)
 
+    def to_local(self, reference_ns: int) -> int:
+        """reference ns -> this rank's local clock (inverse of to_reference, one iteration)."""
+        return reference_ns - self.offset_at(reference_ns - self.offset_at(reference_ns))
+
 
 IDENTITY = ClockModel()
 _model = IDENTITY

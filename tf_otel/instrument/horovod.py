@@ -66,8 +66,7 @@ def _to_reference_ns_of_rank0() -> int:
 
 def _from_reference(ref_ns: int) -> int:
     """reference ns -> this rank's local clock (inverse of the clock model, one iteration)."""
-    model = clock.current_model()
-    return ref_ns - model.offset_at(ref_ns - model.offset_at(ref_ns))
+    return clock.current_model().to_local(ref_ns)
 
 
 class _Source:

@@ -280,13 +280,11 @@ class StampCollector:
             return
         rank = pipeline.topology.rank
         last = message.get("l") or {}
-        from tf_otel.instrument.horovod import _from_reference
-
         records = []
         prefix = f"{key}/{step}/"
         for tensor, (stamp, t0, t1, group) in mine.items():
             seen = last.get(tensor)
-            last_local = _from_reference(int(seen[0])) if seen else None
+            last_local = clock.current_model().to_local(int(seen[0])) if seen else None
             last_rank = int(seen[1]) if seen else None
             records.extend(
                 hs.records_for(
