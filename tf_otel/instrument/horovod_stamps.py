@@ -34,6 +34,7 @@ from tf_otel.health import count, fail_open, log_once
 MSG_ARRIVALS = "hvd.a"
 MSG_LAST = "hvd.l"
 _MAX_STEPS = 64
+_MAX_SLOTS = 20_000  # stamped ops over all traces (a function retraced without end stops here)
 _GATHER_WAIT_S = 5.0  # rank 0 answers with the ranks it has after this long
 _STALE_NS = 100_000  # float64 seconds round to ~0.2 µs; older stamps ran before this step
 
@@ -80,6 +81,9 @@ class StampCollector:
         def wrapped_op(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
             tf = sys.modules.get("tensorflow")
             if tf is None or not args or not self.enabled():
+                return wrapped(*args, **kwargs)
+            if len(self._slots) >= _MAX_SLOTS:
+                count("horovod_stamps_full")
                 return wrapped(*args, **kwargs)
             if tf.executing_eagerly():
                 return self._eager_call(tf, wrapped, args, kwargs, op, grouped)
