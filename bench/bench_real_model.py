@@ -102,6 +102,117 @@ def worker(model_name: str, batch: int, warmup: int, steps: int) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+# -- in-process A/B (--inprocess): paired blocks in one job, for the 1 % goals on a busy VM -----
+
+INPROCESS = ("untraced", "steps_only", "stamps_idle", "coll_every", "defaults")
+
+
+def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> None:
+    """One job, modes switched per block on every rank in the same rotated order: the same
+    processes, warm graph and machine load for all modes. Two step functions: one built without
+    collective stamps (untraced, steps_only), one with (the rest)."""
+    import tf_otel
+
+    tf_otel.instrument()
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+
+    from tf_otel import tracing
+    from tf_otel.instrument import horovod as hvd_hook
+    from tf_otel.instrument.horovod_stamps import collector
+
+    hvd.init()
+    cls, side, _, _ = MODELS[model_name]
+    model = getattr(tf.keras.applications, cls)(weights=None, input_shape=(side, side, 3))
+    optimizer = tf.keras.optimizers.SGD(0.01)
+    images = tf.random.uniform([batch, side, side, 3], seed=1)
+    labels = tf.random.uniform([batch, 1], minval=0, maxval=999, dtype=tf.int64, seed=2)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
+
+    def body() -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    plain, stamped = tf.function(body), tf.function(body)
+    enabled = collector.enabled
+    collector.enabled = lambda: False
+    for _ in range(3):
+        plain()
+    collector.enabled = enabled
+    for _ in range(3):
+        stamped()
+    assert hvd_hook.hook.mode == hvd_hook.STAMPS, hvd_hook.hook.mode
+    pipeline = tracing.get_pipeline()
+    times: Dict[str, List[int]] = {m: [] for m in INPROCESS}
+    for round_no in range(rounds):
+        shift = round_no % len(INPROCESS)
+        for mode in INPROCESS[shift:] + INPROCESS[:shift]:
+            sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
+            pipeline._sampler, pipeline._sample_fast = sampler, tracing._fast_root_decision(sampler)
+            collector.every = {"coll_every": 1, "defaults": 10}.get(mode, 0)
+            step = plain if mode in ("untraced", "steps_only") else stamped
+            for _ in range(block):
+                t0 = time.perf_counter_ns()
+                step().numpy()
+                times[mode].append(time.perf_counter_ns() - t0)
+    print("RESULT " + json.dumps({"rank": hvd.rank(), "times": times}), flush=True)
+
+
+def run_inprocess(args: argparse.Namespace) -> str:
+    venv = Path(sys.executable).parent
+    tmp = tempfile.mkdtemp(prefix="bench_real_ip_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
+    env.update(
+        PATH=f"{venv}{os.pathsep}{env.get('PATH', '')}",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        TF_USE_LEGACY_KERAS="1",
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OTEL_TRACES_EXPORTER="none",
+        TF_OTEL_FILE=os.path.join(tmp, "spans-{rank}.jsonl"),
+        TMPDIR=tmp,
+    )
+    lines = []
+    for model in args.models:
+        command = [str(venv / "horovodrun"), "-np", str(args.np), "-H", f"localhost:{args.np}"]
+        command += ["--gloo", sys.executable, __file__, "--worker", "--inprocess"]
+        command += [f"--model={model}", f"--batch={args.batch}", f"--rounds={args.rounds}"]
+        command += [f"--block={args.block}"]
+        load = os.getloadavg()[0]
+        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+        results = [
+            json.loads(line.split("RESULT ", 1)[1])
+            for line in out.stdout.splitlines()
+            if "RESULT " in line
+        ]
+        if len(results) != args.np:
+            print(f"{model}: failed rc={out.returncode}\n{out.stderr[-3000:]}", flush=True)
+            continue
+        spans = _span_categories(Path(tmp))
+        lines.append(
+            f"\n{model}: one job, {args.rounds} rounds x {args.block} steps per mode, rotated; "
+            f"load average {load:.1f}; spans written {dict(spans)}\n"
+        )
+        lines.append("| rank | " + " | ".join(INPROCESS) + " |")
+        lines.append("|---|" + "---|" * len(INPROCESS))
+        for r in sorted(results, key=lambda r: r["rank"]):
+            base = statistics.median(r["times"]["untraced"])
+            cells = [f"{base / statistics.median(r['times'][m]):.3f}×" for m in INPROCESS]
+            lines.append(f"| {r['rank']} | " + " | ".join(cells) + " |")
+    shutil.rmtree(tmp, ignore_errors=True)
+    head = (
+        "In-process A/B: throughput vs untraced (median step time ratio; untraced = the same "
+        "step function built without stamps, steps not sampled; stamps_idle = stamped graph, "
+        "sampled, no detail; defaults = detail 1 step in 10)"
+    )
+    return head + "\n" + "\n".join(lines)
+
+
 # -- driver -----------------------------------------------------------------------------------
 
 
@@ -231,13 +342,16 @@ def summarise(rows: List[dict], args: argparse.Namespace, loads: List[float]) ->
 def write_doc(table: str, args: argparse.Namespace) -> None:
     command = " ".join(["bench/bench_real_model.py"] + sys.argv[1:])
     doc = Path(args.doc)
-    intro = doc.read_text().split("<!-- table -->")[0] if doc.exists() else _DOC_INTRO
+    old = doc.read_text() if doc.exists() else _DOC_INTRO
+    intro = old.split("<!-- table -->")[0]
+    kept = old.split("<!-- inprocess -->", 1)[1] if "<!-- inprocess -->" in old else ""
     doc.write_text(
         intro
         + "<!-- table -->\n"
         + f"Last run: {time.strftime('%Y-%m-%d %H:%M')} UTC, `{command}`\n\n"
         + table
         + "\n"
+        + (f"\n<!-- inprocess -->{kept}" if kept else "")
     )
 
 
@@ -261,9 +375,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="fewer timed steps per run")
     parser.add_argument("--np", type=int, default=2, help="ranks")
+    parser.add_argument("--inprocess", action="store_true", help="paired blocks in one job")
+    parser.add_argument("--block", type=int, default=8, help="--inprocess: steps per block")
     parser.add_argument("--doc", default=str(DOC), help="the md file to write")
     parser.add_argument("--no-doc", action="store_true", help="do not write the md file")
     args = parser.parse_args()
+    if args.worker and args.inprocess:
+        worker_inprocess(args.model, args.batch, args.rounds, args.block)
+        return
     if args.worker:
         worker(args.model, args.batch, args.warmup, args.steps)
         return
@@ -272,6 +391,15 @@ def main() -> None:
     bad = [m for m in args.models if m not in MODELS] + [m for m in args.modes if m not in MODES]
     if bad:
         sys.exit(f"unknown model/mode {bad}; models {list(MODELS)}, modes {list(MODES)}")
+    if args.inprocess:
+        table = run_inprocess(args)
+        print(table)
+        if not args.no_doc:
+            doc = Path(args.doc)
+            text = doc.read_text() if doc.exists() else _DOC_INTRO + "<!-- table -->\n"
+            marker = "<!-- inprocess -->"
+            doc.write_text(text.split(marker)[0].rstrip() + f"\n\n{marker}\n{table}\n")
+        return
     rows, loads = [], []
     for round_no in range(args.rounds):
         shift = round_no % len(args.modes)
