@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, List, Optional
 
+from tf_otel import cli_args
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.gc_pause import paused_gc
 
@@ -35,20 +36,21 @@ def parse_time_ns(text: Optional[str]) -> Optional[int]:
     if text is None:
         return None
     value = text.strip()
-    match = _RELATIVE.match(value)
-    if match:
-        return time.time_ns() - int(float(match.group(1)) * _UNIT_S[match.group(2)] * 1e9)
+    bad = AnalysisError(
+        f"bad time {text!r} (epoch seconds, ISO 8601, or a lookback like 30m, 2h, 1d)"
+    )
     try:
-        return int(float(value) * 1e9)
-    except ValueError:
-        pass
-    try:
+        match = _RELATIVE.match(value)
+        if match:
+            return time.time_ns() - int(float(match.group(1)) * _UNIT_S[match.group(2)] * 1e9)
+        try:
+            return int(float(value) * 1e9)
+        except ValueError:
+            pass
         parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise AnalysisError(
-            f"bad time {text!r} (epoch seconds, ISO 8601, or a lookback like 30m, 2h, 1d)"
-        ) from None
-    return int(parsed.timestamp() * 1e9)
+        return int(parsed.timestamp() * 1e9)
+    except (ValueError, OverflowError, OSError):  # not a time; inf / nan; beyond the calendar
+        raise bad from None
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -73,7 +75,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="ID",
         help="fetch these traces from the backend instead of searching",
     )
-    source.add_argument("--limit", type=int, default=10000, help="backend search limit")
+    source.add_argument(
+        "--limit", type=cli_args.positive_int, default=10000, help="backend search limit"
+    )
     source.add_argument(
         "--progress",
         action="store_true",
@@ -88,14 +92,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     tuning = parser.add_argument_group("straggler threshold")
     tuning.add_argument(
         "--straggler-min-share",
-        type=float,
+        type=cli_args.share,
         default=0.0,
         help="besides beating the run's own noise (learned from the run), the excess must be "
         "at least this share of the step (0: off)",
     )
     tuning.add_argument(
         "--straggler-min-ms",
-        type=float,
+        type=cli_args.non_negative_float,
         default=1.0,
         help="and at least this many ms (1.0; the floor when the run shows no noise)",
     )
@@ -104,12 +108,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     output.add_argument(
         "--with-path", action="store_true", help="json: include every step's critical path segments"
     )
-    output.add_argument("--max-steps", type=int, default=15, help="table: step rows shown")
+    output.add_argument(
+        "--max-steps", type=cli_args.non_negative_int, default=15, help="table: step rows shown"
+    )
     output.add_argument("--html", metavar="FILE", help="write an HTML report with swimlanes")
     output.add_argument("--png", metavar="DIR", help="write swimlane PNGs (needs matplotlib)")
     output.add_argument(
         "--max-pictures",
-        type=int,
+        type=cli_args.non_negative_int,
         default=20,
         help="html/png: steps drawn (outliers, stragglers, slowest first)",
     )

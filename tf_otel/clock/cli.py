@@ -19,6 +19,7 @@ import json
 import sys
 from typing import Any, Dict, List
 
+from tf_otel import cli_args
 from tf_otel.clock.sync import ClockSync
 from tf_otel.config import Settings
 from tf_otel.topology import detect
@@ -28,16 +29,24 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "clock-check", help="measure every rank's clock offset against rank 0", description=__doc__
     )
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per rank (default 5)")
-    parser.add_argument("--exchanges", type=int, default=64, help="ping-pongs per round")
-    parser.add_argument("--interval", type=float, default=0.1, help="seconds between rounds")
+    parser.add_argument(
+        "--rounds", type=cli_args.positive_int, default=5, help="rounds per rank (default 5)"
+    )
+    parser.add_argument(
+        "--exchanges", type=cli_args.positive_int, default=64, help="ping-pongs per round"
+    )
+    parser.add_argument(
+        "--interval", type=cli_args.non_negative_float, default=0.1, help="seconds between rounds"
+    )
     parser.add_argument(
         "--transport",
         choices=("auto", "tcp", "mpi"),
         default="auto",
         help="default: mpi under an MPI launcher when mpi4py is installed, else tcp",
     )
-    parser.add_argument("--timeout", type=float, default=60.0, help="give up after (s)")
+    parser.add_argument(
+        "--timeout", type=cli_args.positive_float, default=60.0, help="give up after (s)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)
 
