@@ -14,7 +14,7 @@ import sys
 from typing import List, Optional
 
 # Each module exposes add_parser(subparsers) and sets a ``func`` default taking the parsed args.
-_COMMAND_MODULES = ("tf_otel.analysis.cli", "tf_otel.clock.cli")
+_COMMAND_MODULES = ("tf_otel.analysis.cli", "tf_otel.analysis.export.cli", "tf_otel.clock.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

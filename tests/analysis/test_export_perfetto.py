@@ -1,0 +1,351 @@
+"""`tf-otel export`: steps as a Chrome trace that Perfetto loads — one process per rank, a slice per
+span with the span's duration, collectives as flows between ranks, selection and bad input.
+
+The file is read the way Perfetto's trace processor reads it (PyPI ``perfetto``). Its
+``trace_processor_shell`` binary is downloaded on first use from Google's storage, which this
+machine cannot reach and no package registry ships; where no binary can be had
+(``TRACE_PROCESSOR_SHELL`` names one), the same tables come from ``import_like_perfetto`` below:
+the rules of Perfetto's JSON importer (src/trace_processor/importers/json) that the export relies
+on — ``ts``/``dur`` in µs to ns as ``int(x * 1000.0)``, complete events nested per thread, v2 flows
+bound only when their ``flow_out`` slice comes first — checked strictly (a violation fails).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+from analysis_builders import JobBuilder
+
+from tf_otel.cli import main as tf_otel_main
+
+# ---------------------------------------------------------------------------- the trace tables
+
+
+def _trace_processor_binary():
+    found = os.environ.get("TRACE_PROCESSOR_SHELL") or shutil.which("trace_processor_shell")
+    if found:
+        return found
+    cache = Path.home() / ".local/share/perfetto/prebuilts"
+    cached = sorted(cache.glob("trace_processor_shell*")) if cache.is_dir() else []
+    return str(cached[0]) if cached and not cached[0].name.endswith(".tmp") else None
+
+
+def _tables_from_trace_processor(path: Path, binary: str) -> Dict[str, Any]:
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    tp = TraceProcessor(trace=str(path), config=TraceProcessorConfig(bin_path=binary))
+    try:
+        processes = {
+            r.pid: r.name for r in tp.query("select pid, name from process where name is not null")
+        }
+        slices = [
+            (r.pid, r.name, r.ts, r.dur, r.span_id)
+            for r in tp.query(
+                "select p.pid as pid, s.name as name, s.ts as ts, s.dur as dur, "
+                "extract_arg(s.arg_set_id, 'args.span_id') as span_id from slice s "
+                "join thread_track tt on s.track_id = tt.id join thread using (utid) "
+                "join process p using (upid)"
+            )
+        ]
+        flows = [
+            (r.out_pid, r.in_pid)
+            for r in tp.query(
+                "select po.pid as out_pid, pi.pid as in_pid from flow f "
+                "join slice so on f.slice_out = so.id "
+                "join thread_track to2 on so.track_id = to2.id "
+                "join thread tho on to2.utid = tho.utid join process po on tho.upid = po.upid "
+                "join slice si on f.slice_in = si.id "
+                "join thread_track ti on si.track_id = ti.id "
+                "join thread thi on ti.utid = thi.utid join process pi on thi.upid = pi.upid"
+            )
+        ]
+        errors = [
+            f"{r.name}={r.value}"
+            for r in tp.query(
+                "select name, value from stats where value > 0 and "
+                "(name like '%flow%' or name like '%misplaced%' or name like '%json%' "
+                "or name like 'slice_%')"
+            )
+        ]
+    finally:
+        tp.close()
+    return {"processes": processes, "slices": slices, "flows": flows, "errors": errors}
+
+
+def _ns(value: Any) -> int:
+    return int(value * 1000.0) if isinstance(value, float) else int(value) * 1000
+
+
+def import_like_perfetto(document: Dict[str, Any]) -> Dict[str, Any]:
+    """Perfetto's JSON import rules, strictly: every problem it would count is an error here."""
+    errors: List[str] = []
+    processes: Dict[int, str] = {}
+    thread_pid: Dict[int, int] = {}
+    events = document["traceEvents"]
+    for event in events:
+        assert event["ph"] in ("X", "M"), event
+        for key in ("pid", "ph", "name"):
+            assert key in event, event
+        if event["ph"] == "M":
+            assert event["name"] in (
+                "process_name",
+                "process_sort_index",
+                "thread_name",
+                "thread_sort_index",
+            ), event
+            if event["name"] == "process_name":
+                processes[event["pid"]] = event["args"]["name"]
+            if "tid" in event:  # Perfetto names threads by tid alone: tids must be unique
+                assert thread_pid.setdefault(event["tid"], event["pid"]) == event["pid"]
+    slices = []
+    stacks: Dict[Tuple[int, int], List[int]] = defaultdict(list)
+    flow_out: Dict[int, int] = {}
+    flows = []
+    timed = [e for e in events if e["ph"] == "X"]
+    timed.sort(key=lambda e: _ns(e["ts"]))  # the sorter: by ts, stable
+    for event in timed:
+        assert isinstance(event["ts"], (int, float)) and isinstance(event["dur"], (int, float))
+        assert event["dur"] >= 0 and isinstance(event["tid"], int), event
+        assert thread_pid.get(event["tid"], event["pid"]) == event["pid"]
+        start = _ns(event["ts"])
+        end = start + _ns(event["dur"])
+        stack = stacks[(event["pid"], event["tid"])]
+        while stack and stack[-1] <= start:
+            stack.pop()
+        if stack and end > stack[-1]:
+            errors.append(f"misplaced slice {event['name']} on tid {event['tid']}")
+        stack.append(end)
+        slices.append((event["pid"], event["name"], start, end - start, event["args"]["span_id"]))
+        if "bind_id" in event:
+            if event.get("flow_out"):
+                flow_out[event["bind_id"]] = event["pid"]
+            elif event.get("flow_in"):
+                if event["bind_id"] not in flow_out:
+                    errors.append(f"flow_end_without_start {event['bind_id']}")
+                else:
+                    flows.append((flow_out[event["bind_id"]], event["pid"]))
+            else:
+                errors.append("flow_without_direction")
+    return {"processes": processes, "slices": slices, "flows": flows, "errors": errors}
+
+
+def trace_tables(path: Path) -> Dict[str, Any]:
+    binary = _trace_processor_binary()
+    if binary:
+        return _tables_from_trace_processor(path, binary)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        return import_like_perfetto(json.load(handle))
+
+
+# ------------------------------------------------------------------------------- the builders
+
+
+def collective_job(steps=(0, 1, 2, 3), world: int = 3) -> JobBuilder:
+    """Each step: rank r computes (two ops overlapping without nesting on rank 0), waits for its
+    input, then one allreduce per tensor that the last rank (r = world-1) joins last."""
+    job = JobBuilder("job-export", world_size=world)
+    for n in steps:
+        step = job.step(n)
+        base = n * 100.0
+        for rank in range(world):
+            step.rank(rank, base, base + 50 + 5 * n)
+            step.span(rank, "input", "IteratorGetNext", base + 0.5, base + 2.25)
+            step.span(rank, "compute", "matmul", base + 3, base + 10.123456)
+            if rank == 0:  # overlaps matmul without nesting: a second compute lane
+                step.span(rank, "compute", "conv", base + 8, base + 12)
+            arrival = base + 12 + 4 * rank
+            for tensor in ("grad0", "grad1"):
+                offset = 0.0 if tensor == "grad0" else 20.0
+                step.collective(
+                    rank,
+                    f"{n}/{tensor}",
+                    arrival + offset,
+                    base + 30 + offset,
+                    wait_end=base + 24.5 + offset,
+                    **{
+                        "horovod.tensor": tensor,
+                        "horovod.last_arrival": rank == world - 1,
+                        "http.request.header.authorization": "Bearer do-not-export",
+                    },
+                )
+    return job
+
+
+def export(*args: str) -> int:
+    return tf_otel_main(["export", *args])
+
+
+def built_spans(job: JobBuilder) -> Dict[str, Any]:
+    return {span.span_id: span for step in job.steps for span in step.all_spans()}
+
+
+# ------------------------------------------------------------------------------- unit tests
+
+
+def test_every_rank_is_a_process_every_span_a_slice_of_its_duration(tmp_path, capsys):
+    job = collective_job()
+    job.write_otlp(tmp_path / "spans.jsonl")
+    out = tmp_path / "trace.json"
+    assert export(str(tmp_path / "spans.jsonl"), "-o", str(out)) == 0
+    tables = trace_tables(out)
+    assert tables["errors"] == []
+    ranks = {pid: name for pid, name in tables["processes"].items() if name.startswith("rank ")}
+    assert sorted(ranks.values()) == [f"rank {r} @ host{r}" for r in range(3)]
+    expected = built_spans(job)
+    by_id = {row[4]: row for row in tables["slices"]}
+    assert set(by_id) == set(expected)  # every span once, nothing else
+    for span_id, span in expected.items():
+        pid, name, ts, dur, _ = by_id[span_id]
+        assert name == span.name
+        assert abs(ts - span.start_ns) <= 1000 and abs(dur - (span.end_ns - span.start_ns)) <= 1
+        if span.rank is not None and span.attributes["tf_otel.category"] != "step.root":
+            assert tables["processes"][pid] == f"rank {span.rank} @ host{span.rank}"
+    # per step and tensor, the last rank's allreduce links to each other rank: 2 per collective
+    assert len(tables["flows"]) == 4 * 2 * 2
+    pid_rank = {pid: int(name.split()[1]) for pid, name in ranks.items()}
+    for out_pid, in_pid in tables["flows"]:
+        assert pid_rank[out_pid] == 2 and pid_rank[in_pid] in (0, 1)
+    assert "16 collective flows" in capsys.readouterr().err
+
+
+def test_tracks_per_category_lanes_for_overlaps_args_without_secrets(tmp_path):
+    job = collective_job(steps=(0,))
+    job.write_otlp(tmp_path / "spans.jsonl")
+    out = tmp_path / "trace.json"
+    assert export(str(tmp_path), "-o", str(out)) == 0
+    document = json.loads(out.read_text())
+    threads = {
+        (e["pid"], e["args"]["name"])
+        for e in document["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    rank0 = {name for pid, name in threads if pid == 1}
+    assert rank0 == {
+        "step",
+        "input",
+        "compute (ops)",
+        "compute (ops) 2",  # conv overlaps matmul without nesting
+        "collectives",
+        "collective wait",
+        "collective transfer",
+    }
+    slices = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    collectives = [e for e in slices if e["cat"] == "collective"]
+    assert collectives
+    assert all(e["args"]["horovod.tensor"] in ("grad0", "grad1") for e in collectives)
+    assert not any("authorization" in key for e in slices for key in e["args"])
+    assert "do-not-export" not in out.read_text()
+
+
+def _exported_steps(path: Path) -> List[int]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        document = json.load(handle)
+    return sorted(
+        {e["args"]["tf_otel.step"] for e in document["traceEvents"] if e.get("cat") == "step.root"}
+    )
+
+
+def test_step_selection_list_slowest_and_the_default_bound(tmp_path, capsys):
+    job = collective_job(steps=range(8))
+    job.write_otlp(tmp_path / "spans.jsonl")
+    src = str(tmp_path / "spans.jsonl")
+    assert export(src, "--steps", "1,3-4,6:6", "-o", str(tmp_path / "a.json")) == 0
+    assert _exported_steps(tmp_path / "a.json") == [1, 3, 4, 6]
+    assert export(src, "--slowest", "2", "-o", str(tmp_path / "b.json.gz")) == 0
+    assert (tmp_path / "b.json.gz").read_bytes()[:2] == b"\x1f\x8b"
+    assert _exported_steps(tmp_path / "b.json.gz") == [6, 7]  # step n lasts 50 + 5n ms
+    assert trace_tables(tmp_path / "b.json.gz")["errors"] == []
+    capsys.readouterr()
+    assert export(src, "--max-steps", "3", "-o", str(tmp_path / "c.json")) == 0
+    assert _exported_steps(tmp_path / "c.json") == [0, 1, 2]
+    assert "8 steps selected; writing the first 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--steps", "3,x"], "'x'"),
+        (["--steps", "5-2"], "'5-2'"),
+        (["--steps", "3,,4"], "'3,,4'"),
+        (["--steps", "40-50"], "'40-50'"),
+        (["--slowest", "0"], "--slowest 0"),
+        (["--max-steps", "-1"], "--max-steps -1"),
+        (["--since", "yesterday"], "'yesterday'"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line_naming_them(tmp_path, capsys, args, named):
+    collective_job(steps=(0, 1)).write_otlp(tmp_path / "spans.jsonl")
+    out = tmp_path / "trace.json"
+    assert export(str(tmp_path / "spans.jsonl"), *args, "-o", str(out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0] and "Traceback" not in err[0], err
+    assert not out.exists()
+
+
+def test_bad_sources_exit_2(tmp_path, capsys):
+    assert export(str(tmp_path / "missing"), "-o", str(tmp_path / "t.json")) == 2
+    assert "missing" in capsys.readouterr().err
+    collective_job(steps=(0,)).write_otlp(tmp_path / "spans.jsonl")
+    assert export(str(tmp_path / "spans.jsonl"), "-o", str(tmp_path / "no" / "t.json")) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+def test_a_jaeger_download_exports_the_same_slices(tmp_path):
+    job = collective_job(steps=(0, 1))
+    (tmp_path / "jaeger.json").write_text(json.dumps({"data": job.jaeger_traces()}))
+    out = tmp_path / "trace.json"
+    assert export(str(tmp_path / "jaeger.json"), "-o", str(out)) == 0
+    tables = trace_tables(out)
+    assert tables["errors"] == [] and len(tables["flows"]) == 2 * 2 * 2
+    assert {row[4] for row in tables["slices"]} == set(built_spans(job))
+
+
+# ------------------------------------------------------------------------------ a real run
+
+
+@pytest.mark.integration
+def test_a_real_horovod_run_exports_ranks_slices_and_collective_flows(tmp_path):
+    from conftest import base_env, horovodrun
+
+    from tf_otel.analysis.load.files import load_paths
+
+    env = base_env(
+        TF_OTEL_ENABLED="1",
+        TF_OTEL_FILE=str(tmp_path / "spans-{rank}.jsonl"),
+        OTEL_SERVICE_NAME="export-real",
+        OTEL_TRACES_EXPORTER="none",
+        TF_OTEL_HOROVOD_EVERY="1",  # collective detail on every step
+        STEPS="4",
+    )
+    horovodrun("horovod_tape.py", env, backend="gloo")
+    out = tmp_path / "trace.json.gz"
+    assert export(str(tmp_path), "-o", str(out)) == 0
+    tables = trace_tables(out)
+    assert tables["errors"] == []
+    ranks = {pid: name for pid, name in tables["processes"].items() if name.startswith("rank ")}
+    assert sorted(name.split(" @ ")[0] for name in ranks.values()) == ["rank 0", "rank 1"]
+    spans = {s.span_id: s for s in load_paths([str(tmp_path)], workers=1) if s.category != "job"}
+    by_id = {row[4]: row for row in tables["slices"]}
+    assert set(by_id) == set(spans)
+    per_rank: Dict[int, int] = defaultdict(int)
+    for span_id, span in spans.items():
+        pid, _, ts, dur, _ = by_id[span_id]
+        assert abs(ts - span.start_ns) <= 1000 and abs(dur - span.duration_ns) <= 1
+        if span.category != "step.root":
+            assert ranks[pid].startswith(f"rank {span.rank} @ ")
+            per_rank[span.rank] += 1
+    assert set(per_rank) == {0, 1}
+    collectives = [s for s in spans.values() if s.category == "collective"]
+    assert collectives, "the run recorded no collective spans"
+    crossing = [(o, i) for o, i in tables["flows"] if o != i]
+    assert crossing, "no flow between ranks"
+    assert all(o in ranks and i in ranks for o, i in crossing)

@@ -1,0 +1,296 @@
+"""Steps as a Chrome trace-event document (the JSON that ui.perfetto.dev and chrome://tracing open).
+
+Usage::
+
+    document, stats = build_trace(steps, attributes)   # steps: ``steps.StepTrace``s
+    json.dump(document, handle)
+
+Layout: every rank is a process ("rank N @ host", sorted by rank) with one thread (track) per
+span category — step, input, compute (ops), collectives, collective wait, collective transfer,
+transfers, NCCL / GPU kernels, other — and the step roots (one slice per step across all
+ranks) are a process of their own on top. Spans are complete events (``ph: X``) at their
+clock-corrected times as stored; ``ts``/``dur`` are microseconds with three decimals (ns).
+
+A track only holds properly nested slices (the viewers drop or mis-nest the rest), so spans of
+one category that overlap without nesting (ops of parallel inter-op threads, kernels on several
+streams) go to extra lanes of that category ("compute (ops) 2", ...). Nesting is checked on the
+nanoseconds Perfetto will compute from the written numbers (``int(ts * 1000.0)``), so rounding
+cannot break it.
+
+Collectives are v2 flows (``bind_id``, ``flow_out`` / ``flow_in`` on the slices themselves, no
+timestamps to misplace): one collective instance — the same ``tf_otel.collective.key`` (else
+the tensor name and its occurrence) in one step on several ranks — is linked from the rank
+that arrived last (``horovod.last_arrival``, else the latest start) to each other rank's
+transfer (else wait, else the collective itself). A viewer binds a flow only when its source
+comes first, so a destination that starts before the source after clock correction gets no
+arrow (counted in ``flows_skipped``).
+
+Arguments (``args``) are the span's attributes and its ids, less keys that look like secrets
+(tf_otel never records tensor values, but other instrumentations' spans may carry headers).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from tf_otel.analysis.model import ATTR_LAST_ARRIVAL, Span
+from tf_otel.analysis.steps import StepTrace
+from tf_otel.record import (
+    ATTR_COLLECTIVE_KEY,
+    COLLECTIVE,
+    COLLECTIVE_TRANSFER,
+    COLLECTIVE_WAIT,
+    COMPUTE,
+    INPUT,
+    JOB,
+    KERNEL,
+    STEP,
+    STEP_ROOT,
+    TRANSFER,
+)
+
+ATTR_HOST = "host.name"
+ATTR_TENSOR = "horovod.tensor"
+# (track index, track name) per category; everything else is "other"
+TRACKS: Dict[str, Tuple[int, str]] = {
+    STEP: (0, "step"),
+    INPUT: (1, "input"),
+    COMPUTE: (2, "compute (ops)"),
+    COLLECTIVE: (3, "collectives"),
+    COLLECTIVE_WAIT: (4, "collective wait"),
+    COLLECTIVE_TRANSFER: (5, "collective transfer"),
+    TRANSFER: (6, "transfers"),
+    KERNEL: (7, "nccl / gpu kernels"),
+}
+OTHER_TRACK = (8, "other")
+ROOT_PID = 1_000_000  # the "all ranks" process; ranks are pid rank + 1 (pid 0 is the idle task)
+_LANE_STRIDE = 1000  # tid = pid * 100000 + track * 1000 + lane: unique across processes
+_SENSITIVE = re.compile(
+    r"passw|secret|token|credential|authori[sz]ation|cookie|api[_.-]?key|private[_.-]?key",
+    re.IGNORECASE,
+)
+
+
+def is_sensitive(key: str) -> bool:
+    return bool(_SENSITIVE.search(key))
+
+
+def _us(ns: int) -> float:
+    """Nanoseconds as microseconds (the trace-event unit); repr keeps every digit it can."""
+    return ns / 1000
+
+
+def perfetto_ns(start_ns: int, end_ns: int) -> Tuple[int, int]:
+    """The (start, end) in ns that Perfetto computes from the written ``ts``/``dur``."""
+    start = int(_us(start_ns) * 1000.0)
+    return start, start + int(_us(end_ns - start_ns) * 1000.0)
+
+
+@dataclass
+class ExportStats:
+    steps: int = 0
+    ranks: int = 0
+    slices: int = 0
+    flows: int = 0
+    flows_skipped: int = 0
+    unranked: int = 0
+    lanes: Dict[Tuple[int, str], int] = field(default_factory=dict)  # (rank, track) -> lanes
+
+
+class _Lanes:
+    """Lanes of one track: each a stack of open (start, end), properly nested."""
+
+    def __init__(self) -> None:
+        self.stacks: List[List[Tuple[int, int]]] = []
+
+    def place(self, start: int, end: int) -> int:
+        for lane, stack in enumerate(self.stacks):
+            while stack and stack[-1][1] <= start:
+                stack.pop()
+            # strictly inside: a same-start pair's order would be up to the viewer's sort
+            if not stack or (stack[-1][0] < start and stack[-1][1] >= end):
+                stack.append((start, end))
+                return lane
+        self.stacks.append([(start, end)])
+        return len(self.stacks) - 1
+
+
+def _metadata(name: str, pid: int, tid: Optional[int], value: Any) -> Dict[str, Any]:
+    event: Dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "args": {}}
+    if tid is not None:
+        event["tid"] = tid
+    key = "sort_index" if name.endswith("sort_index") else "name"
+    event["args"][key] = value
+    return event
+
+
+def _args(span: Span, attributes: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    source = attributes if attributes is not None else span.attributes
+    args = {key: value for key, value in source.items() if not is_sensitive(key)}
+    args["trace_id"] = span.trace_id
+    args["span_id"] = span.span_id
+    if span.parent_id:
+        args["parent_span_id"] = span.parent_id
+    return args
+
+
+def _collective_groups(step: StepTrace, attrs: Dict[Tuple[str, str], Dict[str, Any]]):
+    """One collective instance's spans (one per rank) per key, and each span's children."""
+    children: Dict[str, List[Span]] = defaultdict(list)
+    per_rank: Dict[int, List[Span]] = defaultdict(list)
+    for span in step.spans:
+        if span.category in (COLLECTIVE_WAIT, COLLECTIVE_TRANSFER) and span.parent_id:
+            children[span.parent_id].append(span)
+        elif span.category == COLLECTIVE and span.rank is not None:
+            per_rank[span.rank].append(span)
+    groups: Dict[str, Dict[int, Span]] = defaultdict(dict)
+    for rank, spans in per_rank.items():
+        seen: Dict[str, int] = defaultdict(int)
+        for span in sorted(spans, key=lambda s: (s.start_ns, s.span_id)):
+            key = span.attributes.get(ATTR_COLLECTIVE_KEY)
+            if key is None:  # no join key: the tensor name and its occurrence in the step
+                full = attrs.get((span.trace_id, span.span_id)) or span.attributes
+                tensor = str(full.get(ATTR_TENSOR) or span.name)
+                key = f"{tensor}#{seen[tensor]}"
+                seen[tensor] += 1
+            groups[str(key)].setdefault(rank, span)
+    return groups, children
+
+
+def _plan_flows(
+    steps: Sequence[StepTrace],
+    attrs: Dict[Tuple[str, str], Dict[str, Any]],
+    stats: ExportStats,
+) -> Dict[str, Tuple[int, str]]:
+    """span id -> (flow id, "out" | "in") for the slices that carry a flow."""
+    bindings: Dict[str, Tuple[int, str]] = {}
+    next_id = 1
+    for step in steps:
+        groups, children = _collective_groups(step, attrs)
+        for key in sorted(groups):
+            by_rank = groups[key]
+            if len(by_rank) < 2:
+                continue
+            marked = [s for s in by_rank.values() if s.attributes.get(ATTR_LAST_ARRIVAL) is True]
+            if marked:
+                source = marked[0]
+            else:
+                source = max(by_rank.values(), key=lambda s: (s.start_ns, -(s.rank or 0)))
+            if source.span_id in bindings:
+                continue
+            source_start = perfetto_ns(source.start_ns, source.end_ns)[0]
+            linked = 0
+            for rank in sorted(by_rank):
+                span = by_rank[rank]
+                if span is source:
+                    continue
+                kids = children.get(span.span_id, [])
+                candidates = (
+                    sorted(
+                        [k for k in kids if k.category == COLLECTIVE_TRANSFER],
+                        key=lambda s: s.start_ns,
+                    )
+                    + [k for k in kids if k.category == COLLECTIVE_WAIT]
+                    + [span]
+                )
+                target = next(
+                    (
+                        c
+                        for c in candidates
+                        if c.span_id not in bindings
+                        and perfetto_ns(c.start_ns, c.end_ns)[0] > source_start
+                    ),
+                    None,
+                )
+                if target is None:
+                    stats.flows_skipped += 1
+                    continue
+                bindings[target.span_id] = (next_id, "in")
+                linked += 1
+            if linked:
+                bindings[source.span_id] = (next_id, "out")
+                stats.flows += linked
+                next_id += 1
+    return bindings
+
+
+def _track(category: str) -> Tuple[int, str]:
+    return TRACKS.get(category, OTHER_TRACK)
+
+
+def build_trace(
+    steps: Sequence[StepTrace],
+    attributes: Optional[Dict[Tuple[str, str], Dict[str, Any]]] = None,
+    other_data: Optional[Dict[str, Any]] = None,
+) -> Tuple[Dict[str, Any], ExportStats]:
+    """The trace-event document of ``steps``; ``attributes``: every attribute by (trace, span)
+    id where the loader kept only some (``attributes.full_attributes``)."""
+    attrs = attributes or {}
+    stats = ExportStats(steps=len(steps))
+    bindings = _plan_flows(steps, attrs, stats)
+    hosts: Dict[int, str] = {}
+    placed: List[Tuple[int, int, int, int, Span]] = []  # (start, -end, pid, tid, span)
+    spans: List[Span] = []
+    for step in steps:
+        for span in step.spans:
+            if span.category == JOB:
+                continue
+            if span.category != STEP_ROOT and span.rank is None:
+                stats.unranked += 1
+                continue
+            spans.append(span)
+            if span.rank is not None and span.category != STEP_ROOT and span.rank not in hosts:
+                hosts[span.rank] = str(span.resource.get(ATTR_HOST) or "?")
+    spans.sort(key=lambda s: (s.start_ns, -s.end_ns, s.span_id))
+    lanes: Dict[Tuple[int, int], _Lanes] = defaultdict(_Lanes)
+    threads: Dict[int, Tuple[int, str, int]] = {}  # tid -> (pid, name, sort index)
+    for span in spans:
+        if span.category == STEP_ROOT:
+            pid, (track, track_name) = ROOT_PID, (0, "steps (all ranks)")
+        else:
+            pid, (track, track_name) = span.rank + 1, _track(span.category)  # type: ignore[operator]
+        start, end = perfetto_ns(span.start_ns, span.end_ns)
+        lane = lanes[(pid, track)].place(start, end)
+        tid = pid * 100 * _LANE_STRIDE + track * _LANE_STRIDE + lane
+        if tid not in threads:
+            name = track_name if lane == 0 else f"{track_name} {lane + 1}"
+            threads[tid] = (pid, name, track * _LANE_STRIDE + lane)
+        placed.append((start, -end, pid, tid, span))
+    events: List[Dict[str, Any]] = []
+    if any(pid == ROOT_PID for _, _, pid, _, _ in placed):
+        events.append(_metadata("process_name", ROOT_PID, None, "all ranks (step roots)"))
+        events.append(_metadata("process_sort_index", ROOT_PID, None, -1))
+    for rank in sorted(hosts):
+        events.append(_metadata("process_name", rank + 1, None, f"rank {rank} @ {hosts[rank]}"))
+        events.append(_metadata("process_sort_index", rank + 1, None, rank))
+    for tid, (pid, name, order) in sorted(threads.items()):
+        events.append(_metadata("thread_name", pid, tid, name))
+        events.append(_metadata("thread_sort_index", pid, tid, order))
+    for _, _, pid, tid, span in placed:
+        event: Dict[str, Any] = {
+            "ph": "X",
+            "name": span.name or span.category or "span",
+            "cat": span.category or "other",
+            "pid": pid,
+            "tid": tid,
+            "ts": _us(span.start_ns),
+            "dur": _us(span.end_ns - span.start_ns),
+            "args": _args(span, attrs.get((span.trace_id, span.span_id))),
+        }
+        binding = bindings.get(span.span_id)
+        if binding is not None:
+            event["bind_id"] = binding[0]
+            event["flow_out" if binding[1] == "out" else "flow_in"] = True
+        events.append(event)
+    stats.ranks = len(hosts)
+    stats.slices = len(placed)
+    for (pid, track), lane_set in lanes.items():
+        if len(lane_set.stacks) > 1:
+            stats.lanes[(pid - 1, str(track))] = len(lane_set.stacks)
+    document: Dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
+    if other_data:
+        document["otherData"] = other_data
+    return document, stats

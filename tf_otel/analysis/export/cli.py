@@ -1,0 +1,194 @@
+"""``tf-otel export``: selected steps as a Chrome trace (ui.perfetto.dev, chrome://tracing).
+
+Usage::
+
+    tf-otel export traces/ -o run.json                  # OTLP-JSON files (TF_OTEL_FILE output)
+    tf-otel export traces/ --steps 3,5-7 -o steps.json.gz
+    tf-otel export traces/ --slowest 5 -o slowest.json
+    tf-otel export --jaeger http://localhost:16686 --job 1234 --steps 100:120 -o run.json
+
+Every rank is a process, every span category a track, collectives are flows between ranks;
+times are the clock-corrected ones the spans carry. Without --steps / --slowest the first
+--max-steps steps are written (and a line says so). An output ending in .gz is gzipped.
+
+Exit codes: 0 done, 2 bad input (one line on stderr naming the bad value, file or URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+from typing import Any, List, Optional, Sequence, Tuple
+
+from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.gc_pause import paused_gc
+
+DEFAULT_MAX_STEPS = 50
+Range = Tuple[Optional[int], Optional[int]]
+
+
+def parse_steps(text: str) -> List[Range]:
+    """'3,5-7,10:' -> [(3, 3), (5, 7), (10, None)]: N, A-B or A:B (inclusive), A:, :B."""
+    from tf_otel.analysis.steps import parse_step_range
+
+    ranges: List[Range] = []
+    for part in text.split(","):
+        if not part.strip():
+            raise AnalysisError(f"bad --steps {text!r}: empty item (use e.g. 3,5-7 or 10:20)")
+        try:
+            low, high = parse_step_range(part.strip())
+        except AnalysisError:
+            raise AnalysisError(
+                f"bad --steps item {part.strip()!r} in {text!r} (use N, A-B, A:B, A: or :B)"
+            ) from None
+        if low is not None and high is not None and low > high:
+            raise AnalysisError(f"bad --steps item {part.strip()!r}: {low} > {high}")
+        ranges.append((low, high))
+    return ranges
+
+
+def _positive(name: str, value: Optional[int]) -> None:
+    if value is not None and value < 1:
+        raise AnalysisError(f"bad {name} {value} (must be at least 1)")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "export",
+        help="write selected steps as a Chrome / Perfetto trace (ui.perfetto.dev)",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
+    source = parser.add_argument_group("source (files, or one backend): as tf-otel analyze")
+    source.add_argument("paths", nargs="*", metavar="PATH", help="OTLP-JSON files or directories")
+    source.add_argument("--jaeger", metavar="URL", help="Jaeger query service")
+    source.add_argument("--tempo", metavar="URL", help="Tempo HTTP API")
+    source.add_argument("--service", help="Jaeger service name (default: every service)")
+    source.add_argument("--trace-id", action="append", dest="trace_ids", metavar="ID")
+    source.add_argument("--limit", type=int, default=10000, help="backend search limit")
+    source.add_argument("--progress", action="store_true", default=None)
+    select = parser.add_argument_group("selection")
+    select.add_argument("--job", help="tf_otel.job.id (required when the input holds several)")
+    select.add_argument("--steps", metavar="LIST", help="e.g. 3,5-7,10:20 (inclusive), 100:")
+    select.add_argument("--slowest", type=int, metavar="K", help="the K longest steps")
+    select.add_argument("--since", help="steps starting at or after: epoch s, ISO 8601, or 2h")
+    select.add_argument("--until", help="steps starting before: epoch s, ISO 8601, or 30m")
+    select.add_argument(
+        "--max-steps",
+        type=int,
+        default=DEFAULT_MAX_STEPS,
+        help=f"at most this many steps are written ({DEFAULT_MAX_STEPS})",
+    )
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="FILE", help="trace file (.json or .json.gz)"
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        with paused_gc():
+            return _run(args)
+    except AnalysisError as error:
+        print(f"tf-otel export: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _in_ranges(step: int, ranges: List[Range]) -> bool:
+    return any((lo is None or step >= lo) and (hi is None or step <= hi) for lo, hi in ranges)
+
+
+def select(
+    steps: Sequence[Any], ranges: Optional[List[Range]], slowest: Optional[int], max_steps: int
+) -> Tuple[List[Any], Optional[str]]:
+    """The steps to write and, when some were left out by the bound, a line saying so."""
+    chosen = list(steps)
+    if ranges is not None:
+        chosen = [s for s in chosen if s.step is not None and _in_ranges(s.step, ranges)]
+    if slowest is not None:
+        chosen = sorted(chosen, key=lambda s: -s.duration_ns)[:slowest]
+        chosen.sort(key=lambda s: (s.start_ns, s.trace_id))
+    note = None
+    if len(chosen) > max_steps:
+        first, last = chosen[0].step, chosen[max_steps - 1].step
+        note = (
+            f"{len(chosen)} steps selected; writing the first {max_steps} (steps {first}..{last})"
+            " - choose with --steps / --slowest or raise --max-steps"
+        )
+        chosen = chosen[:max_steps]
+    return chosen, note
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tf_otel.analysis.cli import _load, parse_time_ns
+    from tf_otel.analysis.export.chrome_trace import build_trace
+    from tf_otel.analysis.steps import filter_job, group_steps, select_steps
+
+    ranges = parse_steps(args.steps) if args.steps else None
+    _positive("--slowest", args.slowest)
+    _positive("--max-steps", args.max_steps)
+    output = args.output
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise AnalysisError(f"bad --output {output!r}: no directory {parent}")
+    start_ns, end_ns = parse_time_ns(args.since), parse_time_ns(args.until)
+    spans, source = _load(args, start_ns, end_ns)
+    spans = filter_job(spans, args.job)
+    steps, warnings = group_steps(spans)
+    for warning in warnings[:5]:
+        print(f"tf-otel export: warning: {warning}", file=sys.stderr)
+    steps = select_steps(steps, None, start_ns, end_ns)
+    if not steps:
+        raise AnalysisError(f"{source}: no steps (no step.root or step spans) in the input")
+    chosen, note = select(steps, ranges, args.slowest, args.max_steps)
+    if not chosen:
+        numbers = [s.step for s in steps if s.step is not None]
+        span = f"{min(numbers)}..{max(numbers)}" if numbers else "none numbered"
+        raise AnalysisError(f"bad --steps {args.steps!r}: no such steps (the input has {span})")
+    if note:
+        print(f"tf-otel export: {note}", file=sys.stderr)
+    attributes = None
+    if args.paths:  # the file loader kept only the analysis' attributes: read the rest
+        from tf_otel.analysis.export.attributes import full_attributes
+
+        attributes = full_attributes(args.paths, {s.trace_id for s in chosen}, args.progress)
+    jobs = sorted({s.job_id for s in chosen if s.job_id})
+    other = {"tf_otel.source": source, "tf_otel.job.id": ", ".join(jobs)}
+    document, stats = build_trace(chosen, attributes, other)
+    _write(output, document)
+    skipped = stats.flows_skipped
+    print(
+        f"tf-otel export: wrote {output}: {stats.steps} steps, {stats.ranks} ranks, "
+        f"{stats.slices} slices, {stats.flows} collective flows"
+        + (f" ({skipped} not drawn: target before source)" if skipped else "")
+        + "; open it in ui.perfetto.dev or chrome://tracing",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _write(path: str, document: Any) -> None:
+    data = json.dumps(document, separators=(",", ":")).encode()
+    try:
+        if path.endswith(".gz"):
+            with gzip.open(path, "wb", compresslevel=6) as handle:
+                handle.write(data)
+        else:
+            with open(path, "wb") as handle:
+                handle.write(data)
+    except OSError as error:
+        raise AnalysisError(f"{path}: cannot write ({error})") from None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="tf-otel")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["export"] + list(argv if argv is not None else sys.argv[1:]))
+    return args.func(args)
