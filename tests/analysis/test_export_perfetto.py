@@ -6,8 +6,9 @@ The file is read the way Perfetto's trace processor reads it (PyPI ``perfetto``)
 machine cannot reach and no package registry ships; where no binary can be had
 (``TRACE_PROCESSOR_SHELL`` names one), the same tables come from ``import_like_perfetto`` below:
 the rules of Perfetto's JSON importer (src/trace_processor/importers/json) that the export relies
-on — ``ts``/``dur`` in µs to ns as ``int(x * 1000.0)``, complete events nested per thread, v2 flows
-bound only when their ``flow_out`` slice comes first — checked strictly (a violation fails).
+on, checked strictly (a violation fails): ``ts``/``dur`` in µs to ns as ``int(x * 1000.0)``,
+complete events nested per thread, flow events bound to the innermost open slice at their time
+and only when their start comes first.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def import_like_perfetto(document: Dict[str, Any]) -> Dict[str, Any]:
     thread_pid: Dict[int, int] = {}
     events = document["traceEvents"]
     for event in events:
-        assert event["ph"] in ("X", "M"), event
+        assert event["ph"] in ("X", "M", "s", "f"), event
         for key in ("pid", "ph", "name"):
             assert key in event, event
         if event["ph"] == "M":
@@ -105,34 +106,37 @@ def import_like_perfetto(document: Dict[str, Any]) -> Dict[str, Any]:
             if "tid" in event:  # Perfetto names threads by tid alone: tids must be unique
                 assert thread_pid.setdefault(event["tid"], event["pid"]) == event["pid"]
     slices = []
-    stacks: Dict[Tuple[int, int], List[int]] = defaultdict(list)
-    flow_out: Dict[int, int] = {}
+    stacks: Dict[Tuple[int, int], List[Tuple[int, int, str]]] = defaultdict(list)
+    flow_out: Dict[Tuple[int, str], int] = {}
     flows = []
-    timed = [e for e in events if e["ph"] == "X"]
+    timed = [e for e in events if e["ph"] != "M"]
     timed.sort(key=lambda e: _ns(e["ts"]))  # the sorter: by ts, stable
     for event in timed:
-        assert isinstance(event["ts"], (int, float)) and isinstance(event["dur"], (int, float))
-        assert event["dur"] >= 0 and isinstance(event["tid"], int), event
+        assert isinstance(event["tid"], int) and isinstance(event["ts"], (int, float)), event
         assert thread_pid.get(event["tid"], event["pid"]) == event["pid"]
-        start = _ns(event["ts"])
-        end = start + _ns(event["dur"])
         stack = stacks[(event["pid"], event["tid"])]
-        while stack and stack[-1] <= start:
-            stack.pop()
-        if stack and end > stack[-1]:
-            errors.append(f"misplaced slice {event['name']} on tid {event['tid']}")
-        stack.append(end)
-        slices.append((event["pid"], event["name"], start, end - start, event["args"]["span_id"]))
-        if "bind_id" in event:
-            if event.get("flow_out"):
-                flow_out[event["bind_id"]] = event["pid"]
-            elif event.get("flow_in"):
-                if event["bind_id"] not in flow_out:
-                    errors.append(f"flow_end_without_start {event['bind_id']}")
-                else:
-                    flows.append((flow_out[event["bind_id"]], event["pid"]))
+        at = _ns(event["ts"])
+        if event["ph"] in ("s", "f"):  # binds to the innermost open slice (not popped lazily)
+            assert event["ph"] == "s" or event.get("bp") == "e", event
+            key = (event["id"], event["cat"])
+            if not stack or not stack[-1][0] < at < stack[-1][1]:
+                errors.append(f"flow {key} at {at} outside its slice")
+            elif event["ph"] == "s":
+                flow_out[key] = event["pid"]
+            elif key not in flow_out:
+                errors.append(f"flow_end_without_start {key}")
             else:
-                errors.append("flow_without_direction")
+                flows.append((flow_out[key], event["pid"]))
+            continue
+        assert event["ph"] == "X" and isinstance(event["dur"], (int, float)), event
+        assert event["dur"] >= 0, event
+        end = at + _ns(event["dur"])
+        while stack and stack[-1][1] <= at:
+            stack.pop()
+        if stack and end > stack[-1][1]:
+            errors.append(f"misplaced slice {event['name']} on tid {event['tid']}")
+        stack.append((at, end, event["args"]["span_id"]))
+        slices.append((event["pid"], event["name"], at, end - at, event["args"]["span_id"]))
     return {"processes": processes, "slices": slices, "flows": flows, "errors": errors}
 
 
@@ -208,11 +212,11 @@ def test_every_rank_is_a_process_every_span_a_slice_of_its_duration(tmp_path, ca
         assert abs(ts - span.start_ns) <= 1000 and abs(dur - (span.end_ns - span.start_ns)) <= 1
         if span.rank is not None and span.attributes["tf_otel.category"] != "step.root":
             assert tables["processes"][pid] == f"rank {span.rank} @ host{span.rank}"
-    # per step and tensor, the last rank's allreduce links to each other rank: 2 per collective
+    # per step and tensor, each waiting rank's wait links to the last rank's allreduce
     assert len(tables["flows"]) == 4 * 2 * 2
     pid_rank = {pid: int(name.split()[1]) for pid, name in ranks.items()}
     for out_pid, in_pid in tables["flows"]:
-        assert pid_rank[out_pid] == 2 and pid_rank[in_pid] in (0, 1)
+        assert pid_rank[out_pid] in (0, 1) and pid_rank[in_pid] == 2
     assert "16 collective flows" in capsys.readouterr().err
 
 

@@ -17,13 +17,15 @@ streams) go to extra lanes of that category ("compute (ops) 2", ...). Nesting is
 nanoseconds Perfetto will compute from the written numbers (``int(ts * 1000.0)``), so rounding
 cannot break it.
 
-Collectives are v2 flows (``bind_id``, ``flow_out`` / ``flow_in`` on the slices themselves, no
-timestamps to misplace): one collective instance — the same ``tf_otel.collective.key`` (else
-the tensor name and its occurrence) in one step on several ranks — is linked from the rank
-that arrived last (``horovod.last_arrival``, else the latest start) to each other rank's
-transfer (else wait, else the collective itself). A viewer binds a flow only when its source
-comes first, so a destination that starts before the source after clock correction gets no
-arrow (counted in ``flows_skipped``).
+Collectives are flows between ranks: one collective instance — the same
+``tf_otel.collective.key`` (else the tensor name and its occurrence) in one step on several
+ranks — gets an arrow from each waiting rank's ``collective.wait`` (else its collective) to the
+collective of the rank that arrived last (``horovod.last_arrival``, else the latest start): the
+wait ended when that rank arrived. They are v1 flow events (``s``, ``f`` with ``bp: e``, which
+both viewers bind to the slice enclosing their timestamp), placed strictly inside their slices
+and before any later slice on the thread starts. A viewer binds a flow only when its start comes
+first, so a wait that starts after the arrival once clocks are corrected (or a slice too short
+to hold a point) gets no arrow (counted in ``flows_skipped``).
 
 Arguments (``args``) are the span's attributes and its ids, less keys that look like secrets
 (tf_otel never records tensor values, but other instrumentations' spans may carry headers).
@@ -31,6 +33,7 @@ Arguments (``args``) are the span's attributes and its ids, less keys that look 
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -160,14 +163,14 @@ def _collective_groups(step: StepTrace, attrs: Dict[Tuple[str, str], Dict[str, A
     return groups, children
 
 
+Pair = Tuple[Span, Span]  # (a waiting rank's wait or collective, the last arrival's collective)
+
+
 def _plan_flows(
-    steps: Sequence[StepTrace],
-    attrs: Dict[Tuple[str, str], Dict[str, Any]],
-    stats: ExportStats,
-) -> Dict[str, Tuple[int, str]]:
-    """span id -> (flow id, "out" | "in") for the slices that carry a flow."""
-    bindings: Dict[str, Tuple[int, str]] = {}
-    next_id = 1
+    steps: Sequence[StepTrace], attrs: Dict[Tuple[str, str], Dict[str, Any]]
+) -> List[Pair]:
+    """Per collective instance on several ranks: each other rank's wait -> the last arrival."""
+    pairs: List[Pair] = []
     for step in steps:
         groups, children = _collective_groups(step, attrs)
         for key in sorted(groups):
@@ -176,45 +179,58 @@ def _plan_flows(
                 continue
             marked = [s for s in by_rank.values() if s.attributes.get(ATTR_LAST_ARRIVAL) is True]
             if marked:
-                source = marked[0]
+                last = marked[0]
             else:
-                source = max(by_rank.values(), key=lambda s: (s.start_ns, -(s.rank or 0)))
-            if source.span_id in bindings:
-                continue
-            source_start = perfetto_ns(source.start_ns, source.end_ns)[0]
-            linked = 0
+                last = max(by_rank.values(), key=lambda s: (s.start_ns, -(s.rank or 0)))
             for rank in sorted(by_rank):
                 span = by_rank[rank]
-                if span is source:
+                if span is last:
                     continue
-                kids = children.get(span.span_id, [])
-                candidates = (
-                    sorted(
-                        [k for k in kids if k.category == COLLECTIVE_TRANSFER],
-                        key=lambda s: s.start_ns,
-                    )
-                    + [k for k in kids if k.category == COLLECTIVE_WAIT]
-                    + [span]
-                )
-                target = next(
-                    (
-                        c
-                        for c in candidates
-                        if c.span_id not in bindings
-                        and perfetto_ns(c.start_ns, c.end_ns)[0] > source_start
-                    ),
-                    None,
-                )
-                if target is None:
-                    stats.flows_skipped += 1
-                    continue
-                bindings[target.span_id] = (next_id, "in")
-                linked += 1
-            if linked:
-                bindings[source.span_id] = (next_id, "out")
-                stats.flows += linked
-                next_id += 1
-    return bindings
+                waits = [k for k in children.get(span.span_id, ()) if k.category == COLLECTIVE_WAIT]
+                source = max(waits, key=lambda s: s.duration_ns) if waits else span
+                pairs.append((source, last))
+    return pairs
+
+
+def _flow_point(start: int, end: int, starts: List[int]) -> Optional[int]:
+    """A Perfetto ns strictly inside (start, end) before any later slice on the thread starts
+    (a flow event binds to the thread's innermost open slice), or None."""
+    following = bisect.bisect_right(starts, start)
+    limit = min(end, starts[following]) if following < len(starts) else end
+    point = start + (limit - start) // 2
+    while point > start:  # the written microseconds must parse back inside
+        if start < int(_us(point) * 1000.0) < limit:
+            return point
+        point = start + (point - start) // 2
+    return None
+
+
+def _flow_events(
+    pairs: List[Pair], where: Dict[str, Tuple[int, int, int, int]], stats: ExportStats
+) -> List[Dict[str, Any]]:
+    """v1 flow events (``s`` / ``f`` with ``bp: e``) for ``pairs``; ``where``: span id ->
+    (pid, tid, Perfetto start, Perfetto end)."""
+    starts: Dict[int, List[int]] = defaultdict(list)
+    for _, tid, start, _ in where.values():
+        starts[tid].append(start)
+    for values in starts.values():
+        values.sort()
+    events: List[Dict[str, Any]] = []
+    for number, (source, target) in enumerate(pairs, start=1):
+        out_pid, out_tid, out_start, out_end = where[source.span_id]
+        in_pid, in_tid, in_start, in_end = where[target.span_id]
+        out_at = _flow_point(out_start, out_end, starts[out_tid])
+        in_at = _flow_point(in_start, in_end, starts[in_tid])
+        if out_at is None or in_at is None or int(_us(out_at) * 1000.0) >= int(_us(in_at) * 1000.0):
+            stats.flows_skipped += 1  # too short, or the wait after the arrival: no arrow
+            continue
+        common = {"name": "collective", "cat": "collective.flow", "id": number}
+        events.append({"ph": "s", "pid": out_pid, "tid": out_tid, "ts": _us(out_at), **common})
+        events.append(
+            {"ph": "f", "bp": "e", "pid": in_pid, "tid": in_tid, "ts": _us(in_at), **common}
+        )
+        stats.flows += 1
+    return events
 
 
 def _track(category: str) -> Tuple[int, str]:
@@ -230,7 +246,7 @@ def build_trace(
     id where the loader kept only some (``attributes.full_attributes``)."""
     attrs = attributes or {}
     stats = ExportStats(steps=len(steps))
-    bindings = _plan_flows(steps, attrs, stats)
+    pairs = _plan_flows(steps, attrs)
     hosts: Dict[int, str] = {}
     placed: List[Tuple[int, int, int, int, Span]] = []  # (start, -end, pid, tid, span)
     spans: List[Span] = []
@@ -280,11 +296,9 @@ def build_trace(
             "dur": _us(span.end_ns - span.start_ns),
             "args": _args(span, attrs.get((span.trace_id, span.span_id))),
         }
-        binding = bindings.get(span.span_id)
-        if binding is not None:
-            event["bind_id"] = binding[0]
-            event["flow_out" if binding[1] == "out" else "flow_in"] = True
         events.append(event)
+    where = {span.span_id: (pid, tid, start, -neg_end) for start, neg_end, pid, tid, span in placed}
+    events.extend(_flow_events(pairs, where, stats))
     stats.ranks = len(hosts)
     stats.slices = len(placed)
     for (pid, track), lane_set in lanes.items():
