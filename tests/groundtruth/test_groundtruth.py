@@ -17,6 +17,12 @@ Scenarios (tests/groundtruth/train_groundtruth.py):
             horovod.arrival=unknown, nothing a rank records shows compute inside its step
             function, and the analysis rightly blames nobody (straggler_wait + a warning)
   none    - nothing injected: no step straggler, no straggler finding
+
+A shared 2-core host slows ranks by itself now and then (a rank descheduled for 100 ms): a
+step the analysis names beyond the injected ones must be one the ranks' own in-process
+measurements confirm (the named rank really was ready that much later than the others: its
+wall-clock ready time minus the others' median, at least half the named excess). On a quiet
+host that leaves nothing to name in the control.
 """
 
 from __future__ import annotations
@@ -94,22 +100,23 @@ def scenario(request, launch, tmp_path_factory):
     return name, json.loads(analysed.stdout), _truth(out / "truth")
 
 
-def _truth(folder: Path) -> Dict[int, Dict[int, float]]:
-    """step -> rank -> the rank's own work before its gradient allreduce (ms), in-process."""
-    by_step: Dict[int, Dict[int, float]] = {}
+def _truth(folder: Path) -> Dict[str, Dict[int, Dict[int, float]]]:
+    """kind (work, ready) -> step -> rank -> ms: the rank's own work before its gradient
+    allreduce, and the wall-clock moment it was ready (one host: one clock), in-process."""
+    truth: Dict[str, Dict[int, Dict[int, float]]] = {"work": {}, "ready": {}}
     for path in folder.glob("truth-*.json"):
         data = json.loads(path.read_text())
-        for step, ns in data["work_ns"].items():
-            by_step.setdefault(int(step), {})[data["rank"]] = ns / 1e6
-    return by_step
+        for kind in ("work", "ready"):
+            for step, ns in data[f"{kind}_ns"].items():
+                truth[kind].setdefault(int(step), {})[data["rank"]] = ns / 1e6
+    return truth
 
 
-def _extra_work(truth: Dict[int, Dict[int, float]], step: int, rank: int) -> float:
-    work = truth[step]
-    return work[rank] - statistics.median(v for r, v in work.items() if r != rank)
+def _beyond_others(values: Dict[int, float], rank: int) -> float:
+    return values[rank] - statistics.median(v for r, v in values.items() if r != rank)
 
 
-def test_analysis_names_exactly_the_injected_stragglers(scenario):
+def test_analysis_names_the_injected_stragglers_and_only_real_ones(scenario):
     name, report, truth = scenario
     steps = {s["step"]: s for s in report["steps"]}
     assert len(steps) == STEPS, sorted(steps)
@@ -120,24 +127,32 @@ def test_analysis_names_exactly_the_injected_stragglers(scenario):
             "named": named,
             "noise": report["summary"]["lateness_noise"],
             "threshold_ms": report["summary"]["straggler_threshold_ms"],
-            "truth_ms": {n: truth[n] for n in sorted(truth)},
+            "lateness_ms": {
+                n: {r: round(_beyond_others(truth["ready"][n], r), 1) for r in truth["ready"][n]}
+                for n in sorted(truth["ready"])
+            },
         }
     )
     for step in steps.values():
         assert 0 <= step["what_if_ms"] <= step["duration_ms"], context
+    injected = [] if name == "none" else SLOW_STEPS
+    for number, straggler in named.items():  # the host's own stragglers must be real ones
+        if number not in injected:
+            late = _beyond_others(truth["ready"][number], straggler["rank"])
+            assert late >= 0.5 * straggler["excess_ms"], (number, context)
     if name == "none":
-        assert named == {}, context
-        assert not [f for f in report["findings"] if f["rule"] == "straggler"], context
         return
-    assert sorted(named) == SLOW_STEPS, context
-    for number, straggler in named.items():
+    assert set(SLOW_STEPS) <= set(named), context
+    for number in SLOW_STEPS:
+        straggler = named[number]
         assert straggler["rank"] == SLOW_RANK, context
         assert straggler["category"] == CAUSE[name], context
         # the delay as the ranks measured it in-process (a loaded host oversleeps a sleep)
-        expected = _extra_work(truth, number, SLOW_RANK)
+        expected = _beyond_others(truth["work"][number], SLOW_RANK)
         if name != "compute":
             assert expected >= 0.95 * DELAY_MS, context  # the injection happened
         assert abs(straggler["delay_ms"] - expected) <= 0.1 * expected, (expected, context)
         assert straggler["excess_ms"] <= steps[number]["duration_ms"]
-    finding = next(f for f in report["findings"] if f["rule"] == "straggler")
-    assert finding["evidence"]["rank"] == SLOW_RANK and finding["evidence"]["steps"] == SLOW_STEPS
+    found = [f for f in report["findings"] if f["rule"] == "straggler"]
+    finding = next(f for f in found if f["evidence"]["rank"] == SLOW_RANK)
+    assert set(SLOW_STEPS) <= set(finding["evidence"]["steps"]), context

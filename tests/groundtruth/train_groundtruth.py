@@ -14,8 +14,10 @@ SCENARIO:
   ``none``    nothing is injected (the control).
 
 Every rank writes TRUTH_FILE ({rank} replaced): per step, its own work before the gradient
-allreduce (ns, from the loop iteration's start to the moment its local gradients are ready),
-measured in-process on the rank's own clock - independent of tf_otel's spans. A tiny model and
+allreduce (``work_ns``: from the loop iteration's start to the moment its local gradients are
+ready, on its monotonic clock) and that moment on the host's wall clock (``ready_ns``: on one
+host every rank's ``ready_ns`` is on the same clock, so a rank's lateness is its ready time minus
+the others' median) - measured in-process, independent of tf_otel's spans. A tiny model and
 few steps: the job has to fit the 2-core CI budget.
 """
 
@@ -69,7 +71,8 @@ ready_marks = []
 
 
 def mark(*grads):
-    ready_marks.append(time.perf_counter_ns())  # local gradients are ready: work ends here
+    # local gradients are ready: the rank's own work ends here
+    ready_marks.append((time.perf_counter_ns(), time.time_ns()))
     return grads
 
 
@@ -97,7 +100,7 @@ def train_step(x):
     return loss
 
 
-work_ns = {}
+work_ns, ready_ns = {}, {}
 iterator = iter(dataset)
 for step in range(STEPS):
     begin = time.perf_counter_ns()
@@ -106,8 +109,10 @@ for step in range(STEPS):
     next(iterator)
     x = big if SCENARIO == "compute" and slowed(step) else small
     train_step(x)
-    work_ns[step] = ready_marks[-1] - begin
+    work_ns[step] = ready_marks[-1][0] - begin
+    ready_ns[step] = ready_marks[-1][1]
 if TRUTH_FILE:
     with open(TRUTH_FILE.replace("{rank}", str(RANK)), "w") as handle:
-        json.dump({"rank": RANK, "scenario": SCENARIO, "work_ns": work_ns}, handle)
+        truth = {"rank": RANK, "scenario": SCENARIO, "work_ns": work_ns, "ready_ns": ready_ns}
+        json.dump(truth, handle)
 print(f"rank {RANK} done steps={STEPS} scenario={SCENARIO}")
