@@ -23,11 +23,14 @@ import socketserver
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from tf_otel import job_secret
 from tf_otel.health import count, log_once
 from tf_otel.topology import resolve_address
+
+if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
+    from typing_extensions import TypeIs
 
 # emit_root(key, step, start_ns, end_ns, n_ranks, reported ranks if partial else None)
 EmitRoot = Callable[[str, int, int, int, int, Optional[Tuple[int, ...]]], None]
@@ -66,7 +69,7 @@ def _encode(message: Dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeIs[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -163,7 +166,8 @@ class StepAggregator:
         if (
             not isinstance(key, str)
             or len(key) > MAX_KEY_LEN
-            or not all(_is_int(v) and v >= 0 for v in (step, start, end))
+            or not (_is_int(step) and _is_int(start) and _is_int(end))
+            or min(step, start, end) < 0
             or end < start
         ):
             count("coordinator_bad_message")
@@ -300,7 +304,10 @@ class StepAggregator:
             _refuse(peer, f"wrong credentials for rank {rank}")
             return None
         conn.settimeout(None)
-        welcome = {"t": "welcome", "mac": job_secret.server_mac(key, SERVICE, client_nonce, rank)}
+        welcome: Dict[str, Any] = {
+            "t": "welcome",
+            "mac": job_secret.server_mac(key, SERVICE, client_nonce, rank),
+        }
         welcome["mac"] = welcome["mac"].hex()
         with self._write_lock:
             self._writers[rank] = wfile

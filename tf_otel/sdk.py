@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from typing import IO, Any, Dict, Optional, Sequence
+from typing import IO, Any, Dict, Optional, Sequence, cast
 
 from tf_otel.health import count, first_time, log_once
 
@@ -247,7 +247,7 @@ def add_file_exporter(path: str, max_bytes: int = 0, keep: int = 0) -> bool:
     """Add a batch processor writing OTLP-JSON to ``path`` on the global SDK TracerProvider;
     the file is opened now, so a path that cannot be written is said at start."""
     from opentelemetry import trace
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
     provider = trace.get_tracer_provider()
     if not hasattr(provider, "add_span_processor"):
@@ -256,7 +256,8 @@ def add_file_exporter(path: str, max_bytes: int = 0, keep: int = 0) -> bool:
     exporter = OtlpJsonFileExporter(path, max_bytes=max_bytes, keep=keep)
     if not exporter.open():
         return False
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    # duck-typed SpanExporter (export / shutdown / force_flush): the SDK is imported lazily
+    provider.add_span_processor(BatchSpanProcessor(cast(SpanExporter, exporter)))
     return True
 
 

@@ -244,7 +244,10 @@ class Pipeline:
 
         try:
             # an empty context: a user's span around fit() must not change the decision
-            return self._sampler.should_sample(Context(), trace_id, name).decision.is_sampled()
+            # no sampler (a foreign tracer): the AttributeError is counted below, the step sampled
+            return self._sampler.should_sample(  # type: ignore[union-attr]
+                Context(), trace_id, name
+            ).decision.is_sampled()
         except Exception:  # noqa: BLE001
             count("sampler_errors")
             return True

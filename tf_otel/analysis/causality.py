@@ -47,7 +47,8 @@ def repair_trace_causality(traces: Dict[str, List[Span]]) -> CausalityRepair:
         ]
         if not members or not _may_violate(members):
             continue
-        fix = correct([CollectiveRecord(s.rank, key, s.start_ns, s.end_ns) for s, key in members])
+        # members hold only spans with a rank (the filter above)
+        fix = correct([CollectiveRecord(s.rank, key, s.start_ns, s.end_ns) for s, key in members])  # type: ignore[arg-type]
         if fix.violations:
             repair.violations += len(fix.violations)
             repair.traces += 1

@@ -468,7 +468,7 @@ def critical_path(step: StepTrace) -> CriticalPath:
         t = node.end_ns
         sync_key = _sync_key(node)
         members = syncs.get(sync_key) if sync_key else None
-        if not members:
+        if not members or sync_key is None:
             category = _NODE_CATEGORY.get(node.category, PATH_COMMUNICATION)
             add(rank, node.start_ns, t, category, node.name, node.span_id)
             t = node.start_ns

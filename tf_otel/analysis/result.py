@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
 from tf_otel.analysis.outliers import OutlierStats
@@ -88,7 +88,7 @@ class AnalysisResult:
         return self.steps[key].trace.step
 
     def ranks(self) -> List[int]:
-        seen = set()
+        seen: Set[int] = set()
         for step in self.steps:
             seen.update(step.trace.ranks)
         return sorted(seen)

@@ -76,7 +76,7 @@ def records_for(
     child, arrival ``unknown``."""
     end_ns = max(end_ns, arrival_ns)
     known = last_ns is not None
-    ready = min(max(last_ns if known else arrival_ns, arrival_ns), end_ns)  # type: ignore[arg-type]
+    ready = min(max(last_ns if last_ns is not None else arrival_ns, arrival_ns), end_ns)
     wait_ns = ready - arrival_ns
     attributes = {
         tl.ATTR_OP: stamp.op,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from tf_otel.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
 
@@ -137,7 +137,7 @@ def step_stats_capped(
     if not n:
         return []
     durations = [e - s for s, e in zip(starts, ends)]
-    keep = range(n)
+    keep: Sequence[int] = range(n)
     if 0 < limit < n:
         keep = heapq.nlargest(limit, range(n), key=durations.__getitem__)
     kept = [_record(nodes[i], devices[i], starts[i], ends[i], step) for i in keep]

@@ -64,7 +64,7 @@ def _resolve_test_clock() -> Optional[testclock.TestClock]:
         if _test_clock is not _UNRESOLVED:
             return _test_clock  # type: ignore[return-value]
         _test_clock = _read_test_clock()
-        return _test_clock  # type: ignore[return-value]
+        return _test_clock
 
 
 def _read_test_clock() -> Optional[testclock.TestClock]:
@@ -100,7 +100,7 @@ def now_ns() -> int:
         if shift is None:
             return t
         t = time.time_ns()  # resolving took a while
-    return t + shift.skew_ns + int(shift.drift * (t - shift.start_ns))  # type: ignore[union-attr]
+    return t + shift.skew_ns + int(shift.drift * (t - shift.start_ns))  # type: ignore[attr-defined]
 
 
 def test_clock() -> Optional[testclock.TestClock]:

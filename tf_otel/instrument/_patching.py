@@ -51,7 +51,7 @@ def is_active() -> bool:
     return _active
 
 
-def when_imported(module_name: str, patch: Callable[[Any], None]) -> None:
+def when_imported(module_name: str, patch: Callable[[Any], object]) -> None:
     """Run ``patch(module)`` once the module is imported (now, if it already is)."""
 
     def hook(module: Any) -> None:

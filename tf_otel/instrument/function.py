@@ -5,7 +5,7 @@ tf_otel are not steps; ``TF_OTEL_STEP_FUNCTIONS=a,b`` limits steps to the named 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, cast
 
 from tf_otel import record
 from tf_otel.instrument._patching import run_step, state, when_imported, wrap
@@ -19,7 +19,7 @@ def _function_name(function: Any) -> Tuple[str, str]:
     python_function = getattr(function, "_python_function", None)
     module = getattr(python_function, "__module__", "") or ""
     name = getattr(function, "_name", None) or getattr(python_function, "__name__", "function")
-    return name, module
+    return cast(str, name), module
 
 
 def _is_step(function: Any) -> bool:
@@ -39,7 +39,8 @@ def _is_step(function: Any) -> bool:
 
 
 def _call_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if state.depth or state.keras_loop or not _executing_eagerly() or not _is_step(instance):
+    # _executing_eagerly: set by register() before this wrapper is installed
+    if state.depth or state.keras_loop or not _executing_eagerly() or not _is_step(instance):  # type: ignore[misc]
         # nested tf.functions (and library ones) still mark the thread, so their inner calls
         # are not mistaken for steps
         state.depth += 1

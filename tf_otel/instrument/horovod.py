@@ -332,9 +332,9 @@ class HorovodCollectives(StepHook):
                 else:
                     continue
                 ready.append((key, self._windows.pop(key)))
-        for (key, step), window in ready:
+        for (key, step), window in ready:  # type: ignore[assignment]  # key: (key, step) above
             with fail_open("horovod.emit"):
-                self._emit(key, step, window["items"], shift)
+                self._emit(key, step, window["items"], shift)  # type: ignore[arg-type]
 
     def _emit(self, key: str, step: int, items: List[tl.Collective], shift: int) -> None:
         pipeline = _pipeline()

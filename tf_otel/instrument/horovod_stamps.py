@@ -258,8 +258,8 @@ class StampCollector:
             while len(self._gather) > _MAX_STEPS:
                 self._gather.popitem(last=False)
                 count("horovod_stamp_gathers_dropped")
-        for (k, s), e in ready:
-            self._answer(k, s, e["r"])
+        for (k, s), e in ready:  # type: ignore[assignment]  # k: a (key, step) tuple above
+            self._answer(k, s, e["r"])  # type: ignore[arg-type]
 
     def _answer(self, key: str, step: int, per_rank: Dict[int, Dict[str, int]]) -> None:
         pipeline = _pipeline()

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, MutableMapping, Optional
 
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
@@ -110,14 +110,14 @@ class NcclRingHook(StepHook):
 hook = NcclRingHook()
 
 
-def plugin_requested(env: Optional[dict] = None) -> bool:
+def plugin_requested(env: Optional[MutableMapping[str, str]] = None) -> bool:
     """Point NCCL at the plugin when asked; whether NCCL will load a profiler plugin at all."""
-    env = os.environ if env is None else env
+    target = os.environ if env is None else env
     from tf_otel.config import Settings
 
-    if Settings.from_env(env).nccl_profiler and not env.get(PLUGIN_ENV):
+    if Settings.from_env(target).nccl_profiler and not target.get(PLUGIN_ENV):
         if PLUGIN_PATH.exists():
-            env[PLUGIN_ENV] = str(PLUGIN_PATH)
+            target[PLUGIN_ENV] = str(PLUGIN_PATH)
         else:
             log_once(
                 "nccl_plugin_missing",
@@ -126,7 +126,7 @@ def plugin_requested(env: Optional[dict] = None) -> bool:
                 ENABLE_ENV,
                 PLUGIN_PATH,
             )
-    return bool(env.get(PLUGIN_ENV))
+    return bool(target.get(PLUGIN_ENV))
 
 
 def register() -> None:

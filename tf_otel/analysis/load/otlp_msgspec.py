@@ -30,7 +30,7 @@ from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 try:  # optional speed-up, never required
     import msgspec
 except ImportError:  # pragma: no cover - depends on the environment
-    msgspec = None
+    msgspec = None  # type: ignore[assignment]
 
 AVAILABLE = msgspec is not None
 Row = Tuple[Any, ...]  # ``Span.to_row``

@@ -269,7 +269,7 @@ def top_stragglers_html(data: Overview, pictured: Iterable[str] = ()) -> str:
     steady = sum(1 for w in data.warmup if not w) or 1
 
     def saving(rank: int) -> int:
-        return sum(data.straggler[i][2] for i in by_rank[rank])  # type: ignore[index]
+        return sum(data.straggler[i][2] for i in by_rank[rank])  # type: ignore[index,misc]
 
     rows = []
     for rank in sorted(by_rank, key=lambda r: (-saving(r), r))[:TOP_RANKS]:
@@ -281,7 +281,7 @@ def top_stragglers_html(data: Overview, pictured: Iterable[str] = ()) -> str:
         worst = sorted(steps, key=lambda i: -data.straggler[i][1])[:5]  # type: ignore[index]
         rows.append(
             f"<tr><td>{rank}</td><td>{len(steps)} ({100 * len(steps) / steady:.1f}%)</td>"
-            f"<td>{_ms(sum(data.straggler[i][1] for i in steps))}</td>"  # type: ignore[index]
+            f"<td>{_ms(sum(data.straggler[i][1] for i in steps))}</td>"  # type: ignore[index,misc]
             f"<td>{_ms(saving(rank))}</td>"
             f"<td>{html.escape(', '.join(f'{c} {n}' for c, n in sorted(categories.items())))}</td>"
             f"<td>{', '.join(_link(data.labels[i], pictured) for i in worst)}</td></tr>"

@@ -24,7 +24,7 @@ _SHORT = {
 }
 
 
-def _table(header: Sequence[str], rows: List[Sequence[object]]) -> List[str]:
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> List[str]:
     cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = []
