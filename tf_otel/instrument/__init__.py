@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Collection
 
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+# instrumentor.py is "# type: ignore" as a whole, so mypy sees none of its names
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from tf_otel.instrument import (
     _patching,
