@@ -23,9 +23,12 @@ test-fast: install
 demo: install tools
 	@$(PY) scripts/demo.py
 
-lint: install
-	@$(VENV)/bin/ruff check tf_otel tests bench examples scripts
-	@$(VENV)/bin/ruff format --check tf_otel tests bench examples scripts
+PY_DIRS := tf_otel tests bench examples scripts
+
+lint: install  # ruff (lint + format) over the Python dirs, mypy over tf_otel ([tool.mypy])
+	@$(VENV)/bin/ruff check $(PY_DIRS)
+	@$(VENV)/bin/ruff format --check $(PY_DIRS)
+	@$(VENV)/bin/mypy
 
 bench: install tools
 	@$(PY) bench/run_all.py
