@@ -19,7 +19,10 @@ def test_last_arrival_is_the_latest_rank_per_tensor():
 def test_a_waiting_rank_gets_wait_and_transfer_children():
     out = hs.records_for(STAMP, 1_000, 9_000, 4_000, 2, rank=0, step=7, key="k/7/grad_w0")
     parent, wait, transfer = out
-    assert parent.category == record.COLLECTIVE and (parent.start_ns, parent.end_ns) == (1_000, 9_000)
+    assert parent.category == record.COLLECTIVE and (parent.start_ns, parent.end_ns) == (
+        1_000,
+        9_000,
+    )
     assert parent.attributes["horovod.wait_ns"] == 3_000
     assert parent.attributes["horovod.last_arrival"] is False
     assert parent.attributes["horovod.arrival"] == "stamp"
