@@ -324,20 +324,25 @@ def test_a_real_horovod_run_exports_ranks_slices_and_collective_flows(tmp_path):
 
     env = base_env(
         TF_OTEL_ENABLED="1",
-        TF_OTEL_FILE=str(tmp_path / "spans-{rank}.jsonl"),
+        TF_OTEL_FILE=str(tmp_path / "spans" / "spans-{rank}.jsonl"),
         OTEL_SERVICE_NAME="export-real",
         OTEL_TRACES_EXPORTER="none",
         TF_OTEL_HOROVOD_EVERY="1",  # collective detail on every step
         STEPS="4",
     )
+    (tmp_path / "spans").mkdir()
     horovodrun("horovod_tape.py", env, backend="gloo")
     out = tmp_path / "trace.json.gz"
-    assert export(str(tmp_path), "-o", str(out)) == 0
+    assert export(str(tmp_path / "spans"), "-o", str(out)) == 0
     tables = trace_tables(out)
     assert tables["errors"] == []
     ranks = {pid: name for pid, name in tables["processes"].items() if name.startswith("rank ")}
     assert sorted(name.split(" @ ")[0] for name in ranks.values()) == ["rank 0", "rank 1"]
-    spans = {s.span_id: s for s in load_paths([str(tmp_path)], workers=1) if s.category != "job"}
+    spans = {
+        s.span_id: s
+        for s in load_paths([str(tmp_path / "spans")], workers=1)
+        if s.category != "job"
+    }
     by_id = {row[4]: row for row in tables["slices"]}
     assert set(by_id) == set(spans)
     per_rank: Dict[int, int] = defaultdict(int)
