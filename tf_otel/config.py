@@ -7,6 +7,8 @@ Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_FILE, TF_OTEL_ROOT_WAIT_MS,
 TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY, TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTIONS,
 TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by ","; read by
 tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S,
+TF_OTEL_INPUT_WAIT (time every step's wait on tf.data; default on),
+TF_OTEL_SYSTEM_METRICS_INTERVAL_S (host/process metrics with OTel semconv names; 0: off),
 TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross-rank channel;
 see tf_otel.job_secret for what is used without it),
 TF_OTEL_HOROVOD_EVERY (collective detail on 1 sampled step in N, picked by the step trace id so
@@ -140,6 +142,8 @@ class Settings:
     test_clock: Optional[str] = None
     clock_interval_s: float = 60.0
     gpu_metrics_interval_s: float = 10.0  # 0: off
+    input_wait: bool = True  # time every step's wait on tf.data (instrument/input_wait.py)
+    system_metrics_interval_s: float = 10.0  # host/process semconv metrics; 0: off
     horovod_every: int = 10  # collective detail on 1 sampled step in N (docs/HOROVOD.md)
     horovod_source: str = "stamps"  # or "timeline"
     # authenticates rank <-> rank 0 (tf_otel.job_secret); never in a repr or a log line
@@ -176,6 +180,10 @@ class Settings:
             clock_interval_s=read(env, "TF_OTEL_CLOCK_INTERVAL_S", _positive_float, 60.0),
             gpu_metrics_interval_s=read(
                 env, "TF_OTEL_GPU_METRICS_INTERVAL_S", _non_negative_float, 10.0
+            ),
+            input_wait=read(env, "TF_OTEL_INPUT_WAIT", _bool, True),
+            system_metrics_interval_s=read(
+                env, "TF_OTEL_SYSTEM_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
             job_secret=(env.get("TF_OTEL_JOB_SECRET") or "").strip() or None,
             horovod_every=read(env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, 10),
@@ -223,6 +231,8 @@ VARIABLES = (
     "TF_OTEL_HOROVOD_SOURCE",
     "TF_OTEL_CLOCK_INTERVAL_S",
     "TF_OTEL_GPU_METRICS_INTERVAL_S",
+    "TF_OTEL_INPUT_WAIT",
+    "TF_OTEL_SYSTEM_METRICS_INTERVAL_S",
     "TF_OTEL_NCCL_PROFILER",
     "TF_OTEL_NCCL_RING_DIR",
     "TF_OTEL_ANALYZE_WORKERS",

@@ -1,0 +1,112 @@
+"""A training job fed by tf.data from TFRecord files it writes itself (tests/wholestep).
+
+Environment: DATA_DIR (where the files go), MODE (``keras`` | ``loop``: next(it) inside a user
+tf.function), STEPS, SLOW_MS (a decode stage that sleeps this long per batch; 0: none),
+FILES / RECORDS / RECORD_BYTES (the files written), CALLBACK_SLEEP_MS / CALLBACK_EVERY
+(a Keras callback that sleeps every Nth batch), SAVE_EVERY (checkpoint writes in the loop).
+Prints ``done steps=N file_bytes=B``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+DATA_DIR = os.environ["DATA_DIR"]
+MODE = os.environ.get("MODE", "keras")
+STEPS = int(os.environ.get("STEPS", "20"))
+SLOW_MS = float(os.environ.get("SLOW_MS", "0"))
+FILES = int(os.environ.get("FILES", "2"))
+RECORDS = int(os.environ.get("RECORDS", "64"))
+RECORD_BYTES = int(os.environ.get("RECORD_BYTES", "4096"))
+BATCH = int(os.environ.get("BATCH", "4"))
+CALLBACK_SLEEP_MS = float(os.environ.get("CALLBACK_SLEEP_MS", "0"))
+CALLBACK_EVERY = int(os.environ.get("CALLBACK_EVERY", "10"))
+SAVE_EVERY = int(os.environ.get("SAVE_EVERY", "0"))
+
+
+def write_files() -> list:
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(FILES):
+        path = os.path.join(DATA_DIR, f"part-{i}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for _ in range(RECORDS):
+                payload = rng.integers(0, 255, RECORD_BYTES, dtype=np.uint8).tobytes()
+                example = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[payload]))
+                        }
+                    )
+                )
+                writer.write(example.SerializeToString())
+        paths.append(path)
+    return paths
+
+
+def slow(x):
+    time.sleep(SLOW_MS / 1000.0)
+    return x
+
+
+def decode(batch):
+    parsed = tf.io.parse_example(batch, {"x": tf.io.FixedLenFeature([], tf.string)})
+    x = tf.io.decode_raw(parsed["x"], tf.uint8)[:, :16]
+    x = tf.cast(x, tf.float32) / 255.0
+    if SLOW_MS > 0:
+        x = tf.py_function(slow, [x], tf.float32)
+        x.set_shape([None, 16])
+    return x, tf.reduce_mean(x, axis=1, keepdims=True)
+
+
+def dataset(paths, repeat=True):
+    ds = tf.data.TFRecordDataset(paths)
+    if repeat:
+        ds = ds.repeat()
+    return ds.batch(BATCH).map(decode).prefetch(1)
+
+
+class Stall(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch % CALLBACK_EVERY == CALLBACK_EVERY - 1:
+            time.sleep(CALLBACK_SLEEP_MS / 1000.0)
+
+
+def main() -> None:
+    paths = write_files()
+    file_bytes = sum(os.path.getsize(p) for p in paths)
+    model = tf.keras.Sequential([tf.keras.Input((16,)), tf.keras.layers.Dense(1)])
+    if MODE == "keras":
+        model.compile(optimizer="sgd", loss="mse")
+        callbacks = [Stall()] if CALLBACK_SLEEP_MS > 0 else []
+        model.fit(dataset(paths), steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=callbacks)
+    elif MODE == "readonce":
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(dataset(paths, repeat=False), epochs=1, verbose=0)
+    else:
+        optimizer = tf.keras.optimizers.SGD()
+        iterator = iter(dataset(paths))
+        checkpoint = tf.train.Checkpoint(model=model)
+
+        @tf.function
+        def train_step(it):
+            x, y = next(it)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        for step in range(STEPS):
+            train_step(iterator)
+            if SAVE_EVERY and step % SAVE_EVERY == SAVE_EVERY - 1:
+                checkpoint.write(os.path.join(DATA_DIR, "ckpt"))
+    print(f"done steps={STEPS} file_bytes={file_bytes}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
