@@ -151,7 +151,9 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     times: Dict[str, List[int]] = {m: [] for m in INPROCESS}
     for round_no in range(rounds):
         shift = round_no % len(INPROCESS)
-        for mode in INPROCESS[shift:] + INPROCESS[:shift]:
+        order = INPROCESS[shift:] + INPROCESS[:shift]
+        # odd rounds reversed: the export backlog a mode leaves falls on different next modes
+        for mode in order[::-1] if round_no % 2 else order:
             sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
             pipeline._sampler, pipeline._sample_fast = sampler, tracing._fast_root_decision(sampler)
             collector.every = {"coll_every": 1, "defaults": 10}.get(mode, 0)

@@ -59,7 +59,8 @@ def check_every_sampled_step(spans, is_training):
     assert keys and all(r == {0, 1} for r in keys.values())
     children = [s for s in spans if s.category in ("collective.transfer", "collective.wait")]
     ids = {c.span_id for c in collectives}
-    assert children and all(s.parent_id in ids for s in children)
+    # wait / transfer children: the timeline source always; the stamps only where a rank waited
+    assert all(s.parent_id in ids for s in children)
     return steps, collectives
 
 

@@ -17,7 +17,9 @@ def test_last_arrival_is_the_latest_rank_per_tensor():
 
 
 def test_a_waiting_rank_gets_wait_and_transfer_children():
-    out = hs.records_for(STAMP, 1_000, 9_000, 4_000, 2, rank=0, step=7, key="k/7/grad_w0")
+    out = hs.records_for(
+        STAMP, 1_000, 9_000, 4_000, 2, rank=0, step=7, key="k/7/grad_w0", min_child_wait_ns=1
+    )
     parent, wait, transfer = out
     assert parent.category == record.COLLECTIVE and (parent.start_ns, parent.end_ns) == (
         1_000,
@@ -31,17 +33,20 @@ def test_a_waiting_rank_gets_wait_and_transfer_children():
     assert (transfer.start_ns, transfer.end_ns) == (4_000, 9_000)
 
 
-def test_the_last_rank_has_no_wait_child():
+def test_the_last_rank_and_short_waits_have_no_children():
     out = hs.records_for(STAMP, 4_000, 9_000, 4_000, 1, rank=1, step=7, key="k")
-    assert [r.category for r in out] == [record.COLLECTIVE, record.COLLECTIVE_TRANSFER]
+    assert [r.category for r in out] == [record.COLLECTIVE]
+    short = hs.records_for(STAMP, 1_000, 9_000_000, 900_000, 2, rank=0, step=7, key="k")
+    assert [r.category for r in short] == [record.COLLECTIVE]
+    assert short[0].attributes["horovod.wait_ns"] == 899_000  # still on the collective span
     assert out[0].attributes["horovod.last_arrival"] is True
     assert out[0].attributes["horovod.wait_ns"] == 0
 
 
 def test_children_stay_inside_the_collective_whatever_the_clocks_say():
     # last arrival (mapped to this rank's clock) after this rank's end, or before its arrival
-    late = hs.records_for(STAMP, 1_000, 5_000, 8_000, 1, rank=0, step=1, key="k")
-    early = hs.records_for(STAMP, 1_000, 5_000, 500, 1, rank=0, step=1, key="k")
+    late = hs.records_for(STAMP, 1_000, 5_000, 8_000, 1, 0, 1, "k", min_child_wait_ns=1)
+    early = hs.records_for(STAMP, 1_000, 5_000, 500, 1, 0, 1, "k", min_child_wait_ns=1)
     for out in (late, early):
         parent = out[0]
         for child in out[1:]:
@@ -52,7 +57,7 @@ def test_unknown_last_arrival_says_so():
     out = hs.records_for(STAMP, 1_000, 5_000, None, None, rank=3, step=1, key="k")
     assert out[0].attributes["horovod.arrival"] == "unknown"
     assert out[0].attributes["horovod.last_arrival"] is False
-    assert [r.category for r in out] == [record.COLLECTIVE, record.COLLECTIVE_TRANSFER]
+    assert [r.category for r in out] == [record.COLLECTIVE]
 
 
 def test_nbytes_needs_a_known_dtype_and_static_shape():

@@ -23,6 +23,10 @@ from tf_otel import record
 from tf_otel.capture import horovod_timeline as tl
 
 HOW = "stamp"  # horovod.arrival: the rank's own timestamp, clock-corrected
+# wait / transfer children only for a rank that waited at least this long: spans cost ~0.1 ms of
+# CPU each in the OTel SDK and a real model has ~160 tensors a step (docs/HOROVOD.md); the wait
+# is on the collective span itself (horovod.wait_ns), which the analyzer reads without a child
+MIN_CHILD_WAIT_NS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,10 @@ def records_for(
     key: str,
     group: Optional[str] = None,
     backend: Optional[str] = None,
+    min_child_wait_ns: int = MIN_CHILD_WAIT_NS,
 ) -> List[record.Record]:
-    """One rank's collective span with its wait and transfer children (LOCAL clock).
+    """One rank's collective span (LOCAL clock), with wait and transfer children when this rank
+    waited at least ``min_child_wait_ns`` for the last one.
 
     ``last_ns`` (this rank's clock) None: the other ranks' arrivals are not known: no wait
     child, arrival ``unknown``."""
@@ -104,6 +110,8 @@ def records_for(
         attributes=attributes,
     )
     out = [parent]
+    if wait_ns <= 0 or wait_ns < min_child_wait_ns:
+        return out
     if wait_ns > 0:
         out.append(
             record.Record(
