@@ -24,11 +24,13 @@ from tf_otel.instrument import (
     data,
     function,
     horovod,
+    input_wait,
     keras,
     nccl_ring,
     ops,
     ps,
     session,
+    step_resources,
 )
 
 MIN_TF_VERSION = (2, 15)
@@ -87,7 +89,18 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         tracing.install_exit_handlers()
         _patching.activate()
         _patching.when_imported("tensorflow", check_tensorflow_version)
-        for module in (session, keras, function, ops, data, ps, horovod, nccl_ring):
+        for module in (
+            session,
+            keras,
+            function,
+            ops,
+            data,
+            input_wait,
+            step_resources,
+            ps,
+            horovod,
+            nccl_ring,
+        ):
             module.register()
 
     def _uninstrument(self, **kwargs: Any) -> None:

@@ -1,0 +1,72 @@
+"""Ground truth for the time between steps (a stalling Keras callback, named) and the I/O per
+step (files of known size read once through tf.data), with controls that must find nothing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from conftest import base_env, python, run  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+JOB = str(Path(__file__).resolve().parent / "input_job.py")
+
+
+def _steps(spans, kind="keras_train"):
+    steps = [
+        s for s in spans if s.category == "step" and s.attributes.get("tf_otel.step.kind") == kind
+    ]
+    return sorted(steps, key=lambda s: s.attributes["tf_otel.step"])
+
+
+def _run(receiver, tmp_path, count, **extra):
+    env = base_env(**receiver.env("grpc"), TF_OTEL_ENABLED="1", DATA_DIR=str(tmp_path), **extra)
+    result = run([python(), JOB], env)
+    spans = receiver.wait_for(lambda s: len(_steps(s)) >= count, 30)
+    return result, _steps(spans)
+
+
+@pytest.mark.parametrize("sleep_ms", [100, 0], ids=["stall", "control"])
+def test_callback_stall_is_time_between_steps_and_named(receiver, tmp_path, sleep_ms):
+    _, steps = _run(
+        receiver, tmp_path, 30, MODE="keras", STEPS="30", CALLBACK_SLEEP_MS=str(sleep_ms)
+    )
+    # the callback sleeps after batches 9, 19, 29: the gap before steps 10 and 20
+    for step in steps[1:]:
+        number = step.attributes["tf_otel.step"]
+        between = step.attributes["tf_otel.between_steps_ns"] / 1e6
+        callback = step.attributes["tf_otel.between_steps.callback_ns"] / 1e6
+        top = list(step.attributes.get("tf_otel.between_steps.top", ()))
+        if sleep_ms and number % 10 == 0:
+            assert between >= sleep_ms and callback >= sleep_ms, (number, between, top)
+            assert top and top[0].startswith("Stall="), top
+        else:
+            assert callback < 50, (number, callback, top)
+            assert not any(t.startswith("Stall=") for t in top), top
+
+
+def test_read_bytes_add_up_to_the_files(receiver, tmp_path):
+    # 4 files x 256 records x 32 KiB read once (no repeat): 32 MiB through TFRecordDataset in
+    # 128 steps; what the prefetch reads before step 0 begins (~2 batches) is no step's
+    result, steps = _run(
+        receiver,
+        tmp_path,
+        1,
+        MODE="readonce",
+        FILES="4",
+        RECORDS="256",
+        RECORD_BYTES="32768",
+        BATCH="8",
+    )
+    file_bytes = int(result.stdout.split("file_bytes=")[1].split()[0])
+    spans = receiver.wait_for(lambda s: len(_steps(s)) >= 128, 30)
+    steps = _steps(spans)
+    assert len(steps) in (128, 129)  # the call that meets the end of the data is a step too
+    read = sum(s.attributes.get("tf_otel.io.read_bytes", 0) for s in steps)
+    assert read == pytest.approx(file_bytes, rel=0.05), (read, file_bytes)
+    assert all(s.attributes["process.memory.usage"] > 10 * 2**20 for s in steps)
+    assert sum(s.attributes.get("tf_otel.io.read_ops", 0) for s in steps) > 0
