@@ -24,6 +24,8 @@ command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v ssh >/dev/null 2>&1 || need_apt+=(openssh-client)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# the HTML report is checked in a real headless browser
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
