@@ -61,7 +61,7 @@ class StampCollector:
     """Graph stamps, the detail-step policy, and the cross-rank arrival exchange."""
 
     def __init__(self) -> None:
-        self.every = 1
+        self.every = 50
         self.backend: Optional[str] = None
         self.enabled: Callable[[], bool] = lambda: False
         self._slots: List[Tuple[Any, List[hs.Stamp], Optional[str]]] = []
