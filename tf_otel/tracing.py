@@ -174,6 +174,7 @@ class Pipeline:
         self._clock_sync: Any = None
         self._clock_settled = False
         self._gpu: Any = None  # GPU metrics sampler (None without NVML / GPU)
+        self._system: Any = None  # host/process metrics (tf_otel.system_metrics)
         self._clock_deadline = 0.0
         self._started = False
         self._closed = False
@@ -293,6 +294,18 @@ class Pipeline:
                     },
                     interval_s=self.settings.gpu_metrics_interval_s,
                 )
+        with fail_open("system_metrics.start"):  # host/process semconv metrics, off-thread
+            from tf_otel import system_metrics
+
+            self._system = system_metrics.start(
+                {
+                    record.ATTR_RANK: topo.rank,
+                    record.ATTR_WORLD_SIZE: topo.world_size,
+                    record.ATTR_JOB_ID: self.job_id,
+                    "host.name": topo.host,
+                },
+                interval_s=self.settings.system_metrics_interval_s,
+            )
         with fail_open("clock.start"):
             from tf_otel.clock import sync
 
@@ -343,6 +356,9 @@ class Pipeline:
         if self._gpu is not None:
             with fail_open("gpu_metrics.stop"):
                 self._gpu.stop()
+        if self._system is not None:
+            with fail_open("system_metrics.stop"):
+                self._system.stop(min(timeout_s, 2.0))
         if self._job_span is not None:
             self._job_span.end(end_time=clock.now_ns())
         if counters:
