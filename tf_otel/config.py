@@ -142,7 +142,9 @@ class Settings:
     test_clock: Optional[str] = None
     clock_interval_s: float = 60.0
     gpu_metrics_interval_s: float = 10.0  # 0: off
-    input_wait: bool = True  # time every step's wait on tf.data (instrument/input_wait.py)
+    # time every step's wait on tf.data (instrument/input_wait.py); opt-in until its cost on a
+    # quiet machine is known (it adds a zip + map tail to every dataset iteration)
+    input_wait: bool = False
     system_metrics_interval_s: float = 10.0  # host/process semconv metrics; 0: off
     horovod_every: int = 50  # collective detail on 1 sampled step in N (docs/HOROVOD.md)
     horovod_source: str = "stamps"  # or "timeline"
@@ -181,7 +183,7 @@ class Settings:
             gpu_metrics_interval_s=read(
                 env, "TF_OTEL_GPU_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
-            input_wait=read(env, "TF_OTEL_INPUT_WAIT", _bool, True),
+            input_wait=read(env, "TF_OTEL_INPUT_WAIT", _bool, False),
             system_metrics_interval_s=read(
                 env, "TF_OTEL_SYSTEM_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),

@@ -29,6 +29,7 @@ def _job(receiver, tmp_path, mode, slow_ms, kind):
     env = base_env(
         **receiver.env("grpc"),
         TF_OTEL_ENABLED="1",
+        TF_OTEL_INPUT_WAIT="1",
         DATA_DIR=str(tmp_path),
         MODE=mode,
         STEPS=str(STEPS),
