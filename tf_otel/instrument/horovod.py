@@ -555,6 +555,15 @@ def _patch_mpi_lib(module: Any) -> None:
         setattr(library, name, _timed(original, collector.wrapper(op, grouped), tf))
 
 
+def _patch_conds(module: Any) -> None:
+    tf = sys.modules.get("tensorflow")
+    for name, grouped in (("_allreduce_cond", False), ("_grouped_allreduce_cond", True)):
+        original = getattr(module, name, None)
+        if tf is None or original is None or hasattr(original, "_tf_otel_original"):
+            continue
+        setattr(module, name, _timed(original, collector.cond_wrapper(grouped), tf))
+
+
 def _timed(original: Callable, wrapper: Callable, tf: Any) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         return wrapper(original, None, args, kwargs)
@@ -575,6 +584,7 @@ def register() -> None:
     global _registered
     when_imported("horovod.common.basics", _patch_basics)
     when_imported("horovod.tensorflow.mpi_ops", _patch_mpi_lib)
+    when_imported("horovod.tensorflow", _patch_conds)
     for module in ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"):
         when_imported(module, _patch_optimizer)
     if _registered:
