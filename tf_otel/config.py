@@ -12,7 +12,7 @@ TF_OTEL_SYSTEM_METRICS_INTERVAL_S (host/process metrics with OTel semconv names;
 TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross-rank channel;
 see tf_otel.job_secret for what is used without it),
 TF_OTEL_HOROVOD_EVERY (collective detail on 1 sampled step in N, picked by the step trace id so
-every rank picks the same steps; 1: every sampled step, 0: none; default 50, docs/HOROVOD.md),
+every rank picks the same steps; 1: every sampled step; 0, the default: none, and no timing ops are built),
 TF_OTEL_HOROVOD_SOURCE (``stamps``, the default: every rank times its own collectives;
 ``timeline``: Horovod's DYNAMIC timeline on rank 0, which costs a spinning thread from hvd.init).
 """
@@ -146,7 +146,7 @@ class Settings:
     # quiet machine is known (it adds a zip + map tail to every dataset iteration)
     input_wait: bool = False
     system_metrics_interval_s: float = 10.0  # host/process semconv metrics; 0: off
-    horovod_every: int = 50  # collective detail on 1 sampled step in N (docs/HOROVOD.md)
+    horovod_every: int = 0  # collective detail on 1 sampled step in N; 0: off (docs/HOROVOD.md)
     horovod_source: str = "stamps"  # or "timeline"
     # authenticates rank <-> rank 0 (tf_otel.job_secret); never in a repr or a log line
     job_secret: Optional[str] = field(default=None, repr=False)
@@ -188,7 +188,7 @@ class Settings:
                 env, "TF_OTEL_SYSTEM_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
             job_secret=(env.get("TF_OTEL_JOB_SECRET") or "").strip() or None,
-            horovod_every=read(env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, 50),
+            horovod_every=read(env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, 0),
             file_max_mb=read(env, "TF_OTEL_FILE_MAX_MB", _non_negative_float, 1024.0),
             file_keep=read(env, "TF_OTEL_FILE_KEEP", _non_negative_int, 3),
             exit_timeout_s=read(env, "TF_OTEL_EXIT_TIMEOUT_S", _non_negative_float, 5.0),

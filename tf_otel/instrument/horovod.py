@@ -206,8 +206,8 @@ class HorovodCollectives(StepHook):
         """Graph construction: time Horovod ops (default source, more than one rank)?"""
         if self.mode is None and self._horovod_ready():
             self._resolve_late()
-        if self.mode != STAMPS or self._finished or not is_active():
-            return False
+        if self.mode != STAMPS or self._finished or not is_active() or collector.every <= 0:
+            return False  # TF_OTEL_HOROVOD_EVERY=0 (default): no timing ops in the graph
         try:
             return int(self.basics.size()) > 1
         except Exception:  # noqa: BLE001
@@ -555,15 +555,6 @@ def _patch_mpi_lib(module: Any) -> None:
         setattr(library, name, _timed(original, collector.wrapper(op, grouped), tf))
 
 
-def _patch_conds(module: Any) -> None:
-    tf = sys.modules.get("tensorflow")
-    for name, grouped in (("_allreduce_cond", False), ("_grouped_allreduce_cond", True)):
-        original = getattr(module, name, None)
-        if tf is None or original is None or hasattr(original, "_tf_otel_original"):
-            continue
-        setattr(module, name, _timed(original, collector.cond_wrapper(grouped), tf))
-
-
 def _timed(original: Callable, wrapper: Callable, tf: Any) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         return wrapper(original, None, args, kwargs)
@@ -584,7 +575,6 @@ def register() -> None:
     global _registered
     when_imported("horovod.common.basics", _patch_basics)
     when_imported("horovod.tensorflow.mpi_ops", _patch_mpi_lib)
-    when_imported("horovod.tensorflow", _patch_conds)
     for module in ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"):
         when_imported(module, _patch_optimizer)
     if _registered:

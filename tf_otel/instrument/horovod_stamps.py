@@ -61,7 +61,7 @@ class StampCollector:
     """Graph stamps, the detail-step policy, and the cross-rank arrival exchange."""
 
     def __init__(self) -> None:
-        self.every = 50
+        self.every = 0
         self.backend: Optional[str] = None
         self.enabled: Callable[[], bool] = lambda: False
         self._slots: List[Tuple[Any, List[hs.Stamp], Optional[str]]] = []
@@ -72,7 +72,6 @@ class StampCollector:
         self._mine: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
         self._gather: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
         self._tf1_logged = False
-        self._outer = threading.local()  # names: stamps of the ops built inside a stamped cond
         self._outstanding: Dict[Tuple[str, int], None] = {}  # detail steps not emitted yet
         self._unshared: OrderedDict[Tuple[str, int], list] = OrderedDict()  # read, not sent
 
@@ -88,13 +87,6 @@ class StampCollector:
                 return wrapped(*args, **kwargs)
             if tf.executing_eagerly():
                 return self._eager_call(tf, wrapped, args, kwargs, op, grouped)
-            inside = getattr(self._outer, "names", None)
-            if inside is not None:  # stamped around Horovod's tf.cond: names only, no ops
-                out = wrapped(*args, **kwargs)
-                with fail_open("horovod.stamp"):
-                    name = tf.nest.flatten(out)[0].op.name
-                    inside.append(_stamps_of(name, args[0], op, grouped, kwargs))
-                return out
             before = None
             with fail_open("horovod.stamp"):
                 before = self._before(tf, args[0], grouped)
@@ -107,43 +99,6 @@ class StampCollector:
             return out
 
         return wrapped_op
-
-    def cond_wrapper(self, grouped: bool) -> Callable:
-        """horovod.tensorflow._allreduce_cond / _grouped_allreduce_cond (DistributedGradientTape,
-        DistributedOptimizer): stamp around the tf.cond, not inside it. Stateful ops inside the
-        branch make the cond a stateful If, which grappler no longer folds away although its
-        predicate is a constant (measured: 5-7 % of a MobileNetV3Small step)."""
-
-        def wrapped_cond(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-            tf = sys.modules.get("tensorflow")
-            if (
-                tf is None
-                or not args
-                or not self.enabled()
-                or tf.executing_eagerly()
-                or getattr(self._outer, "names", None) is not None
-                or len(self._slots) >= _MAX_SLOTS
-            ):
-                return wrapped(*args, **kwargs)
-            before = None
-            with fail_open("horovod.stamp"):
-                before = self._before(tf, args[0], grouped)
-            if before is None:
-                return wrapped(*args, **kwargs)
-            self._outer.names = []
-            try:
-                with tf.control_dependencies([before]):
-                    out = wrapped(*args, **kwargs)
-                found = self._outer.names
-            finally:
-                self._outer.names = None
-            with fail_open("horovod.stamp"):
-                stamps = [stamp for part, _ in found for stamp in part]
-                if stamps:
-                    self._store(tf, out, before, stamps, found[0][1] if grouped else None)
-            return out
-
-        return wrapped_cond
 
     def _before(self, tf: Any, inputs: Any, grouped: bool) -> Any:
         with tf.init_scope():
@@ -164,13 +119,6 @@ class StampCollector:
         self, tf: Any, inputs: Any, out: Any, before: Any, op: str, grouped: bool, kwargs: dict
     ) -> None:
         outs = tf.nest.flatten(out)
-        stamps, group = _stamps_of(outs[0].op.name, inputs, op, grouped, kwargs)
-        self._store(tf, out, before, stamps, group)
-
-    def _store(
-        self, tf: Any, out: Any, before: Any, stamps: List[hs.Stamp], group: Optional[str]
-    ) -> None:
-        outs = [t for t in tf.nest.flatten(out) if t is not None]
         with tf.control_dependencies(outs):
             after = tf.timestamp()
         from tensorflow.python.ops import resource_variable_ops
@@ -182,6 +130,7 @@ class StampCollector:
                 tf.zeros([2], tf.float64), trainable=False, name="tf_otel_hvd_stamp"
             )
         slot.assign(tf.stack([before, after]))
+        stamps, group = _stamps_of(outs[0].op.name, inputs, op, grouped, kwargs)
         with self._lock:
             self._slots.append((slot, stamps, group))
 
