@@ -123,6 +123,7 @@ def main() -> None:
         OTEL_TRACES_EXPORTER="none",
         TF_OTEL_FILE=os.path.join(tmp, "spans-{rank}.jsonl"),
         TMPDIR=tmp,
+        TF_OTEL_HOROVOD_EVERY="1",  # timing ops built; detail switched per block
     )
     command = [str(venv / "horovodrun"), "-np", str(args.np), "-H", f"localhost:{args.np}"]
     command += ["--gloo", sys.executable, __file__, "--worker", f"--rounds={args.rounds}"]
