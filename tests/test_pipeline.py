@@ -225,7 +225,9 @@ def test_late_extents_never_make_a_second_root_and_silent_ranks_are_learnt() -> 
     from tf_otel.coordinator import LEARN_STEPS, StepAggregator
 
     roots = []
-    aggregator = StepAggregator(3, wait_s=0.3, emit_root=lambda *args: roots.append(args))
+    aggregator = StepAggregator(
+        3, wait_s=0.3, emit_root=lambda *args: roots.append(args), first_report_grace_s=0.5
+    )
     try:
         for step in range(LEARN_STEPS):  # rank 2 never reports (a TF2 PS worker, say)
             aggregator.add(0, "k", step, 10, 20)
@@ -239,5 +241,30 @@ def test_late_extents_never_make_a_second_root_and_silent_ranks_are_learnt() -> 
         aggregator.add(1, "k", LEARN_STEPS, 11, 21)
         assert roots[-1][1] == LEARN_STEPS, "no timeout needed once the reporters are known"
         assert len([r for r in roots if r[1] == 0]) == 1
+    finally:
+        aggregator.close()
+
+
+def test_first_roots_wait_for_a_rank_whose_first_report_is_late() -> None:
+    """A rank's first reports wait for its clock to settle: early roots wait for a rank never
+    heard from (bounded by the grace), instead of going out partial; a control rank set that
+    reports in time is emitted at once."""
+    from tf_otel.coordinator import StepAggregator
+
+    roots = []
+    aggregator = StepAggregator(
+        2, wait_s=0.2, emit_root=lambda *args: roots.append(args), first_report_grace_s=5.0
+    )
+    try:
+        aggregator.add(0, "k", 0, 10, 20)
+        time.sleep(0.8)  # past wait_s: without the grace step 0's root would be out, partial
+        assert roots == []
+        aggregator.add(1, "k", 0, 12, 30)
+        assert [(r[1], r[4]) for r in roots] == [(0, 2)], roots  # whole: both ranks
+        aggregator.add(0, "k", 1, 40, 50)  # now every rank has been heard from: the usual wait
+        deadline = time.monotonic() + 3
+        while len(roots) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [(r[1], r[4]) for r in roots][1:] == [(1, 1)]
     finally:
         aggregator.close()

@@ -40,6 +40,7 @@ MAX_HELD_MESSAGES = 1024
 MAX_HELD_BYTES = 16 << 20  # per rank: messages held for a rank that has not connected yet
 MAX_EMITTED_STEPS = 8192
 LEARN_STEPS = 3
+FIRST_REPORT_GRACE_S = 15.0  # = tracing.CLOCK_SETTLE_MAX_S (not imported: tracing imports us)
 SERVICE = "coordinator"
 MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
 MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)
@@ -111,10 +112,12 @@ class StepAggregator:
         wait_s: float,
         emit_root: EmitRoot,
         secret: Optional[job_secret.JobKey] = None,
+        first_report_grace_s: float = FIRST_REPORT_GRACE_S,
     ) -> None:
         self.world_size = world_size
         self.secret = secret or job_secret.job_key()
         self.wait_s = wait_s
+        self.first_report_grace_s = first_report_grace_s
         self.emit_root = emit_root
         self._pending: OrderedDict[Tuple[str, int], Dict] = OrderedDict()
         self._lock = threading.Lock()
@@ -208,8 +211,14 @@ class StepAggregator:
             now = time.monotonic()
             late = []
             with self._lock:
+                wait_s = self.wait_s
+                unheard = self.world_size - len(self._reporters | self._finished)
+                if unheard > 0 and len(self._emitted) < LEARN_STEPS:
+                    # a rank's first reports wait for its clock to settle (tracing.py, up to
+                    # CLOCK_SETTLE_MAX_S): the first roots wait for it rather than go out partial
+                    wait_s += self.first_report_grace_s
                 for key_step, entry in list(self._pending.items()):
-                    if now - entry["t"] > self.wait_s:
+                    if now - entry["t"] > wait_s:
                         late.append((key_step, self._pending.pop(key_step)))
             for key_step, entry in late:
                 self._emit(key_step, entry)

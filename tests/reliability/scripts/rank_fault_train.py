@@ -2,7 +2,8 @@
 step's allreduce (the other ranks finish the step, then wait for it in the next one).
 
 Run: horovodrun -np 3 -H localhost:3 --gloo python tests/reliability/scripts/rank_fault_train.py
-Env: STEPS (default 8), KILL_RANK / KILL_STEP (default -1: nobody), STEP_SLEEP_S (default 0.2).
+Env: STEPS (default 8), KILL_RANK / KILL_STEP (default -1: nobody), STEP_SLEEP_S (default 0.2),
+KILL_GRACE_S (default 2: the killed rank's wait before SIGKILL).
 Prints "rank R done" at the end and "rank R step S" after each step.
 """
 
@@ -19,6 +20,7 @@ STEPS = int(os.environ.get("STEPS", "8"))
 KILL_RANK = int(os.environ.get("KILL_RANK", "-1"))
 KILL_STEP = int(os.environ.get("KILL_STEP", "-1"))
 STEP_SLEEP_S = float(os.environ.get("STEP_SLEEP_S", "0.2"))
+KILL_GRACE_S = float(os.environ.get("KILL_GRACE_S", "2.0"))
 
 rng = np.random.default_rng(hvd.rank())
 features = tf.constant(rng.normal(size=(32, 16)).astype("float32"))
@@ -31,6 +33,9 @@ def maybe_die(step):
     time.sleep(STEP_SLEEP_S)
     if hvd.rank() == KILL_RANK and int(step) == KILL_STEP:
         print(f"rank {hvd.rank()} killing itself in step {int(step)}", flush=True)
+        # the steps it finished before have left the process (tf_otel exports in batches 0.5 s
+        # apart): what the kill may lose is this step, not the previous ones
+        time.sleep(KILL_GRACE_S)
         os.kill(os.getpid(), signal.SIGKILL)
     return np.float32(0)
 
