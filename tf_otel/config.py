@@ -7,12 +7,13 @@ Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_FILE, TF_OTEL_ROOT_WAIT_MS,
 TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY, TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTIONS,
 TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by ","; read by
 tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S,
-TF_OTEL_INPUT_WAIT (time every step's wait on tf.data; default on),
+TF_OTEL_INPUT_WAIT (time every step's wait on tf.data; opt-in, default off),
 TF_OTEL_SYSTEM_METRICS_INTERVAL_S (host/process metrics with OTel semconv names; 0: off),
 TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross-rank channel;
 see tf_otel.job_secret for what is used without it),
 TF_OTEL_HOROVOD_EVERY (collective detail on 1 sampled step in N, picked by the step trace id so
-every rank picks the same steps; 1: every sampled step; 0, the default: none, and no timing ops are built),
+every rank picks the same steps; 1: every sampled step; 0, the default: none, and no timing ops
+are built),
 TF_OTEL_HOROVOD_SOURCE (``stamps``, the default: every rank times its own collectives;
 ``timeline``: Horovod's DYNAMIC timeline on rank 0, which costs a spinning thread from hvd.init).
 """
