@@ -12,10 +12,8 @@ Scenarios (tests/groundtruth/train_groundtruth.py):
   input   - rank 2's tf.data generator sleeps DELAY_MS in those steps -> cause input
   compute - rank 2 trains those steps on a 256x larger batch          -> cause compute;
             the delay's truth is measured in-process by every rank (its own work before the
-            gradient allreduce). Expected to fail until Horovod's per-rank arrivals are exact
-            with the response cache on (issue 17 point 3): today ranks other than 0 carry
-            horovod.arrival=unknown, nothing a rank records shows compute inside its step
-            function, and the analysis rightly blames nobody (straggler_wait + a warning)
+            gradient allreduce); found through every rank's own collective arrival
+            (TF_OTEL_HOROVOD_EVERY=1: horovod.arrival=stamp, exact with the response cache on)
   none    - nothing injected: no step straggler, no straggler finding
 
 A shared 2-core host slows ranks by itself now and then (a rank descheduled for 100 ms): a
@@ -66,15 +64,9 @@ def launch() -> Callable[[Dict[str, str]], None]:
     return start
 
 
-EXACT_ARRIVALS = pytest.mark.xfail(
-    reason="needs exact per-rank Horovod arrivals with the response cache on (issue 17 point 3)",
-    strict=False,
-)
-
-
 @pytest.fixture(
     scope="module",
-    params=["late", "input", pytest.param("compute", marks=EXACT_ARRIVALS), "none"],
+    params=["late", "input", "compute", "none"],
 )
 def scenario(request, launch, tmp_path_factory):
     name = request.param
@@ -85,6 +77,7 @@ def scenario(request, launch, tmp_path_factory):
         TF_OTEL_ENABLED="1",
         TF_OTEL_FILE=str(out / "spans" / "spans-{rank}.jsonl"),
         TF_OTEL_STEP_FUNCTIONS="train_step",
+        TF_OTEL_HOROVOD_EVERY="1",  # collective detail, every rank's own arrival, every step
         OTEL_TRACES_EXPORTER="none",
         SCENARIO=name,
         SLOW_RANK=str(SLOW_RANK),
