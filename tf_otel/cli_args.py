@@ -10,50 +10,31 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Callable, TypeVar
+
+N = TypeVar("N", int, float)
 
 
-def _number(text: str, kind: type) -> float:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
-        ) from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
+def _ranged(kind: Callable[[str], N], ok: Callable[[N], bool], expected: str) -> Callable[[str], N]:
+    """A parser of ``kind`` accepting finite values for which ``ok`` holds."""
+
+    def parse(text: str) -> N:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            noun = "an integer" if kind is int else "a finite number"
+            raise argparse.ArgumentTypeError(f"expected {noun}, got {text!r}")
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    value = int(_number(text, int))
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected an integer > 0, got {text!r}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(_number(text, int))
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(_number(text, float))
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = float(_number(text, float))
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def share(text: str) -> float:
-    value = float(_number(text, float))
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text!r}")
-    return value
+positive_int = _ranged(int, lambda v: v > 0, "an integer > 0")
+non_negative_int = _ranged(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _ranged(float, lambda v: v > 0, "a number > 0")
+non_negative_float = _ranged(float, lambda v: v >= 0, "a number >= 0")
+share = _ranged(float, lambda v: 0 <= v <= 1, "a share between 0 and 1")
