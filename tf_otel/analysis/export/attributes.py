@@ -11,13 +11,10 @@ Usage::
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from typing import Any, Collection, Dict, Iterable, Iterator, Optional, Tuple
 
-from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
-from tf_otel.analysis.load.files import find_trace_files
+from tf_otel.analysis.load.files import find_trace_files, read_trace_bytes
 from tf_otel.analysis.load.otlp import MALFORMED, is_traces_data, normalise_id
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.otlp_values import attributes_dict
@@ -63,12 +60,7 @@ def full_attributes(
     files = find_trace_files(paths)
     with Progress("export: reading span attributes", len(files), progress) as bar:
         for path in files:
-            try:
-                data = path.read_bytes()
-                if data[:2] == b"\x1f\x8b":
-                    data = gzip.decompress(data)
-            except (OSError, EOFError, zlib.error) as error:
-                raise AnalysisError(f"{path}: cannot read ({error})") from None
+            data = read_trace_bytes(path)
             for document in _documents(data):
                 for raw in _spans(document):
                     try:

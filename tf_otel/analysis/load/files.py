@@ -56,7 +56,8 @@ def find_trace_files(paths: Iterable[str]) -> List[Path]:
     return files
 
 
-def _read_bytes(path: Path) -> bytes:
+def read_trace_bytes(path: Path) -> bytes:
+    """A trace file's bytes (gunzipped); one AnalysisError for anything that is not one."""
     try:
         data = path.read_bytes()
         if data[:2] == b"\x1f\x8b":
@@ -114,7 +115,7 @@ def _split_lines(data: bytes) -> List[Union[bytes, memoryview]]:
 
 def load_file_rows(path: Path) -> List[Row]:
     """One file's spans as ``Span.to_row`` tuples."""
-    data = _read_bytes(path)
+    data = read_trace_bytes(path)
     try:
         spans = _decode_lines(path, data)
     except _NotLines as not_lines:
