@@ -17,15 +17,17 @@ Usage::
 ``skew_ns`` shifts the clock tf_otel reads on every rank of that host (TF_OTEL_TEST_CLOCK: the
 spans then carry ``tf_otel.clock.test_error_ns``, the truth to compare against). ``slow_link``
 rate-limits the host's link both ways (tc tbf), ``cpus`` pins the host's processes (taskset -c),
-``cpu_hog`` runs that many busy loops pinned like the host. Everything is removed on exit, also
-when the body fails.
+``cpu_hog`` runs that many busy loops pinned like the host; ``with c.slowed_link("hostB",
+"50mbit"):`` slows a link for a block only. Everything is removed on exit, also when the body
+fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 from conftest import EXAMPLES, REPO, VENV_BIN, base_env
 
@@ -72,6 +74,21 @@ class Cluster:
 
     def address(self, host: str) -> str:
         return self.net.address(host)
+
+    @contextlib.contextmanager
+    def slowed_link(self, host: str, rate: str) -> Iterator[None]:
+        """The slow link of ``slow_link`` for the body only (tc tbf both ways, then removed):
+        one cluster can run a control and a slowed-link run side by side."""
+        veth = self.net._veth(self.net.members.index(host))
+        inside = ["ip", "netns", "exec", self.net.netns(host)]
+        tbf = ["root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]
+        subprocess.run(["tc", "qdisc", "add", "dev", veth, *tbf], check=True)  # towards the host
+        try:
+            subprocess.run([*inside, "tc", "qdisc", "add", "dev", "eth0", *tbf], check=True)
+            yield
+        finally:
+            subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False)
+            subprocess.run([*inside, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
 
     def np(self) -> int:
         return len(self.hosts) * self.slots
