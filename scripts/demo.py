@@ -100,6 +100,9 @@ def run_job(jaeger: dict) -> None:
     env.update(
         PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
         TF_OTEL_ENABLED="1",
+        TF_OTEL_HOROVOD_EVERY="1",  # collective detail on every step: the demo shows it off
+        # rank 1's delay holds its executor inside the step: Horovod's negotiation sees it
+        TF_OTEL_HOROVOD_SOURCE="timeline",
         TF_OTEL_FILE=str(OUT / "spans-rank{rank}.jsonl"),
         OTEL_SERVICE_NAME=SERVICE,
         OTEL_EXPORTER_OTLP_ENDPOINT=jaeger["otlp"],
@@ -122,7 +125,11 @@ def run_job(jaeger: dict) -> None:
         str(VENV_BIN / "python"),
         str(REPO / "examples" / "horovod_tape.py"),
     ]
-    say("running: TF_OTEL_ENABLED=1 " + " ".join(command[:6]) + " python examples/horovod_tape.py")
+    say(
+        "running: TF_OTEL_ENABLED=1 TF_OTEL_HOROVOD_EVERY=1 TF_OTEL_HOROVOD_SOURCE=timeline "
+        + " ".join(command[:6])
+        + " python examples/horovod_tape.py"
+    )
     say("(rank 1 sleeps 80 ms before its gradients in steps 4 and 9)")
     result = subprocess.run(command, env=env, cwd=REPO)
     if result.returncode != 0:
