@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import List, Tuple
 
 import pytest
 from conftest import REPO, VENV_BIN, base_env, run
@@ -19,15 +20,23 @@ def _steps(spans):
     return [s for s in spans if s.attributes.get("tf_otel.category") == "step"]
 
 
-def _start(env) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, str(SCRIPT)],
+def _sigterm_once_ready(args: List[str], env, timeout: float = 60) -> Tuple[int, str, str]:
+    """Run ``python ARGS``, send SIGTERM once it printed "ready"; (status, stdout, stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, *args],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, out, err
 
 
 @pytest.mark.parametrize("when", ["after", "before"])
@@ -41,14 +50,8 @@ def test_program_sigterm_handler_checkpoints_and_exits_zero(receiver, tmp_path: 
         HANDLER=when,
         CKPT_DIR=str(tmp_path),
     )
-    proc = _start(env)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, f"status {proc.returncode}\n{out}\n{err[-3000:]}"
+    status, out, err = _sigterm_once_ready([str(SCRIPT)], env)
+    assert status == 0, f"status {status}\n{out}\n{err[-3000:]}"
     assert "checkpoint written" in out and "exit clean" in out
     assert list(tmp_path.glob("ckpt-rank0*.index")), "no checkpoint on disk"
     # steps made after SIGTERM (the handler let training go on) are traced and flushed at exit
@@ -72,19 +75,8 @@ def test_default_sigterm_still_ends_the_process_after_flushing(receiver, tmp_pat
     env = base_env(
         **{**receiver.env("grpc"), "OTEL_BSP_SCHEDULE_DELAY": "60000"}, TF_OTEL_ENABLED="1"
     )
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == -signal.SIGTERM
-    finally:
-        proc.kill()
+    status, _, err = _sigterm_once_ready([str(script)], env)
+    assert status == -signal.SIGTERM, err[-3000:]
     assert len(_steps(receiver.wait_for(lambda s: len(_steps(s)) >= 5, 10))) >= 5
 
 
@@ -125,24 +117,8 @@ def test_tf_preemption_checkpoint_handler_decides(receiver, tmp_path: Path):
     """TF's PreemptionCheckpointHandler (single worker): traced, SIGTERM still ends in its
     checkpoint and its own exit status 42, as untraced."""
     env = base_env(**receiver.env("grpc"), TF_OTEL_ENABLED="1")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "tests" / "reliability" / "scripts" / "tf_preemption.py"),
-            str(tmp_path / "ckpt"),
-        ],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 42, f"status {proc.returncode}\n{out}\n{err[-3000:]}"
+    script = REPO / "tests" / "reliability" / "scripts" / "tf_preemption.py"
+    status, out, err = _sigterm_once_ready([str(script), str(tmp_path / "ckpt")], env, 120)
+    assert status == 42, f"status {status}\n{out}\n{err[-3000:]}"
     assert list((tmp_path / "ckpt").glob("ckpt-*.index")), "no checkpoint on disk"
     assert len(_steps(receiver.wait_for(lambda s: len(_steps(s)) >= 5, 10))) >= 5
