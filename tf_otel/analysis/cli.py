@@ -53,15 +53,9 @@ def parse_time_ns(text: Optional[str]) -> Optional[int]:
         raise bad from None
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "analyze",
-        help="cross-rank critical path, stragglers and findings from step traces",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[2:]),
-    )
-    source = parser.add_argument_group("source (files, or one backend)")
+def add_source_arguments(parser: argparse.ArgumentParser, title: str) -> None:
+    """Where the spans come from (files, Jaeger or Tempo): shared by analyze and export."""
+    source = parser.add_argument_group(title)
     source.add_argument("paths", nargs="*", metavar="PATH", help="OTLP-JSON files or directories")
     source.add_argument(
         "--jaeger", metavar="URL", help="Jaeger query service, e.g. http://host:16686"
@@ -84,6 +78,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="show a progress bar even when stderr is not a terminal",
     )
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "analyze",
+        help="cross-rank critical path, stragglers and findings from step traces",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
+    add_source_arguments(parser, "source (files, or one backend)")
     select = parser.add_argument_group("selection")
     select.add_argument("--job", help="tf_otel.job.id (required when the input holds several)")
     select.add_argument("--steps", metavar="RANGE", help="N, A:B (inclusive), A: or :B")

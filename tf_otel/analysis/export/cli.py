@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any, List, Optional, Sequence, Tuple
 
+from tf_otel.analysis.cli import add_source_arguments
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.gc_pause import paused_gc
 
@@ -63,14 +64,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.splitlines()[2:]),
     )
-    source = parser.add_argument_group("source (files, or one backend): as tf-otel analyze")
-    source.add_argument("paths", nargs="*", metavar="PATH", help="OTLP-JSON files or directories")
-    source.add_argument("--jaeger", metavar="URL", help="Jaeger query service")
-    source.add_argument("--tempo", metavar="URL", help="Tempo HTTP API")
-    source.add_argument("--service", help="Jaeger service name (default: every service)")
-    source.add_argument("--trace-id", action="append", dest="trace_ids", metavar="ID")
-    source.add_argument("--limit", type=int, default=10000, help="backend search limit")
-    source.add_argument("--progress", action="store_true", default=None)
+    add_source_arguments(parser, "source (files, or one backend): as tf-otel analyze")
     select = parser.add_argument_group("selection")
     select.add_argument("--job", help="tf_otel.job.id (required when the input holds several)")
     select.add_argument("--steps", metavar="LIST", help="e.g. 3,5-7,10:20 (inclusive), 100:")
