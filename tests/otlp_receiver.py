@@ -1,5 +1,6 @@
 """A real OTLP trace receiver for tests: gRPC (TraceService/Export) and HTTP (POST /v1/traces,
-protobuf or JSON, optionally gzip), built on opentelemetry-proto, bound to 127.0.0.1.
+protobuf or JSON, optionally gzip), built on opentelemetry-proto, bound to 127.0.0.1. Metrics
+(MetricsService, /v1/metrics) and logs (LogsService, /v1/logs) are received the same way.
 
 Usage::
 
@@ -17,10 +18,11 @@ import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import grpc
 from google.protobuf.json_format import Parse
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2,
     metrics_service_pb2_grpc,
@@ -92,6 +94,10 @@ class ReceivedPoint:
     resource: Dict[str, Any]
     value: Any  # number; for a histogram: (count, sum)
     exemplar_trace_ids: List[str] = field(default_factory=list)
+    # (trace id hex, span id hex, value) of each exemplar; a histogram's bucket counts / bounds
+    exemplars: List[Tuple[str, str, float]] = field(default_factory=list)
+    bucket_counts: List[int] = field(default_factory=list)
+    explicit_bounds: List[float] = field(default_factory=list)
 
 
 def points_of(request: metrics_service_pb2.ExportMetricsServiceRequest) -> List[ReceivedPoint]:
@@ -108,7 +114,47 @@ def points_of(request: metrics_service_pb2.ExportMetricsServiceRequest) -> List[
                     else:
                         value = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
                     exemplars = [e.trace_id.hex() for e in getattr(p, "exemplars", ())]
-                    out.append(ReceivedPoint(metric.name, attrs, resource, value, exemplars))
+                    point = ReceivedPoint(metric.name, attrs, resource, value, exemplars)
+                    for e in getattr(p, "exemplars", ()):
+                        number = e.as_int if e.WhichOneof("value") == "as_int" else e.as_double
+                        point.exemplars.append((e.trace_id.hex(), e.span_id.hex(), number))
+                    if kind == "histogram":
+                        point.bucket_counts = list(p.bucket_counts)
+                        point.explicit_bounds = list(p.explicit_bounds)
+                    out.append(point)
+    return out
+
+
+@dataclass
+class ReceivedLog:
+    """One OTLP log record as it arrived (ids in hex, "" when the record had none)."""
+
+    body: Any
+    trace_id: str
+    span_id: str
+    flags: int
+    severity: str
+    attributes: Dict[str, Any]
+    resource: Dict[str, Any]
+
+
+def logs_of(request: logs_service_pb2.ExportLogsServiceRequest) -> List[ReceivedLog]:
+    out = []
+    for rl in request.resource_logs:
+        resource = {kv.key: any_value(kv.value) for kv in rl.resource.attributes}
+        for sl in rl.scope_logs:
+            for log in sl.log_records:
+                out.append(
+                    ReceivedLog(
+                        body=any_value(log.body),
+                        trace_id=log.trace_id.hex(),
+                        span_id=log.span_id.hex(),
+                        flags=log.flags,
+                        severity=log.severity_text,
+                        attributes={kv.key: any_value(kv.value) for kv in log.attributes},
+                        resource=resource,
+                    )
+                )
     return out
 
 
@@ -117,6 +163,7 @@ class OtlpReceiver:
         self.host = host  # e.g. a simulated cluster's bridge address (tests/cluster/sim.py)
         self._spans: List[ReceivedSpan] = []
         self._points: List[ReceivedPoint] = []
+        self._logs: List[ReceivedLog] = []
         self._lock = threading.Lock()
         self.requests = {"grpc": 0, "http": 0}
         self._grpc: Any = None
@@ -133,6 +180,25 @@ class OtlpReceiver:
         points = points_of(request)
         with self._lock:
             self._points.extend(points)
+
+    def _add_logs(self, request: logs_service_pb2.ExportLogsServiceRequest) -> None:
+        logs = logs_of(request)
+        with self._lock:
+            self._logs.extend(logs)
+
+    def logs(self) -> List[ReceivedLog]:
+        with self._lock:
+            return list(self._logs)
+
+    def wait_for_logs(
+        self, predicate: Callable[[List[ReceivedLog]], Any], timeout_s: float = 15.0
+    ) -> List[ReceivedLog]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            logs = self.logs()
+            if predicate(logs) or time.monotonic() > deadline:
+                return logs
+            time.sleep(0.05)
 
     def points(self) -> List[ReceivedPoint]:
         with self._lock:
@@ -161,7 +227,13 @@ class OtlpReceiver:
                 receiver._add_points(request)
                 return metrics_service_pb2.ExportMetricsServiceResponse()
 
+        class LogsService(logs_service_pb2_grpc.LogsServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+                receiver._add_logs(request)
+                return logs_service_pb2.ExportLogsServiceResponse()
+
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(LogsService(), self._grpc)
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), self._grpc)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsService(), self._grpc)
         self.grpc_port = self._grpc.add_insecure_port(f"{self.host}:0")
@@ -172,6 +244,20 @@ class OtlpReceiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
+                if self.path == "/v1/logs":
+                    logs = logs_service_pb2.ExportLogsServiceRequest()
+                    if "json" in (self.headers.get("Content-Type") or ""):
+                        Parse(body.decode(), logs)
+                    else:
+                        logs.ParseFromString(body)
+                    receiver._add_logs(logs)
+                    answer = logs_service_pb2.ExportLogsServiceResponse().SerializeToString()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer)
+                    return
                 if self.path == "/v1/metrics":
                     metrics = metrics_service_pb2.ExportMetricsServiceRequest()
                     if "json" in (self.headers.get("Content-Type") or ""):
@@ -239,6 +325,7 @@ class OtlpReceiver:
             "OTEL_EXPORTER_OTLP_INSECURE": "true",
             "OTEL_TRACES_EXPORTER": "otlp",
             "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_BLRP_SCHEDULE_DELAY": "200",
         }
 
     def spans(self) -> List[ReceivedSpan]:
