@@ -14,8 +14,8 @@ clock-corrected times as stored; ``ts``/``dur`` are microseconds with three deci
 A track only holds properly nested slices (the viewers drop or mis-nest the rest), so spans of
 one category that overlap without nesting (ops of parallel inter-op threads, kernels on several
 streams) go to extra lanes of that category ("compute (ops) 2", ...). Nesting is checked on the
-nanoseconds Perfetto will compute from the written numbers (``int(ts * 1000.0)``), so rounding
-cannot break it.
+nanoseconds Perfetto will compute from the written numbers (``_parsed_ns``, as its trace
+processor does), so rounding cannot break it.
 
 Collectives are flows between ranks: one collective instance — the same
 ``tf_otel.collective.key`` (else the tensor name and its occurrence) in one step on several
@@ -34,6 +34,7 @@ Arguments (``args``) are the span's attributes and its ids, less keys that look 
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tf_otel.analysis.model import ATTR_LAST_ARRIVAL, Span
 from tf_otel.analysis.steps import StepTrace
-from tf_otel.record import (
+from tf_otel.pipeline.record import (
     ATTR_COLLECTIVE_KEY,
     COLLECTIVE,
     COLLECTIVE_TRANSFER,
@@ -71,6 +72,8 @@ TRACKS: Dict[str, Tuple[int, str]] = {
 OTHER_TRACK = (8, "other")
 ROOT_PID = 1_000_000  # the "all ranks" process; ranks are pid rank + 1 (pid 0 is the idle task)
 _LANE_STRIDE = 1000  # tid = pid * 100000 + track * 1000 + lane: unique across processes
+# Perfetto keeps a tid below 2**32 (a larger one falls back to the process's main thread, merging
+# lanes): the all-ranks process numbers its lanes 1 + lane, below every rank's tids.
 _SENSITIVE = re.compile(
     r"passw|secret|token|credential|authori[sz]ation|cookie|api[_.-]?key|private[_.-]?key",
     re.IGNORECASE,
@@ -86,10 +89,20 @@ def _us(ns: int) -> float:
     return ns / 1000
 
 
+def _parsed_ns(us: float) -> int:
+    """The ns Perfetto's JSON importer makes of a written µs number (measured on its trace
+    processor, v52): an integral double times 1000 exactly, else ``llround(us * 1000.0)``."""
+    if us.is_integer():
+        return int(us) * 1000
+    scaled = us * 1000.0
+    floor = math.floor(scaled)
+    return int(floor) + (1 if scaled - floor >= 0.5 else 0)  # half away from zero: us >= 0
+
+
 def perfetto_ns(start_ns: int, end_ns: int) -> Tuple[int, int]:
     """The (start, end) in ns that Perfetto computes from the written ``ts``/``dur``."""
-    start = int(_us(start_ns) * 1000.0)
-    return start, start + int(_us(end_ns - start_ns) * 1000.0)
+    start = _parsed_ns(_us(start_ns))
+    return start, start + _parsed_ns(_us(end_ns - start_ns))
 
 
 @dataclass
@@ -199,7 +212,7 @@ def _flow_point(start: int, end: int, starts: List[int]) -> Optional[int]:
     limit = min(end, starts[following]) if following < len(starts) else end
     point = start + (limit - start) // 2
     while point > start:  # the written microseconds must parse back inside
-        if start < int(_us(point) * 1000.0) < limit:
+        if start < _parsed_ns(_us(point)) < limit:
             return point
         point = start + (point - start) // 2
     return None
@@ -221,7 +234,7 @@ def _flow_events(
         in_pid, in_tid, in_start, in_end = where[target.span_id]
         out_at = _flow_point(out_start, out_end, starts[out_tid])
         in_at = _flow_point(in_start, in_end, starts[in_tid])
-        if out_at is None or in_at is None or int(_us(out_at) * 1000.0) >= int(_us(in_at) * 1000.0):
+        if out_at is None or in_at is None or _parsed_ns(_us(out_at)) >= _parsed_ns(_us(in_at)):
             stats.flows_skipped += 1  # too short, or the wait after the arrival: no arrow
             continue
         common = {"name": "collective", "cat": "collective.flow", "id": number}
@@ -270,7 +283,10 @@ def build_trace(
             pid, (track, track_name) = span.rank + 1, _track(span.category)  # type: ignore[operator]
         start, end = perfetto_ns(span.start_ns, span.end_ns)
         lane = lanes[(pid, track)].place(start, end)
-        tid = pid * 100 * _LANE_STRIDE + track * _LANE_STRIDE + lane
+        if pid == ROOT_PID:
+            tid = 1 + lane
+        else:
+            tid = pid * 100 * _LANE_STRIDE + track * _LANE_STRIDE + lane
         if tid not in threads:
             name = track_name if lane == 0 else f"{track_name} {lane + 1}"
             threads[tid] = (pid, name, track * _LANE_STRIDE + lane)
