@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Build the Go backends tf_otel tests and `make demo` run against, once per machine.
 #
-# Usage: scripts/build_go_tools.sh [jaeger|collector|all]   (default: all)
+# Usage: scripts/build_go_tools.sh [jaeger|collector|prometheus|all]   (default: all)
 #
 #   jaeger     Jaeger v2 (cmd/jaeger, in-memory storage, OTLP in, /api/traces out) from the
 #              Go module proxy, pinned to JAEGER_MODULE_VERSION below.
 #   collector  an OpenTelemetry Collector built with the official builder (ocb) from
 #              collector-config/builder-manifest.yaml (exactly the components our configs use).
+#   prometheus Prometheus 3 (cmd/prometheus) from the Go module proxy, pinned below: the metrics
+#              store of docker-compose.yml, run by tests/test_dashboard.py (OTLP in, PromQL out).
 #
 # Binaries are cached as ${TF_OTEL_CACHE:-~/.cache/tf_otel}/bin/<name>-<version>; a second run
 # with the same versions does nothing. The last lines printed are the binary paths:
-#   JAEGER_BIN=...   COLLECTOR_BIN=...
+#   JAEGER_BIN=...   COLLECTOR_BIN=...   PROMETHEUS_BIN=...
 # Needs Go >= 1.26 (GO=/path/to/go to choose one; default: go on PATH, else /usr/local/go/bin/go).
 set -euo pipefail
 
@@ -30,6 +32,12 @@ JAEGER_RELEASE=${JAEGER_RELEASE:-v2.13.0}   # the v2 tag on that commit, reporte
 # v0.140 modules of the manifest, which raise its otelcol requirement by one release).
 OCB_VERSION=${OCB_VERSION:-v0.139.0}
 OTELCOL_VERSION=${OTELCOL_VERSION:-v0.140.0}   # go.opentelemetry.io/collector/otelcol, as in the manifest
+# Prometheus publishes its Go module as v0.<3 digits of minor>.<patch>: v0.316.0 is v3.16.0.
+# Built with the tag remove_all_sd (no cloud service discovery; tf_otel's metrics arrive over
+# OTLP): the Nomad discovery plugin needs a pseudo-version the module proxy here refuses (403).
+# Its web UI is not embedded (the API and /graph's JSON work; docker-compose runs the image).
+PROMETHEUS_MODULE_VERSION=${PROMETHEUS_MODULE_VERSION:-v0.316.0}
+PROMETHEUS_RELEASE=${PROMETHEUS_RELEASE:-v3.16.0}   # prom/prometheus image tag in docker-compose.yml
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MANIFEST=$ROOT/collector-config/builder-manifest.yaml
@@ -109,9 +117,26 @@ build_collector() {
   echo "COLLECTOR_BIN=$out"
 }
 
+build_prometheus() {
+  local out=$BIN/prometheus-$PROMETHEUS_RELEASE
+  if [ -x "$out" ]; then say "prometheus: cached $out"; echo "PROMETHEUS_BIN=$out"; return; fi
+  say "prometheus: building github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION"
+  say "prometheus: ($PROMETHEUS_RELEASE; takes several minutes on 2 cores)"
+  local t0=$SECONDS vpkg=github.com/prometheus/common/version
+  rm -rf "$WORK/prometheus"
+  GOBIN=$WORK/prometheus "$GO" install -tags remove_all_sd -trimpath \
+    -ldflags "-s -w -X $vpkg.Version=${PROMETHEUS_RELEASE#v} -X $vpkg.Revision=$PROMETHEUS_MODULE_VERSION" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION"
+  mv "$WORK/prometheus/prometheus" "$out"
+  rm -rf "$WORK/prometheus"
+  say "prometheus: built in $((SECONDS - t0)) s"
+  echo "PROMETHEUS_BIN=$out"
+}
+
 case "${1:-all}" in
   jaeger) build_jaeger ;;
   collector) build_collector ;;
-  all) build_jaeger; build_collector ;;
-  *) die "unknown target '$1' (use jaeger, collector or all)" ;;
+  prometheus) build_prometheus ;;
+  all) build_jaeger; build_collector; build_prometheus ;;
+  *) die "unknown target '$1' (use jaeger, collector, prometheus or all)" ;;
 esac

@@ -1,7 +1,8 @@
-"""Real tracing backends for tests: a local Jaeger v2 and an OpenTelemetry Collector.
+"""Real backends for tests: a local Jaeger v2, an OpenTelemetry Collector and Prometheus 3.
 
-Both binaries are built by `make tools` (scripts/build_go_tools.sh) into
-${TF_OTEL_CACHE:-~/.cache/tf_otel}/bin; $TF_OTEL_JAEGER_BIN / $TF_OTEL_COLLECTOR_BIN override.
+The binaries are built by `make tools` (scripts/build_go_tools.sh) into
+${TF_OTEL_CACHE:-~/.cache/tf_otel}/bin; $TF_OTEL_JAEGER_BIN / $TF_OTEL_COLLECTOR_BIN /
+$TF_OTEL_PROMETHEUS_BIN override.
 A missing binary raises BackendError (tests fail, they do not skip).
 
     with JaegerServer() as jaeger:                      # free ports on 127.0.0.1
@@ -13,6 +14,11 @@ A missing binary raises BackendError (tests fail, they do not skip).
     env = {"JAEGER_OTLP_ENDPOINT": jaeger.otlp_grpc_address}
     with CollectorServer(COLLECTOR_CONFIG_DIR / "training.yaml", env=env) as collector:
         ...  # export to collector.otlp_grpc_endpoint
+
+    with PrometheusServer() as prom:                    # OTLP receiver, exemplar storage on
+        env = {"PROMETHEUS_OTLP_ENDPOINT": prom.otlp_metrics_url}
+        names = prom.metric_names()
+        prom.query('rate(tf_otel_step_duration_seconds_count[1m])')
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ BUILD_SCRIPT = REPO / "scripts" / "build_go_tools.sh"
 COLLECTOR_CONFIG_DIR = REPO / "collector-config"
 BUILDER_MANIFEST = COLLECTOR_CONFIG_DIR / "builder-manifest.yaml"
 JAEGER_CONFIG = REPO / "deploy" / "jaeger-v2.yaml"
+PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus.yaml"
 HOST = "127.0.0.1"
 
 
@@ -71,6 +78,12 @@ def collector_binary() -> Path:
     digest = hashlib.sha256(BUILDER_MANIFEST.read_bytes()).hexdigest()[:12]
     name = f"otelcol-tf-otel-{_script_default('OCB_VERSION')}-{digest}"
     return _find_binary("TF_OTEL_COLLECTOR_BIN", cache_bin_dir() / name, "OpenTelemetry Collector")
+
+
+def prometheus_binary() -> Path:
+    """Prometheus 3: $TF_OTEL_PROMETHEUS_BIN, else the pinned build in the cache."""
+    name = f"prometheus-{_script_default('PROMETHEUS_RELEASE')}"
+    return _find_binary("TF_OTEL_PROMETHEUS_BIN", cache_bin_dir() / name, "Prometheus")
 
 
 def _find_binary(env: str, cached: Path, what: str) -> Path:
@@ -430,3 +443,86 @@ def validate_collector_config(
         text=True,
         timeout=120,
     )
+
+
+class PrometheusServer(_Process):
+    """Prometheus 3 with deploy/prometheus.yaml on a free port of 127.0.0.1, started with the
+    flags docker-compose.yml gives it (OTLP receiver, exemplar storage), its TSDB in a temporary
+    directory."""
+
+    what = "prometheus"
+
+    def __init__(
+        self,
+        config: Path = PROMETHEUS_CONFIG,
+        binary: Optional[Path] = None,
+        startup_timeout: float = 60.0,
+    ):
+        binary = binary or prometheus_binary()
+        self._base_argv = [
+            str(binary),
+            f"--config.file={config}",
+            "--web.enable-otlp-receiver",
+            "--enable-feature=exemplar-storage",
+        ]
+        super().__init__(self._base_argv, {}, startup_timeout)
+
+    def _pick_ports(self) -> dict[str, int]:
+        # Prometheus takes its address and storage as flags: rebuild argv with the new port
+        self.port = free_port()
+        self._argv = [
+            *self._base_argv,
+            f"--web.listen-address={HOST}:{self.port}",
+            f"--storage.tsdb.path={Path(self._tmp.name) / 'data'}",
+        ]
+        return {}
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def otlp_metrics_url(self) -> str:
+        """For an otlphttp exporter's metrics_endpoint."""
+        return self.url + "/api/v1/otlp/v1/metrics"
+
+    def _ready(self) -> bool:
+        return http_get(self.url + "/-/ready", timeout=2)[0] == 200
+
+    def api(self, path: str, params: Optional[Mapping[str, Any]] = None) -> dict:
+        """GET /api/v1/<path>; the JSON answer, whatever its status (the caller checks it)."""
+        url = f"{self.url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        status, body = http_get(url, timeout=30)
+        try:
+            doc = json.loads(body or b"null")
+        except ValueError as e:
+            raise BackendError(f"GET {url}: {status}, not JSON: {body[:200]!r}") from e
+        if not isinstance(doc, dict):
+            raise BackendError(f"GET {url}: {status}: {doc!r}")
+        return doc
+
+    def metric_names(self) -> list[str]:
+        doc = self.api("label/__name__/values")
+        if doc.get("status") != "success":
+            raise BackendError(f"label values: {doc}")
+        return list(doc.get("data") or [])
+
+    def query(self, expr: str) -> dict:
+        """An instant query now: {"status", "data": {"resultType", "result"}} or the error."""
+        return self.api("query", {"query": expr})
+
+    def parse_query(self, expr: str) -> dict:
+        """Prometheus's own PromQL parser (/api/v1/parse_query): the expression's AST as JSON."""
+        return self.api("parse_query", {"query": expr})
+
+    def exemplars(self, expr: str, lookback_s: float = 3600) -> list[dict]:
+        """/api/v1/query_exemplars over the last `lookback_s` seconds: one entry per series."""
+        now = time.time()
+        doc = self.api(
+            "query_exemplars", {"query": expr, "start": now - lookback_s, "end": now + 60}
+        )
+        if doc.get("status") != "success":
+            raise BackendError(f"query_exemplars {expr}: {doc}")
+        return list(doc.get("data") or [])

@@ -9,6 +9,7 @@ exist and parse, documented ports, its collector config validates with the built
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import socket
 import subprocess
@@ -220,15 +221,17 @@ def _compose() -> dict:
 
 def test_compose_file_parses_with_pinned_images():
     services = _compose()["services"]
-    assert set(services) == {"collector", "jaeger", "tempo", "grafana"}
+    assert set(services) == {"collector", "jaeger", "tempo", "prometheus", "loki", "grafana"}
     for name, svc in services.items():
         image = svc["image"]
         repo, _, tag = image.rpartition(":")
-        assert repo and re.fullmatch(r"\d+\.\d+\.\d+", tag), f"{name}: unpinned image {image}"
+        assert repo and re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: unpinned image {image}"
     assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")
     assert services["collector"]["image"].startswith("otel/opentelemetry-collector-contrib:")
     assert services["tempo"]["image"].startswith("grafana/tempo:")
     assert services["grafana"]["image"].startswith("grafana/grafana:")
+    assert services["prometheus"]["image"].startswith("prom/prometheus:v3.")
+    assert services["loki"]["image"].startswith("grafana/loki:3.")
 
 
 def test_compose_versions_match_local_builds():
@@ -239,6 +242,11 @@ def test_compose_versions_match_local_builds():
     assert release and services["jaeger"]["image"].endswith(":" + release.group(1))
     dist = yaml.safe_load(BUILDER_MANIFEST.read_text())["dist"]["version"]
     assert services["collector"]["image"].endswith(":" + dist)
+    prom = re.search(r"^PROMETHEUS_RELEASE=\$\{PROMETHEUS_RELEASE:-(\S+?)\}", script, re.M)
+    assert prom and services["prometheus"]["image"].endswith(":" + prom.group(1))
+    # what tests/backends.py PrometheusServer runs: the flags compose gives the image
+    flags = services["prometheus"]["command"]
+    assert {"--web.enable-otlp-receiver", "--enable-feature=exemplar-storage"} <= set(flags)
 
 
 def test_compose_ports_as_documented():
@@ -251,9 +259,11 @@ def test_compose_ports_as_documented():
     assert published("jaeger") == {"16686:16686"}
     assert published("grafana") == {"3000:3000"}
     assert published("tempo") == {"3200:3200"}
+    assert published("prometheus") == {"9090:9090"}
+    assert published("loki") == {"3100:3100"}
     # the doc states the same ports
     doc = (REPO / "README.md").read_text()
-    for port in ("4317", "4318", "16686", "3000", "3200"):
+    for port in ("4317", "4318", "16686", "3000", "3200", "9090", "3100"):
         assert port in doc, port
 
 
@@ -266,12 +276,22 @@ def test_compose_mounts_exist_and_parse():
             path = (REPO / src).resolve()
             assert path.exists(), f"{name}: {path} is missing"
             files = sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
+            files += sorted(path.rglob("*.json")) if path.is_dir() else []
             assert files, f"{name}: nothing to mount in {path}"
             for f in files:
-                assert isinstance(yaml.safe_load(f.read_text()), dict), f
+                loaded = json.loads(f.read_text()) if f.suffix == ".json" else None
+                loaded = loaded or yaml.safe_load(f.read_text())
+                assert isinstance(loaded, dict), f
                 mounted.append(f)
     names = {p.name for p in mounted}
-    assert {"training.yaml", "jaeger-v2.yaml", "tempo.yaml"} <= names
+    assert {
+        "training.yaml",
+        "jaeger-v2.yaml",
+        "tempo.yaml",
+        "prometheus.yaml",
+        "loki.yaml",
+    } <= names
+    assert {"training.json", "tf_otel.yaml"} <= names  # the dashboard and its provider
     # Grafana gets a Tempo datasource pointing at the compose service
     ds = yaml.safe_load((REPO / "deploy/grafana/provisioning/datasources/tempo.yaml").read_text())[
         "datasources"
