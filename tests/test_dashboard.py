@@ -304,3 +304,78 @@ def test_a_wrong_name_is_caught(tmp_path: Path):
         assert selector_names(ast["data"]) == {"tf_otel_step_time_seconds_sum"}
         assert "tf_otel_step_time_seconds_sum" not in prom.metric_names()
         assert prom.parse_query("sum(rate(x[1m])")["status"] == "error"
+
+
+@pytest.mark.integration
+def test_collector_carries_logs_to_loki_endpoint_and_metrics_from_minimal():
+    """training.yaml's logs pipeline delivers a record, trace ids and resource kept, to the
+    URL Loki's OTLP endpoint has in compose (a real OTLP receiver stands in for Loki, which is
+    compose-only); minimal.yaml's metrics pipeline reaches a real Prometheus and its logs the
+    debug exporter."""
+    from opentelemetry._logs import LogRecord
+    from opentelemetry.context import get_current
+    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    try:
+        from tests.otlp_receiver import OtlpReceiver
+    except ImportError:
+        from otlp_receiver import OtlpReceiver  # type: ignore[no-redef]
+
+    job = f"logs-{uuid.uuid4().hex[:8]}"
+    resource = Resource.create(
+        {"service.name": "dash-logs", "tf_otel.job.id": job, "tf_otel.rank": 1}
+    )
+
+    def send_log(endpoint: str, text: str) -> str:
+        provider = LoggerProvider(resource=resource)
+        provider.add_log_record_processor(
+            SimpleLogRecordProcessor(OTLPLogExporter(endpoint=endpoint, insecure=True))
+        )
+        tracer = TracerProvider(resource=resource).get_tracer("t")
+        with tracer.start_as_current_span("step") as span:
+            record = LogRecord(body=text, severity_text="WARN", context=get_current())
+            provider.get_logger("tf_otel.test").emit(record)
+            trace_id = format(span.get_span_context().trace_id, "032x")
+        provider.shutdown()
+        return trace_id
+
+    with OtlpReceiver() as loki, JaegerServer() as jaeger:
+        env = {
+            "JAEGER_OTLP_ENDPOINT": jaeger.otlp_grpc_address,
+            "TEMPO_OTLP_ENDPOINT": jaeger.otlp_grpc_address,
+            "LOKI_OTLP_ENDPOINT": f"http://127.0.0.1:{loki.http_port}/v1/logs",
+        }
+        with CollectorServer(COLLECTOR_CONFIG_DIR / "training.yaml", env=env) as collector:
+            trace_id = send_log(collector.otlp_grpc_endpoint, "slow input at step 7")
+            got = loki.wait_for_logs(lambda logs: logs, 30)
+            assert [g.body for g in got] == ["slow input at step 7"]
+            assert got[0].trace_id == trace_id
+            assert got[0].resource["tf_otel.job.id"] == job
+
+    with PrometheusServer() as prom, JaegerServer() as jaeger:
+        env = {
+            "JAEGER_OTLP_HTTP_ENDPOINT": jaeger.otlp_http_endpoint,
+            "PROMETHEUS_OTLP_ENDPOINT": prom.otlp_metrics_url,
+        }
+        with CollectorServer(COLLECTOR_CONFIG_DIR / "minimal.yaml", env=env) as collector:
+            reader = PeriodicExportingMetricReader(
+                OTLPMetricExporter(endpoint=collector.otlp_grpc_endpoint, insecure=True),
+                export_interval_millis=60_000,
+            )
+            meters = MeterProvider(resource=resource, metric_readers=[reader])
+            meters.get_meter("t").create_counter("tf_otel.test.things").add(3)
+            meters.shutdown()
+            got = _wait_for(prom, f'tf_otel_test_things_total{{tf_otel_job_id="{job}"}}', 30)
+            assert [r["value"][1] for r in got] == ["3"]
+            send_log(collector.otlp_grpc_endpoint, "to the debug exporter")
+            deadline = time.monotonic() + 20
+            while "Logs" not in collector.log_text() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert "Logs" in collector.log_text()
