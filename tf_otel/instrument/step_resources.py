@@ -17,6 +17,9 @@ end, so per-step figures add up to the process's totals):
   readers run on their own threads). Not ``read_bytes``: that counts only what reached the block
   device, and a file in the page cache reads 0 there.
 - ``tf_otel.io.read_ops`` / ``tf_otel.io.write_ops``: ``syscr`` / ``syscw``.
+- ``tf_otel.process.cpu_time_ns``: the process's CPU time (user + system, every thread) since
+  the previous step end (``time.process_time_ns``); ``tf_otel.process.cpus``: the cores it may
+  run on (affinity mask). CPU time / (cpus x time between step ends) near 1: every core busy.
 - ``process.memory.usage`` (semconv name): resident bytes at step end, from /proc/self/statm.
   Peak RSS per step would need VmHWM reset through /proc/self/clear_refs, which also resets the
   program's own ``ru_maxrss``: not done.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from tf_otel import clock
@@ -43,6 +47,8 @@ ATTR_WRITE_BYTES = "tf_otel.io.write_bytes"
 ATTR_READ_OPS = "tf_otel.io.read_ops"
 ATTR_WRITE_OPS = "tf_otel.io.write_ops"
 ATTR_MEMORY = "process.memory.usage"
+ATTR_CPU_TIME = "tf_otel.process.cpu_time_ns"
+ATTR_CPUS = "tf_otel.process.cpus"
 _MAX_PENDING = 256
 _TOP_MIN_NS = 1_000_000  # names only for what took at least 1 ms
 _BATCH_HOOKS = (
@@ -73,6 +79,10 @@ class _Proc:
         self.io: Optional[int] = None
         self.statm: Optional[int] = None
         self.last_io: Optional[Tuple[int, int, int, int]] = None
+        self.last_cpu = time.process_time_ns()
+        # the cores this process may run on (its affinity mask), what "all cores busy" means
+        self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        self.cpus = self.cpus or os.cpu_count() or 0
         with fail_open("step_resources.proc"):
             self.io = os.open("/proc/self/io", os.O_RDONLY)
         with fail_open("step_resources.proc"):
@@ -142,8 +152,12 @@ class ResourceHook(StepHook):
         proc = _proc[0]
         now = proc.read_io()
         last, proc.last_io = proc.last_io, now
+        cpu = time.process_time_ns()
+        last_cpu, proc.last_cpu = proc.last_cpu, cpu
         if not handle.sampled:
             return
+        handle.attributes[ATTR_CPU_TIME] = cpu - last_cpu
+        handle.attributes[ATTR_CPUS] = proc.cpus
         if now is not None and last is not None:
             attributes = handle.attributes
             attributes[ATTR_READ_BYTES] = now[0] - last[0]
