@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from tf_otel import config
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
-from tf_otel.record import SESSION_RUN, Record
+from tf_otel.record import INPUT, SESSION_RUN, Record
 
 MAX_OP_SPANS = config.current().max_op_spans
 # steps between rank 0's decision and the first on-demand traced step (at least this many, and
@@ -240,20 +240,29 @@ def _tf2_end(handle: Any) -> None:
 def xspace_records(logdir: str, step: Optional[int], limit: int, base_ns: int) -> List[Record]:
     """Host op / input / function Records (capped) and GPU kernel Records of one profile dir."""
     from tf_otel.capture.step_stats import cap_records
+    from tf_otel.capture.tf_data import stage_records
     from tf_otel.capture.xplane import host_records, parse_xspace
 
     records: List[Record] = []
     kernels: List[Record] = []
+    spaces = []
     for path in glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")):
         with open(path, "rb") as f:
             space = parse_xspace(f.read())
+        spaces.append(space)
         records.extend(host_records(space, step, base_ns))
         if any(p.name.startswith("/device:GPU:") for p in space.planes):
             with fail_open("ops.gpu_kernels"):
                 from tf_otel.nccl.xplane_gpu import gpu_kernel_records
 
                 kernels.extend(gpu_kernel_records(space, step=step, base_ns=base_ns))
-    return cap_records(records + kernels, limit, step, "xspace") if records or kernels else []
+    out = cap_records(records + kernels, limit, step, "xspace") if records or kernels else []
+    # tf.data stages under the step's first kept IteratorGetNext (else the step span)
+    parent = next((r.record_id for r in out if r.category == INPUT), None)
+    for space in spaces:
+        with fail_open("ops.tf_data_stages"):
+            out.extend(stage_records(space, step, base_ns, parent))
+    return out
 
 
 # -- the hook -------------------------------------------------------------------------------
