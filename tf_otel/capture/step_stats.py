@@ -10,7 +10,9 @@ with the same fields)::
 become Records: the longest are picked from the raw durations first);
 
 - every ``node_stats`` entry becomes a ``compute`` Record: ``tensorflow.op.name``,
-  ``tensorflow.op.type`` (from the timeline label ``name = Type(inputs)``), ``tensorflow.device``;
+  ``tensorflow.op.type`` (from the timeline label ``name = Type(inputs)``), ``tensorflow.device``,
+  and the sizes TF reports: ``tensorflow.op.output_bytes`` (outputs' requested bytes),
+  ``tensorflow.op.memory.peak_bytes`` / ``.allocator_bytes_in_use`` (its allocators);
 - ``RecvTensor`` entries (PS mode: the worker's copy of a remote tensor) become ``transfer``
   Records from their label
   ``[8192B] [129.0Mb/s] edge_5_x/read from /job:ps/... to /job:worker/...``:
@@ -35,6 +37,11 @@ ATTR_DST = "tensorflow.transfer.dst"
 ATTR_BYTES = "tensorflow.transfer.bytes"
 ATTR_EDGE = "tensorflow.transfer.edge"
 ATTR_RATE = "tensorflow.transfer.rate_mbps"
+# per-op memory (sizes only): outputs' requested bytes, the op's allocation peak, the allocator's
+# bytes in use after the op
+ATTR_OUTPUT_BYTES = "tensorflow.op.output_bytes"
+ATTR_PEAK_BYTES = "tensorflow.op.memory.peak_bytes"
+ATTR_ALLOCATOR_IN_USE = "tensorflow.op.memory.allocator_bytes_in_use"
 # the cap's summary (a framework Record spanning the step's op records)
 ATTR_OPS_TOTAL = "tf_otel.ops.total"
 ATTR_OPS_KEPT = "tf_otel.ops.kept"
@@ -92,7 +99,28 @@ def _record(node: Any, device: str, start: int, end: int, step: Optional[int]) -
     kind = op_type(label, name)
     category = INPUT if kind in INPUT_OP_TYPES else COMPUTE
     attrs = {ATTR_OP_NAME: name, ATTR_OP_TYPE: kind, ATTR_DEVICE: device}
+    attrs.update(op_memory(node))
     return Record(f"{name}:{kind}", start, end, category, step, attrs)
+
+
+def op_memory(node: Any) -> Dict[str, int]:
+    """The sizes FULL_TRACE reports for one node execution (absent ones left out): its outputs'
+    requested bytes, the peak it allocated and the allocator's bytes in use after it."""
+    out: Dict[str, int] = {}
+    outputs = sum(
+        o.tensor_description.allocation_description.requested_bytes
+        for o in getattr(node, "output", ())
+    )
+    if outputs > 0:
+        out[ATTR_OUTPUT_BYTES] = outputs
+    memory = list(getattr(node, "memory", ()))
+    peak = max((m.peak_bytes for m in memory), default=0)
+    if peak > 0:
+        out[ATTR_PEAK_BYTES] = peak
+    in_use = max((m.allocator_bytes_in_use for m in memory), default=0)
+    if in_use > 0:
+        out[ATTR_ALLOCATOR_IN_USE] = in_use
+    return out
 
 
 def _raw(step_stats: Any) -> tuple:
