@@ -9,6 +9,8 @@ TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by
 tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S,
 TF_OTEL_INPUT_WAIT (time every step's wait on tf.data; opt-in, default off),
 TF_OTEL_SYSTEM_METRICS_INTERVAL_S (host/process metrics with OTel semconv names; 0: off),
+TF_OTEL_RESOURCES_EVERY (peak RSS, per-file I/O and the GPU allocator peak on steps 0, N, 2N ...
+of every step key; 0, the default: off; instrument/step_detail.py),
 TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross-rank channel;
 see tf_otel.job_secret for what is used without it),
 TF_OTEL_HOROVOD_EVERY (collective detail on 1 sampled step in N, picked by the step trace id so
@@ -147,6 +149,8 @@ class Settings:
     # quiet machine is known (it adds a zip + map tail to every dataset iteration)
     input_wait: bool = False
     system_metrics_interval_s: float = 10.0  # host/process semconv metrics; 0: off
+    # peak RSS, per-file I/O and the GPU allocator peak on steps 0, N, 2N ...; 0: off
+    resources_every: int = 0
     horovod_every: int = 0  # collective detail on 1 sampled step in N; 0: off (docs/HOROVOD.md)
     horovod_source: str = "stamps"  # or "timeline"
     # authenticates rank <-> rank 0 (tf_otel.job_secret); never in a repr or a log line
@@ -185,6 +189,7 @@ class Settings:
                 env, "TF_OTEL_GPU_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
             input_wait=read(env, "TF_OTEL_INPUT_WAIT", _bool, False),
+            resources_every=read(env, "TF_OTEL_RESOURCES_EVERY", _non_negative_int, 0),
             system_metrics_interval_s=read(
                 env, "TF_OTEL_SYSTEM_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
@@ -235,6 +240,7 @@ VARIABLES = (
     "TF_OTEL_CLOCK_INTERVAL_S",
     "TF_OTEL_GPU_METRICS_INTERVAL_S",
     "TF_OTEL_INPUT_WAIT",
+    "TF_OTEL_RESOURCES_EVERY",
     "TF_OTEL_SYSTEM_METRICS_INTERVAL_S",
     "TF_OTEL_NCCL_PROFILER",
     "TF_OTEL_NCCL_RING_DIR",

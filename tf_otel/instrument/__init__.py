@@ -30,6 +30,7 @@ from tf_otel.instrument import (
     ops,
     ps,
     session,
+    step_detail,
     step_resources,
 )
 
@@ -97,6 +98,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
             data,
             input_wait,
             step_resources,
+            step_detail,
             ps,
             horovod,
             nccl_ring,
