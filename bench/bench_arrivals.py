@@ -38,8 +38,8 @@ def worker(rounds: int, block: int, layers: int) -> None:
     import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-    from tf_otel import tracing
     from tf_otel.instrument.horovod_stamps import collector
+    from tf_otel.pipeline import ids, lifecycle
 
     hvd.init()
     width = 256
@@ -63,13 +63,13 @@ def worker(rounds: int, block: int, layers: int) -> None:
 
     for _ in range(10):
         train_step()
-    pipeline = tracing.get_pipeline()
+    pipeline = lifecycle.get_pipeline()
     times = {m: [] for m in MODES}
     for round_no in range(rounds):
         shift = round_no % len(MODES)  # rotated: no mode always follows the same one
         for mode in MODES[shift:] + MODES[:shift]:
             pipeline._sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
-            pipeline._sample_fast = tracing._fast_root_decision(pipeline._sampler)
+            pipeline._sample_fast = ids.fast_root_decision(pipeline._sampler)
             collector.every = 1 if mode == "arrivals" else 0
             for _ in range(block):
                 t0 = time.perf_counter_ns()

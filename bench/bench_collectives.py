@@ -34,8 +34,8 @@ def worker(rounds: int, block: int, layers: int) -> None:
     import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-    from tf_otel import tracing
     from tf_otel.instrument import horovod as hvd_hook
+    from tf_otel.pipeline import lifecycle
 
     hvd.init()
     width = 256
@@ -59,7 +59,7 @@ def worker(rounds: int, block: int, layers: int) -> None:
 
     for _ in range(10):  # warm-up: tracing, cache fill
         train_step()
-    pipeline = tracing.get_pipeline()
+    pipeline = lifecycle.get_pipeline()
     managed = hvd_hook.hook.mode
     times = {m: [] for m in MODES}
     for _ in range(rounds):

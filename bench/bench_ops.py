@@ -172,8 +172,8 @@ def conversion(step_stats, logdir, base_ns, repeats=5):
 
     from tf_otel.capture.step_stats import cap_records, step_stats_capped, step_stats_records
     from tf_otel.config import Settings
-    from tf_otel.topology import Topology
-    from tf_otel.tracing import Pipeline
+    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.pipeline.topology import Topology
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

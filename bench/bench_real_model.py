@@ -119,9 +119,9 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-    from tf_otel import tracing
     from tf_otel.instrument import horovod as hvd_hook
     from tf_otel.instrument.horovod_stamps import collector
+    from tf_otel.pipeline import ids, lifecycle
 
     hvd.init()
     cls, side, _, _ = MODELS[model_name]
@@ -148,7 +148,7 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     for _ in range(3):
         stamped()
     assert hvd_hook.hook.mode == hvd_hook.STAMPS, hvd_hook.hook.mode
-    pipeline = tracing.get_pipeline()
+    pipeline = lifecycle.get_pipeline()
     modes = [m for m in INPROCESS if m in MODES_INPROCESS] or list(INPROCESS)
     times: Dict[str, List[int]] = {m: [] for m in modes}
     for round_no in range(rounds):
@@ -157,7 +157,7 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
         # odd rounds reversed: the export backlog a mode leaves falls on different next modes
         for mode in order[::-1] if round_no % 2 else order:
             sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
-            pipeline._sampler, pipeline._sample_fast = sampler, tracing._fast_root_decision(sampler)
+            pipeline._sampler, pipeline._sample_fast = sampler, ids.fast_root_decision(sampler)
             collector.every = {"coll_every": 1, "defaults": 50}.get(mode, 0)
             step = plain if mode in ("untraced", "steps_only") else stamped
             for _ in range(block):

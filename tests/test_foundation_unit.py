@@ -10,7 +10,9 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from tf_otel import config, topology, tracing
+from tf_otel import config
+from tf_otel.pipeline import topology
+from tf_otel.pipeline.ids import step_root_span_id, step_trace_id
 
 
 def test_import_does_not_import_tensorflow() -> None:
@@ -169,12 +171,12 @@ def test_job_id_override() -> None:
 
 
 def test_step_ids_are_deterministic_and_distinct() -> None:
-    a = tracing.step_trace_id("job", "keras_train", 3)
-    assert a == tracing.step_trace_id("job", "keras_train", 3)
-    assert a != tracing.step_trace_id("job", "keras_train", 4)
-    assert a != tracing.step_trace_id("job2", "keras_train", 3)
-    assert a != tracing.step_trace_id("job", "keras_evaluate", 3)
-    assert 0 < a < 2**128 and 0 < tracing.step_root_span_id("job", "k", 3) < 2**64
+    a = step_trace_id("job", "keras_train", 3)
+    assert a == step_trace_id("job", "keras_train", 3)
+    assert a != step_trace_id("job", "keras_train", 4)
+    assert a != step_trace_id("job2", "keras_train", 3)
+    assert a != step_trace_id("job", "keras_evaluate", 3)
+    assert 0 < a < 2**128 and 0 < step_root_span_id("job", "k", 3) < 2**64
 
 
 def test_wheel_ships_the_startup_hook(tmp_path) -> None:

@@ -12,10 +12,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
-from tf_otel import record, tracing
 from tf_otel.config import Settings
 from tf_otel.health import counters
-from tf_otel.topology import Topology
+from tf_otel.pipeline import record
+from tf_otel.pipeline.ids import step_trace_id
+from tf_otel.pipeline.steps import Pipeline
+from tf_otel.pipeline.topology import Topology
 
 
 def _provider(sampler=None) -> Tuple[TracerProvider, InMemorySpanExporter]:
@@ -37,7 +39,7 @@ def _by_category(spans, category: str) -> List:
 
 def test_single_rank_steps_have_roots_that_cover_them() -> None:
     provider, exporter = _provider()
-    pipeline = tracing.Pipeline(Settings(), Topology(job_id="j1"), provider)
+    pipeline = Pipeline(Settings(), Topology(job_id="j1"), provider)
     for _ in range(3):
         handle = pipeline.begin_step("keras_train", "keras.train_function", record.KERAS_TRAIN)
         time.sleep(0.002)
@@ -51,9 +53,7 @@ def test_single_rank_steps_have_roots_that_cover_them() -> None:
         n = step.attributes[record.ATTR_STEP]
         root = next(r for r in roots if r.attributes[record.ATTR_STEP] == n)
         assert (
-            step.context.trace_id
-            == root.context.trace_id
-            == tracing.step_trace_id("j1", "keras_train", n)
+            step.context.trace_id == root.context.trace_id == step_trace_id("j1", "keras_train", n)
         )
         assert step.parent.span_id == root.context.span_id
         assert root.parent is None
@@ -67,7 +67,7 @@ def test_two_ranks_share_one_root_per_step_over_tcp() -> None:
     settings = Settings(coordinator=("127.0.0.1", port), root_wait_ms=5000)
     providers = [_provider(), _provider()]
     pipelines = [
-        tracing.Pipeline(settings, Topology(rank=r, world_size=2, job_id="j2"), providers[r][0])
+        Pipeline(settings, Topology(rank=r, world_size=2, job_id="j2"), providers[r][0])
         for r in (0, 1)
     ]
     for _ in range(4):
@@ -105,7 +105,7 @@ def test_ratio_sampling_is_the_same_decision_on_every_rank() -> None:
     decisions = []
     for rank in (0, 1):
         provider, _ = _provider(TraceIdRatioBased(0.5))
-        pipeline = tracing.Pipeline(Settings(), Topology(rank=rank, job_id="j3"), provider)
+        pipeline = Pipeline(Settings(), Topology(rank=rank, job_id="j3"), provider)
         decisions.append(
             [pipeline.begin_step("k", "n", record.TF_FUNCTION).sampled for _ in range(200)]
         )
@@ -116,7 +116,7 @@ def test_ratio_sampling_is_the_same_decision_on_every_rank() -> None:
 
 def test_unsampled_steps_export_nothing() -> None:
     provider, exporter = _provider(TraceIdRatioBased(0.0))
-    pipeline = tracing.Pipeline(Settings(), Topology(job_id="j4"), provider)
+    pipeline = Pipeline(Settings(), Topology(job_id="j4"), provider)
     for _ in range(5):
         pipeline.end_step(pipeline.begin_step("k", "n", record.TF_FUNCTION))
     pipeline.shutdown()
@@ -126,7 +126,7 @@ def test_unsampled_steps_export_nothing() -> None:
 
 def test_child_records_are_clamped_inside_their_parents() -> None:
     provider, exporter = _provider()
-    pipeline = tracing.Pipeline(Settings(), Topology(job_id="j5"), provider)
+    pipeline = Pipeline(Settings(), Topology(job_id="j5"), provider)
     handle = pipeline.begin_step("k", "n", record.TF_FUNCTION)
     time.sleep(0.002)
     parent = record.Record(
@@ -153,7 +153,7 @@ def test_child_records_are_clamped_inside_their_parents() -> None:
 
 def test_full_queue_drops_and_counts_instead_of_blocking() -> None:
     provider, _ = _provider()
-    pipeline = tracing.Pipeline(Settings(max_queue=16), Topology(job_id="j6"), provider)
+    pipeline = Pipeline(Settings(max_queue=16), Topology(job_id="j6"), provider)
     pipeline._start()
     before = counters["steps_dropped"]
     pipeline._queue.put(None)  # stop the export thread so the queue fills up
@@ -166,7 +166,7 @@ def test_full_queue_drops_and_counts_instead_of_blocking() -> None:
 
 
 def test_coordinator_extension_messages_flow_both_ways() -> None:
-    from tf_otel import coordinator
+    from tf_otel.pipeline import coordinator
 
     port = _free_port()
     settings = Settings(coordinator=("127.0.0.1", port))
@@ -175,7 +175,7 @@ def test_coordinator_extension_messages_flow_both_ways() -> None:
     coordinator.client_handlers["test.pong"] = lambda m: received_by_1.append(m["x"])
     try:
         pipelines = [
-            tracing.Pipeline(settings, Topology(rank=r, world_size=2, job_id="j7"), _provider()[0])
+            Pipeline(settings, Topology(rank=r, world_size=2, job_id="j7"), _provider()[0])
             for r in (0, 1)
         ]
         for p in pipelines:
@@ -198,14 +198,14 @@ def test_coordinator_extension_messages_flow_both_ways() -> None:
 
 
 def test_messages_to_a_rank_that_has_not_connected_yet_are_held() -> None:
-    from tf_otel import coordinator
+    from tf_otel.pipeline import coordinator
 
     port = _free_port()
     settings = Settings(coordinator=("127.0.0.1", port))
     got = []
     coordinator.client_handlers["test.early"] = lambda m: got.append(m["x"])
-    rank0 = tracing.Pipeline(settings, Topology(rank=0, world_size=2, job_id="j8"), _provider()[0])
-    rank1 = tracing.Pipeline(settings, Topology(rank=1, world_size=2, job_id="j8"), _provider()[0])
+    rank0 = Pipeline(settings, Topology(rank=0, world_size=2, job_id="j8"), _provider()[0])
+    rank1 = Pipeline(settings, Topology(rank=1, world_size=2, job_id="j8"), _provider()[0])
     try:
         rank0._start()
         assert rank0.send_to_rank(1, {"t": "test.early", "x": 1})  # rank 1 not started yet
@@ -222,7 +222,7 @@ def test_messages_to_a_rank_that_has_not_connected_yet_are_held() -> None:
 
 
 def test_late_extents_never_make_a_second_root_and_silent_ranks_are_learnt() -> None:
-    from tf_otel.coordinator import LEARN_STEPS, StepAggregator
+    from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
 
     roots = []
     aggregator = StepAggregator(
@@ -249,7 +249,7 @@ def test_first_roots_wait_for_a_rank_whose_first_report_is_late() -> None:
     """A rank's first reports wait for its clock to settle: early roots wait for a rank never
     heard from (bounded by the grace), instead of going out partial; a control rank set that
     reports in time is emitted at once."""
-    from tf_otel.coordinator import StepAggregator
+    from tf_otel.pipeline.coordinator import StepAggregator
 
     roots = []
     aggregator = StepAggregator(

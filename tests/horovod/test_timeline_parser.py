@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tf_otel import record
 from tf_otel.capture import horovod_timeline as tl
+from tf_otel.pipeline import record
 
 FIXTURES = Path(__file__).parent / "fixtures"
 STEPS = json.loads((FIXTURES / "steps.json").read_text())

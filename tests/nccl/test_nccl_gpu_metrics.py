@@ -125,10 +125,10 @@ def test_step_spans_carry_the_ranks_gpu_utilisation(monkeypatch):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from tf_otel import tracing
     from tf_otel.config import Settings
     from tf_otel.nccl import gpu_metrics
-    from tf_otel.topology import Topology
+    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.pipeline.topology import Topology
 
     nvml = FakeNvml()
     real_start = gpu_metrics.start_gpu_metrics
@@ -143,7 +143,7 @@ def test_step_spans_carry_the_ranks_gpu_utilisation(monkeypatch):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     topology = Topology(rank=1, world_size=1, local_rank=1, job_id="gpu-job")
-    pipeline = tracing.Pipeline(Settings(gpu_metrics_interval_s=0.1), topology, provider)
+    pipeline = Pipeline(Settings(gpu_metrics_interval_s=0.1), topology, provider)
     pipeline.end_step(pipeline.begin_step("k", "n", "tf_function"))
     pipeline.shutdown()
     steps = [s for s in exporter.get_finished_spans() if s.attributes["tf_otel.category"] == "step"]
@@ -156,14 +156,14 @@ def test_no_gpu_means_no_gpu_attribute_on_steps():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from tf_otel import tracing
     from tf_otel.config import Settings
-    from tf_otel.topology import Topology
+    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.pipeline.topology import Topology
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    pipeline = tracing.Pipeline(Settings(), Topology(job_id="cpu-job"), provider)
+    pipeline = Pipeline(Settings(), Topology(job_id="cpu-job"), provider)
     pipeline.end_step(pipeline.begin_step("k", "n", "tf_function"))
     pipeline.shutdown()
     assert pipeline._gpu is None

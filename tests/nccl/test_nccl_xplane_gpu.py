@@ -14,7 +14,7 @@ import pytest
 
 from tf_otel.nccl import ring as ringmod
 from tf_otel.nccl.xplane_gpu import gpu_kernel_records, load_xspace, place_under_collectives
-from tf_otel.record import COLLECTIVE, KERNEL, Record
+from tf_otel.pipeline.record import COLLECTIVE, KERNEL, Record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "two_gpu_nccl.xplane.pb"
 T0 = 1_700_000_000_000_000_000  # profile_start_time (epoch ns)

@@ -18,7 +18,7 @@ from tf_otel.capture.step_stats import (
     step_stats_records,
 )
 from tf_otel.instrument.ops import OpsController
-from tf_otel.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
+from tf_otel.pipeline.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
 
 LABEL = (
     "[8192B] [129.0Mb/s] edge_5_MatMul/ReadVariableOp from "

@@ -8,13 +8,14 @@ import socket
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from tf_otel import coordinator, record, tracing
 from tf_otel.capture import horovod_timeline as tl
 from tf_otel.clock import transport
 from tf_otel.config import Settings
 from tf_otel.health import counters
 from tf_otel.instrument import horovod
-from tf_otel.topology import Topology
+from tf_otel.pipeline import coordinator, record
+from tf_otel.pipeline.steps import Pipeline
+from tf_otel.pipeline.topology import Topology
 
 from .channel_peers import wait_until
 
@@ -43,7 +44,7 @@ def test_messages_held_for_an_unconnected_rank_are_bounded_in_bytes() -> None:
 
 
 def test_records_queued_for_export_are_bounded() -> None:
-    pipeline = tracing.Pipeline(Settings(max_queue=16), Topology(job_id="bounds"), TracerProvider())
+    pipeline = Pipeline(Settings(max_queue=16), Topology(job_id="bounds"), TracerProvider())
     dropped = counters["records_dropped"]
     rec = record.Record(name="r", category="collective", start_ns=1, end_ns=2)
     for step in range(40):  # the export thread is not started: nothing drains the queue

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tf_otel import coordinator, job_secret
 from tf_otel.clock import transport
 from tf_otel.health import counters
+from tf_otel.pipeline import coordinator, job_secret
 
 from .channel_peers import clock_login, coordinator_login, send_and_drain, wait_until
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from tf_otel.record import (
+from tf_otel.pipeline.record import (
     ATTR_CATEGORY,
     ATTR_COLLECTIVE_KEY,
     ATTR_JOB_ID,

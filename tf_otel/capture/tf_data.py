@@ -34,7 +34,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from tf_otel.capture.xplane import HOST_PLANE, time_base_ns
-from tf_otel.record import INPUT, Record
+from tf_otel.pipeline.record import INPUT, Record
 
 ITERATOR_PREFIX = "Iterator::"
 MAX_STAGES = 32

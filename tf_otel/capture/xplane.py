@@ -32,7 +32,7 @@ from tf_otel.capture.step_stats import (
     ATTR_OP_TYPE,
     INPUT_OP_TYPES,
 )
-from tf_otel.record import ATTR_FUNCTION_NAME, COMPUTE, FRAMEWORK, INPUT, Record
+from tf_otel.pipeline.record import ATTR_FUNCTION_NAME, COMPUTE, FRAMEWORK, INPUT, Record
 
 HOST_PLANE = "/host:CPU"
 TASK_ENV_PLANE = "Task Environment"

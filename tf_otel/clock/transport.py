@@ -7,7 +7,7 @@ the client; REPORT(length) is followed by ``length`` bytes of JSON (clock-check 
 Both ends timestamp the same way (receive returns -> read the clock; read the clock -> send), so
 the residual asymmetry is small; TCP_NODELAY keeps Nagle out of the RTT.
 
-Each connection opens with a mutual HMAC handshake over the per-job key (tf_otel.job_secret),
+Each connection opens with a mutual HMAC handshake over the per-job key (pipeline.job_secret),
 outside the hot path: the server sends ``MAGIC`` + a 32-byte nonce; the client sends
 HELLO(rank) + its 32-byte MAC + its own 32-byte nonce; the server answers with its 32-byte MAC.
 A peer without the key is refused and counted (``clock_refused``); a client whose server cannot
@@ -29,10 +29,11 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from tf_otel import clock, job_secret
+from tf_otel import clock
 from tf_otel.clock.estimate import Exchange
 from tf_otel.health import count, log_once
-from tf_otel.topology import resolve_address
+from tf_otel.pipeline import job_secret
+from tf_otel.pipeline.topology import resolve_address
 
 FRAME = struct.Struct("<B7xQ")
 REPLY = struct.Struct("<QQQ")

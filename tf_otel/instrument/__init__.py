@@ -66,9 +66,9 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
-        from tf_otel import sdk, tracing
         from tf_otel.config import Settings
         from tf_otel.health import fail_open
+        from tf_otel.pipeline import sdk, signals
 
         settings = Settings.from_env()
         with fail_open("sdk.configure"):
@@ -84,10 +84,10 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         with fail_open("delivery.watch"):  # after every span processor is in place
             from opentelemetry import trace
 
-            from tf_otel import delivery
+            from tf_otel.pipeline import delivery
 
             delivery.watch(trace.get_tracer_provider())
-        tracing.install_exit_handlers()
+        signals.install_exit_handlers()
         _patching.activate()
         _patching.when_imported("tensorflow", check_tensorflow_version)
         for module in (

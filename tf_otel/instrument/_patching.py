@@ -11,7 +11,7 @@ import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
 from tf_otel.health import fail_open, log_once, report_failure
-from tf_otel.tracing import get_pipeline as _get_pipeline
+from tf_otel.pipeline.lifecycle import get_pipeline as _get_pipeline
 
 _active = False
 _wrapped: List[Tuple[Any, str]] = []

@@ -493,9 +493,9 @@ def _settings() -> Any:
 
 
 def _pipeline() -> Any:
-    from tf_otel import tracing
+    from tf_otel.pipeline.lifecycle import current_pipeline
 
-    return tracing._pipeline  # created by the first step; None before
+    return current_pipeline()  # created by the first step; None before
 
 
 # -- Keras 3 + DistributedOptimizer ---------------------------------------------------------
@@ -581,7 +581,7 @@ def register() -> None:
         return
     _registered = True
     add_step_hook(hook)
-    from tf_otel import coordinator
+    from tf_otel.pipeline import coordinator
 
     coordinator.client_handlers[MSG_RECORDS] = hook.on_message
     coordinator.client_handlers[MSG_DONE] = lambda message: hook._done.set()
@@ -589,7 +589,7 @@ def register() -> None:
     coordinator.client_handlers[MSG_LAST] = collector.on_last
     collector.every = _settings().horovod_every
     collector.enabled = hook.stamping
-    from tf_otel.tracing import before_shutdown
+    from tf_otel.pipeline.lifecycle import before_shutdown
 
     before_shutdown(hook.finish)  # exit and SIGTERM: hand over the timeline's last records
     with fail_open("horovod.stale"):

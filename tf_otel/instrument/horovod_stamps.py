@@ -359,9 +359,9 @@ def _stamps_of(
 
 
 def _pipeline() -> Any:
-    from tf_otel import tracing
+    from tf_otel.pipeline.lifecycle import current_pipeline
 
-    return tracing._pipeline
+    return current_pipeline()
 
 
 collector = StampCollector()

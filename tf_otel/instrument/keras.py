@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from tf_otel import record
 from tf_otel.instrument._patching import in_keras_loop, run_step, when_imported, wrap
+from tf_otel.pipeline import record
 
 _FUNCTIONS = (
     ("make_train_function", "train_function", record.KERAS_TRAIN),

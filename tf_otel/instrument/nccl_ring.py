@@ -25,7 +25,7 @@ from typing import Any, List, MutableMapping, Optional
 
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
-from tf_otel.record import Record
+from tf_otel.pipeline.record import Record
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class NcclRingHook(StepHook):
             handle.deferred.append(lambda: self._records(handle))
 
     def _records(self, handle: Any) -> List[Record]:
-        from tf_otel.tracing import get_pipeline
+        from tf_otel.pipeline.lifecycle import get_pipeline
 
         rank = get_pipeline().topology.rank
         return self.ring.records_for(handle.start_ns, handle.end_ns, rank, handle.step)

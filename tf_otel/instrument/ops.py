@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from tf_otel import config
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
-from tf_otel.record import INPUT, SESSION_RUN, Record
+from tf_otel.pipeline.record import INPUT, SESSION_RUN, Record
 
 MAX_OP_SPANS = config.current().max_op_spans
 # steps between rank 0's decision and the first on-demand traced step (at least this many, and
@@ -99,7 +99,7 @@ controller = OpsController()
 def request(steps: int) -> Dict[str, int]:
     """Ask for op tracing of the next ``steps`` steps on every rank (any thread, any rank).
     On rank 0 (or a single process) returns the chosen start step per key."""
-    from tf_otel.tracing import get_pipeline
+    from tf_otel.pipeline.lifecycle import get_pipeline
 
     pipeline = get_pipeline()
     if not pipeline.topology.is_reference:
@@ -304,8 +304,8 @@ hook = OpsHook()
 
 
 def register() -> None:
-    from tf_otel import coordinator
     from tf_otel.config import Settings
+    from tf_otel.pipeline import coordinator
 
     controller.every = Settings.from_env().ops_every
     coordinator.client_handlers[MSG_WINDOW] = _on_window

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, SLOT_ATTRIBUTES, Span, as_int
 from tf_otel.analysis.otlp_values import any_value, attributes_dict, pair_value
-from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
+from tf_otel.pipeline.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 
 __all__ = [
     "any_value",

@@ -25,7 +25,7 @@ from tf_otel.analysis.model import (
     as_int,
 )
 from tf_otel.analysis.otlp_values import attributes_dict, pair_value
-from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
+from tf_otel.pipeline.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 
 try:  # optional speed-up, never required
     import msgspec

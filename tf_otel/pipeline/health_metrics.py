@@ -56,7 +56,8 @@ def register(resource: Mapping[str, Any], step_queue_depth: Callable[[], int] = 
         return False
     from opentelemetry.metrics import CallbackOptions, Observation
 
-    from tf_otel import __version__, clock, delivery
+    from tf_otel import __version__, clock
+    from tf_otel.pipeline import delivery
 
     merge_resource(provider, resource)
     meter = provider.get_meter("tf_otel", __version__)

@@ -2,11 +2,11 @@
 emits the step's root span once every rank has reported, so the root covers all ranks.
 
 Newline-delimited JSON over one TCP connection per rank; never touched by the training thread.
-Every connection starts with a mutual HMAC handshake over the per-job key (tf_otel.job_secret):
+Every connection starts with a mutual HMAC handshake over the per-job key (job_secret.py):
 rank 0 accepts only ranks that hold the key, a rank accepts messages only from a rank 0 that
 does. Anything else is refused and counted (``coordinator_refused``); every buffer is bounded.
 
-Usage (done by tracing.Pipeline)::
+Usage (done by pipeline.steps.Pipeline)::
 
     server = StepAggregator(world_size, wait_s, emit_root); server.serve(("127.0.0.1", port))
     # emit_root(key, step, start_ns, end_ns, n_ranks, reported): reported is the sorted tuple of
@@ -25,9 +25,9 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
-from tf_otel import job_secret
 from tf_otel.health import count, log_once
-from tf_otel.topology import resolve_address
+from tf_otel.pipeline import job_secret
+from tf_otel.pipeline.topology import resolve_address
 
 if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
     from typing_extensions import TypeIs
@@ -40,7 +40,7 @@ MAX_HELD_MESSAGES = 1024
 MAX_HELD_BYTES = 16 << 20  # per rank: messages held for a rank that has not connected yet
 MAX_EMITTED_STEPS = 8192
 LEARN_STEPS = 3
-FIRST_REPORT_GRACE_S = 15.0  # = tracing.CLOCK_SETTLE_MAX_S (not imported: tracing imports us)
+FIRST_REPORT_GRACE_S = 15.0  # = steps.CLOCK_SETTLE_MAX_S (not imported: steps imports us)
 SERVICE = "coordinator"
 MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
 MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)
@@ -214,7 +214,7 @@ class StepAggregator:
                 wait_s = self.wait_s
                 unheard = self.world_size - len(self._reporters | self._finished)
                 if unheard > 0 and len(self._emitted) < LEARN_STEPS:
-                    # a rank's first reports wait for its clock to settle (tracing.py, up to
+                    # a rank's first reports wait for its clock to settle (pipeline/steps.py, up to
                     # CLOCK_SETTLE_MAX_S): the first roots wait for it rather than go out partial
                     wait_s += self.first_report_grace_s
                 for key_step, entry in list(self._pending.items()):

@@ -6,7 +6,7 @@ elsewhere. See docs/ARCHITECTURE.md for the contract.
 
 Usage::
 
-    pipeline = get_pipeline()
+    pipeline = get_pipeline()  # tf_otel.pipeline.lifecycle
     step = pipeline.begin_step("keras_train", "keras.train_function", record.KERAS_TRAIN)
     ...  # the step runs
     pipeline.end_step(step)
@@ -14,23 +14,27 @@ Usage::
 
 from __future__ import annotations
 
-import atexit
-import hashlib
 import itertools
 import os
 import queue
-import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from tf_otel import clock, record
+from tf_otel import clock
 from tf_otel.config import Settings
-from tf_otel.coordinator import CoordinatorClient, StepAggregator
 from tf_otel.health import count, counters, fail_open, log_once, logger
-from tf_otel.topology import Topology
+from tf_otel.pipeline import record
+from tf_otel.pipeline.coordinator import CoordinatorClient, StepAggregator
+from tf_otel.pipeline.ids import (
+    PrimedIdGenerator,
+    fast_root_decision,
+    step_root_span_id,
+    step_trace_id,
+)
+from tf_otel.pipeline.topology import Topology
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
 _US = 1000
@@ -38,16 +42,6 @@ ATTR_TEST_CLOCK_ERROR = "tf_otel.clock.test_error_ns"
 CLOCK_SETTLED_ROUNDS = 6  # warm-up rounds at 10, 20, 40 ... ms: a drift baseline of ~0.3 s
 CLOCK_SETTLE_MAX_S = 15.0
 EXPORT_INTERVAL_S = 0.5
-
-
-def step_trace_id(job_id: str, key: str, step: int) -> int:
-    digest = hashlib.sha256(f"{job_id}/{key}/{step}".encode()).digest()
-    return int.from_bytes(digest[:16], "big") or 1
-
-
-def step_root_span_id(job_id: str, key: str, step: int) -> int:
-    digest = hashlib.sha256(f"{job_id}/{key}/{step}/root".encode()).digest()
-    return int.from_bytes(digest[:8], "big") or 1
 
 
 @dataclass
@@ -71,48 +65,6 @@ class StepHandle:
     error: Optional[str] = None
 
 
-def _fast_root_decision(sampler: Any) -> Any:
-    """The SDK's own root decision for the common samplers, without building sampling results
-    (same arithmetic as TraceIdRatioBased); None: call the sampler itself."""
-    from opentelemetry.sdk.trace import sampling
-
-    if sampler is None:
-        return lambda trace_id: True
-    root = sampler._root if isinstance(sampler, sampling.ParentBased) else sampler
-    if root is sampling.ALWAYS_ON or type(root) is sampling.StaticSampler:
-        decision = root._decision.is_sampled()
-        return lambda trace_id: decision
-    if type(root) is sampling.TraceIdRatioBased:
-        bound, mask = root.bound, sampling.TraceIdRatioBased.TRACE_ID_LIMIT
-        return lambda trace_id: (trace_id & mask) < bound
-    return None
-
-
-class _PrimedIdGenerator:
-    """Random ids, except where the pipeline asks for a given next trace / span id."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.local = threading.local()
-
-    def prime(self, trace_id: int, span_id: int) -> None:
-        self.local.next = (trace_id, span_id)
-
-    def generate_trace_id(self) -> int:
-        primed = getattr(self.local, "next", None)
-        return primed[0] if primed else self.inner.generate_trace_id()
-
-    def generate_span_id(self) -> int:
-        primed = getattr(self.local, "next", None)
-        if primed:
-            self.local.next = None
-            return primed[1]
-        return self.inner.generate_span_id()
-
-    def is_trace_id_random(self) -> bool:
-        return False
-
-
 class Pipeline:
     """The per-process tracing state: step counters, sampling, the export thread, rank 0's roots."""
 
@@ -125,7 +77,7 @@ class Pipeline:
         self.topology = topology
         self.job_id = topology.job_id
         with fail_open("resource"):
-            from tf_otel.sdk import merge_resource
+            from tf_otel.pipeline.sdk import merge_resource
 
             merge_resource(
                 tracer_provider or trace.get_tracer_provider(),
@@ -141,7 +93,7 @@ class Pipeline:
             )
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         with fail_open("health_metrics"):
-            from tf_otel import health_metrics
+            from tf_otel.pipeline import health_metrics
 
             health_metrics.register(
                 {
@@ -155,10 +107,10 @@ class Pipeline:
             )
         self._tracer = trace.get_tracer("tf_otel", __version__, tracer_provider=tracer_provider)
         self._sampler = getattr(self._tracer, "sampler", None)
-        self._sample_fast = _fast_root_decision(self._sampler)
-        self._ids: Optional[_PrimedIdGenerator] = None
+        self._sample_fast = fast_root_decision(self._sampler)
+        self._ids: Optional[PrimedIdGenerator] = None
         if hasattr(self._tracer, "id_generator"):
-            self._ids = _PrimedIdGenerator(self._tracer.id_generator)
+            self._ids = PrimedIdGenerator(self._tracer.id_generator)
             self._tracer.id_generator = self._ids
         else:
             log_once(
@@ -174,7 +126,7 @@ class Pipeline:
         self._clock_sync: Any = None
         self._clock_settled = False
         self._gpu: Any = None  # GPU metrics sampler (None without NVML / GPU)
-        self._system: Any = None  # host/process metrics (tf_otel.system_metrics)
+        self._system: Any = None  # host/process metrics (tf_otel.pipeline.system_metrics)
         self._clock_deadline = 0.0
         self._started = False
         self._closed = False
@@ -295,7 +247,7 @@ class Pipeline:
                     interval_s=self.settings.gpu_metrics_interval_s,
                 )
         with fail_open("system_metrics.start"):  # host/process semconv metrics, off-thread
-            from tf_otel import system_metrics
+            from tf_otel.pipeline import system_metrics
 
             self._system = system_metrics.start(
                 {
@@ -565,189 +517,3 @@ class Pipeline:
             span.set_attribute("tf_otel.step.partial", True)
             span.set_attribute("tf_otel.step.ranks_reported", list(reported))
         span.end(end_time=end_ns)
-
-
-_pipeline: Optional[Pipeline] = None
-_pipeline_lock = threading.Lock()
-
-
-def get_pipeline() -> Pipeline:
-    global _pipeline
-    if _pipeline is None:
-        with _pipeline_lock:
-            if _pipeline is None:
-                settings = Settings.from_env()
-                from tf_otel.topology import detect
-
-                _pipeline = Pipeline(settings, detect(job_id=settings.job_id))
-    return _pipeline
-
-
-_before_shutdown: List[Any] = []
-
-
-def before_shutdown(callback: Any) -> None:
-    """Run ``callback()`` at the start of shutdown (exit, SIGTERM), before spans are flushed:
-    sources that still hold records (e.g. the Horovod timeline) hand them over there."""
-    if callback not in _before_shutdown:
-        _before_shutdown.append(callback)
-
-
-_shutdown_lock = threading.Lock()
-
-
-_exit_reported = False
-
-
-def shutdown(timeout_s: Optional[float] = None) -> None:
-    """Flush this process's step spans (bounded by timeout_s, default TF_OTEL_EXIT_TIMEOUT_S),
-    then say in one line what was lost, if anything. Safe to call more than once."""
-    global _exit_reported
-    if timeout_s is None:
-        from tf_otel.config import current
-
-        timeout_s = current().exit_timeout_s
-    with _shutdown_lock:
-        for callback in list(_before_shutdown):
-            with fail_open("shutdown.before"):
-                callback()
-        pipeline = _pipeline
-        if pipeline is not None:
-            with fail_open("shutdown"):
-                pipeline.shutdown(timeout_s)
-        with fail_open("shutdown.provider"):
-            from opentelemetry import trace
-
-            from tf_otel.sdk import bounded_flush
-
-            bounded_flush(trace.get_tracer_provider(), timeout_s)
-        if not _exit_reported:
-            _exit_reported = True
-            with fail_open("shutdown.report"):
-                from tf_otel import delivery
-
-                delivery.report_at_exit(timeout_s)
-            with fail_open("shutdown.metrics"):  # the final counts, never holding the exit
-                from tf_otel import health_metrics
-
-                flusher = threading.Thread(
-                    target=health_metrics.flush, args=(timeout_s,), daemon=True
-                )
-                flusher.start()
-                flusher.join(min(timeout_s, 2.0))
-
-
-_exit_handlers_installed = False
-SIGTERM_GRACE_S = 1.0
-SIGNAL_FLUSH_TIMEOUT_S = 3.0
-
-
-def install_exit_handlers() -> None:
-    """Flush on normal exit and on SIGTERM without ever taking SIGTERM from the program.
-
-    The program's own handling decides the process's fate, whenever it is installed:
-
-    - a handler the program set before us stays in place, untouched;
-    - where SIGTERM still has its default action, tf_otel stands in for it: flush, then end the
-      process exactly as the default would (status 143). A handler the program sets later simply
-      replaces ours, and from then on it decides;
-    - SIGTERM while the program's handler is installed: a watchdog thread (woken through the
-      signal wake-up fd) flushes what it can in the background and never ends the process.
-
-    Python runs signal handlers only in the main thread between bytecodes, so a main thread
-    blocked in C++ (a parameter server in ``server.join()``) would never run our stand-in handler:
-    the watchdog then flushes and, only while our stand-in is still the installed handler, applies
-    the default action itself after SIGTERM_GRACE_S."""
-    global _exit_handlers_installed
-    if _exit_handlers_installed:
-        return
-    _exit_handlers_installed = True
-    atexit.register(shutdown)
-    if threading.current_thread() is not threading.main_thread():
-        return
-    with fail_open("sigterm"):
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, _on_sigterm)
-        _start_sigterm_watchdog()
-
-
-_handled = threading.Event()  # our stand-in handler ran
-
-
-def _ours_installed() -> bool:
-    return signal.getsignal(signal.SIGTERM) is _on_sigterm
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """Stand-in for SIGTERM's default action: flush, then die as the default would. Called by a
-    program's later handler that chains to it, it only flushes: that handler decides."""
-    _handled.set()
-    shutdown(timeout_s=SIGNAL_FLUSH_TIMEOUT_S)
-    if _ours_installed():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def flush_in_background(timeout_s: float = SIGNAL_FLUSH_TIMEOUT_S) -> None:
-    """Hand what is queued to the exporters now, without closing anything: the program's own
-    SIGTERM handler may go on training (a preemption handler checkpoints at the next step)."""
-    pipeline = _pipeline
-    if pipeline is not None:
-        pipeline.wake()
-    with fail_open("flush"):
-        from opentelemetry import trace
-
-        provider = trace.get_tracer_provider()
-        if hasattr(provider, "force_flush"):
-            threading.Thread(
-                target=provider.force_flush,
-                args=(int(timeout_s * 1000),),
-                name="tf_otel-flush",
-                daemon=True,
-            ).start()
-
-
-def _terminate_from_thread() -> None:
-    """End the process as an unhandled SIGTERM would. signal.signal() is main-thread only, so
-    the default action is restored through libc; SIGKILL if even that is impossible."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.signal.restype = ctypes.c_void_p
-        libc.signal(int(signal.SIGTERM), ctypes.c_void_p(0))  # SIG_DFL
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(1.0)
-    except Exception:  # noqa: BLE001
-        pass
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _start_sigterm_watchdog() -> None:
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    if signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False) != -1:
-        # someone (asyncio...) owns the wake-up fd: give it back, keep the handler alone
-        signal.set_wakeup_fd(-1)
-        os.close(read_fd)
-        os.close(write_fd)
-        return
-
-    def watch() -> None:
-        while True:
-            try:
-                data = os.read(read_fd, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            if signal.SIGTERM not in data or _handled.wait(0.2):
-                continue
-            if not _ours_installed():  # the program's handler decides; we only flush
-                flush_in_background()
-                continue
-            shutdown(timeout_s=SIGNAL_FLUSH_TIMEOUT_S)  # our stand-in is stuck behind C++
-            if not _handled.wait(SIGTERM_GRACE_S) and _ours_installed():
-                _terminate_from_thread()
-
-    threading.Thread(target=watch, name="tf_otel-sigterm", daemon=True).start()

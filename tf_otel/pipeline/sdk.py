@@ -232,7 +232,7 @@ def file_path_for_rank(template: str) -> str:
         return template
     import socket
 
-    from tf_otel.topology import detect
+    from tf_otel.pipeline.topology import detect
 
     try:
         return template.format(rank=detect().rank, host=socket.gethostname(), pid=os.getpid())
@@ -291,7 +291,7 @@ def _batch_processors(provider: Any) -> list:
 
 
 def _exporter_of(processor: Any) -> Any:
-    from tf_otel.delivery import inner_exporter
+    from tf_otel.pipeline.delivery import inner_exporter
 
     exporter = inner_exporter(processor)
     return getattr(exporter, "inner", exporter)  # under delivery's counting wrapper

@@ -1,0 +1,94 @@
+"""The process's one pipeline and its end: created by the first step, flushed once at exit.
+
+Usage::
+
+    from tf_otel.pipeline.lifecycle import before_shutdown, current_pipeline, get_pipeline
+
+    get_pipeline().begin_step(...)      # creates it from the environment on first use
+    current_pipeline()                  # the pipeline if one exists, else None (no side effect)
+    before_shutdown(timeline.flush)     # sources that still hold records hand them over first
+    shutdown(timeout_s=5.0)             # bounded; safe to call more than once
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, List, Optional
+
+from tf_otel.config import Settings
+from tf_otel.health import fail_open
+from tf_otel.pipeline.steps import Pipeline
+
+_pipeline: Optional[Pipeline] = None
+_pipeline_lock = threading.Lock()
+
+
+def get_pipeline() -> Pipeline:
+    global _pipeline
+    if _pipeline is None:
+        with _pipeline_lock:
+            if _pipeline is None:
+                settings = Settings.from_env()
+                from tf_otel.pipeline.topology import detect
+
+                _pipeline = Pipeline(settings, detect(job_id=settings.job_id))
+    return _pipeline
+
+
+_before_shutdown: List[Any] = []
+
+
+def current_pipeline() -> Optional[Pipeline]:
+    """This process's pipeline, or None before the first step (never creates one)."""
+    return _pipeline
+
+
+def before_shutdown(callback: Any) -> None:
+    """Run ``callback()`` at the start of shutdown (exit, SIGTERM), before spans are flushed:
+    sources that still hold records (e.g. the Horovod timeline) hand them over there."""
+    if callback not in _before_shutdown:
+        _before_shutdown.append(callback)
+
+
+_shutdown_lock = threading.Lock()
+
+
+_exit_reported = False
+
+
+def shutdown(timeout_s: Optional[float] = None) -> None:
+    """Flush this process's step spans (bounded by timeout_s, default TF_OTEL_EXIT_TIMEOUT_S),
+    then say in one line what was lost, if anything. Safe to call more than once."""
+    global _exit_reported
+    if timeout_s is None:
+        from tf_otel.config import current
+
+        timeout_s = current().exit_timeout_s
+    with _shutdown_lock:
+        for callback in list(_before_shutdown):
+            with fail_open("shutdown.before"):
+                callback()
+        pipeline = _pipeline
+        if pipeline is not None:
+            with fail_open("shutdown"):
+                pipeline.shutdown(timeout_s)
+        with fail_open("shutdown.provider"):
+            from opentelemetry import trace
+
+            from tf_otel.pipeline.sdk import bounded_flush
+
+            bounded_flush(trace.get_tracer_provider(), timeout_s)
+        if not _exit_reported:
+            _exit_reported = True
+            with fail_open("shutdown.report"):
+                from tf_otel.pipeline import delivery
+
+                delivery.report_at_exit(timeout_s)
+            with fail_open("shutdown.metrics"):  # the final counts, never holding the exit
+                from tf_otel.pipeline import health_metrics
+
+                flusher = threading.Thread(
+                    target=health_metrics.flush, args=(timeout_s,), daemon=True
+                )
+                flusher.start()
+                flusher.join(min(timeout_s, 2.0))
