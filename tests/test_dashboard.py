@@ -50,15 +50,14 @@ DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "training.json"
 DATASOURCES = REPO / "deploy" / "grafana" / "provisioning" / "datasources"
 INPUT_JOB = REPO / "tests" / "wholestep" / "input_job.py"
 STEP = "tf_otel_step_duration_seconds"
-# Grafana's variables, as Grafana would expand them for "All" over the last hour
+# Grafana's variables, as Grafana would expand them for "All" over the last hour; the rate
+# window spans the whole test (the queries run at its end, minutes after the first job ended)
 VARIABLES = {
-    "$__rate_interval": "1m",
+    "$__rate_interval": "10m",
     "$__range": "1h",
     "$job": ".*",
     "$kind": ".*",
 }
-# where the dashboard shows step time: these panels must return data from a real run
-STEP_PANELS = ("Step time per rank", "Mean step time per rank", "Step time vs the median rank")
 
 
 def _dashboard() -> dict:
@@ -276,7 +275,8 @@ def test_dashboard_queries_run_on_metrics_of_real_runs(tmp_path: Path):
                 if answer.get("status") != "success":
                     failures.append(f"{title}: {expr}: {answer}")
                     continue
-                if title.startswith(STEP_PANELS) and not answer["data"]["result"]:
+                # the runs feed every panel (GPU gauges: stand-in readings without a GPU)
+                if not answer["data"]["result"]:
                     failures.append(f"{title}: {expr}: no data")
             assert not failures, "\n".join(failures)
             assert STEP + "_bucket" in referenced
