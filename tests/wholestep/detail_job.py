@@ -1,7 +1,8 @@
 """A tf.function loop for the resource-detail steps (tests/wholestep). Environment: DATA_DIR,
 MODE ``alloc`` (odd steps allocate and free ALLOC_MB inside the step, even steps do not) or
 ``files`` (a tf.data pipeline whose Python reader reads files of known sizes, CHUNK bytes per
-element, BATCH elements per step; NO_READ=1: the same pipeline reading nothing). Prints
+element, BATCH elements per step; NO_READ=1: the same pipeline reading nothing) or ``tfrecord``
+(TFRecordDataset over two files, BATCH records per step). Prints
 ``done steps=N`` and, for ``files``, ``file <path> <bytes>`` per file.
 """
 
@@ -89,5 +90,26 @@ def files_loop() -> None:
     print(f"done steps={steps} read={int(total.numpy())}", flush=True)
 
 
+def tfrecord_loop() -> None:
+    paths = []
+    for i in range(2):
+        path = os.path.join(DATA_DIR, f"part-{i}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for _ in range(256):
+                writer.write(os.urandom(4096))
+        paths.append(path)
+    ds = tf.data.TFRecordDataset(paths).map(lambda r: tf.strings.length(r)).batch(BATCH)
+    iterator = iter(ds)
+    total = tf.Variable(0)
+
+    @tf.function
+    def train_step(it):
+        return total.assign_add(tf.reduce_sum(next(it)))
+
+    for _ in range(STEPS):
+        train_step(iterator)
+    print(f"done steps={STEPS}", flush=True)
+
+
 if __name__ == "__main__":
-    alloc_loop() if MODE == "alloc" else files_loop()
+    {"alloc": alloc_loop, "files": files_loop, "tfrecord": tfrecord_loop}[MODE]()

@@ -4,7 +4,8 @@ TF_OTEL_RESOURCES_EVERY=1), with controls that must find nothing:
 - a step that allocates and frees 256 MiB shows a peak RSS at least that far above its end RSS;
   the steps that allocate nothing show no such gap; no GPU here: no GPU attribute, no error;
 - files of known sizes read through a tf.data pipeline (a Python reader): the per-file bytes of
-  the steps add up to each file's size within 5 %; the same pipeline reading nothing lists no file.
+  the steps add up to each file's size within 5 %; the same pipeline reading nothing lists no file;
+- TFRecordDataset's C++ reader uses pread: its files are named as open but unmoved, no bytes.
 """
 
 from __future__ import annotations
@@ -87,3 +88,13 @@ def test_control_reading_nothing_lists_no_file(receiver, tmp_path):
         assert not any(p.startswith(str(tmp_path)) for p in paths), paths
         if attributes["tf_otel.step"] > 0:  # step 0: autograph may read the job's source
             assert attributes["tf_otel.io.files.total"] == 0, paths
+
+
+def test_tfrecord_reader_files_are_named_unmoved(receiver, tmp_path):
+    _, steps = _run(receiver, tmp_path, MODE="tfrecord", STEPS="8", BATCH="32")
+    unmoved = set()
+    for step in steps:
+        attributes = step.attributes
+        assert not any(p.endswith(".tfrecord") for p in attributes.get("tf_otel.io.files", ()))
+        unmoved.update(attributes.get("tf_otel.io.files.unmoved", ()))
+    assert any(p.startswith(str(tmp_path)) and p.endswith(".tfrecord") for p in unmoved), unmoved
