@@ -7,12 +7,16 @@ Usage::
 In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constants):
 - straggler: a rank is the step straggler in >= 1 step and its what-if saving is >= 2% of the
   total step time or it straggles in >= 10% of the steps;
-- input_bound: input wait is >= 15% of the time on the critical path;
+- input_bound: where step spans carry input wait (``tf_otel.input.wait_ns``), graded as the TF
+  profiler does (``step_rules``); otherwise input wait is >= 15% of the time on the critical path;
 - communication_bound: communication + straggler wait >= 30% of the critical path;
 - persistent_lateness: a rank whose median lateness (over the steady steps) stands out from
   the ranks' step-to-step variation: late in most steps, so measured against itself per step;
 - step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``);
-- low_gpu_utilization: only when spans carry ``gpu.utilization``: a rank's p95 < 70%.
+- low_gpu_utilization: only when spans carry ``gpu.utilization`` / ``hw.gpu.utilization``: a
+  rank's p95 < 70%;
+- the whole-step rules (input source, CPU, time between steps, memory growth, batch size) from
+  step span attributes: ``step_rules``.
 Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else low.
 """
 
@@ -26,6 +30,8 @@ from tf_otel.analysis.critical_path import (
     PATH_STRAGGLER_WAIT,
 )
 from tf_otel.analysis.result import AnalysisResult, Finding
+from tf_otel.analysis.step_rules import has_input_wait, whole_step_findings
+from tf_otel.analysis.whole_step import step_samples
 
 STRAGGLER_MIN_SAVING_SHARE = 0.02
 STRAGGLER_MIN_STEP_SHARE = 0.10
@@ -221,7 +227,9 @@ def gpu_findings(result: AnalysisResult) -> List[Finding]:
 def evaluate_rules(result: AnalysisResult) -> List[Finding]:
     findings = straggler_findings(result)
     findings += persistent_findings(result)
-    findings += _share_finding(result, "input_bound", [PATH_INPUT], INPUT_BOUND_SHARE)
+    samples = step_samples(result)
+    if not has_input_wait(samples):  # else the step spans' own input wait grades it
+        findings += _share_finding(result, "input_bound", [PATH_INPUT], INPUT_BOUND_SHARE)
     findings += _share_finding(
         result,
         "communication_bound",
@@ -230,5 +238,6 @@ def evaluate_rules(result: AnalysisResult) -> List[Finding]:
     )
     findings += outlier_findings(result)
     findings += gpu_findings(result)
+    findings += whole_step_findings(samples, gpu=not result.gpu_utilization)
     order = {"high": 0, "medium": 1, "low": 2}
     return sorted(findings, key=lambda f: order[f.severity])

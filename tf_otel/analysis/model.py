@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
+from tf_otel.analysis.whole_step import WHOLE_STEP_ATTRIBUTES
 from tf_otel.pipeline.record import (
     ATTR_CATEGORY,
     ATTR_COLLECTIVE_KEY,
@@ -34,14 +35,18 @@ ATTR_TRANSFER_EDGE = "tensorflow.transfer.edge"
 SLOT_ATTRIBUTES = frozenset(
     (ATTR_CATEGORY, ATTR_RANK, ATTR_STEP, ATTR_JOB_ID, ATTR_GPU_UTILIZATION)
 )
-ANALYSIS_ATTRIBUTES = SLOT_ATTRIBUTES | {
-    ATTR_COLLECTIVE_KEY,
-    ATTR_LAST_ARRIVAL,
-    ATTR_ARRIVAL,
-    ATTR_WAIT_NS,
-    ATTR_TRANSFER_EDGE,
-    ATTR_WORLD_SIZE,
-}
+ANALYSIS_ATTRIBUTES = (
+    SLOT_ATTRIBUTES
+    | {
+        ATTR_COLLECTIVE_KEY,
+        ATTR_LAST_ARRIVAL,
+        ATTR_ARRIVAL,
+        ATTR_WAIT_NS,
+        ATTR_TRANSFER_EDGE,
+        ATTR_WORLD_SIZE,
+    }
+    | WHOLE_STEP_ATTRIBUTES
+)
 
 
 def as_int(value: Any) -> Optional[int]:

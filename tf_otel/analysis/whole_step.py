@@ -1,0 +1,154 @@
+"""The whole-step attributes of step spans (input wait, time between steps, I/O, CPU, memory,
+GPU, batch size) as plain per-step samples for the findings in ``step_rules``.
+
+Usage::
+
+    samples = step_samples(result)          # steady steps only, one sample per rank and step
+    samples = [sample_of(span, rank) ...]   # or from step spans directly
+
+The runtime writes these attributes (tf_otel/instrument/step_resources.py, input_wait.py,
+keras.py); their names are repeated here because the analysis never imports the runtime
+(tests/analysis/test_step_rules.py checks the two agree). A missing attribute is None: traces
+from older versions, other OSes or with input wait off simply give the rules less to judge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:  # model imports this module's attribute names
+    from tf_otel.analysis.model import Span
+
+ATTR_INPUT_WAIT = "tf_otel.input.wait_ns"
+ATTR_INPUT_ELEMENTS = "tf_otel.input.elements"
+ATTR_BETWEEN = "tf_otel.between_steps_ns"
+ATTR_CALLBACK = "tf_otel.between_steps.callback_ns"
+ATTR_CHECKPOINT = "tf_otel.between_steps.checkpoint_ns"
+ATTR_TOP = "tf_otel.between_steps.top"
+ATTR_READ_BYTES = "tf_otel.io.read_bytes"
+ATTR_READ_OPS = "tf_otel.io.read_ops"
+ATTR_CPU_TIME = "tf_otel.process.cpu_time_ns"
+ATTR_CPUS = "tf_otel.process.cpus"
+ATTR_MEMORY = "process.memory.usage"
+ATTR_HW_GPU_UTILIZATION = "hw.gpu.utilization"  # semconv name (ratio 0..1)
+ATTR_BATCH_SIZE = "tf_otel.batch.size"
+
+WHOLE_STEP_ATTRIBUTES = frozenset(
+    (
+        ATTR_INPUT_WAIT,
+        ATTR_INPUT_ELEMENTS,
+        ATTR_BETWEEN,
+        ATTR_CALLBACK,
+        ATTR_CHECKPOINT,
+        ATTR_TOP,
+        ATTR_READ_BYTES,
+        ATTR_READ_OPS,
+        ATTR_CPU_TIME,
+        ATTR_CPUS,
+        ATTR_MEMORY,
+        ATTR_HW_GPU_UTILIZATION,
+        ATTR_BATCH_SIZE,
+    )
+)
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One rank's step span, reduced to what the whole-step rules read."""
+
+    rank: int
+    step: Optional[int]
+    duration_ns: int
+    between_ns: Optional[int] = None  # previous step end -> this step begin (same thread)
+    callback_ns: Optional[int] = None
+    checkpoint_ns: Optional[int] = None
+    top: Tuple[Tuple[str, float], ...] = ()  # (name, ms) of the slowest things between steps
+    input_wait_ns: Optional[int] = None
+    input_elements: Optional[int] = None
+    read_bytes: Optional[int] = None
+    read_ops: Optional[int] = None
+    cpu_time_ns: Optional[int] = None  # since the previous step end
+    cpus: Optional[int] = None
+    rss_bytes: Optional[int] = None
+    gpu_percent: Optional[float] = None
+    batch_size: Optional[int] = None
+    outlier: bool = False  # a step_outliers step (a stall): kept out of the input share
+
+    @property
+    def wall_ns(self) -> int:
+        """Previous step end -> this step end: the span the per-step deltas cover."""
+        return self.duration_ns + (self.between_ns or 0)
+
+
+def _top(value: Any) -> Tuple[Tuple[str, float], ...]:
+    """``["Stall=100.3ms", ...]`` (OTLP array) or its string form (Jaeger) -> pairs."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = value.strip("[]").replace('"', "").replace("'", "").split(",")
+    pairs = []
+    for item in value:
+        name, _, amount = str(item).strip().rpartition("=")
+        try:
+            pairs.append((name, float(amount.removesuffix("ms"))))
+        except ValueError:
+            continue
+    return tuple(pair for pair in pairs if pair[0])
+
+
+def as_int(value: Any) -> Optional[int]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _number(value: Any) -> Optional[float]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def sample_of(span: Span, rank: int, outlier: bool = False) -> StepSample:
+    attributes: Dict[str, Any] = span.attributes
+    gpu = _number(attributes.get(ATTR_HW_GPU_UTILIZATION))
+    if gpu is None:
+        gpu = _number(span.gpu_utilization)
+    return StepSample(
+        rank=rank,
+        step=span.step,
+        duration_ns=span.duration_ns,
+        between_ns=as_int(attributes.get(ATTR_BETWEEN)),
+        callback_ns=as_int(attributes.get(ATTR_CALLBACK)),
+        checkpoint_ns=as_int(attributes.get(ATTR_CHECKPOINT)),
+        top=_top(attributes.get(ATTR_TOP)),
+        input_wait_ns=as_int(attributes.get(ATTR_INPUT_WAIT)),
+        input_elements=as_int(attributes.get(ATTR_INPUT_ELEMENTS)),
+        read_bytes=as_int(attributes.get(ATTR_READ_BYTES)),
+        read_ops=as_int(attributes.get(ATTR_READ_OPS)),
+        cpu_time_ns=as_int(attributes.get(ATTR_CPU_TIME)),
+        cpus=as_int(attributes.get(ATTR_CPUS)),
+        rss_bytes=as_int(attributes.get(ATTR_MEMORY)),
+        # NVML gives a ratio (hw.gpu.utilization, gpu.utilization); older spans a percentage
+        gpu_percent=None if gpu is None else gpu * 100.0 if gpu <= 1.0 else gpu,
+        batch_size=as_int(attributes.get(ATTR_BATCH_SIZE)),
+        outlier=outlier,
+    )
+
+
+def step_samples(result: Any) -> List[StepSample]:
+    """One sample per rank and steady step of an ``AnalysisResult`` (warm-up steps left out),
+    ordered by rank then step."""
+    samples = []
+    for step in result.steady_steps:
+        for rank, timeline in step.trace.ranks.items():
+            if timeline.step_span is not None:
+                samples.append(sample_of(timeline.step_span, rank, step.outlier))
+    samples.sort(key=lambda s: (s.rank, s.step if s.step is not None else -1))
+    return samples
