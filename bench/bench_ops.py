@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.profiler.internal import _pywrap_profiler  # noqa: E402
 
-from tf_otel.instrument import ops  # noqa: E402
+from tf_otel.instrument.ops import hook as ops  # noqa: E402
 
 PROFILER_OPTIONS = dict(ops._PROFILER_OPTIONS)
 
@@ -170,10 +170,10 @@ def conversion(step_stats, logdir, base_ns, repeats=5):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from tf_otel.capture.step_stats import cap_records, step_stats_capped, step_stats_records
     from tf_otel.config import Settings
     from tf_otel.pipeline.steps import Pipeline
     from tf_otel.pipeline.topology import Topology
+    from tf_otel.sources.step_stats import cap_records, step_stats_capped, step_stats_records
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

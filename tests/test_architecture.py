@@ -101,8 +101,9 @@ def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 def test_no_import_cycle_in_tf_otel():
     graph = import_graph(PACKAGE)
-    assert len(graph) > 50 and "tf_otel.instrument.ops" in graph  # the real package was read
-    assert "tf_otel.admin" in graph["tf_otel.instrument.ops"]  # function-level imports count
+    assert len(graph) > 50 and "tf_otel.instrument.ops.hook" in graph  # the real package was read
+    # function-level imports count
+    assert "tf_otel.instrument.ops.admin" in graph["tf_otel.instrument.ops.hook"]
     found = cycles(graph)
     assert not found, "import cycles inside tf_otel/: " + "; ".join(" <-> ".join(c) for c in found)
 

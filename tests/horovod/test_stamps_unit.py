@@ -3,10 +3,10 @@ detail-step policy (no TF, no Horovod)."""
 
 from __future__ import annotations
 
-from tf_otel.capture import horovod_stamps as hs
 from tf_otel.instrument.horovod_stamps import detail_wanted
 from tf_otel.pipeline import record
 from tf_otel.pipeline.ids import step_trace_id
+from tf_otel.sources import horovod_stamps as hs
 
 STAMP = hs.Stamp("grad_w0", "allreduce", "float32", "[32, 32]", 4096)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tf_otel.capture import horovod_timeline as tl
 from tf_otel.pipeline import record
+from tf_otel.sources import horovod_timeline as tl
 
 FIXTURES = Path(__file__).parent / "fixtures"
 STEPS = json.loads((FIXTURES / "steps.json").read_text())

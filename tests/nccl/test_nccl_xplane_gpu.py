@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tf_otel.nccl import ring as ringmod
-from tf_otel.nccl.xplane_gpu import gpu_kernel_records, load_xspace, place_under_collectives
 from tf_otel.pipeline.record import COLLECTIVE, KERNEL, Record
+from tf_otel.sources.xplane_gpu import gpu_kernel_records, load_xspace, place_under_collectives
 
 FIXTURE = Path(__file__).parent / "fixtures" / "two_gpu_nccl.xplane.pb"
 T0 = 1_700_000_000_000_000_000  # profile_start_time (epoch ns)
@@ -200,7 +200,7 @@ def test_real_cpu_profile_has_task_environment_time_base_and_no_gpu_kernels(tmp_
     tf.profiler.experimental.stop()
     (path,) = glob.glob(str(tmp_path / "plugins/profile/*/*.xplane.pb"))
     space = load_xspace(path)
-    from tf_otel.nccl.xplane_gpu import profile_start_ns
+    from tf_otel.sources.xplane_gpu import profile_start_ns
 
     start = profile_start_ns(space)
     assert start is not None and before <= start <= time.time_ns()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tf_otel.capture.step_stats import (
+from tf_otel.instrument.ops.hook import OpsController
+from tf_otel.pipeline.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
+from tf_otel.sources.step_stats import (
     ATTR_BYTES,
     ATTR_OPS_DROPPED,
     ATTR_OPS_DROPPED_NS,
@@ -17,8 +19,6 @@ from tf_otel.capture.step_stats import (
     step_stats_capped,
     step_stats_records,
 )
-from tf_otel.instrument.ops import OpsController
-from tf_otel.pipeline.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
 
 LABEL = (
     "[8192B] [129.0Mb/s] edge_5_MatMul/ReadVariableOp from "

@@ -8,7 +8,6 @@ import socket
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from tf_otel.capture import horovod_timeline as tl
 from tf_otel.clock import transport
 from tf_otel.config import Settings
 from tf_otel.health import counters
@@ -16,6 +15,7 @@ from tf_otel.instrument import horovod
 from tf_otel.pipeline import coordinator, record
 from tf_otel.pipeline.steps import Pipeline
 from tf_otel.pipeline.topology import Topology
+from tf_otel.sources import horovod_timeline as tl
 
 from .channel_peers import wait_until
 

@@ -1,6 +1,6 @@
 """Fuzzed Horovod timeline parsing: arbitrary bytes, the real fixtures (tests/horovod/fixtures/,
 written by horovodrun -np 2) cut and corrupted at random offsets and read while "growing", and
-events of every JSON type in every field. The contract (tf_otel.capture.horovod_timeline):
+events of every JSON type in every field. The contract (tf_otel.sources.horovod_timeline):
 truncated or corrupt parts are skipped and counted, never raised, in bounded time; and what
 the parser hands on turns into Records without an exception (as tf_otel.instrument.horovod
 does it, with integer ns).
@@ -14,7 +14,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tf_otel.capture import horovod_timeline as tl
+from tf_otel.sources import horovod_timeline as tl
 
 FIXTURES = Path(__file__).parent.parent / "horovod" / "fixtures"
 TIMELINES = [

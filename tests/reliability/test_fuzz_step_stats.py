@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tensorflow.core.framework import step_stats_pb2  # before hypothesis runs
 
-from tf_otel.capture.step_stats import (
+from tf_otel.sources.step_stats import (
     ATTR_BYTES,
     ATTR_RATE,
     op_type,

@@ -1,4 +1,4 @@
-"""Fuzzed XSpace parsing (tf_otel.capture.xplane host plane, tf_otel.nccl.xplane_gpu GPU planes):
+"""Fuzzed XSpace parsing (tf_otel.sources.xplane host plane, tf_otel.sources.xplane_gpu GPU planes):
 arbitrary bytes, the real fixture (tests/nccl/fixtures/) truncated and corrupted, and
 structurally valid XSpaces built from the real TSL schema with odd stats, metadata ids, names and
 offsets. The contract: the result, or the one clear ``ValueError`` that names the XSpace (not a
@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # before hypothesis runs
 
-from tf_otel.capture.xplane import host_records, parse_xspace
 from tf_otel.nccl import kernels
 from tf_otel.nccl.kernels import parse_kernel_name
-from tf_otel.nccl.xplane_gpu import gpu_kernel_records, load_xspace
+from tf_otel.sources.xplane import host_records, parse_xspace
+from tf_otel.sources.xplane_gpu import gpu_kernel_records, load_xspace
 
 FIXTURE = (
     Path(__file__).parent.parent / "nccl" / "fixtures" / "two_gpu_nccl.xplane.pb"

@@ -4,8 +4,8 @@ not own time; the stage count is capped (the busiest kept)."""
 
 from __future__ import annotations
 
-from tf_otel.capture.tf_data import stage_kind, stage_records
-from tf_otel.capture.xplane import parse_xspace
+from tf_otel.sources.tf_data import stage_kind, stage_records
+from tf_otel.sources.xplane import parse_xspace
 
 US = 1_000_000  # ps
 

@@ -27,12 +27,12 @@ from tf_otel.instrument import (
     input_wait,
     keras,
     nccl_ring,
-    ops,
     ps,
     session,
     step_detail,
     step_resources,
 )
+from tf_otel.instrument.ops import hook as ops
 
 MIN_TF_VERSION = (2, 15)
 

@@ -8,7 +8,7 @@ A ``next()`` between two steps belongs to the next step, whose span then starts 
 such wait (the step is "get the batch, then compute"). At most ``_MAX_PENDING`` waits are kept
 per step; unsampled steps drop them. Only timing: no element values, shapes or sizes are read.
 Keras fit gets its batches inside the train function: those waits appear in op traces
-(``IteratorGetNext``), see instrument/ops.py.
+(``IteratorGetNext``), see instrument/ops/hook.py.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tf_otel import clock
-from tf_otel.capture import horovod_timeline as tl
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import (
     StepHook,
@@ -43,6 +42,7 @@ from tf_otel.instrument._patching import (
     wrap,
 )
 from tf_otel.instrument.horovod_stamps import MSG_ARRIVALS, MSG_LAST, OPS, collector
+from tf_otel.sources import horovod_timeline as tl
 
 MSG_RECORDS = "hvd.c"
 MSG_DONE = "hvd.done"

@@ -27,9 +27,9 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tf_otel import clock
-from tf_otel.capture import horovod_stamps as hs
-from tf_otel.capture import horovod_timeline as tl
 from tf_otel.health import count, fail_open, log_once
+from tf_otel.sources import horovod_stamps as hs
+from tf_otel.sources import horovod_timeline as tl
 
 MSG_ARRIVALS = "hvd.a"
 MSG_LAST = "hvd.l"

@@ -8,7 +8,7 @@ Step key ``ps_closure:<function>``, kind ``tf_function``, name ``closure <functi
 ``tensorflow.ps.worker`` (device name, e.g. ``/job:worker/replica:0/task:1``) and
 ``tensorflow.ps.worker_index``. Closures run on the coordinator's worker threads, one per remote
 worker, so several steps may be open at once. Op tracing does not apply (the ops run in the
-worker processes); TF1 ``tf.distribute.Server`` clusters are traced by session.py / ops.py.
+worker processes); TF1 ``tf.distribute.Server`` clusters are traced by session.py / ops/hook.py.
 ``ResourceClosure``s (per-worker datasets and resources, built once) are not steps.
 """
 

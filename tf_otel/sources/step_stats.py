@@ -3,7 +3,7 @@
 Usage (on the export thread; ``step_stats`` is a ``tensorflow.StepStats`` message or any object
 with the same fields)::
 
-    from tf_otel.capture.step_stats import step_stats_capped
+    from tf_otel.sources.step_stats import step_stats_capped
     records = step_stats_capped(run_metadata.step_stats, step=12, limit=500)
 
 (the same as ``cap_records(step_stats_records(...), 500)``, but only the kept node executions

@@ -2,7 +2,7 @@
 
 Usage::
 
-    from tf_otel.nccl.xplane_gpu import gpu_kernel_records, place_under_collectives
+    from tf_otel.sources.xplane_gpu import gpu_kernel_records, place_under_collectives
     kernels = gpu_kernel_records("logdir/plugins/profile/<ts>/<host>.xplane.pb", step=12)
     place_under_collectives(kernels, collective_records)   # sets parent_id on NCCL kernels
 
@@ -17,7 +17,7 @@ Structure read (TSL xplane.proto / xplane_schema, as the CUPTI collector writes 
   ``base_ns``) + ``line.timestamp_ns`` + ``event.offset_ps // 1000``.
 
 Memcpy / memset activities (no ``kernel_details``, not an NCCL name) are not kernels: skipped.
-TensorFlow is imported only when an XSpace is parsed (tf_otel.capture.xplane, for its schema).
+TensorFlow is imported only when an XSpace is parsed (tf_otel.sources.xplane, for its schema).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import logging
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-from tf_otel.capture.xplane import parse_xspace, stat_value, time_base_ns
 from tf_otel.nccl.kernels import parse_kernel_name
 from tf_otel.pipeline.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, KERNEL, Record
+from tf_otel.sources.xplane import parse_xspace, stat_value, time_base_ns
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ _warned = [False]
 
 def load_xspace(src: Union[str, bytes, Any]) -> Any:
     """An XSpace from a path, serialized bytes, or an XSpace (returned as is). Parsed leniently:
-    real profiler output holds strings that are not UTF-8 (see tf_otel.capture.xplane)."""
+    real profiler output holds strings that are not UTF-8 (see tf_otel.sources.xplane)."""
     if not isinstance(src, (str, bytes)):
         return src
     if isinstance(src, str):

@@ -3,7 +3,7 @@
 Which steps (the same on every rank; only sampled steps are traced):
 
 - ``TF_OTEL_OPS_EVERY=N``: steps 0, N, 2N ... of every step key;
-- on demand (``tf_otel.admin``: HTTP endpoint or SIGUSR2): the next K steps, from a start step
+- on demand (``ops.admin``: HTTP endpoint or SIGUSR2): the next K steps, from a start step
   rank 0 chooses (its current step + a margin) and broadcasts.
 
 Per traced step, on the training thread: TF1 ``Session.run`` gets ``RunOptions(trace_level=
@@ -170,7 +170,7 @@ def _tf1_end(handle: Any) -> None:
     step, limit = handle.step, MAX_OP_SPANS
 
     def convert() -> List[Record]:
-        from tf_otel.capture.step_stats import step_stats_capped
+        from tf_otel.sources.step_stats import step_stats_capped
 
         return step_stats_capped(ours.step_stats, step, limit, "step_stats")
 
@@ -239,9 +239,9 @@ def _tf2_end(handle: Any) -> None:
 
 def xspace_records(logdir: str, step: Optional[int], limit: int, base_ns: int) -> List[Record]:
     """Host op / input / function Records (capped) and GPU kernel Records of one profile dir."""
-    from tf_otel.capture.step_stats import cap_records
-    from tf_otel.capture.tf_data import stage_records
-    from tf_otel.capture.xplane import host_records, parse_xspace
+    from tf_otel.sources.step_stats import cap_records
+    from tf_otel.sources.tf_data import stage_records
+    from tf_otel.sources.xplane import host_records, parse_xspace
 
     records: List[Record] = []
     kernels: List[Record] = []
@@ -253,7 +253,7 @@ def xspace_records(logdir: str, step: Optional[int], limit: int, base_ns: int) -
         records.extend(host_records(space, step, base_ns))
         if any(p.name.startswith("/device:GPU:") for p in space.planes):
             with fail_open("ops.gpu_kernels"):
-                from tf_otel.nccl.xplane_gpu import gpu_kernel_records
+                from tf_otel.sources.xplane_gpu import gpu_kernel_records
 
                 kernels.extend(gpu_kernel_records(space, step=step, base_ns=base_ns))
     out = cap_records(records + kernels, limit, step, "xspace") if records or kernels else []
@@ -274,7 +274,7 @@ class OpsHook(StepHook):
     def on_step_start(self, handle: Any, call: StepCall) -> None:
         if not self.endpoint_started:
             self.endpoint_started = True
-            from tf_otel import admin
+            from tf_otel.instrument.ops import admin
 
             threading.Thread(
                 target=admin.start_from_env, name="tf_otel-admin-start", daemon=True
@@ -312,7 +312,7 @@ def register() -> None:
     coordinator.server_handlers[MSG_REQUEST] = _on_request
     add_step_hook(hook)
     with fail_open("admin.start"):
-        from tf_otel import admin
+        from tf_otel.instrument.ops import admin
 
         admin.connect(request, status)
         admin.install()

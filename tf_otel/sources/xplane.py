@@ -2,7 +2,7 @@
 
 Usage (on the export thread)::
 
-    from tf_otel.capture.xplane import parse_xspace, host_records
+    from tf_otel.sources.xplane import parse_xspace, host_records
     space = parse_xspace(open("logdir/plugins/profile/<ts>/<host>.xplane.pb", "rb").read())
     records = host_records(space, step=10)
 
@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from tf_otel.capture.step_stats import (
+from tf_otel.pipeline.record import ATTR_FUNCTION_NAME, COMPUTE, FRAMEWORK, INPUT, Record
+from tf_otel.sources.step_stats import (
     ATTR_DEVICE,
     ATTR_OP_NAME,
     ATTR_OP_TYPE,
     INPUT_OP_TYPES,
 )
-from tf_otel.pipeline.record import ATTR_FUNCTION_NAME, COMPUTE, FRAMEWORK, INPUT, Record
 
 HOST_PLANE = "/host:CPU"
 TASK_ENV_PLANE = "Task Environment"

@@ -16,7 +16,7 @@ Usage::
   steps. ``GET /status`` -> the current op-tracing windows.
 - SIGUSR2 on any rank asks rank 0 the same (only installed when the program has no handler).
 
-The endpoint knows nothing of op tracing itself: ``tf_otel.instrument.ops`` hands it its request
+The endpoint knows nothing of op tracing itself: ``ops.hook`` hands it its request
 and status functions through :func:`connect` when it registers (so the two never import each other).
 """
 
@@ -40,7 +40,7 @@ from tf_otel.health import fail_open, log_once, logger
 MAX_STEPS = 10_000
 _server: Optional[ThreadingHTTPServer] = None
 _installed = False
-# set by tf_otel.instrument.ops.register(): ask every rank for K traced steps -> starts by key,
+# set by tf_otel.instrument.ops.hook.register(): ask every rank for K traced steps -> starts by key,
 # and the current windows for GET /status
 _request: Optional[Callable[[int], Dict[str, int]]] = None
 _status: Optional[Callable[[], Dict[str, Any]]] = None

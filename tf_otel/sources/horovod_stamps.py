@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from tf_otel.capture import horovod_timeline as tl
 from tf_otel.pipeline import record
+from tf_otel.sources import horovod_timeline as tl
 
 HOW = "stamp"  # horovod.arrival: the rank's own timestamp, clock-corrected
 # wait / transfer children only for a rank that waited at least this long: spans cost ~0.1 ms of

@@ -2,7 +2,7 @@
 
 Usage (on the export thread, beside ``capture.xplane.host_records``)::
 
-    from tf_otel.capture.tf_data import stage_records
+    from tf_otel.sources.tf_data import stage_records
     stages = stage_records(space, step=10, base_ns=base, parent_id=input_record.record_id)
 
 The profiler records every iterator ``GetNext`` as an event named by the iterator's path in the
@@ -33,8 +33,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-from tf_otel.capture.xplane import HOST_PLANE, time_base_ns
 from tf_otel.pipeline.record import INPUT, Record
+from tf_otel.sources.xplane import HOST_PLANE, time_base_ns
 
 ITERATOR_PREFIX = "Iterator::"
 MAX_STAGES = 32
