@@ -1,4 +1,4 @@
-"""Per-op memory on op-traced TF1 steps (capture/step_stats.op_memory), for real: a Session.run
+"""Per-op memory on op-traced TF1 steps (sources/step_stats.op_memory), for real: a Session.run
 step computing a known-size output (1,000,000 bytes) and a small one (16 bytes); the op spans of
 the traced steps carry exactly those output sizes and an allocation peak at least as large; the
 steps that are not op-traced carry no op spans at all. Sizes only, never values."""

@@ -1,4 +1,4 @@
-"""Ground truth for the tf.data stage spans of op-traced TF2 steps (capture/tf_data.py): a real
+"""Ground truth for the tf.data stage spans of op-traced TF2 steps (sources/tf_data.py): a real
 pipeline (TFRecord reader, a sequential map sleeping SLOW_MS per element, a parallel map, batch,
 prefetch) in Keras fit and in a tf.function loop. The stage spans exist with tf.data's stage
 names, sit under the step's input span inside the step, and the slow map has the largest self
@@ -41,11 +41,10 @@ def _stages(receiver, tmp_path, mode, slow_ms):
     for span in spans:
         if not span.name.startswith("tf.data "):
             continue
-        assert span.category == "input"
         parent = by_id[span.parent_id]
-        # under the step's IteratorGetNext input span (or the step span), inside the step
+        # under the step's IteratorGetNext input span (or, as framework, the step span)
         step = parent if parent.category == "step" else by_id[parent.parent_id]
-        assert parent.category in ("input", "step"), parent.name
+        assert (parent.category, span.category) in (("input", "input"), ("step", "framework"))
         assert step.category == "step"
         assert step.start_ns <= span.start_ns <= span.end_ns <= step.end_ns
         number = step.attributes["tf_otel.step"]

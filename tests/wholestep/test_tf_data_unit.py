@@ -1,4 +1,4 @@
-"""tf.data stage arithmetic (capture/tf_data.py) on a hand-made XSpace: self time is busy time
+"""tf.data stage arithmetic (sources/tf_data.py) on a hand-made XSpace: self time is busy time
 minus the nested input stages' GetNext on the same thread; asynchronous stages report waiting,
 not own time; the stage count is capped (the busiest kept)."""
 
@@ -62,6 +62,8 @@ def test_stage_count_is_capped_and_no_iterator_means_nothing():
     space = _space([[(f"Iterator::Root::S{i}", i, i + 1 + i) for i in range(40)]])
     records = stage_records(space, base_ns=0, limit=32)
     assert len(records) == 32
+    # no input span to hang them under: framework spans of the step, not input time
+    assert {r.category for r in records} == {"framework"} and records[0].parent_id is None
     assert {r.attributes["tensorflow.data.stage"] for r in records} == {
         f"S{i}" for i in range(8, 40)
     }  # the busiest kept

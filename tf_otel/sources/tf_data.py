@@ -1,6 +1,6 @@
 """tf.data pipeline stages of one op-traced TF2 step, from the profiler's XSpace host plane.
 
-Usage (on the export thread, beside ``capture.xplane.host_records``)::
+Usage (on the export thread, beside ``sources.xplane.host_records``)::
 
     from tf_otel.sources.tf_data import stage_records
     stages = stage_records(space, step=10, base_ns=base, parent_id=input_record.record_id)
@@ -8,8 +8,11 @@ Usage (on the export thread, beside ``capture.xplane.host_records``)::
 The profiler records every iterator ``GetNext`` as an event named by the iterator's path in the
 pipeline, e.g. ``Iterator::Root::Prefetch::MapAndBatch::Map::ForeverRepeat[0]::FlatMap[0]::
 TFRecord`` (these names come from the dataset kinds, not from the CPU kernels TF picks, so they
-are stable across machines). One ``input`` Record per stage (path) covers its events in the
-step, under ``parent_id`` (the step's IteratorGetNext input span) or the step span:
+are stable across machines). One Record per stage (path) covers its events in the step:
+``input`` under ``parent_id`` (the step's IteratorGetNext input span; nested, so the analysis
+does not count it twice), or, with no input span to hang it under, ``framework`` under the step
+span (the stages run on tf.data's threads beside the step's compute: as ``input`` spans of the
+step they would claim its time for input):
 
 - ``tensorflow.data.stage``: the stage kind (``Map``, ``TFRecord``, ``Prefetch`` ...);
   ``tensorflow.data.stage.path``: the full path;
@@ -33,7 +36,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-from tf_otel.pipeline.record import INPUT, Record
+from tf_otel.pipeline.record import FRAMEWORK, INPUT, Record
 from tf_otel.sources.xplane import HOST_PLANE, time_base_ns
 
 ITERATOR_PREFIX = "Iterator::"
@@ -73,7 +76,8 @@ def stage_records(
     parent_id: Optional[int] = None,
     limit: int = MAX_STAGES,
 ) -> List[Record]:
-    """One ``input`` Record per tf.data stage seen in the host plane (at most ``limit``)."""
+    """One Record per tf.data stage seen in the host plane (at most ``limit``): ``input`` under
+    ``parent_id``, ``framework`` under the step span when ``parent_id`` is None."""
     base: Optional[int] = None
     stages: Dict[str, _Stage] = {}
     for plane in space.planes:
@@ -114,6 +118,7 @@ def stage_records(
     if limit > 0:
         kept = kept[:limit]
     out = []
+    category = INPUT if parent_id is not None else FRAMEWORK
     for stage in sorted(kept, key=lambda s: s.start):
         kind = stage_kind(stage.path)
         is_async = kind in ASYNC_STAGES
@@ -133,7 +138,7 @@ def stage_records(
                 f"tf.data {kind}",
                 stage.start,
                 stage.end,
-                INPUT,
+                category,
                 step,
                 attributes,
                 parent_id=parent_id,
