@@ -255,7 +255,7 @@ def input_source_findings(samples: Sequence[StepSample]) -> List[Finding]:
                     "Parallelise and shrink the per-element work: map(..., num_parallel_calls="
                     "tf.data.AUTOTUNE), batch before map (vectorised parsing), replace "
                     "py_function / numpy_function with TF ops, decode or resize offline, cache() "
-                    "after the expensive map; on op-traced steps (TF_OTEL_DETAIL) the tf.data "
+                    "after the expensive map; on op-traced steps (TF_OTEL_OPS_EVERY) the tf.data "
                     "stages show as spans under the input span."
                 ),
             )

@@ -1,15 +1,33 @@
 """Keras 3 (``tf.keras`` in TF >= 2.16) and tf_keras (``TF_USE_LEGACY_KERAS=1``): one step per
 call of the compiled train / test / predict function; with ``steps_per_execution=k`` a call runs
 k batches (``tf_otel.step.batches``). Calls of tf.functions inside fit are not separate steps.
+
+``tf_otel.batch.size``: the batch size of the running fit / evaluate / predict where Keras or the
+dataset states it: the ``batch_size`` argument, Keras's default of 32 for arrays, or the
+``batch()`` of a tf.data pipeline (found once per call, walking the datasets' inputs); absent
+for generators, unbatched or dynamically batched input.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Optional
 
+from tf_otel.health import fail_open
 from tf_otel.instrument._patching import in_keras_loop, run_step, when_imported, wrap
 from tf_otel.pipeline import record
+
+ATTR_BATCH_SIZE = "tf_otel.batch.size"
+_KERAS_DEFAULT_BATCH = 32  # fit / evaluate / predict on arrays without batch_size
+_BATCH_ARGUMENT = {"fit": 2, "evaluate": 2, "predict": 1}  # batch_size's position
+
+
+class _Loop(threading.local):
+    batch_size: Optional[int] = None  # of the innermost running fit / evaluate / predict
+
+
+_loop = _Loop()
 
 _FUNCTIONS = (
     ("make_train_function", "train_function", record.KERAS_TRAIN),
@@ -38,7 +56,9 @@ def _timed(model: Any, fn: Callable, attribute: str, kind: str) -> Callable:
 
     @functools.wraps(fn)
     def step(*args: Any, **kwargs: Any) -> Any:
-        return run_step(fn, args, kwargs, key, name, kind, attributes, instance=model)
+        size = _loop.batch_size
+        own = attributes if size is None else {**attributes, ATTR_BATCH_SIZE: size}
+        return run_step(fn, args, kwargs, key, name, kind, own, instance=model)
 
     step._tf_otel_step = True  # type: ignore[attr-defined]
     return step
@@ -57,11 +77,51 @@ def _make_function_wrapper(attribute: str, kind: str) -> Callable:
     return wrapper
 
 
+def _dataset_batch_size(dataset: Any) -> Optional[int]:
+    for _ in range(64):  # map / prefetch / repeat ... down to the batch()
+        size = getattr(dataset, "_batch_size", None)
+        if size is not None:
+            return int(size)  # a constant eager tensor
+        dataset = getattr(dataset, "_input_dataset", None)
+        if dataset is None:
+            return None
+    return None
+
+
+def batch_size_of(method: str, args: tuple, kwargs: dict) -> Optional[int]:
+    """The batch size a fit / evaluate / predict call states, or None."""
+    position = _BATCH_ARGUMENT[method]
+    size = kwargs.get("batch_size", args[position] if len(args) > position else None)
+    x = kwargs.get("x", args[0] if args else None)
+    if size is None and x is not None:
+        if hasattr(x, "_input_dataset") or hasattr(x, "_batch_size"):
+            return _dataset_batch_size(x)
+        if hasattr(x, "shape") or isinstance(x, (list, tuple, dict)):
+            return _KERAS_DEFAULT_BATCH  # arrays: Keras batches them itself
+        return None
+    return int(size) if isinstance(size, int) and size > 0 else None
+
+
+def _loop_wrapper(method: str) -> Callable:
+    def wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+        outer = _loop.batch_size
+        size = None
+        with fail_open("keras.batch_size"):
+            size = batch_size_of(method, args, kwargs)
+        _loop.batch_size = size
+        try:
+            return in_keras_loop(wrapped, instance, args, kwargs)
+        finally:
+            _loop.batch_size = outer
+
+    return wrapper
+
+
 def _patch_trainer(cls: Any) -> None:
     for maker, attribute, kind in _FUNCTIONS:
         wrap(cls, maker, _make_function_wrapper(attribute, kind))
     for loop in ("fit", "evaluate", "predict"):
-        wrap(cls, loop, in_keras_loop)
+        wrap(cls, loop, _loop_wrapper(loop))
 
 
 def register() -> None:
