@@ -29,6 +29,7 @@ from tf_otel.instrument import (
     nccl_ring,
     ps,
     session,
+    step_context,
     step_detail,
     step_resources,
 )
@@ -104,6 +105,8 @@ class TensorFlowInstrumentor(BaseInstrumentor):
             nccl_ring,
         ):
             module.register()
+        step_context.register()  # last: its hook runs after the capture hooks of a step
 
     def _uninstrument(self, **kwargs: Any) -> None:
         _patching.deactivate()
+        step_context.release()

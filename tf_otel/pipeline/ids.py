@@ -1,7 +1,8 @@
 """Ids every rank derives alike for a step, and the id generator that hands them to the SDK.
 
 A step's trace id and root span id are hashes of (job id, step key, step number): every rank
-computes the same ones with no message, and rank 0's root span gets exactly that span id.
+computes the same ones with no message, and rank 0's root span gets exactly that span id. Each
+rank's step span id adds the rank, so it is known at step begin (the step context).
 
 Usage::
 
@@ -23,6 +24,13 @@ def step_trace_id(job_id: str, key: str, step: int) -> int:
 
 def step_root_span_id(job_id: str, key: str, step: int) -> int:
     digest = hashlib.sha256(f"{job_id}/{key}/{step}/root".encode()).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+def step_rank_span_id(job_id: str, key: str, step: int, rank: int) -> int:
+    """The span id of one rank's step span: known at step begin, so the step can be the current
+    context while it runs (instrument/step_context.py) and the exported span has that very id."""
+    digest = hashlib.sha256(f"{job_id}/{key}/{step}/rank/{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "big") or 1
 
 

@@ -18,7 +18,7 @@ import os
 import threading
 from typing import IO, Any, Dict, Optional, Sequence, cast
 
-from tf_otel.health import count, first_time, log_once
+from tf_otel.health import count, fail_open, first_time, log_once
 
 _configured_here = False
 
@@ -45,7 +45,48 @@ def configure_from_env() -> bool:
     OpenTelemetryDistro().configure()
     OpenTelemetryConfigurator().configure()
     _configured_here = provider_is_configured()
+    if _configured_here:
+        with fail_open("sdk.resource"):  # the rank's resource from the first span / log record
+            from tf_otel.config import Settings
+            from tf_otel.pipeline.topology import detect
+
+            merge_topology_resource(detect(job_id=Settings.from_env().job_id))
+        with fail_open("sdk.logs"):
+            setup_logs()
     return _configured_here
+
+
+def setup_logs() -> bool:
+    """Python logging -> OTLP logs when OTEL_LOGS_EXPORTER names an exporter, the way
+    ``opentelemetry-instrument`` does with opentelemetry-instrumentation-logging installed: its
+    LoggingInstrumentor adds the handler (OTEL_PYTHON_LOG_AUTO_INSTRUMENTATION,
+    OTEL_PYTHON_LOG_HANDLER_LEVEL) and, with OTEL_PYTHON_LOG_CORRELATION=true, puts otelTraceID /
+    otelSpanID / otelTraceSampled on every LogRecord. With the SDK's own (deprecated) handler
+    switched on (OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED=true) the configurator has
+    already added it. True if a handler or the record ids were set up here."""
+    exporters = {
+        name.strip().lower() for name in os.environ.get("OTEL_LOGS_EXPORTER", "").split(",")
+    } - {"", "none"}
+    correlation = os.environ.get("OTEL_PYTHON_LOG_CORRELATION", "").strip().lower() == "true"
+    sdk_handler = (
+        os.environ.get("OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED", "").strip().lower()
+        == "true"
+    )
+    if not exporters and not correlation:
+        return False
+    try:
+        from opentelemetry.instrumentation.logging import LoggingInstrumentor
+    except ImportError:
+        if not exporters or sdk_handler:
+            return False
+        from opentelemetry._logs import get_logger_provider
+        from opentelemetry.sdk._logs import LoggingHandler
+
+        logging.getLogger().addHandler(LoggingHandler(logger_provider=get_logger_provider()))
+        return True
+    options: Dict[str, Any] = {} if exporters else {"enable_log_auto_instrumentation": False}
+    LoggingInstrumentor().instrument(**options)
+    return True
 
 
 def configured_here() -> bool:
@@ -269,8 +310,8 @@ def service_name_default() -> str:
 
 
 def merge_resource(provider: Any, attributes: Dict[str, Any]) -> None:
-    """Add job topology to the SDK provider's resource; name the service after the script when
-    OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES did not."""
+    """Add job topology to the SDK provider's resource (tracer or logger provider); name the
+    service after the script when OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES did not."""
     from opentelemetry.sdk.resources import Resource
 
     current = getattr(provider, "_resource", None)
@@ -279,7 +320,36 @@ def merge_resource(provider: Any, attributes: Dict[str, Any]) -> None:
     extra = dict(attributes)
     if str(current.attributes.get("service.name", "")).startswith("unknown_service"):
         extra["service.name"] = service_name_default()
-    provider._resource = current.merge(Resource(extra))
+    update = getattr(provider, "_update_resource", None)
+    if update is not None:  # recent SDKs: tracers / loggers made before now get it too
+        update(Resource(extra))
+    else:
+        provider._resource = current.merge(Resource(extra))
+
+
+def topology_resource(topology: Any) -> Dict[str, Any]:
+    """The rank's resource attributes (docs/ARCHITECTURE.md, Attributes)."""
+    from tf_otel.pipeline import record
+
+    return {
+        "host.name": topology.host,
+        "process.pid": os.getpid(),
+        record.ATTR_RANK: topology.rank,
+        record.ATTR_WORLD_SIZE: topology.world_size,
+        record.ATTR_LOCAL_RANK: topology.local_rank,
+        record.ATTR_JOB_ID: topology.job_id,
+        record.ATTR_LAUNCHER: topology.launcher,
+    }
+
+
+def merge_topology_resource(topology: Any, tracer_provider: Any = None) -> None:
+    """The rank's resource on the tracer provider and on the logger provider (OTLP logs)."""
+    from opentelemetry import trace
+    from opentelemetry._logs import get_logger_provider
+
+    attributes = topology_resource(topology)
+    merge_resource(tracer_provider or trace.get_tracer_provider(), attributes)
+    merge_resource(get_logger_provider(), attributes)
 
 
 def _batch_processors(provider: Any) -> list:

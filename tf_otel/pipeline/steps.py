@@ -31,6 +31,7 @@ from tf_otel.pipeline.coordinator import CoordinatorClient, StepAggregator
 from tf_otel.pipeline.ids import (
     PrimedIdGenerator,
     fast_root_decision,
+    step_rank_span_id,
     step_root_span_id,
     step_trace_id,
 )
@@ -76,21 +77,10 @@ class Pipeline:
         self.settings = settings
         self.topology = topology
         self.job_id = topology.job_id
-        with fail_open("resource"):
-            from tf_otel.pipeline.sdk import merge_resource
+        with fail_open("resource"):  # on the tracer and the logger provider (OTLP logs)
+            from tf_otel.pipeline.sdk import merge_topology_resource
 
-            merge_resource(
-                tracer_provider or trace.get_tracer_provider(),
-                {
-                    "host.name": topology.host,
-                    "process.pid": os.getpid(),
-                    record.ATTR_RANK: topology.rank,
-                    record.ATTR_WORLD_SIZE: topology.world_size,
-                    record.ATTR_LOCAL_RANK: topology.local_rank,
-                    record.ATTR_JOB_ID: topology.job_id,
-                    record.ATTR_LAUNCHER: topology.launcher,
-                },
-            )
+            merge_topology_resource(topology, tracer_provider)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         with fail_open("health_metrics"):
             from tf_otel.pipeline import health_metrics
@@ -395,6 +385,11 @@ class Pipeline:
         injected = clock.test_clock()
         if injected is not None:  # TF_OTEL_TEST_CLOCK (tests only): the error we should undo
             attributes[ATTR_TEST_CLOCK_ERROR] = injected.error_at_local(handle.start_ns)
+        if self._ids is not None:  # the id the step context announced at step begin
+            self._ids.prime(
+                handle.trace_id,
+                step_rank_span_id(self.job_id, handle.key, handle.step, self.topology.rank),
+            )
         span = self._tracer.start_span(
             f"rank {self.topology.rank} {handle.name}",
             context=set_span_in_context(NonRecordingSpan(root)),

@@ -1,0 +1,94 @@
+"""Acceptance (issue 16, points 1-2): a real `TF_OTEL_ENABLED=1 horovodrun -np 2` job whose own
+code makes spans (OpenTelemetry API) and log records (Python logging) before training, during
+steps and between steps, with OTLP traces AND logs into the real receiver.
+
+Every span / record made in step N (the script's own count) is in step N's trace, parented under
+(spans) or naming (logs) that rank's exported step span; a span made during a step lies inside
+its step span after clock correction; the span and record made before training are in no step
+trace (control)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+import pytest
+from conftest import REPO, base_env, horovodrun
+
+pytestmark = pytest.mark.integration
+SCRIPT = REPO / "tests" / "context" / "scripts" / "user_spans_train.py"
+STEPS = 6
+
+
+def _step_spans(spans, name_part: str) -> Dict[Tuple[int, int], Any]:
+    """(rank, step) -> the rank's exported step span of the training loop."""
+    return {
+        (s.attributes["tf_otel.rank"], s.attributes["tf_otel.step"]): s
+        for s in spans
+        if s.category == "step" and name_part in s.name
+    }
+
+
+@pytest.mark.parametrize(
+    ("mode", "step_name"), [("loop", "train_step"), ("keras", "train_function")]
+)
+def test_user_spans_and_logs_land_in_the_step_they_were_made_in(receiver, mode, step_name):
+    env = base_env(
+        **receiver.env("grpc"),
+        TF_OTEL_ENABLED="1",
+        MODE=mode,
+        STEPS=str(STEPS),
+        OTEL_LOGS_EXPORTER="otlp",
+        OTEL_PYTHON_LOG_CORRELATION="true",  # otelTraceID & co. on every LogRecord
+    )
+    result = horovodrun(str(SCRIPT), env)
+    for rank in (0, 1):
+        assert f"rank {rank} done mode={mode}" in result.stdout, result.stderr[-3000:]
+    spans = receiver.wait_for(
+        lambda s: (
+            len(_step_spans(s, step_name)) >= 2 * STEPS
+            and sum("test.step" in x.attributes for x in s) >= 2 * (STEPS + 2)
+        ),
+        20,
+    )
+    steps = _step_spans(spans, step_name)
+    assert len(steps) == 2 * STEPS, sorted(steps)
+    step_traces = {s.trace_id for s in steps.values()}
+    user = [s for s in spans if "test.step" in s.attributes]
+    # per rank: before training, "during trace" (once per tracing of the step function: at
+    # least once), one "between" per step
+    names = sorted((s.name, s.attributes["test.rank"]) for s in user)
+    assert len(user) >= 2 * (STEPS + 2), names
+    for rank in (0, 1):
+        assert ("before training", rank) in names and ("during trace", rank) in names
+        assert all((f"between {n}", rank) in names for n in range(STEPS))
+    for span in user:
+        rank, n = span.attributes["test.rank"], span.attributes["test.step"]
+        if n < 0:  # control: made before the first step
+            assert span.trace_id not in step_traces and span.parent_id is None, span
+            continue
+        parent = steps[(rank, n)]
+        assert span.trace_id == parent.trace_id, (span.name, rank, n)
+        assert span.parent_id == parent.span_id, (span.name, rank, n)
+        assert span.resource.get("tf_otel.rank") == rank
+        if span.name == "during trace":  # made inside the step: inside its span, corrected
+            assert parent.start_ns <= span.start_ns <= span.end_ns <= parent.end_ns, span.name
+        else:  # made after step n returned
+            assert (
+                span.start_ns >= parent.end_ns - parent.attributes["tf_otel.clock.uncertainty_ns"]
+            )
+    logs = receiver.wait_for_logs(
+        lambda records: sum("test_step" in r.attributes for r in records) >= len(user), 20
+    )
+    mine = [r for r in logs if "test_step" in r.attributes]
+    assert len(mine) == len(user), [r.body for r in mine]
+    for rec in mine:
+        rank, n = rec.attributes["test_rank"], rec.attributes["test_step"]
+        assert rec.resource.get("tf_otel.rank") == rank
+        if n < 0:
+            assert rec.trace_id not in step_traces
+            continue
+        step = steps[(rank, n)]
+        # the user's span is current when the record is made: its trace is the step's
+        assert rec.trace_id == step.trace_id, (rec.body, rank, n)
+        assert rec.attributes["otelTraceID"] == step.trace_id  # logging-instrumentation names
+        assert rec.attributes["otelTraceSampled"] is True
