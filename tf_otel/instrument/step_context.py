@@ -184,6 +184,10 @@ class ClockShiftProcessor:
     Uses the SDK's ``_on_ending`` hook (called with the still-writable span before the
     exporters' copy is taken); an SDK without it leaves the end unshifted (counted)."""
 
+    # tf_otel's record spans (parent: a NonRecordingSpan) are never shifted: pipeline's
+    # span_builder may hand them to the exporters without calling this processor
+    ignores_tf_otel_records = True
+
     def __init__(self) -> None:
         self._shifted: weakref.WeakSet[Any] = weakref.WeakSet()
 

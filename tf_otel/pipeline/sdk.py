@@ -145,7 +145,18 @@ def _hex_ids(node: Any) -> Any:
 
 
 def spans_to_otlp_json(spans: Sequence[Any]) -> Dict[str, Any]:
-    """ReadableSpans -> one OTLP/JSON ``TracesData`` object."""
+    """ReadableSpans -> one OTLP/JSON ``TracesData`` object: written directly (pipeline.otlp_json,
+    ~4x less CPU), through protobuf for values that encoder leaves to it (same output)."""
+    from tf_otel.pipeline import otlp_json
+
+    try:
+        return otlp_json.traces_data(spans)
+    except otlp_json.Unsupported:
+        return proto_otlp_json(spans)
+
+
+def proto_otlp_json(spans: Sequence[Any]) -> Dict[str, Any]:
+    """ReadableSpans -> OTLP/JSON through the OTLP protobuf encoder and MessageToDict."""
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 

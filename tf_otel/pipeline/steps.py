@@ -35,6 +35,7 @@ from tf_otel.pipeline.ids import (
     step_root_span_id,
     step_trace_id,
 )
+from tf_otel.pipeline.span_builder import SpanBuilder
 from tf_otel.pipeline.topology import Topology
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
@@ -97,6 +98,7 @@ class Pipeline:
             )
         self._tracer = trace.get_tracer("tf_otel", __version__, tracer_provider=tracer_provider)
         self._sampler = getattr(self._tracer, "sampler", None)
+        self._spans = SpanBuilder(self._tracer)  # records' spans, direct where equivalent
         self._sample_fast = fast_root_decision(self._sampler)
         self._ids: Optional[PrimedIdGenerator] = None
         if hasattr(self._tracer, "id_generator"):
@@ -426,8 +428,6 @@ class Pipeline:
         self, step: int, records: List[record.Record], step_ctx: Any, lo: int, hi: int
     ) -> None:
         """Records -> spans under the step span; every child clamped inside its parent."""
-        from opentelemetry.trace import NonRecordingSpan, set_span_in_context
-
         if not records:
             return
         model = clock.current_model()
@@ -460,14 +460,8 @@ class Pipeline:
                 record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
                 **rec.attributes,
             }
-            span = self._tracer.start_span(
-                rec.name,
-                context=set_span_in_context(NonRecordingSpan(parent_ctx)),
-                start_time=start,
-                attributes=attributes,
-            )
-            span.end(end_time=end)
-            done[rec.record_id] = (span.get_span_context(), start, end)
+            ctx = self._spans.finished(rec.name, parent_ctx, start, end, attributes)
+            done[rec.record_id] = (ctx, start, end)
             return done[rec.record_id]
 
         for rec in records:

@@ -1,0 +1,102 @@
+"""pipeline.span_builder: a directly built child span is the span the SDK would have built (all
+but its random span id), and any set-up where that is not certain goes through the SDK."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, List, Tuple
+
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+from tf_otel.pipeline import sdk
+from tf_otel.pipeline.span_builder import SpanBuilder
+
+PARENT = SpanContext(
+    trace_id=0xABCDEF0123456789ABCDEF0123456789,
+    span_id=0x1122334455667788,
+    is_remote=True,
+    trace_flags=TraceFlags(TraceFlags.SAMPLED | getattr(TraceFlags, "RANDOM_TRACE_ID", 0)),
+    trace_state=TraceState([("k", "v")]),
+)
+ATTRS = {"tf_otel.category": "collective", "tf_otel.rank": 1, "x.wait": 2.5, "x.last": True}
+
+
+def _provider(sampler: Any = None) -> Tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _masked(spans: List[Any]) -> List[dict]:
+    data = sdk.proto_otlp_json(spans)
+    for rs in data["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                span["spanId"] = "masked"
+    return json.loads(json.dumps(data))
+
+
+def test_direct_span_equals_the_sdks_but_for_its_id() -> None:
+    provider, exporter = _provider()
+    builder = SpanBuilder(provider.get_tracer("tf_otel", "1.0"))
+    direct = builder.finished("horovod.allreduce g", PARENT, 100, 200, dict(ATTRS))
+    via_sdk = builder._emit_sdk("horovod.allreduce g", PARENT, 100, 200, dict(ATTRS))
+    assert builder._direct is True
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 2 and spans[0].context.span_id == direct.span_id
+    assert direct.span_id != via_sdk.span_id
+    assert (direct.trace_id, direct.trace_flags, direct.trace_state) == (
+        via_sdk.trace_id,
+        via_sdk.trace_flags,
+        via_sdk.trace_state,
+    )
+    assert _masked([spans[0]]) == _masked([spans[1]])
+    assert dict(spans[0].attributes) == ATTRS and spans[0].parent == PARENT
+
+
+def test_set_ups_the_direct_path_cannot_match_go_through_the_sdk() -> None:
+    started: List[str] = []
+
+    class OnStart(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            started.append(span.name)
+
+    provider, _ = _provider()
+    provider.add_span_processor(OnStart())
+    builder = SpanBuilder(provider.get_tracer("t"))
+    builder.finished("a", PARENT, 1, 2, dict(ATTRS))
+    assert builder._direct is False and started == ["a"]  # the user's on_start still runs
+
+    for sampler in (ALWAYS_OFF, TraceIdRatioBased(0.5), ParentBased(ALWAYS_OFF, ALWAYS_OFF)):
+        provider, exporter = _provider(sampler)
+        builder = SpanBuilder(provider.get_tracer("t"))
+        builder.finished("b", PARENT, 1, 2, dict(ATTRS))
+        assert builder._direct is False
+
+    provider, exporter = _provider()
+    builder = SpanBuilder(provider.get_tracer("t"))
+    builder.finished("c", PARENT, 1, 2, {"odd": None, "ok": 1})  # the SDK's cleaning decides
+    builder.finished("d", PARENT, 1, 2, {"ok": 1})
+    assert builder._direct is True
+    odd, plain = exporter.get_finished_spans()
+    # the SDK's spans carry BoundedAttributes (cleaned); direct ones the record's own dict
+    assert isinstance(odd._attributes, BoundedAttributes)
+    assert not isinstance(plain._attributes, BoundedAttributes)
+
+
+def test_tf_otels_own_clock_shift_processor_keeps_the_direct_path() -> None:
+    from tf_otel.instrument.step_context import ClockShiftProcessor
+
+    provider, exporter = _provider()
+    provider.add_span_processor(ClockShiftProcessor())
+    builder = SpanBuilder(provider.get_tracer("t"))
+    ctx = builder.finished("e", PARENT, 10, 20, dict(ATTRS))
+    assert builder._direct is True
+    (span,) = exporter.get_finished_spans()
+    assert (span.start_time, span.end_time, span.context.span_id) == (10, 20, ctx.span_id)

@@ -1,0 +1,137 @@
+"""Finished child spans handed straight to the SDK's span processors, for the many spans of a
+detail step (a real model: ~160 collectives, each with up to two children).
+
+``Tracer.start_span`` + ``end`` cost ~2/3 of a collective span's CPU before export (cProfile,
+bench/bench_detail_cpu.py): a context object, the sampler, attribute cleaning in
+``BoundedAttributes``, on_start/on_end of every processor. Our records are finished when they
+are emitted, their attribute values are plain str/int/float/bool, and under a sampled parent the
+SDK's default samplers always record and sample, so the result is known in advance: a
+``ReadableSpan`` with the parent's trace id, trace state and random-trace-id flag, a fresh span
+id from the tracer's generator, the tracer's resource and scope.
+
+The direct path is taken only when that equivalence holds: the SDK tracer, enabled, a
+ParentBased sampler whose sampled-parent delegates are ALWAYS_ON (the default) or ALWAYS_ON
+itself, only the SDK's batch / simple processors (no on_start of a user processor skipped), no
+attribute-count or value-length limit a span could reach, and only plain attribute values.
+A processor of tf_otel's own that does nothing with these spans says so with a class attribute
+``ignores_tf_otel_records = True`` (instrument/step_context's ClockShiftProcessor: it shifts
+only spans under a StepSpan).
+Anything else goes through ``Tracer.start_span`` as before. Not counted by the SDK's own
+span-count self-metrics.
+
+Usage::
+
+    builder = SpanBuilder(tracer)
+    ctx = builder.finished(name, parent_ctx, start_ns, end_ns, attributes)  # -> SpanContext
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from tf_otel.health import count
+
+_PLAIN = (str, bool, int, float)
+
+
+class SpanBuilder:
+    """Emits finished INTERNAL spans under a known parent span context."""
+
+    def __init__(self, tracer: Any) -> None:
+        self._tracer = tracer
+        self._direct: Optional[bool] = None  # decided at first use: processors may come later
+        self._max_attributes: Optional[int] = None
+
+    def _eligible(self) -> bool:
+        try:
+            from opentelemetry.sdk.trace import ReadableSpan, SynchronousMultiSpanProcessor
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+            from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+        except ImportError:
+            return False
+        del ReadableSpan  # imported only to know the SDK has it
+        tracer = self._tracer
+        sampler = getattr(tracer, "sampler", None)
+        if isinstance(sampler, ParentBased):
+            if not (
+                sampler._remote_parent_sampled is ALWAYS_ON
+                and sampler._local_parent_sampled is ALWAYS_ON
+            ):
+                return False
+        elif sampler is not ALWAYS_ON:
+            return False
+        multi = getattr(tracer, "span_processor", None)
+        if not isinstance(multi, SynchronousMultiSpanProcessor):
+            return False
+        if not all(
+            isinstance(p, (BatchSpanProcessor, SimpleSpanProcessor))
+            or getattr(p, "ignores_tf_otel_records", False)  # e.g. step_context's clock shift
+            for p in multi._span_processors
+        ):
+            return False
+        limits = getattr(tracer, "_span_limits", None)
+        if limits is None or limits.max_span_attribute_length is not None:
+            return False
+        self._max_attributes = limits.max_span_attributes
+        return bool(getattr(tracer, "_is_enabled", lambda: False)())
+
+    def finished(
+        self, name: str, parent: Any, start_ns: int, end_ns: int, attributes: Dict[str, Any]
+    ) -> Any:
+        """Emit one finished span under ``parent`` (a sampled SpanContext); its SpanContext."""
+        if self._direct is None:
+            self._direct = self._eligible()
+            if not self._direct:  # said in the exit counters: detail spans cost ~3x more
+                count("spans_via_sdk_start_span")
+        if (
+            self._direct
+            and parent.trace_flags.sampled
+            and (self._max_attributes is None or len(attributes) <= self._max_attributes)
+            and all(type(v) in _PLAIN for v in attributes.values())
+        ):
+            return self._emit_direct(name, parent, start_ns, end_ns, attributes)
+        return self._emit_sdk(name, parent, start_ns, end_ns, attributes)
+
+    def _emit_direct(
+        self, name: str, parent: Any, start_ns: int, end_ns: int, attributes: Dict[str, Any]
+    ) -> Any:
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext, TraceFlags
+
+        tracer = self._tracer
+        random_bit = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2, newer APIs
+        flags = TraceFlags.SAMPLED | (parent.trace_flags & random_bit)
+        context = SpanContext(
+            parent.trace_id,
+            tracer.id_generator.generate_span_id(),
+            is_remote=False,
+            trace_flags=TraceFlags(flags),
+            trace_state=parent.trace_state,
+        )
+        span = ReadableSpan(
+            name,
+            context=context,
+            parent=parent,
+            resource=tracer.resource,
+            attributes=attributes,
+            instrumentation_info=tracer.instrumentation_info,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=tracer._instrumentation_scope,
+        )
+        tracer.span_processor.on_end(span)
+        return context
+
+    def _emit_sdk(
+        self, name: str, parent: Any, start_ns: int, end_ns: int, attributes: Dict[str, Any]
+    ) -> Any:
+        from opentelemetry.trace import NonRecordingSpan, set_span_in_context
+
+        span = self._tracer.start_span(
+            name,
+            context=set_span_in_context(NonRecordingSpan(parent)),
+            start_time=start_ns,
+            attributes=attributes,
+        )
+        span.end(end_time=end_ns)
+        return span.get_span_context()
