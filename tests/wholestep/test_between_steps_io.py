@@ -11,6 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import base_env, python, run  # noqa: E402
 
+from wholestep.analysis_of import analyze_received  # noqa: E402
+
 pytestmark = pytest.mark.integration
 
 JOB = str(Path(__file__).resolve().parent / "input_job.py")
@@ -47,6 +49,21 @@ def test_callback_stall_is_time_between_steps_and_named(receiver, tmp_path, slee
         else:
             assert callback < 50, (number, callback, top)
             assert not any(t.startswith("Stall=") for t in top), top
+    # the tf.data pipeline's batch(4), found under its map and prefetch
+    assert {s.attributes.get("tf_otel.batch.size") for s in steps} == {4}
+    # the analysis, from the run's spans alone: the time between steps, with the callback named
+    result = analyze_received(receiver.spans())
+    found = {f.rule: f for f in result.findings}
+    if sleep_ms:
+        assert "time_between_steps" in found, [f.summary for f in result.findings]
+        evidence = found["time_between_steps"].evidence
+        stall = next(n for n in evidence["named"] if n["name"] == "Stall")
+        # after batches 9 and 19 (29's sleep follows the last step)
+        assert stall["steps"] == 2 and stall["ms"] >= 2 * sleep_ms, evidence
+        assert evidence["callbacks_ms"] >= 2 * sleep_ms, evidence
+        assert "Stall" in found["time_between_steps"].summary
+    else:
+        assert "time_between_steps" not in found, found["time_between_steps"].evidence
 
 
 def test_read_bytes_add_up_to_the_files(receiver, tmp_path):
