@@ -9,9 +9,14 @@ rotated order, so slow and fast windows of a shared machine fall on every mode. 
   defaults      TF_OTEL_ENABLED=1 (zero-code defaults, always-on sampler)
   steps_only    TF_OTEL_HOROVOD=0: step spans only
   coll_every    collective detail on every step (TF_OTEL_HOROVOD_EVERY=1)
+  coll_every_sdk  coll_every with the SDK span path (start_span, protobuf JSON) it replaced
   coll_1in100   collective detail on 1 step in 100 (TF_OTEL_HOROVOD_EVERY=100)
-  ops_100       op detail every 100th step (TF_OTEL_OPS_EVERY=100)
+  ops_100       op detail every 100th step (TF_OTEL_OPS_EVERY=100: steps 0, 100, ... on every
+                rank; the timed window, steps warmup+1 ... warmup+steps, holds step 100)
   hvd_timeline  Horovod's own HOROVOD_TIMELINE=<file>, no tf_otel (the anchor)
+  defaults_data defaults, batches from a tf.data pipeline of the same synthetic tensors
+  input_wait    defaults_data + TF_OTEL_INPUT_WAIT=1 (issue 15's input wait; compared with
+                defaults_data as well)
 
 Spans are really built and written (TF_OTEL_FILE, OTLP-JSON); the table counts them per
 category so a mode that silently recorded nothing shows. Prints the ratio table with the load
@@ -20,6 +25,8 @@ average and writes docs/BENCHMARKS_real_model.md.
     .venv/bin/python bench/bench_real_model.py                 # 3 rounds, both models
     .venv/bin/python bench/bench_real_model.py --rounds 1 --quick
     .venv/bin/python bench/bench_real_model.py --modes untraced,defaults --models mobilenetv2
+
+The run time is estimated up front (and again after each run, from the runs so far).
 """
 
 from __future__ import annotations
@@ -45,28 +52,49 @@ MODES: Dict[str, Dict[str, str]] = {
     "defaults": {"TF_OTEL_ENABLED": "1"},
     "steps_only": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD": "0"},
     "coll_every": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "1"},
+    # the same with spans built by the SDK's start_span and the file written through protobuf
+    # (before the direct path): its threads' CPU against coll_every's
+    "coll_every_sdk": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "1", "BENCH_SDK_PATH": "1"},
     "coll_1in100": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "100"},
     "ops_100": {"TF_OTEL_ENABLED": "1", "TF_OTEL_OPS_EVERY": "100"},
     "hvd_timeline": {"HOROVOD_TIMELINE": "{tmp}/horovod_timeline.json"},
+    "defaults_data": {"TF_OTEL_ENABLED": "1", "BENCH_DATA": "dataset"},
+    "input_wait": {"TF_OTEL_ENABLED": "1", "TF_OTEL_INPUT_WAIT": "1", "BENCH_DATA": "dataset"},
 }
+# modes compared with another mode as well as with untraced
+PAIRED = {"input_wait": "defaults_data"}
 GOALS = {
     "defaults": 0.99,
     "steps_only": None,
     "coll_every": 0.90,
     "coll_1in100": 0.99,
     "ops_100": 0.98,
+    "input_wait": 0.99,
 }
 # name -> (keras.applications class, input side, timed steps, quick timed steps)
 MODELS = {
     "mobilenetv2": ("MobileNetV2", 224, 40, 16),
     "mobilenetv3small": ("MobileNetV3Small", 128, 100, 40),
 }
+# modes that need a longer timed window: op detail every 100th step times steps 6..105 (after
+# 1 + 5 warm-up steps), so step 100 is op-traced inside the window, once per 100 steps as in a
+# long job, and its export (off-thread, batched) falls inside the window too
+MODE_MIN_STEPS = {"ops_100": 100}
+# run-time estimate: seconds per step on 2 CPU ranks (batch 8) and per job start (horovodrun,
+# TF import, model build, first trace); corrected from the measured runs as they finish
+STEP_S = {"mobilenetv2": 0.40, "mobilenetv3small": 0.10}
+START_S = 40.0
 
 
 # -- worker (one rank) ------------------------------------------------------------------------
 
 
 def worker(model_name: str, batch: int, warmup: int, steps: int) -> None:
+    if os.environ.get("BENCH_SDK_PATH") == "1":  # the span path before issue 13's direct one
+        from tf_otel.pipeline import sdk, span_builder
+
+        sdk.spans_to_otlp_json = sdk.proto_otlp_json  # type: ignore[assignment]
+        span_builder.SpanBuilder._eligible = lambda self: False  # type: ignore[method-assign]
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -78,10 +106,18 @@ def worker(model_name: str, batch: int, warmup: int, steps: int) -> None:
     labels = tf.random.uniform([batch, 1], minval=0, maxval=999, dtype=tf.int64, seed=2)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
 
+    batches = None
+    if os.environ.get("BENCH_DATA") == "dataset":  # the same tensors, through tf.data
+        dataset = tf.data.Dataset.from_tensors((images, labels)).repeat().prefetch(2)
+        batches = iter(dataset)
+
+    def next_batch() -> tuple:
+        return next(batches) if batches is not None else (images, labels)
+
     @tf.function
-    def train_step(first_batch: bool) -> tf.Tensor:
+    def train_step(x: tf.Tensor, y: tf.Tensor, first_batch: bool) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(images, training=True))
+            loss = loss_fn(y, model(x, training=True))
         tape = hvd.DistributedGradientTape(tape)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -90,16 +126,35 @@ def worker(model_name: str, batch: int, warmup: int, steps: int) -> None:
             hvd.broadcast_variables(optimizer.variables(), root_rank=0)
         return loss
 
-    train_step(True)
+    train_step(*next_batch(), True)
     for _ in range(warmup):
-        train_step(False)
+        train_step(*next_batch(), False)
     started = time.perf_counter()
     for _ in range(steps):
-        loss = train_step(False)
+        loss = train_step(*next_batch(), False)
     loss.numpy()
     elapsed = time.perf_counter() - started
-    result = {"rank": hvd.rank(), "img_s": batch * steps / elapsed}
+    result = {"rank": hvd.rank(), "img_s": batch * steps / elapsed, "threads": _thread_cpu()}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def _thread_cpu() -> Dict[str, float]:
+    """CPU seconds of this process's Python threads other than the main one, by name (numbers
+    stripped): where tf_otel's export, the SDK's batch processor, the coordinator... spent."""
+    import re
+    import threading
+
+    out: Dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.ident is None:
+            continue
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):
+            continue
+        name = re.sub(r"[-_ ]?\d+", "", thread.name)
+        out[name] = round(out.get(name, 0.0) + seconds, 3)
+    return out
 
 
 # -- in-process A/B (--inprocess): paired blocks in one job, for the 1 % goals on a busy VM -----
@@ -241,7 +296,6 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
         TMPDIR=tmp,
     )
     env.update({k: v.format(tmp=tmp) for k, v in MODES[mode].items()})
-    _, _, steps, quick_steps = MODELS[model]
     command = [
         str(venv / "horovodrun"),
         "-np",
@@ -255,7 +309,7 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
         f"--model={model}",
         f"--batch={args.batch}",
         f"--warmup={args.warmup}",
-        f"--steps={quick_steps if args.quick else steps}",
+        f"--steps={timed_steps(model, args, mode)}",
     ]
     load = os.getloadavg()[0]
     started = time.monotonic()
@@ -271,6 +325,7 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
         if "RESULT " in line
     ]
     categories = _span_categories(Path(tmp))
+    detail = _detail_steps(Path(tmp))
     timeline_mb = sum(p.stat().st_size for p in Path(tmp).glob("horovod_timeline*")) / 1e6
     shutil.rmtree(tmp, ignore_errors=True)
     if len(results) != args.np:
@@ -282,17 +337,78 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
         "model": model,
         "img_s": img_s,
         "per_rank": [round(r["img_s"], 2) for r in sorted(results, key=lambda r: r["rank"])],
+        "threads": [r.get("threads", {}) for r in sorted(results, key=lambda r: r["rank"])],
         "load": load,
         "wall_s": time.monotonic() - started,
         "spans": dict(categories),
+        "detail": detail,
         "timeline_mb": timeline_mb,
     }
+    shown = "; ".join(f"{k} steps {v}" for k, v in detail.items())
+    busiest = [
+        ", ".join(f"{n} {v:.1f}" for n, v in sorted(t.items(), key=lambda kv: -kv[1])[:3])
+        for t in row["threads"]
+    ]
+    if any(busiest):
+        shown += ("; " if shown else "") + "thread CPU s " + " | ".join(busiest)
     print(
-        f"  {model:16s} {mode:12s} {img_s:6.2f} img/s/rank  load {load:4.1f}  "
-        f"{row['wall_s']:4.0f} s  spans {dict(categories)}",
+        f"  {model:16s} {mode:13s} {img_s:6.2f} img/s/rank  load {load:4.1f}  "
+        f"{row['wall_s']:4.0f} s  spans {dict(categories)}" + (f"  [{shown}]" if shown else ""),
         flush=True,
     )
     return row
+
+
+def timed_steps(model: str, args: argparse.Namespace, mode: str = "") -> int:
+    _, _, steps, quick_steps = MODELS[model]
+    chosen = args.steps or (quick_steps if args.quick else steps)
+    return max(chosen, MODE_MIN_STEPS.get(mode, 0))
+
+
+def estimate_s(model: str, mode: str, args: argparse.Namespace) -> float:
+    """One job's wall time, before any was measured."""
+    return START_S + (1 + args.warmup + timed_steps(model, args, mode)) * STEP_S[model]
+
+
+def _detail_steps(tmp: Path) -> Dict[str, str]:
+    """Which steps got op / collective detail, per rank: the same steps on every rank, and
+    op detail on step 100 inside the timed window (steps warmup+1 ...)."""
+    steps: Dict[str, Dict[int, set]] = {"ops": {}, "collectives": {}}
+    for path in tmp.glob("spans-*.jsonl"):
+        with open(path) as f:
+            for line in f:
+                try:
+                    data = json.loads(line)
+                except ValueError:
+                    continue
+                for rs in data.get("resourceSpans", []):
+                    for ss in rs.get("scopeSpans", []):
+                        for span in ss.get("spans", []):
+                            attrs = {
+                                a["key"]: a.get("value", {}) for a in span.get("attributes", [])
+                            }
+                            category = attrs.get("tf_otel.category", {}).get("stringValue")
+                            kind = {"compute": "ops", "collective": "collectives"}.get(
+                                category or ""
+                            )
+                            if kind is None:
+                                continue
+                            rank = int(attrs.get("tf_otel.rank", {}).get("intValue", -1))
+                            step = int(attrs.get("tf_otel.step", {}).get("intValue", -1))
+                            steps[kind].setdefault(rank, set()).add(step)
+    out = {}
+    for kind, per_rank in steps.items():
+        if not per_rank:
+            continue
+        lists = {rank: sorted(s) for rank, s in sorted(per_rank.items())}
+        same = len({tuple(v) for v in lists.values()}) == 1
+        first = next(iter(lists.values()))
+        if same:
+            text = f"{first if len(first) <= 6 else f'{len(first)} steps'} on every rank"
+        else:
+            text = ", ".join(f"rank {r}: {v if len(v) <= 6 else len(v)}" for r, v in lists.items())
+        out[kind] = text + ("" if same else " (DIFFER)")
+    return out
 
 
 def _span_categories(tmp: Path) -> Counter:
@@ -318,6 +434,12 @@ def summarise(rows: List[dict], args: argparse.Namespace, loads: List[float]) ->
         "| model | mode | img/sec per rank (runs) | median vs untraced | goal | spans written |",
         "|---|---|---|---|---|---|",
     ]
+    medians = {
+        (r["model"], r["mode"]): statistics.median(
+            x["img_s"] for x in rows if (x["model"], x["mode"]) == (r["model"], r["mode"])
+        )
+        for r in rows
+    }
     for model in args.models:
         base_rows = [r["img_s"] for r in rows if r["model"] == model and r["mode"] == "untraced"]
         base = statistics.median(base_rows) if base_rows else None
@@ -327,6 +449,9 @@ def summarise(rows: List[dict], args: argparse.Namespace, loads: List[float]) ->
                 continue
             values = [r["img_s"] for r in mine]
             ratio = f"**{statistics.median(values) / base:.3f}×**" if base else "n/a"
+            pair = PAIRED.get(mode)
+            if pair and (model, pair) in medians:
+                ratio += f" ({statistics.median(values) / medians[(model, pair)]:.3f}× {pair})"
             goal = GOALS.get(mode)
             goal_text = f"≥ {goal:.2f}×" if goal else ""
             spans = Counter()
@@ -335,6 +460,9 @@ def summarise(rows: List[dict], args: argparse.Namespace, loads: List[float]) ->
             shown = ", ".join(f"{k} {v // len(mine)}" for k, v in sorted(spans.items()))
             if mode == "hvd_timeline":
                 shown = f"timeline file {statistics.mean(r['timeline_mb'] for r in mine):.1f} MB"
+            detail = mine[-1].get("detail") or {}
+            if detail:
+                shown += "; detail " + "; ".join(f"{k}: {v}" for k, v in detail.items())
             lines.append(
                 f"| {model} | {mode} | {' / '.join(f'{v:.2f}' for v in values)} | {ratio} | "
                 f"{goal_text} | {shown or '-'} |"
@@ -409,7 +537,21 @@ def main() -> None:
             marker = "<!-- inprocess -->"
             doc.write_text(text.split(marker)[0].rstrip() + f"\n\n{marker}\n{table}\n")
         return
+    runs = args.rounds * len(args.modes)
+    guess = args.rounds * sum(estimate_s(m, mode, args) for m in args.models for mode in args.modes)
+    longer = {m: timed_steps(args.models[0], args, m) for m in args.modes if m in MODE_MIN_STEPS}
+    print(
+        f"{runs * len(args.models)} runs ({args.rounds} rounds x {len(args.modes)} modes x "
+        f"{len(args.models)} model(s)), {', '.join(f'{m} {timed_steps(m, args)} timed steps' for m in args.models)}"
+        f"{f' ({longer} for these modes)' if longer else ''}; "
+        f"estimated {guess / 60:.0f} min (job start ~{START_S:.0f} s + "
+        f"{', '.join(f'{STEP_S[m]:.2f} s/step {m}' for m in args.models)}); load now "
+        f"{os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     rows, loads = [], []
+    started = time.monotonic()
+    done = 0
     for round_no in range(args.rounds):
         shift = round_no % len(args.modes)
         order = args.modes[shift:] + args.modes[:shift]
@@ -418,8 +560,16 @@ def main() -> None:
             for mode in order:
                 loads.append(os.getloadavg()[0])
                 row = run_once(mode, model, args)
+                done += 1
                 if row is not None:
                     rows.append(row)
+        left = runs * len(args.models) - done
+        if left:
+            spent = time.monotonic() - started
+            print(
+                f"  {spent / 60:.1f} min so far, ~{spent / done * left / 60:.1f} min left",
+                flush=True,
+            )
     if not rows:
         sys.exit("no run succeeded")
     table = summarise(rows, args, loads)
