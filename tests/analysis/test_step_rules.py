@@ -322,7 +322,7 @@ def test_attributes_survive_both_file_decoders(tmp_path):
 
 
 def test_attribute_names_match_the_runtime():
-    from tf_otel.analysis import whole_step
+    from tf_otel.analysis import step_attributes as whole_step
     from tf_otel.instrument import input_wait, step_resources
 
     assert whole_step.ATTR_INPUT_WAIT == input_wait.ATTR_WAIT

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from tf_otel.analysis.whole_step import WHOLE_STEP_ATTRIBUTES
+from tf_otel.analysis.step_attributes import WHOLE_STEP_ATTRIBUTES
 from tf_otel.pipeline.record import (
     ATTR_CATEGORY,
     ATTR_COLLECTIVE_KEY,

@@ -6,50 +6,30 @@ Usage::
     samples = step_samples(result)          # steady steps only, one sample per rank and step
     samples = [sample_of(span, rank) ...]   # or from step spans directly
 
-The runtime writes these attributes (tf_otel/instrument/step_resources.py, input_wait.py,
-keras.py); their names are repeated here because the analysis never imports the runtime
-(tests/analysis/test_step_rules.py checks the two agree). A missing attribute is None: traces
-from older versions, other OSes or with input wait off simply give the rules less to judge.
+The attributes' names are in ``step_attributes``. A missing attribute is None: traces from older
+versions, other OSes or with input wait off simply give the rules less to judge.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-if TYPE_CHECKING:  # model imports this module's attribute names
-    from tf_otel.analysis.model import Span
-
-ATTR_INPUT_WAIT = "tf_otel.input.wait_ns"
-ATTR_INPUT_ELEMENTS = "tf_otel.input.elements"
-ATTR_BETWEEN = "tf_otel.between_steps_ns"
-ATTR_CALLBACK = "tf_otel.between_steps.callback_ns"
-ATTR_CHECKPOINT = "tf_otel.between_steps.checkpoint_ns"
-ATTR_TOP = "tf_otel.between_steps.top"
-ATTR_READ_BYTES = "tf_otel.io.read_bytes"
-ATTR_READ_OPS = "tf_otel.io.read_ops"
-ATTR_CPU_TIME = "tf_otel.process.cpu_time_ns"
-ATTR_CPUS = "tf_otel.process.cpus"
-ATTR_MEMORY = "process.memory.usage"
-ATTR_HW_GPU_UTILIZATION = "hw.gpu.utilization"  # semconv name (ratio 0..1)
-ATTR_BATCH_SIZE = "tf_otel.batch.size"
-
-WHOLE_STEP_ATTRIBUTES = frozenset(
-    (
-        ATTR_INPUT_WAIT,
-        ATTR_INPUT_ELEMENTS,
-        ATTR_BETWEEN,
-        ATTR_CALLBACK,
-        ATTR_CHECKPOINT,
-        ATTR_TOP,
-        ATTR_READ_BYTES,
-        ATTR_READ_OPS,
-        ATTR_CPU_TIME,
-        ATTR_CPUS,
-        ATTR_MEMORY,
-        ATTR_HW_GPU_UTILIZATION,
-        ATTR_BATCH_SIZE,
-    )
+from tf_otel.analysis.model import Span, as_int
+from tf_otel.analysis.step_attributes import (
+    ATTR_BATCH_SIZE,
+    ATTR_BETWEEN,
+    ATTR_CALLBACK,
+    ATTR_CHECKPOINT,
+    ATTR_CPU_TIME,
+    ATTR_CPUS,
+    ATTR_HW_GPU_UTILIZATION,
+    ATTR_INPUT_ELEMENTS,
+    ATTR_INPUT_WAIT,
+    ATTR_MEMORY,
+    ATTR_READ_BYTES,
+    ATTR_READ_OPS,
+    ATTR_TOP,
 )
 
 
@@ -95,15 +75,6 @@ def _top(value: Any) -> Tuple[Tuple[str, float], ...]:
         except ValueError:
             continue
     return tuple(pair for pair in pairs if pair[0])
-
-
-def as_int(value: Any) -> Optional[int]:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _number(value: Any) -> Optional[float]:
