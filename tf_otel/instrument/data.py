@@ -6,7 +6,9 @@
 
 A ``next()`` between two steps belongs to the next step, whose span then starts at the first
 such wait (the step is "get the batch, then compute"). At most ``_MAX_PENDING`` waits are kept
-per step; unsampled steps drop them. Only timing: no element values, shapes or sizes are read.
+per step; unsampled steps drop them (their sum still goes to the step's
+``tf_otel.step.input_wait.duration``, pipeline/step_metrics.py). Only timing: no element
+values, shapes or sizes are read.
 Keras fit gets its batches inside the train function: those waits appear in op traces
 (``IteratorGetNext``), see instrument/ops/hook.py.
 """
@@ -20,6 +22,7 @@ from tf_otel import clock
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, state, when_imported
 from tf_otel.instrument._patching import wrap as _wrap
 from tf_otel.pipeline.record import INPUT, Record
+from tf_otel.pipeline.step_metrics import FLAG_INPUT_WAIT
 
 _MAX_PENDING = 16
 NAME = "IteratorGetNext (tf.data)"
@@ -45,6 +48,8 @@ def _next_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -
         end = clock.now_ns()
         handle = local.handle
         if state.depth and handle is not None:
+            flags = handle.flags  # every step: the input wait histogram (step_metrics)
+            flags[FLAG_INPUT_WAIT] = flags.get(FLAG_INPUT_WAIT, 0) + end - start
             if handle.sampled and len(handle.records) < 10_000:
                 handle.records.append(Record(NAME, start, end, INPUT, handle.step))
         elif len(local.pending) < _MAX_PENDING:
@@ -55,9 +60,13 @@ class InputHook(StepHook):
     def on_step_start(self, handle: Any, call: StepCall) -> None:
         local.handle = handle
         pending, local.pending = local.pending, []
-        if not pending or not handle.sampled:
+        if not pending:
             return
+        # sampled or not, so that the step duration histogram measures what the span shows
         handle.start_ns = min(handle.start_ns, pending[0][0])
+        handle.flags[FLAG_INPUT_WAIT] = sum(end - start for start, end in pending)
+        if not handle.sampled:
+            return
         for start, end in pending:
             handle.records.append(Record(NAME, start, end, INPUT, handle.step))
 

@@ -14,8 +14,10 @@ The tail is synchronous (``inject_prefetch`` off for it, the user's own prefetch
 it runs on the consumer's thread. One process-wide int64 variable [wait_ns, elements] holds the
 sums; the step hook reads it once per step end (one eager read) and puts the delta since the
 previous step end on the step span (``tf_otel.input.wait_ns``, ``tf_otel.input.share``,
-``tf_otel.input.elements``); waits between steps (eager ``next()`` before a step) belong to the
-next step. Element values are never read: only the two timestamps.
+``tf_otel.input.elements``) and, for every step, sampled or not, into the
+``tf_otel.step.input_wait.duration`` histogram (pipeline/step_metrics.py); waits between
+steps (eager ``next()`` before a step) belong to the next step. Element values are never
+read: only the two timestamps.
 
 Cost: see docs/WHOLE_STEP.md and bench/bench_input_wait.py. ``TF_OTEL_INPUT_WAIT=0`` turns it off.
 """
@@ -30,6 +32,7 @@ from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, when
 from tf_otel.instrument._patching import wrap as _wrap
 from tf_otel.pipeline import record
 from tf_otel.pipeline.record import INPUT, Record
+from tf_otel.pipeline.step_metrics import FLAG_INPUT_WAIT
 
 ATTR_WAIT = "tf_otel.input.wait_ns"
 ATTR_SHARE = "tf_otel.input.share"
@@ -109,9 +112,11 @@ class InputWaitHook(StepHook):
         wait_ns, elements = (int(v) for v in totals.numpy())
         last_wait, last_elements = _state["last"]
         _state["last"] = (wait_ns, elements)
+        wait = max(0, wait_ns - last_wait)
+        # every step, sampled or not: the input wait histogram (pipeline.step_metrics)
+        handle.flags[FLAG_INPUT_WAIT] = wait
         if not handle.sampled:
             return
-        wait = max(0, wait_ns - last_wait)
         end = clock.now_ns()
         duration = max(1, end - handle.start_ns)
         share = min(1.0, wait / duration)

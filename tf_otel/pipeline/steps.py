@@ -1,7 +1,8 @@
 """Step traces: ids shared by all ranks, sampling, Record -> span on a background thread.
 
 The training thread only calls ``begin_step`` / ``end_step`` (a counter, a hash and a sampler
-call; for unsampled steps nothing else) and ``add_records``; spans are built and exported
+call; for unsampled steps nothing else but, with a MeterProvider, one append for the step
+histograms, pipeline/step_metrics.py) and ``add_records``; spans are built and exported
 elsewhere. See docs/ARCHITECTURE.md for the contract.
 
 Usage::
@@ -96,6 +97,11 @@ class Pipeline:
                 },
                 step_queue_depth=self._queue.qsize,
             )
+        self._metrics: Any = None  # step histograms (pipeline.step_metrics); None: no metrics
+        with fail_open("step_metrics"):
+            from tf_otel.pipeline.step_metrics import StepMetrics
+
+            self._metrics = StepMetrics.create(topology.rank)
         self._tracer = trace.get_tracer("tf_otel", __version__, tracer_provider=tracer_provider)
         self._sampler = getattr(self._tracer, "sampler", None)
         self._spans = SpanBuilder(self._tracer)  # records' spans, direct where equivalent
@@ -150,12 +156,16 @@ class Pipeline:
     def end_step(self, handle: StepHandle, error: Optional[BaseException] = None) -> None:
         handle.end_ns = clock.now_ns()
         if not handle.sampled or self._closed:
+            if self._metrics is not None:  # one append; the export thread records it
+                self._metrics.add(handle)
             return
         if error is not None:
             handle.error = type(error).__name__
         if self._queue.qsize() >= self.settings.max_queue:
             count("steps_dropped")
             log_once("queue_full", "tf_otel: export queue full; dropping step spans (counted)")
+            if self._metrics is not None:  # no span, still a step
+                self._metrics.add(handle)
             return
         self._queue.put(handle)
 
@@ -289,6 +299,9 @@ class Pipeline:
         self._queue.put(None)
         self._wake.set()
         self._worker.join(timeout_s)
+        if self._metrics is not None:  # steps that ended while the worker stopped
+            with fail_open("step_metrics.drain"):
+                self._metrics.drain()
         if self._client is not None:
             self._client.close(min(timeout_s, 2.0))
         if self._aggregator is not None:
@@ -315,13 +328,20 @@ class Pipeline:
         may hold the GIL just when the training thread comes back from TF's C++ and then costs
         it up to the interpreter's switch interval (5 ms), so fewer, larger bursts are cheaper
         for training than one burst per step (measured: bench/bench_steps_inprocess.py)."""
+        metrics = self._metrics
         while True:
-            batch = [self._queue.get()]
+            try:  # with step metrics, wake up now and then to record the unsampled steps
+                batch = [self._queue.get(timeout=EXPORT_INTERVAL_S if metrics else None)]
+            except queue.Empty:
+                batch = []
             while True:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            if metrics is not None:
+                with fail_open("step_metrics.drain"):
+                    metrics.drain()
             for item in batch:
                 if item is None:
                     return
@@ -402,11 +422,15 @@ class Pipeline:
             span.set_status(Status(StatusCode.ERROR, handle.error))
         span.end(end_time=end)
         self._remember(handle.key, handle.step, (span.get_span_context(), start, end))
+        if self._metrics is not None:  # exemplars point at this rank's step span
+            with fail_open("step_metrics.record"):
+                self._metrics.record_step(handle, span.get_span_context())
         records = list(handle.records)
         for produce in handle.deferred:
             with fail_open("export.deferred"):
                 records.extend(produce() or ())
         self._export_records(handle.step, records, span.get_span_context(), start, end)
+        self._record_collective_wait(handle.key, handle.step, records, span.get_span_context())
         if self._aggregator is not None:
             self._aggregator.add(self.topology.rank, handle.key, handle.step, start, end)
         elif self._client is not None:
@@ -423,6 +447,14 @@ class Pipeline:
             count("records_orphaned")
             return
         self._export_records(step, records, *known)
+        self._record_collective_wait(key, step, records, known[0])
+
+    def _record_collective_wait(
+        self, key: str, step: int, records: List[record.Record], step_ctx: Any
+    ) -> None:
+        if self._metrics is not None and records:
+            with fail_open("step_metrics.record"):
+                self._metrics.record_collective_wait(key, step, records, step_ctx)
 
     def _export_records(
         self, step: int, records: List[record.Record], step_ctx: Any, lo: int, hi: int
