@@ -75,6 +75,8 @@ def _varied_spans() -> List:
         span.set_status(Status(StatusCode.OK))
         span.end(end_time=7)
     tracer.start_span("no attrs").end()
+    for same in (1, True, 1.0, "1", 0.0, -0.0, 0, False):  # one key: the encoder's cache
+        tracer.start_span("same key", attributes={"v": same}).end()
     return list(exporter.get_finished_spans())
 
 
@@ -84,6 +86,8 @@ def test_fast_encoder_writes_the_protobuf_paths_bytes() -> None:
     for span in spans:  # one at a time too (batches of one resource / scope)
         assert _line(otlp_json.traces_data([span])) == _line(sdk.proto_otlp_json([span]))
     assert otlp_json.traces_data([]) == sdk.proto_otlp_json([])
+    again = _line(otlp_json.traces_data(spans))  # from the cache this time: the same
+    assert again == _line(sdk.proto_otlp_json(spans))
 
 
 @pytest.mark.parametrize("value", [b"raw", {"k": 1}, float("nan"), float("inf"), 2**64])

@@ -7,7 +7,8 @@ collective span cost end to end (bench/bench_detail_cpu.py, py-spy). This writes
 out, hex ids) straight from the spans. Anything it does not expect (a bytes, mapping or None
 attribute value, an integer outside int64, a non-finite float) raises ``Unsupported`` and the
 caller falls back to the protobuf path, so the output never differs
-(tests/test_otlp_json.py compares both on varied spans).
+(tests/test_otlp_json.py compares both on varied spans). The returned dict shares its
+attribute entries with earlier calls (a cache): read it, do not change it.
 
 Usage::
 
@@ -22,7 +23,7 @@ Usage::
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _HAS_IS_REMOTE = 0x100  # SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
@@ -58,10 +59,34 @@ def _value(value: Any) -> Dict[str, Any]:
     raise Unsupported(type(value).__name__)
 
 
+# encoded key-values by (key, type, value): a detail step repeats most of them (category, rank,
+# step, clock, op, dtype...) and every step repeats its tensor names. Floats are left out (0.0
+# and -0.0 hash alike but print differently). The dicts are shared between spans and batches:
+# the output of ``traces_data`` is read-only.
+_KV_CACHE: Dict[Tuple[str, type, Any], Dict[str, Any]] = {}
+_KV_CACHE_MAX = 8192
+_CACHED = (str, int, bool)
+
+
 def _attributes(attributes: Any) -> List[Dict[str, Any]]:
     if not attributes:
         return []
-    return [{"key": key, "value": _value(value)} for key, value in attributes.items()]
+    out = []
+    cache = _KV_CACHE
+    for key, value in attributes.items():
+        kind = type(value)
+        if kind in _CACHED:
+            entry = (key, kind, value)
+            kv = cache.get(entry)
+            if kv is None:
+                kv = {"key": key, "value": _value(value)}
+                if len(cache) >= _KV_CACHE_MAX:
+                    cache.clear()
+                cache[entry] = kv
+        else:
+            kv = {"key": key, "value": _value(value)}
+        out.append(kv)
+    return out
 
 
 def _flags(context: Any) -> int:
