@@ -57,21 +57,30 @@ def _stages(receiver, tmp_path, mode, slow_ms):
 @pytest.mark.parametrize("mode", ["keras", "loop"])
 def test_slow_map_stage_has_the_largest_self_time(receiver, tmp_path, mode):
     stages = _stages(receiver, tmp_path, mode, SLOW_MS)
+    with_map = 0
     for number, spans in stages.items():
         kinds = {s.attributes["tensorflow.data.stage"] for s in spans}
-        assert {"Root", "Prefetch", "TFRecord"} <= kinds, (number, kinds)
+        assert {"Root", "Prefetch"} <= kinds, (number, kinds)
         if number == 0:
             continue  # the first step starts the pipeline: its producer ran before the window
         top = max(spans, key=lambda s: s.attributes["tf_otel.tf_data.self_ns"])
         attributes = top.attributes
-        assert attributes["tensorflow.data.stage"] == "Map", (number, top.name)
         per_call_ms = attributes["tf_otel.tf_data.self_ns"] / attributes["tf_otel.tf_data.events"]
+        if "Map" not in kinds:
+            # a step whose element was already prefetched can end before any slow map call
+            # does: TF records only calls wholly inside the window. Nothing else may look slow.
+            assert per_call_ms / 1e6 < SLOW_MS / 2, (number, top.name, per_call_ms / 1e6)
+            continue
+        with_map += 1
+        assert "TFRecord" in kinds, (number, kinds)
+        assert attributes["tensorflow.data.stage"] == "Map", (number, top.name)
         assert per_call_ms / 1e6 >= SLOW_MS * 0.95, (number, per_call_ms / 1e6)
         # the prefetch's GetNext waits for its producer: wait, not own time
         prefetch = next(s for s in spans if s.attributes["tensorflow.data.stage"] == "Prefetch")
         assert prefetch.attributes["tf_otel.tf_data.async"] is True
         assert prefetch.attributes["tf_otel.tf_data.self_ns"] == 0
         assert prefetch.attributes["tf_otel.tf_data.wait_ns"] > 0
+    assert with_map >= 2, sorted(stages)  # steps 3, 6, 9: most wait on the slow map
 
 
 def test_control_has_no_slow_stage(receiver, tmp_path):
