@@ -3,6 +3,7 @@ step (files of known size read once through tf.data), with controls that must fi
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +50,16 @@ def test_callback_stall_is_time_between_steps_and_named(receiver, tmp_path, slee
         else:
             assert callback < 50, (number, callback, top)
             assert not any(t.startswith("Stall=") for t in top), top
+    # process CPU time per step: never more than every core for the whole wall time; a 100 ms
+    # sleep between steps is not CPU time
+    cpus = len(os.sched_getaffinity(0))
+    for step in steps[1:]:
+        cpu = step.attributes["tf_otel.process.cpu_time_ns"]
+        wall = step.end_ns - step.start_ns + step.attributes["tf_otel.between_steps_ns"]
+        assert step.attributes["tf_otel.process.cpus"] == cpus
+        assert 0 <= cpu <= 1.1 * cpus * wall + 2e6, (cpu, wall)
+        if sleep_ms and step.attributes["tf_otel.step"] % 10 == 0:
+            assert cpu < 0.5 * wall, (cpu, wall)
     # the tf.data pipeline's batch(4), found under its map and prefetch
     assert {s.attributes.get("tf_otel.batch.size") for s in steps} == {4}
     # the analysis, from the run's spans alone: the time between steps, with the callback named
@@ -62,6 +73,7 @@ def test_callback_stall_is_time_between_steps_and_named(receiver, tmp_path, slee
         assert stall["steps"] == 2 and stall["ms"] >= 2 * sleep_ms, evidence
         assert evidence["callbacks_ms"] >= 2 * sleep_ms, evidence
         assert "Stall" in found["time_between_steps"].summary
+        assert "cpu_bound" not in found  # the process sleeps 100 ms of each 10 steps
     else:
         assert "time_between_steps" not in found, found["time_between_steps"].evidence
 
