@@ -31,7 +31,14 @@ from typing import Any, Dict, Optional
 
 from tf_otel.health import count
 
-_PLAIN = (str, bool, int, float)
+_PLAIN = frozenset((str, bool, int, float))
+
+
+def _plain(attributes: Dict[str, Any]) -> bool:
+    for value in attributes.values():
+        if type(value) not in _PLAIN:
+            return False
+    return True
 
 
 class SpanBuilder:
@@ -41,6 +48,7 @@ class SpanBuilder:
         self._tracer = tracer
         self._direct: Optional[bool] = None  # decided at first use: processors may come later
         self._max_attributes: Optional[int] = None
+        self._classes: Any = None  # (ReadableSpan, SpanContext, TraceFlags, random bit)
 
     def _eligible(self) -> bool:
         try:
@@ -49,7 +57,11 @@ class SpanBuilder:
             from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
         except ImportError:
             return False
-        del ReadableSpan  # imported only to know the SDK has it
+        from opentelemetry.trace import SpanContext, TraceFlags
+
+        # looked up once: an import statement per span showed in the profile
+        random_bit = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2, newer APIs
+        self._classes = (ReadableSpan, SpanContext, TraceFlags, random_bit)
         tracer = self._tracer
         sampler = getattr(tracer, "sampler", None)
         if isinstance(sampler, ParentBased):
@@ -87,7 +99,7 @@ class SpanBuilder:
             self._direct
             and parent.trace_flags.sampled
             and (self._max_attributes is None or len(attributes) <= self._max_attributes)
-            and all(type(v) in _PLAIN for v in attributes.values())
+            and _plain(attributes)
         ):
             return self._emit_direct(name, parent, start_ns, end_ns, attributes)
         return self._emit_sdk(name, parent, start_ns, end_ns, attributes)
@@ -95,20 +107,16 @@ class SpanBuilder:
     def _emit_direct(
         self, name: str, parent: Any, start_ns: int, end_ns: int, attributes: Dict[str, Any]
     ) -> Any:
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.trace import SpanContext, TraceFlags
-
+        readable_span, span_context, trace_flags, random_bit = self._classes
         tracer = self._tracer
-        random_bit = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2, newer APIs
-        flags = TraceFlags.SAMPLED | (parent.trace_flags & random_bit)
-        context = SpanContext(
+        context = span_context(
             parent.trace_id,
             tracer.id_generator.generate_span_id(),
             is_remote=False,
-            trace_flags=TraceFlags(flags),
+            trace_flags=trace_flags(trace_flags.SAMPLED | (parent.trace_flags & random_bit)),
             trace_state=parent.trace_state,
         )
-        span = ReadableSpan(
+        span = readable_span(
             name,
             context=context,
             parent=parent,
