@@ -13,7 +13,7 @@ attributes are never read, and decoding 1.6 M attribute lists was a third of the
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from tf_otel.analysis.step_attributes import WHOLE_STEP_ATTRIBUTES
 from tf_otel.pipeline.record import (
@@ -59,6 +59,45 @@ def as_int(value: Any) -> Optional[int]:
 
 
 _as_int = as_int  # the old private name
+
+
+class SpanRow(NamedTuple):
+    """The names of a ``Row``'s fields: a ``Span``'s slots, in order (``SpanRow._make(row)``
+    reads a row by name). Rows themselves are plain tuples: a NamedTuple instance cost 13 % of
+    the OTLP decoding per span (bench/bench_analysis.py files) and ``marshal``, which sends rows
+    between processes, takes plain tuples only."""
+
+    trace_id: str
+    span_id: str
+    parent_id: Optional[str]
+    name: str
+    start_ns: int
+    end_ns: int  # never before start_ns
+    attributes: Dict[str, Any]  # kept analysis attributes (the OTLP loaders: without slots)
+    resource: Dict[str, Any]
+    category: str
+    rank: Optional[int]
+    step: Optional[int]
+    job_id: Optional[str]
+    gpu_utilization: Any
+
+
+# A span as the loaders build and send it, in ``SpanRow``'s order (``Span.to_row``/``from_row``).
+Row = Tuple[
+    str,
+    str,
+    Optional[str],
+    str,
+    int,
+    int,
+    Dict[str, Any],
+    Dict[str, Any],
+    str,
+    Optional[int],
+    Optional[int],
+    Optional[str],
+    Any,
+]
 
 
 class Span:
@@ -109,8 +148,8 @@ class Span:
         self.job_id: Optional[str] = None if job is None else str(job)
         self.gpu_utilization: Any = attributes.get(ATTR_GPU_UTILIZATION)
 
-    def to_row(self) -> Tuple[Any, ...]:
-        """The span as a plain tuple (cheap to pickle between processes); see ``from_row``."""
+    def to_row(self) -> Row:
+        """The span as a ``Row`` (a plain tuple: cheap to send between processes)."""
         return (
             self.trace_id,
             self.span_id,
@@ -128,7 +167,8 @@ class Span:
         )
 
     @classmethod
-    def from_row(cls, row: Tuple[Any, ...]) -> Span:
+    def from_row(cls, row: Row) -> Span:
+        """The span of a ``Row`` (``to_row``, ``load.rows.RowBuilder``)."""
         span = cls.__new__(cls)
         (
             span.trace_id,

@@ -29,7 +29,7 @@ from tf_otel.analysis.load.otlp import decode_traces_rows, is_traces_data
 from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as FAST_DECODER
 from tf_otel.analysis.load.otlp_msgspec import LineDecoder
 from tf_otel.analysis.load.progress import Progress
-from tf_otel.analysis.model import Span
+from tf_otel.analysis.model import Row, Span
 
 WORKERS_ENV = "TF_OTEL_ANALYZE_WORKERS"  # processes reading files; 1: no worker processes
 TRACE_SUFFIXES = (".json", ".jsonl", ".ndjson", ".otlp")
@@ -81,9 +81,6 @@ def _foreign(obj: Any) -> Optional[str]:
     return None
 
 
-Row = Tuple[Any, ...]  # ``Span.to_row``
-
-
 def _decode_document(obj: Any, origin: str) -> List[Row]:
     if is_traces_data(obj):
         return decode_traces_rows(obj, origin)
@@ -114,7 +111,7 @@ def _split_lines(data: bytes) -> List[Union[bytes, memoryview]]:
 
 
 def load_file_rows(path: Path) -> List[Row]:
-    """One file's spans as ``Span.to_row`` tuples."""
+    """One file's spans as ``model.Row``s."""
     data = read_trace_bytes(path)
     try:
         spans = _decode_lines(path, data)
