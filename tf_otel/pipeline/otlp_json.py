@@ -96,7 +96,7 @@ def _flags(context: Any) -> int:
 
 
 def _trace_state(trace_state: Any) -> Optional[str]:
-    if trace_state is None:
+    if not trace_state:  # None or empty: the protobuf path writes "" and leaves it out too
         return None
     return ",".join(f"{key}={value}" for key, value in trace_state.items())
 
