@@ -40,7 +40,7 @@ import bisect
 import statistics
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from tf_otel.analysis.model import (
     ATTR_ARRIVAL,
@@ -82,8 +82,21 @@ UNEXPLAINED_MIN_NS = 1_000_000  # a hidden rank readier than the last known one 
 _NODE_CATEGORY = {COMPUTE: PATH_COMPUTE, INPUT: PATH_INPUT}
 _PRIORITY = {COLLECTIVE: 3, TRANSFER: 2, COMPUTE: 1, INPUT: 0}
 _PARTIAL_OK = frozenset((COMPUTE, INPUT))
-STEP_START = "<step start>"
-STEP_END = "<step end>"
+
+
+class SyncKey(NamedTuple):
+    """A point where the path may change rank: a collective instance (every rank's span with
+    the same ``tf_otel.collective.key``) or a PS transfer (the peers' spans with the same
+    ``tensorflow.transfer.edge``); ``STEP_EDGE`` marks the step's own edges."""
+
+    kind: str  # COLLECTIVE or TRANSFER (the spans' category), or STEP_EDGE
+    name: str  # the collective key / transfer edge as text; for STEP_EDGE which edge
+
+
+STEP_EDGE = "step"
+STEP_START = SyncKey(STEP_EDGE, "start")
+STEP_END = SyncKey(STEP_EDGE, "end")
+READY = SyncKey(STEP_EDGE, "ready")  # where every rank was ready (no sync spans: unseen)
 
 
 @dataclass
@@ -105,8 +118,8 @@ class Leg:
     """The path's stay on one rank between two sync points (collective keys or step edges)."""
 
     rank: int
-    begin: str
-    end: str
+    begin: SyncKey
+    end: SyncKey
     start_ns: int
     end_ns: int
     median_other_ns: Optional[int] = None
@@ -301,8 +314,8 @@ class _LazyIndexes(Dict[int, _RankIndex]):
         return index
 
 
-def _collective_index(step: StepTrace) -> Dict[str, Dict[int, Span]]:
-    index: Dict[str, Dict[int, Span]] = {}
+def _collective_index(step: StepTrace) -> Dict[SyncKey, Dict[int, Span]]:
+    index: Dict[SyncKey, Dict[int, Span]] = {}
     for rank in sorted(step.ranks):
         for span in step.ranks[rank].nodes:
             if span.category != COLLECTIVE:
@@ -310,19 +323,19 @@ def _collective_index(step: StepTrace) -> Dict[str, Dict[int, Span]]:
             key = span.attributes.get(ATTR_COLLECTIVE_KEY)
             if key is None:
                 continue
-            members = index.setdefault("c:" + str(key), {})
+            members = index.setdefault(SyncKey(COLLECTIVE, str(key)), {})
             if rank not in members or span.start_ns < members[rank].start_ns:
                 members[rank] = span
     return index
 
 
-def _transfer_index(step: StepTrace) -> Dict[str, Dict[int, Span]]:
-    index: Dict[str, Dict[int, Span]] = {}
+def _transfer_index(step: StepTrace) -> Dict[SyncKey, Dict[int, Span]]:
+    index: Dict[SyncKey, Dict[int, Span]] = {}
     for rank in sorted(step.ranks):
         for span in step.ranks[rank].nodes:
             edge = span.attributes.get(ATTR_TRANSFER_EDGE) if span.category == TRANSFER else None
             if edge is not None:
-                index.setdefault("t:" + str(edge), {}).setdefault(rank, span)
+                index.setdefault(SyncKey(TRANSFER, str(edge)), {}).setdefault(rank, span)
     return index
 
 
@@ -426,7 +439,7 @@ def critical_path(step: StepTrace) -> CriticalPath:
     indexes = _LazyIndexes(step)
     syncs = _collective_index(step)
     path.arrivals = {  # only where every rank's arrival is known (not hidden by Horovod's cache)
-        key[2:]: {rank: span.start_ns for rank, span in members.items()}
+        key.name: {rank: span.start_ns for rank, span in members.items()}
         for key, members in syncs.items()
         if not any(_unknown(span) for span in members.values())
     }
@@ -546,7 +559,7 @@ def _implicit_sync_path(path: CriticalPath) -> CriticalPath:
             Segment(finisher, last_end, step.end_ns, PATH_FRAMEWORK, "(after last rank)")
         )
     path.segments = segments
-    leg = Leg(source, STEP_START, "<ready>", step.start_ns, sync)
+    leg = Leg(source, STEP_START, READY, step.start_ns, sync)
     others = []
     for rank, value in ready.items():
         leg.windows[rank] = (step.start_ns, max(step.start_ns, value))
@@ -559,17 +572,17 @@ def _implicit_sync_path(path: CriticalPath) -> CriticalPath:
     return path
 
 
-def _sync_key(node: Span) -> Optional[str]:
+def _sync_key(node: Span) -> Optional[SyncKey]:
     if node.category == COLLECTIVE:
         key = node.attributes.get(ATTR_COLLECTIVE_KEY)
-        return None if key is None else "c:" + str(key)
+        return None if key is None else SyncKey(COLLECTIVE, str(key))
     if node.category == TRANSFER:
         edge = node.attributes.get(ATTR_TRANSFER_EDGE)
-        return None if edge is None else "t:" + str(edge)
+        return None if edge is None else SyncKey(TRANSFER, str(edge))
     return None
 
 
-def _compare_legs(legs: List[Leg], step: StepTrace, syncs: Dict[str, Dict[int, Span]]) -> None:
+def _compare_legs(legs: List[Leg], step: StepTrace, syncs: Dict[SyncKey, Dict[int, Span]]) -> None:
     for leg in legs:
         leg.windows[leg.rank] = (leg.start_ns, leg.end_ns)
         others: List[int] = []
