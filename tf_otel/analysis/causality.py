@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.steps import spans_by_trace
@@ -54,11 +54,18 @@ class Violation:
     by_ns: int  # last_start + min_latency - end (> 0)
 
 
+class Shift(NamedTuple):
+    """From ``at_ns`` (the rank's own, uncorrected time) on, the rank moves ``by_ns`` later."""
+
+    at_ns: int
+    by_ns: int
+
+
 @dataclass
 class Correction:
     """Per-rank forward shifts: a step function of the rank's own (uncorrected) time."""
 
-    steps: Dict[int, List[Tuple[int, int]]] = field(default_factory=dict)  # rank -> [(at, +ns)]
+    steps: Dict[int, List[Shift]] = field(default_factory=dict)  # rank -> its shifts
     violations: List[Violation] = field(default_factory=list)  # found before correcting
     passes: int = 0
     _cache: Dict[int, Tuple[List[int], List[int]]] = field(default_factory=dict, repr=False)
@@ -82,12 +89,12 @@ class Correction:
         return t_ns + self.shift_ns(rank, t_ns)
 
     def add(self, rank: int, at_ns: int, inc_ns: int) -> None:
-        self.steps.setdefault(rank, []).append((at_ns, inc_ns))
+        self.steps.setdefault(rank, []).append(Shift(at_ns, inc_ns))
         self._cache.pop(rank, None)
 
     @property
     def max_shift_ns(self) -> int:
-        return max((sum(inc for _, inc in s) for s in self.steps.values()), default=0)
+        return max((sum(s.by_ns for s in shifts) for shifts in self.steps.values()), default=0)
 
 
 def _by_key(records: Iterable[CollectiveRecord]) -> Dict[Hashable, List[CollectiveRecord]]:

@@ -93,6 +93,9 @@ class SyncKey(NamedTuple):
     name: str  # the collective key / transfer edge as text; for STEP_EDGE which edge
 
 
+# collective key -> rank -> its arrival (earliest span start), where every arrival is known
+Arrivals = Dict[str, Dict[int, int]]
+
 STEP_EDGE = "step"
 STEP_START = SyncKey(STEP_EDGE, "start")
 STEP_END = SyncKey(STEP_EDGE, "end")
@@ -158,8 +161,8 @@ class CriticalPath:
     step: StepTrace
     segments: List[Segment] = field(default_factory=list)  # in time order
     legs: List[Leg] = field(default_factory=list)  # in time order
-    # collective key -> rank -> arrival (earliest start), for the straggler statistics
-    arrivals: Optional[Dict[str, Dict[int, int]]] = field(default=None, repr=False)
+    # for the straggler statistics (None: not collected)
+    arrivals: Optional[Arrivals] = field(default=None, repr=False)
     # collectives on the path whose last arrival was unknown and unexplained (nobody blamed)
     unattributed_waits: int = 0
     _lateness: Optional[Dict[int, int]] = field(default=None, repr=False)

@@ -43,6 +43,7 @@ from tf_otel.analysis.critical_path import (
     PATH_COMPUTE,
     PATH_FRAMEWORK,
     PATH_INPUT,
+    Arrivals,
     CriticalPath,
 )
 from tf_otel.analysis.steps import RankTimeline, StepTrace
@@ -246,8 +247,8 @@ def _median_others(values: Dict[int, int], rank: int) -> int:
     return int(_median(v for r, v in values.items() if r != rank))
 
 
-def _collective_arrivals(step: StepTrace) -> Dict[str, Dict[int, int]]:
-    arrivals: Dict[str, Dict[int, int]] = {}
+def _collective_arrivals(step: StepTrace) -> Arrivals:
+    arrivals: Arrivals = {}
     for rank, timeline in step.ranks.items():
         for span in timeline.nodes:
             if span.category == COLLECTIVE:
