@@ -9,10 +9,12 @@ trace (control)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Dict, Tuple
 
 import pytest
-from conftest import REPO, base_env, horovodrun
+from conftest import REPO, VENV_BIN, base_env, horovodrun, run
 
 pytestmark = pytest.mark.integration
 SCRIPT = REPO / "tests" / "context" / "scripts" / "user_spans_train.py"
@@ -31,10 +33,13 @@ def _step_spans(spans, name_part: str) -> Dict[Tuple[int, int], Any]:
 @pytest.mark.parametrize(
     ("mode", "step_name"), [("loop", "train_step"), ("keras", "train_function")]
 )
-def test_user_spans_and_logs_land_in_the_step_they_were_made_in(receiver, mode, step_name):
+def test_user_spans_and_logs_land_in_the_step_they_were_made_in(
+    receiver, tmp_path: Path, mode, step_name
+):
     env = base_env(
         **receiver.env("grpc"),
         TF_OTEL_ENABLED="1",
+        TF_OTEL_FILE=str(tmp_path / "spans-{rank}.jsonl"),
         MODE=mode,
         STEPS=str(STEPS),
         OTEL_LOGS_EXPORTER="otlp",
@@ -92,3 +97,37 @@ def test_user_spans_and_logs_land_in_the_step_they_were_made_in(receiver, mode, 
         assert rec.trace_id == step.trace_id, (rec.body, rank, n)
         assert rec.attributes["otelTraceID"] == step.trace_id  # logging-instrumentation names
         assert rec.attributes["otelTraceSampled"] is True
+    _analysis_ignores_user_spans(tmp_path)
+
+
+def _analysis_ignores_user_spans(directory: Path) -> None:
+    """The user spans in the step traces change nothing in `tf-otel analyze` (control: the same
+    files with every span that has no tf_otel.category removed)."""
+    removed = 0
+    for rank in (0, 1):
+        lines = []
+        for line in (directory / f"spans-{rank}.jsonl").read_text().splitlines():
+            data = json.loads(line)
+            for resource_spans in data.get("resourceSpans", []):
+                for scope_spans in resource_spans.get("scopeSpans", []):
+                    spans = scope_spans.get("spans", [])
+                    kept = [
+                        s
+                        for s in spans
+                        if any(a["key"] == "tf_otel.category" for a in s.get("attributes", []))
+                    ]
+                    removed += len(spans) - len(kept)
+                    scope_spans["spans"] = kept
+            lines.append(json.dumps(data))
+        (directory / "ours").mkdir(exist_ok=True)
+        (directory / "ours" / f"spans-{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    assert removed >= 2 * (STEPS + 2)  # the user spans were in the files
+    outputs = []
+    for files in (directory, directory / "ours"):
+        result = run(
+            [str(VENV_BIN / "tf-otel"), "analyze", "--format", "json"]
+            + [str(files / f"spans-{rank}.jsonl") for rank in (0, 1)],
+            base_env(),
+        )
+        outputs.append(result.stdout.replace(str(directory / "ours"), str(directory)))
+    assert outputs[0] == outputs[1]
