@@ -166,18 +166,18 @@ def test_full_queue_drops_and_counts_instead_of_blocking() -> None:
 
 
 def test_coordinator_extension_messages_flow_both_ways() -> None:
-    from tf_otel.pipeline import coordinator
-
     port = _free_port()
     settings = Settings(coordinator=("127.0.0.1", port))
     received_by_0, received_by_1 = [], []
-    coordinator.server_handlers["test.ping"] = lambda rank, m: received_by_0.append((rank, m["x"]))
-    coordinator.client_handlers["test.pong"] = lambda m: received_by_1.append(m["x"])
+    pipelines = [
+        Pipeline(settings, Topology(rank=r, world_size=2, job_id="j7"), _provider()[0])
+        for r in (0, 1)
+    ]
+    # each pipeline its own handlers: rank 1's "test.ping" handler must never run
+    pipelines[0].handlers.on_reference("test.ping", lambda r, m: received_by_0.append((r, m["x"])))
+    pipelines[1].handlers.on_reference("test.ping", lambda r, m: received_by_0.append("wrong"))
+    pipelines[1].handlers.on_rank("test.pong", lambda m: received_by_1.append(m["x"]))
     try:
-        pipelines = [
-            Pipeline(settings, Topology(rank=r, world_size=2, job_id="j7"), _provider()[0])
-            for r in (0, 1)
-        ]
         for p in pipelines:
             p._start()
         pipelines[1].send_to_reference({"t": "test.ping", "x": 41})
@@ -190,22 +190,19 @@ def test_coordinator_extension_messages_flow_both_ways() -> None:
         while len(received_by_1) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert received_by_1 == [42, 43]
+        assert received_by_0 == [(1, 41)]
     finally:
-        coordinator.server_handlers.pop("test.ping")
-        coordinator.client_handlers.pop("test.pong")
         for p in pipelines:
             p.shutdown()
 
 
 def test_messages_to_a_rank_that_has_not_connected_yet_are_held() -> None:
-    from tf_otel.pipeline import coordinator
-
     port = _free_port()
     settings = Settings(coordinator=("127.0.0.1", port))
     got = []
-    coordinator.client_handlers["test.early"] = lambda m: got.append(m["x"])
     rank0 = Pipeline(settings, Topology(rank=0, world_size=2, job_id="j8"), _provider()[0])
     rank1 = Pipeline(settings, Topology(rank=1, world_size=2, job_id="j8"), _provider()[0])
+    rank1.handlers.on_rank("test.early", lambda m: got.append(m["x"]))
     try:
         rank0._start()
         assert rank0.send_to_rank(1, {"t": "test.early", "x": 1})  # rank 1 not started yet
@@ -216,7 +213,6 @@ def test_messages_to_a_rank_that_has_not_connected_yet_are_held() -> None:
             time.sleep(0.02)
         assert got == [1]
     finally:
-        coordinator.client_handlers.pop("test.early")
         rank1.shutdown()
         rank0.shutdown()
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tf_otel.clock import transport
 from tf_otel.health import counters
-from tf_otel.pipeline import coordinator, job_secret
+from tf_otel.pipeline import coordinator, job_secret, messages
 
 from .channel_peers import clock_login, coordinator_login, send_and_drain, wait_until
 
@@ -99,7 +99,7 @@ def _connection_errors() -> int:
 def _good_rank_is_served(aggregator, address, roots) -> None:
     """A real CoordinatorClient (rank 1) logs in and its message reaches rank 0's handler."""
     got: list = []
-    coordinator.server_handlers["test.ping"] = lambda rank, message: got.append(rank)
+    aggregator.handlers.on_reference("test.ping", lambda rank, message: got.append(rank))
     client = coordinator.CoordinatorClient(address, 1)
     try:
         client.send({"t": "test.ping"})
@@ -107,14 +107,13 @@ def _good_rank_is_served(aggregator, address, roots) -> None:
         assert wait_until(lambda: 1 in aggregator.connected_ranks())
     finally:
         client.close(5)
-        coordinator.server_handlers.pop("test.ping")
 
 
 def test_decode_never_raises_and_keeps_only_typed_objects() -> None:
     @FUZZ
     @given(lines)
     def check(line: bytes) -> None:
-        message = coordinator.decode(line)
+        message = messages.decode(line)
         assert message is None or isinstance(message["t"], str)
 
     check()

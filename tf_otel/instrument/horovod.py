@@ -41,11 +41,10 @@ from tf_otel.instrument._patching import (
     when_imported,
     wrap,
 )
-from tf_otel.instrument.horovod_stamps import MSG_ARRIVALS, MSG_LAST, OPS, collector
+from tf_otel.instrument.horovod_stamps import OPS, collector
+from tf_otel.pipeline import messages
 from tf_otel.sources import horovod_timeline as tl
 
-MSG_RECORDS = "hvd.c"
-MSG_DONE = "hvd.done"
 _POLL_S = 0.2
 _CLOSE_WAIT_S = 3.0  # a stopped file not closed by Horovod after this is read as it is
 _USER_GRACE_NS = 2_000_000_000  # user timeline: a window is final this long after its step
@@ -363,7 +362,13 @@ class HorovodCollectives(StepHook):
             pipeline.add_records(key, step, records)
             count("horovod_collectives", len(items))
         for rank, encoded in per_rank.items():
-            message = {"t": MSG_RECORDS, "k": key, "s": step, "sh": shift, "c": encoded}
+            message: messages.HorovodRecords = {
+                "t": messages.HVD_RECORDS,
+                "k": key,
+                "s": step,
+                "sh": shift,
+                "c": encoded,
+            }
             if not pipeline.send_to_rank(rank, message):
                 count("horovod_send_failed")
 
@@ -374,6 +379,10 @@ class HorovodCollectives(StepHook):
             self._pending[(key, step)] = None
             while len(self._pending) > _MAX_WINDOWS:
                 self._pending.popitem(last=False)
+
+    def on_done(self, message: Dict[str, Any]) -> None:
+        """A rank > 0: rank 0 has sent every step's records (its exit)."""
+        self._done.set()
 
     def on_message(self, message: Dict[str, Any]) -> None:
         """Coordinator thread of a rank > 0: records for one of its steps, from rank 0."""
@@ -415,7 +424,7 @@ class HorovodCollectives(StepHook):
                 time.sleep(0.02)
             with fail_open("horovod.final"):
                 self.process(final=True)
-            pipeline.broadcast({"t": MSG_DONE})
+            pipeline.broadcast({"t": messages.HVD_DONE})
         else:
             deadline = time.monotonic() + _EXIT_WAIT_S
             while self._pending and time.monotonic() < deadline and not self._done.is_set():
@@ -571,6 +580,13 @@ def _patch_optimizer(module: Any) -> None:
         wrap(module, "DistributedOptimizer", _check_optimizer)
 
 
+def _handle_messages(pipeline: Any) -> None:
+    pipeline.handlers.on_rank(messages.HVD_RECORDS, hook.on_message)
+    pipeline.handlers.on_rank(messages.HVD_DONE, hook.on_done)
+    pipeline.handlers.on_reference(messages.HVD_ARRIVALS, collector.on_arrivals)
+    pipeline.handlers.on_rank(messages.HVD_LAST, collector.on_last)
+
+
 def register() -> None:
     global _registered
     when_imported("horovod.common.basics", _patch_basics)
@@ -581,12 +597,9 @@ def register() -> None:
         return
     _registered = True
     add_step_hook(hook)
-    from tf_otel.pipeline import coordinator
+    from tf_otel.pipeline.lifecycle import with_pipeline
 
-    coordinator.client_handlers[MSG_RECORDS] = hook.on_message
-    coordinator.client_handlers[MSG_DONE] = lambda message: hook._done.set()
-    coordinator.server_handlers[MSG_ARRIVALS] = collector.on_arrivals
-    coordinator.client_handlers[MSG_LAST] = collector.on_last
+    with_pipeline(_handle_messages)
     collector.every = _settings().horovod_every
     collector.enabled = hook.stamping
     from tf_otel.pipeline.lifecycle import before_shutdown

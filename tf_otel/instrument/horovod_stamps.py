@@ -24,15 +24,14 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tf_otel import clock
 from tf_otel.health import count, fail_open, log_once
+from tf_otel.pipeline import messages
 from tf_otel.sources import horovod_stamps as hs
 from tf_otel.sources import horovod_timeline as tl
 
-MSG_ARRIVALS = "hvd.a"
-MSG_LAST = "hvd.l"
 _MAX_STEPS = 64
 _MAX_SLOTS = 20_000  # stamped ops over all traces (a function retraced without end stops here)
 _GATHER_WAIT_S = 5.0  # rank 0 answers with the ranks it has after this long
@@ -233,14 +232,19 @@ class StampCollector:
             while len(self._mine) > _MAX_STEPS:
                 self._mine.popitem(last=False)
                 count("horovod_stamp_steps_dropped")
-        message = {"t": MSG_ARRIVALS, "k": key, "s": step, "a": arrivals}
+        message: messages.HorovodArrivals = {
+            "t": messages.HVD_ARRIVALS,
+            "k": key,
+            "s": step,
+            "a": arrivals,
+        }
         if pipeline.topology.rank == 0:
             self.on_arrivals(0, message)
         else:
             pipeline.send_to_reference(message)
         return []
 
-    def on_arrivals(self, rank: int, message: Dict[str, Any]) -> None:
+    def on_arrivals(self, rank: int, message: Mapping[str, Any]) -> None:
         """Rank 0 (coordinator thread): one rank's arrivals for one step."""
         pipeline = _pipeline()
         if pipeline is None:
@@ -269,11 +273,12 @@ class StampCollector:
         if missing > 0:
             count("horovod_stamp_ranks_missing", missing)
         last = hs.last_arrivals(per_rank)
-        reply = {"t": MSG_LAST, "k": key, "s": step, "l": {n: list(v) for n, v in last.items()}}
+        lasts = {n: list(v) for n, v in last.items()}
+        reply: messages.HorovodLast = {"t": messages.HVD_LAST, "k": key, "s": step, "l": lasts}
         pipeline.broadcast(reply)
         self.on_last(reply)
 
-    def on_last(self, message: Dict[str, Any]) -> None:
+    def on_last(self, message: Mapping[str, Any]) -> None:
         """Every rank: the last arrivals of one step -> this rank's records."""
         key, step = str(message["k"]), int(message["s"])
         with self._lock:

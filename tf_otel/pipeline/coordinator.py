@@ -12,11 +12,12 @@ Usage (done by pipeline.steps.Pipeline)::
     # emit_root(key, step, start_ns, end_ns, n_ranks, reported): reported is the sorted tuple of
     # ranks that reported when the root is partial (some rank never did), else None
     client = CoordinatorClient(address, rank); client.report(key, step, start_ns, end_ns)
+
+Extension messages (``messages``) go to the ``Handlers`` each side is given: the pipeline's.
 """
 
 from __future__ import annotations
 
-import json
 import queue
 import socket
 import socketserver
@@ -26,7 +27,8 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from tf_otel.health import count, log_once
-from tf_otel.pipeline import job_secret
+from tf_otel.pipeline import job_secret, messages
+from tf_otel.pipeline.messages import Handlers, Outgoing, decode, encode
 from tf_otel.pipeline.topology import resolve_address
 
 if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
@@ -47,27 +49,6 @@ MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by 
 MAX_KEY_LEN = 512
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 64  # at once, beyond the job's own ranks: a flood of strangers is refused
-
-# Extension messages (JSON objects with a "t" type): handlers run on coordinator threads.
-# rank 0 receives from a rank: server_handlers[type](rank, message)
-server_handlers: Dict[str, Callable[[int, Dict[str, Any]], None]] = {}
-# a rank receives from rank 0: client_handlers[type](message)
-client_handlers: Dict[str, Callable[[Dict[str, Any]], None]] = {}
-
-
-def decode(line: bytes) -> Optional[Dict[str, Any]]:
-    """One message line -> its JSON object with a string type "t"; None for anything else."""
-    try:
-        message = json.loads(line)
-    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested beyond the stack
-        return None
-    if not isinstance(message, dict) or not isinstance(message.get("t"), str):
-        return None
-    return message
-
-
-def _encode(message: Dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
 def _is_int(value: Any) -> TypeIs[int]:
@@ -93,16 +74,6 @@ def _refuse(peer: Any, why: str) -> None:
     )
 
 
-def _dispatch(handler: Optional[Callable], *args: Any) -> None:
-    if handler is None:
-        count("coordinator_unhandled")
-        return
-    try:
-        handler(*args)
-    except Exception as exc:  # noqa: BLE001
-        log_once("coordinator_handler", "tf_otel: coordinator message handler failed (%s)", exc)
-
-
 class StepAggregator:
     """Collects per-rank step extents; emits one root per (key, step)."""
 
@@ -113,8 +84,10 @@ class StepAggregator:
         emit_root: EmitRoot,
         secret: Optional[job_secret.JobKey] = None,
         first_report_grace_s: float = FIRST_REPORT_GRACE_S,
+        handlers: Optional[Handlers] = None,
     ) -> None:
         self.world_size = world_size
+        self.handlers = handlers or Handlers()  # extension messages from ranks
         self.secret = secret or job_secret.job_key()
         self.wait_s = wait_s
         self.first_report_grace_s = first_report_grace_s
@@ -287,7 +260,7 @@ class StepAggregator:
         """The rank of an authenticated peer (rank 0's proof sent back), or None: refused."""
         conn.settimeout(HANDSHAKE_TIMEOUT_S)  # a silent stranger does not keep a thread
         server_nonce = job_secret.nonce()
-        wfile.write(_encode({"t": "challenge", "n": server_nonce.hex()}))
+        wfile.write(encode({"t": messages.CHALLENGE, "n": server_nonce.hex()}))
         wfile.flush()
         try:
             line = rfile.readline(MAX_LINE)
@@ -295,7 +268,7 @@ class StepAggregator:
             _refuse(peer, "no hello in time")
             return None
         message = decode(line)
-        if message is None or message.get("t") != "hello":
+        if message is None or message.get("t") != messages.HELLO:
             _refuse(peer, "no hello")
             return None
         rank = message.get("rank")
@@ -314,13 +287,13 @@ class StepAggregator:
             return None
         conn.settimeout(None)
         welcome: Dict[str, Any] = {
-            "t": "welcome",
+            "t": messages.WELCOME,
             "mac": job_secret.server_mac(key, SERVICE, client_nonce, rank),
         }
         welcome["mac"] = welcome["mac"].hex()
         with self._write_lock:
             self._writers[rank] = wfile
-            wfile.write(_encode(welcome))
+            wfile.write(encode(welcome))
             for data in self._held.pop(rank, ()):
                 wfile.write(data)
             self._held_bytes.pop(rank, None)
@@ -346,14 +319,14 @@ class StepAggregator:
                     count("coordinator_bad_message")
                     continue
                 kind = message["t"]
-                if kind == "extent":
+                if kind == messages.EXTENT:
                     self._add_extent(rank, message)
-                elif kind == "bye":
+                elif kind == messages.BYE:
                     break
-                elif kind in ("hello", "challenge", "welcome"):
+                elif kind in messages.COORDINATOR_TYPES:
                     count("coordinator_bad_message")
                 else:
-                    _dispatch(server_handlers.get(kind), rank, message)
+                    self.handlers.at_reference(rank, message)
         finally:
             with self._write_lock:
                 if self._writers.get(rank) is wfile:
@@ -361,9 +334,9 @@ class StepAggregator:
             with self._lock:
                 self._finished.add(rank)
 
-    def send(self, rank: int, message: Dict[str, Any]) -> bool:
+    def send(self, rank: int, message: Outgoing) -> bool:
         """Send an extension message to one rank (held until it connects); False if lost."""
-        data = _encode(message)
+        data = encode(message)
         with self._write_lock:
             writer = self._writers.get(rank)
             if writer is None:
@@ -386,7 +359,7 @@ class StepAggregator:
                 self._writers.pop(rank, None)
                 return False
 
-    def broadcast(self, message: Dict[str, Any]) -> int:
+    def broadcast(self, message: Outgoing) -> int:
         """Send to every connected rank; returns how many got it."""
         with self._write_lock:
             ranks = list(self._writers)
@@ -415,8 +388,10 @@ class CoordinatorClient:
         rank: int,
         max_queue: int = 4096,
         secret: Optional[job_secret.JobKey] = None,
+        handlers: Optional[Handlers] = None,
     ) -> None:
         self.address = address
+        self.handlers = handlers or Handlers()  # extension messages from rank 0
         self.rank = rank
         self.secret = secret or job_secret.job_key()
         self._queue: queue.Queue[Optional[bytes]] = queue.Queue(max_queue)
@@ -424,12 +399,12 @@ class CoordinatorClient:
         self._thread.start()
 
     def report(self, key: str, step: int, start_ns: int, end_ns: int) -> None:
-        self.send({"t": "extent", "k": key, "s": step, "a": start_ns, "b": end_ns})
+        self.send(messages.extent(key, step, start_ns, end_ns))
 
-    def send(self, message: Dict[str, Any]) -> None:
+    def send(self, message: Outgoing) -> None:
         """Queue a message for rank 0 (never blocks; dropped and counted when the queue is full)."""
         try:
-            self._queue.put_nowait(_encode(message))
+            self._queue.put_nowait(encode(message))
         except queue.Full:
             count("coordinator_dropped")
 
@@ -445,18 +420,19 @@ class CoordinatorClient:
         rfile = sock.makefile("rb")
         challenge = decode(rfile.readline(MAX_LINE))
         server_nonce = _hex((challenge or {}).get("n"), job_secret.NONCE_BYTES)
-        if challenge is None or challenge["t"] != "challenge" or server_nonce is None:
+        if challenge is None or challenge["t"] != messages.CHALLENGE or server_nonce is None:
             return None, "it sent no tf_otel challenge"
         key, client_nonce = self.secret.key, job_secret.nonce()
         mac = job_secret.client_mac(key, SERVICE, server_nonce, self.rank)
-        hello = {"t": "hello", "rank": self.rank, "mac": mac.hex(), "cn": client_nonce.hex()}
-        sock.sendall(_encode(hello))
+        hello = {"t": messages.HELLO, "rank": self.rank, "mac": mac.hex(), "cn": client_nonce.hex()}
+        sock.sendall(encode(hello))
         welcome = decode(rfile.readline(MAX_LINE))
         if welcome is None:
             return None, "it refused this rank's credentials"
         proof = _hex(welcome.get("mac"), job_secret.MAC_BYTES)
         expected = job_secret.server_mac(key, SERVICE, client_nonce, self.rank)
-        if welcome["t"] != "welcome" or proof is None or not job_secret.check(expected, proof):
+        proven = proof is not None and job_secret.check(expected, proof)
+        if welcome["t"] != messages.WELCOME or not proven:
             return None, "it could not prove the job secret"
         return rfile, ""
 
@@ -509,7 +485,7 @@ class CoordinatorClient:
                 if message is None:
                     count("coordinator_bad_message")
                     continue
-                _dispatch(client_handlers.get(message["t"]), message)
+                self.handlers.at_rank(message)
         except (OSError, ValueError):
             pass
 
@@ -527,7 +503,7 @@ class CoordinatorClient:
                 count("coordinator_dropped")
                 continue
             try:
-                sock.sendall(item if item is not None else b'{"t":"bye"}\n')
+                sock.sendall(item if item is not None else encode({"t": messages.BYE}))
             except OSError as exc:
                 log_once("coordinator_send", "tf_otel: lost connection to rank 0 (%s)", exc)
                 sock = None

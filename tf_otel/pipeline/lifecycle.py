@@ -6,6 +6,7 @@ Usage::
 
     get_pipeline().begin_step(...)      # creates it from the environment on first use
     current_pipeline()                  # the pipeline if one exists, else None (no side effect)
+    with_pipeline(lambda p: p.handlers.on_rank(kind, handler))  # set up once it exists
     before_shutdown(timeline.flush)     # sources that still hold records hand them over first
     shutdown(timeout_s=5.0)             # bounded; safe to call more than once
 """
@@ -13,7 +14,7 @@ Usage::
 from __future__ import annotations
 
 import threading
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from tf_otel.config import Settings
 from tf_otel.health import fail_open
@@ -21,6 +22,7 @@ from tf_otel.pipeline.steps import Pipeline
 
 _pipeline: Optional[Pipeline] = None
 _pipeline_lock = threading.Lock()
+_setups: List[Callable[[Pipeline], None]] = []  # run on the pipeline when it is created
 
 
 def get_pipeline() -> Pipeline:
@@ -31,8 +33,25 @@ def get_pipeline() -> Pipeline:
                 settings = Settings.from_env()
                 from tf_otel.pipeline.topology import detect
 
-                _pipeline = Pipeline(settings, detect(job_id=settings.job_id))
+                pipeline = Pipeline(settings, detect(job_id=settings.job_id))
+                for setup in _setups:  # before any step: no message can arrive unhandled
+                    with fail_open("pipeline.setup"):
+                        setup(pipeline)
+                _pipeline = pipeline
     return _pipeline
+
+
+def with_pipeline(setup: Callable[[Pipeline], None]) -> None:
+    """Run ``setup(pipeline)`` on this process's pipeline: now if it exists, else when
+    ``get_pipeline`` creates it (sources register their message handlers this way, at
+    instrument time, without creating the pipeline early)."""
+    with _pipeline_lock:
+        pipeline = _pipeline
+        if pipeline is None:
+            _setups.append(setup)
+            return
+    with fail_open("pipeline.setup"):
+        setup(pipeline)
 
 
 _before_shutdown: List[Any] = []

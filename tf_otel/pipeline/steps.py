@@ -36,6 +36,7 @@ from tf_otel.pipeline.ids import (
     step_root_span_id,
     step_trace_id,
 )
+from tf_otel.pipeline.messages import Handlers, Outgoing
 from tf_otel.pipeline.span_builder import SpanBuilder
 from tf_otel.pipeline.topology import Topology
 
@@ -116,6 +117,7 @@ class Pipeline:
                 "tf_otel: the TracerProvider is not the OpenTelemetry SDK's; step root spans "
                 "cannot get their cross-rank ids",
             )
+        self.handlers = Handlers()  # extension messages between ranks (pipeline.messages)
         self._counters: Dict[str, Any] = {}  # step key -> itertools.count
         self._steps: Dict[tuple, Any] = {}  # (key, step) -> (span context, start, end), bounded
         self._job_span: Any = None
@@ -177,18 +179,18 @@ class Pipeline:
                 return
             self._queue.put((key, step, records))
 
-    # -- coordinator extension messages (see coordinator.server_handlers / client_handlers) --
+    # -- cross-rank extension messages (pipeline.messages; handlers in self.handlers) --
 
-    def send_to_reference(self, message: Dict[str, Any]) -> None:
+    def send_to_reference(self, message: Outgoing) -> None:
         """From a rank > 0: queue an extension message for rank 0 (dropped if unconnected)."""
         if self._client is not None:
             self._client.send(message)
 
-    def send_to_rank(self, rank: int, message: Dict[str, Any]) -> bool:
+    def send_to_rank(self, rank: int, message: Outgoing) -> bool:
         """From rank 0: send an extension message to one rank."""
         return self._aggregator is not None and self._aggregator.send(rank, message)
 
-    def broadcast(self, message: Dict[str, Any]) -> int:
+    def broadcast(self, message: Outgoing) -> int:
         """From rank 0: send an extension message to every connected rank."""
         return self._aggregator.broadcast(message) if self._aggregator is not None else 0
 
@@ -224,12 +226,16 @@ class Pipeline:
         wait_s = self.settings.root_wait_ms / 1000.0
         if topo.is_reference:
             self._start_job_span()
-            self._aggregator = StepAggregator(topo.step_world_size, wait_s, self._emit_root)
+            self._aggregator = StepAggregator(
+                topo.step_world_size, wait_s, self._emit_root, handlers=self.handlers
+            )
             if topo.world_size > 1 and address is not None:
                 bind_host = "127.0.0.1" if address[0] in ("127.0.0.1", "localhost") else "0.0.0.0"
                 self._aggregator.serve((bind_host, address[1]))
         elif address is not None:
-            self._client = CoordinatorClient(address, topo.rank, self.settings.max_queue)
+            self._client = CoordinatorClient(
+                address, topo.rank, self.settings.max_queue, handlers=self.handlers
+            )
         else:
             log_once(
                 "no_coordinator",

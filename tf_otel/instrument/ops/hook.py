@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from tf_otel import config
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
+from tf_otel.pipeline import messages
 from tf_otel.pipeline.record import INPUT, SESSION_RUN, Record
 
 MAX_OP_SPANS = config.current().max_op_spans
@@ -38,8 +39,6 @@ MAX_OP_SPANS = config.current().max_op_spans
 MARGIN_STEPS = config.current().ops_margin
 MARGIN_S = config.current().ops_margin_s
 MAX_ON_DEMAND = 10_000
-MSG_WINDOW = "tf_otel.ops.window"  # rank 0 -> ranks: {"w": {key: start}, "n": K}
-MSG_REQUEST = "tf_otel.ops.request"  # rank -> rank 0: {"n": K}
 _PROFILER_OPTIONS = {"host_tracer_level": 2, "python_tracer_level": 0, "device_tracer_level": 1}
 
 
@@ -103,11 +102,11 @@ def request(steps: int) -> Dict[str, int]:
 
     pipeline = get_pipeline()
     if not pipeline.topology.is_reference:
-        pipeline.send_to_reference({"t": MSG_REQUEST, "n": int(steps)})
+        pipeline.send_to_reference(messages.ops_request(steps))
         return {}
     starts = controller.decide(steps)
     controller.apply(starts, steps)
-    pipeline.broadcast({"t": MSG_WINDOW, "w": starts, "n": int(steps)})
+    pipeline.broadcast(messages.ops_window(starts, steps))
     log_once(
         "ops_request", "tf_otel: op tracing of %d steps from %s on every rank", steps, starts,
         level=20,
@@ -119,6 +118,11 @@ def status() -> Dict[str, Any]:
     """The admin endpoint's GET /status: the sampling period and the on-demand windows."""
     windows = {k: list(v) for k, v in controller.windows.items()}
     return {"every": controller.every, "windows": windows}
+
+
+def _handle_messages(pipeline: Any) -> None:
+    pipeline.handlers.on_rank(messages.OPS_WINDOW, _on_window)
+    pipeline.handlers.on_reference(messages.OPS_REQUEST, _on_request)
 
 
 def _on_window(message: Dict[str, Any]) -> None:
@@ -305,11 +309,10 @@ hook = OpsHook()
 
 def register() -> None:
     from tf_otel.config import Settings
-    from tf_otel.pipeline import coordinator
+    from tf_otel.pipeline.lifecycle import with_pipeline
 
     controller.every = Settings.from_env().ops_every
-    coordinator.client_handlers[MSG_WINDOW] = _on_window
-    coordinator.server_handlers[MSG_REQUEST] = _on_request
+    with_pipeline(_handle_messages)
     add_step_hook(hook)
     with fail_open("admin.start"):
         from tf_otel.instrument.ops import admin
