@@ -60,10 +60,10 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
     from tf_otel import clock
     from tf_otel.config import Settings
     from tf_otel.instrument.horovod_stamps import collector
+    from tf_otel.job.topology import Topology
     from tf_otel.pipeline import lifecycle, record
     from tf_otel.pipeline.sdk import OtlpJsonFileExporter
     from tf_otel.pipeline.steps import Pipeline
-    from tf_otel.pipeline.topology import Topology
 
     profiles: List[cProfile.Profile] = []
     if profile:  # every thread's own profiler (export, batch processor, coordinator)

@@ -171,8 +171,8 @@ def conversion(step_stats, logdir, base_ns, repeats=5):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from tf_otel.config import Settings
+    from tf_otel.job.topology import Topology
     from tf_otel.pipeline.steps import Pipeline
-    from tf_otel.pipeline.topology import Topology
     from tf_otel.sources.step_stats import cap_records, step_stats_capped, step_stats_records
 
     exporter = InMemorySpanExporter()

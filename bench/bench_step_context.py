@@ -33,9 +33,9 @@ def main() -> None:
     from tf_otel.config import Settings
     from tf_otel.instrument import _patching
     from tf_otel.instrument.step_context import StepContextHook
+    from tf_otel.job.topology import Topology
     from tf_otel.pipeline import record
     from tf_otel.pipeline.steps import Pipeline
-    from tf_otel.pipeline.topology import Topology
 
     provider = TracerProvider()
     pipeline = Pipeline(Settings(), Topology(job_id="bench"), provider)

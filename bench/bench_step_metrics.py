@@ -42,8 +42,8 @@ def main() -> None:
     from opentelemetry.trace import SpanContext, TraceFlags
 
     from tf_otel.config import Settings
+    from tf_otel.job.topology import Topology
     from tf_otel.pipeline.steps import Pipeline
-    from tf_otel.pipeline.topology import Topology
 
     reader = InMemoryMetricReader()
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))

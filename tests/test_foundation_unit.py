@@ -11,7 +11,7 @@ from importlib.metadata import entry_points
 import pytest
 
 from tf_otel import config
-from tf_otel.pipeline import topology
+from tf_otel.job import topology
 from tf_otel.pipeline.ids import step_root_span_id, step_trace_id
 
 

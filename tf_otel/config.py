@@ -12,7 +12,7 @@ TF_OTEL_SYSTEM_METRICS_INTERVAL_S (host/process metrics with OTel semconv names;
 TF_OTEL_RESOURCES_EVERY (peak RSS, per-file I/O and the GPU allocator peak on steps 0, N, 2N ...
 of every step key; 0, the default: off; instrument/step_detail.py),
 TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross-rank channel;
-see tf_otel.pipeline.job_secret for what is used without it),
+see tf_otel.job.job_secret for what is used without it),
 TF_OTEL_HOROVOD_EVERY (collective detail on 1 sampled step in N, picked by the step trace id so
 every rank picks the same steps; 1: every sampled step; 0, the default: none, and no timing ops
 are built),
@@ -153,7 +153,7 @@ class Settings:
     resources_every: int = 0
     horovod_every: int = 0  # collective detail on 1 sampled step in N; 0: off (docs/HOROVOD.md)
     horovod_source: str = "stamps"  # or "timeline"
-    # authenticates rank <-> rank 0 (tf_otel.pipeline.job_secret); never in a repr or a log line
+    # authenticates rank <-> rank 0 (tf_otel.job.job_secret); never in a repr or a log line
     job_secret: Optional[str] = field(default=None, repr=False)
     file_max_mb: float = 1024.0  # TF_OTEL_FILE rotates past this size; 0: no cap
     file_keep: int = 3  # rotated files kept beside TF_OTEL_FILE

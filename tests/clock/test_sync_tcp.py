@@ -16,7 +16,7 @@ from tf_otel.clock import start_sync
 from tf_otel.clock.sync import ClockSync
 from tf_otel.clock.transport import TcpClient, TcpServer
 from tf_otel.config import Settings
-from tf_otel.pipeline.topology import Topology
+from tf_otel.job.topology import Topology
 
 from .helpers import LIBFAKETIME, free_port_pair, percentile, run_pair
 

@@ -12,7 +12,7 @@ from horovod.runner.http.http_server import RendezvousServer
 
 from tf_otel.clock.sync import clock_address
 from tf_otel.config import Settings
-from tf_otel.pipeline import topology
+from tf_otel.job import topology
 from tf_otel.pipeline.ids import step_trace_id
 
 

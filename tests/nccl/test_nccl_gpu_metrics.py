@@ -11,7 +11,7 @@ import pynvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from tf_otel.nccl.gpu_metrics import start_gpu_metrics
+from tf_otel.pipeline.gpu_metrics import start_gpu_metrics
 
 
 def _points(reader):
@@ -34,7 +34,7 @@ def _points(reader):
 def test_no_gpu_here_means_no_error_no_metrics(caplog):
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
-    with caplog.at_level(logging.DEBUG, logger="tf_otel.nccl.gpu_metrics"):
+    with caplog.at_level(logging.DEBUG, logger="tf_otel.pipeline.gpu_metrics"):
         sampler = start_gpu_metrics({"tf_otel.rank": 0}, meter_provider=provider)
     assert sampler is None  # real pynvml, no NVML library / driver on this machine
     assert _points(reader) == {}
@@ -126,9 +126,9 @@ def test_step_spans_carry_the_ranks_gpu_utilisation(monkeypatch):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from tf_otel.config import Settings
-    from tf_otel.nccl import gpu_metrics
+    from tf_otel.job.topology import Topology
+    from tf_otel.pipeline import gpu_metrics
     from tf_otel.pipeline.steps import Pipeline
-    from tf_otel.pipeline.topology import Topology
 
     nvml = FakeNvml()
     real_start = gpu_metrics.start_gpu_metrics
@@ -157,8 +157,8 @@ def test_no_gpu_means_no_gpu_attribute_on_steps():
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from tf_otel.config import Settings
+    from tf_otel.job.topology import Topology
     from tf_otel.pipeline.steps import Pipeline
-    from tf_otel.pipeline.topology import Topology
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 from conftest import REPO, base_env, example, free_ports, python
 
+from tf_otel.job.topology import detect
 from tf_otel.pipeline.ids import step_root_span_id, step_trace_id
-from tf_otel.pipeline.topology import detect
 
 pytestmark = pytest.mark.integration
 

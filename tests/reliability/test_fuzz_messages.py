@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from tf_otel.clock import transport
 from tf_otel.health import counters
-from tf_otel.pipeline import coordinator, job_secret, messages
+from tf_otel.job import job_secret
+from tf_otel.pipeline import coordinator, messages
 
 from .channel_peers import clock_login, coordinator_login, send_and_drain, wait_until
 

@@ -26,7 +26,7 @@ from tf_otel.clock import testclock
 if TYPE_CHECKING:  # pragma: no cover
     from tf_otel.clock.sync import ClockSync
     from tf_otel.config import Settings
-    from tf_otel.pipeline.topology import Topology
+    from tf_otel.job.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def _read_test_clock() -> Optional[testclock.TestClock]:
     shift = None
     if raw and raw.strip():
         from tf_otel.health import log_once
-        from tf_otel.pipeline.topology import detect
+        from tf_otel.job.topology import detect
 
         shift = testclock.parse(raw, detect().rank)
         if shift is not None:

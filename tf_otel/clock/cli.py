@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 from tf_otel import cli_args
 from tf_otel.clock.sync import ClockSync
 from tf_otel.config import Settings
-from tf_otel.pipeline.topology import detect
+from tf_otel.job.topology import detect
 
 
 def add_parser(subparsers: Any) -> None:

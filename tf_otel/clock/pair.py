@@ -21,7 +21,7 @@ from typing import List, Optional
 from tf_otel import clock
 from tf_otel.clock.sync import ClockSync
 from tf_otel.config import Settings
-from tf_otel.pipeline.topology import detect
+from tf_otel.job.topology import detect
 
 
 def main(argv: Optional[List[str]] = None) -> int:

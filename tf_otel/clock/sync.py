@@ -35,7 +35,7 @@ from tf_otel.clock.transport import (
 )
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
-from tf_otel.pipeline.topology import Topology
+from tf_otel.job.topology import Topology
 
 CLOCK_PORT_DELTA = 1  # the clock service listens on the coordinator port + 1
 QUIET_START_S = 3.0  # connection failures this soon after start-up are not logged

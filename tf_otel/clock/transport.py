@@ -32,8 +32,8 @@ from typing import Any, Dict, List, Optional
 from tf_otel import clock
 from tf_otel.clock.estimate import Exchange
 from tf_otel.health import count, log_once
-from tf_otel.pipeline import job_secret
-from tf_otel.pipeline.topology import resolve_address
+from tf_otel.job import job_secret
+from tf_otel.job.topology import resolve_address
 
 FRAME = struct.Struct("<B7xQ")
 REPLY = struct.Struct("<QQQ")

@@ -27,9 +27,10 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from tf_otel.health import count, log_once
-from tf_otel.pipeline import job_secret, messages
+from tf_otel.job import job_secret
+from tf_otel.job.topology import resolve_address
+from tf_otel.pipeline import messages
 from tf_otel.pipeline.messages import Handlers, Outgoing, decode, encode
-from tf_otel.pipeline.topology import resolve_address
 
 if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
     from typing_extensions import TypeIs

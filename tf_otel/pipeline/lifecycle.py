@@ -31,7 +31,7 @@ def get_pipeline() -> Pipeline:
         with _pipeline_lock:
             if _pipeline is None:
                 settings = Settings.from_env()
-                from tf_otel.pipeline.topology import detect
+                from tf_otel.job.topology import detect
 
                 pipeline = Pipeline(settings, detect(job_id=settings.job_id))
                 for setup in _setups:  # before any step: no message can arrive unhandled

@@ -36,7 +36,7 @@ def configure_from_env() -> bool:
     if provider_is_configured():
         return False
     # opentelemetry-instrument's defaults, but nothing for signals tf_otel does not produce:
-    # metrics only where there is a GPU to report on (tf_otel.nccl.gpu_metrics).
+    # metrics only where there is a GPU to report on (tf_otel.pipeline.gpu_metrics).
     has_gpu = os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
     os.environ.setdefault("OTEL_METRICS_EXPORTER", "otlp" if has_gpu else "none")
     os.environ.setdefault("OTEL_LOGS_EXPORTER", "none")
@@ -48,7 +48,7 @@ def configure_from_env() -> bool:
     if _configured_here:
         with fail_open("sdk.resource"):  # the rank's resource from the first span / log record
             from tf_otel.config import Settings
-            from tf_otel.pipeline.topology import detect
+            from tf_otel.job.topology import detect
 
             merge_topology_resource(detect(job_id=Settings.from_env().job_id))
         with fail_open("sdk.logs"):
@@ -284,7 +284,7 @@ def file_path_for_rank(template: str) -> str:
         return template
     import socket
 
-    from tf_otel.pipeline.topology import detect
+    from tf_otel.job.topology import detect
 
     try:
         return template.format(rank=detect().rank, host=socket.gethostname(), pid=os.getpid())

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional
 from tf_otel import clock
 from tf_otel.config import Settings
 from tf_otel.health import count, counters, fail_open, log_once, logger
+from tf_otel.job.topology import Topology
 from tf_otel.pipeline import record
 from tf_otel.pipeline.coordinator import CoordinatorClient, StepAggregator
 from tf_otel.pipeline.ids import (
@@ -38,7 +39,6 @@ from tf_otel.pipeline.ids import (
 )
 from tf_otel.pipeline.messages import Handlers, Outgoing
 from tf_otel.pipeline.span_builder import SpanBuilder
-from tf_otel.pipeline.topology import Topology
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
 _US = 1000
@@ -244,7 +244,7 @@ class Pipeline:
             )
         if self.settings.gpu_metrics_interval_s > 0:
             with fail_open("gpu_metrics.start"):
-                from tf_otel.nccl.gpu_metrics import start_gpu_metrics
+                from tf_otel.pipeline.gpu_metrics import start_gpu_metrics
 
                 self._gpu = start_gpu_metrics(
                     {

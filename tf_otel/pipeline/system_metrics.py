@@ -7,7 +7,7 @@ Started by the tracing pipeline when the process has an SDK MeterProvider
 (``OTEL_METRICS_EXPORTER=otlp``): a MeterProvider of its own, on the same exporter and with the
 global provider's resource plus the rank / job attributes, read every
 ``TF_OTEL_SYSTEM_METRICS_INTERVAL_S`` seconds by the SDK's reader thread: nothing runs on the
-training thread. No GPU metrics here (``hw.gpu.*`` come from NVML, tf_otel/nccl/gpu_metrics.py).
+training thread. No GPU metrics here (``hw.gpu.*`` come from NVML, tf_otel/pipeline/gpu_metrics.py).
 
     handle = start({"tf_otel.rank": 0, "tf_otel.job.id": "j"}, interval_s=10.0)
     handle.stop()

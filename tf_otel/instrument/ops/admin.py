@@ -161,7 +161,7 @@ def start_from_env() -> None:
     port = settings.admin_port
     if port is None:
         return
-    from tf_otel.pipeline.topology import detect
+    from tf_otel.job.topology import detect
 
     if not detect().is_reference:
         return

@@ -7,7 +7,7 @@ Every rank derives the same key alone, from the first of:
    keeps its key in the driver and gives ranks none);
 3. ``OMPI_MCA_orte_precondition_transports``: 128 random bits ``mpirun`` (Open MPI, also under
    ``horovodrun --mpi``) puts in every rank's environment of one launch;
-4. the job id (tf_otel.pipeline.topology: launcher job/step ids, rendezvous address, TF_CONFIG,
+4. the job id (tf_otel.job.topology: launcher job/step ids, rendezvous address, TF_CONFIG,
    TF_OTEL_JOB_ID). Weak: the job id is exported on every span and its facts are guessable, so a
    service bound beyond loopback logs one warning naming TF_OTEL_JOB_SECRET.
 
@@ -63,7 +63,7 @@ def _derive(source: str, material: str) -> bytes:
 
 
 def job_key(env: Optional[Mapping[str, str]] = None, job_id: Optional[str] = None) -> JobKey:
-    """This process's job key; ``job_id`` defaults to the one tf_otel.pipeline.topology derives."""
+    """This process's job key; ``job_id`` defaults to the one tf_otel.job.topology derives."""
     env = os.environ if env is None else env
     from tf_otel.config import Settings
 
@@ -75,7 +75,7 @@ def job_key(env: Optional[Mapping[str, str]] = None, job_id: Optional[str] = Non
         if value:
             return JobKey(_derive(name, value), name)
     if job_id is None:
-        from tf_otel.pipeline.topology import detect
+        from tf_otel.job.topology import detect
 
         topo = detect(env, job_id=settings.job_id)
         # no launcher: topology makes up a random id per call; one process keeps one

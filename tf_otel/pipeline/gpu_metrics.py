@@ -2,7 +2,7 @@
 
 Usage::
 
-    from tf_otel.nccl.gpu_metrics import start_gpu_metrics
+    from tf_otel.pipeline.gpu_metrics import start_gpu_metrics
     sampler = start_gpu_metrics({"tf_otel.rank": 0, "tf_otel.job.id": "j1"}, interval_s=10)
     ...
     if sampler: sampler.stop()
@@ -175,7 +175,7 @@ def start_gpu_metrics(
 
         meter_provider = metrics.get_meter_provider()
     sampler = GpuSampler(n, handles, attributes or {}, interval_s)
-    sampler.register(meter_provider.get_meter("tf_otel.nccl.gpu_metrics"))
+    sampler.register(meter_provider.get_meter("tf_otel.nccl.gpu_metrics"))  # scope name kept
     sampler.start()
     return sampler
 
