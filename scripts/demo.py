@@ -107,6 +107,7 @@ def run_job(jaeger: dict) -> None:
         OTEL_SERVICE_NAME=SERVICE,
         OTEL_EXPORTER_OTLP_ENDPOINT=jaeger["otlp"],
         OTEL_EXPORTER_OTLP_INSECURE="true",
+        OTEL_METRICS_EXPORTER="none",  # Jaeger keeps traces only (docker compose keeps metrics)
         TF_CPP_MIN_LOG_LEVEL="2",
         STEPS="12",
         SLOW_RANK="1",

@@ -35,10 +35,9 @@ def configure_from_env() -> bool:
     global _configured_here
     if provider_is_configured():
         return False
-    # opentelemetry-instrument's defaults, but nothing for signals tf_otel does not produce:
-    # metrics only where there is a GPU to report on (tf_otel.pipeline.gpu_metrics).
-    has_gpu = os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
-    os.environ.setdefault("OTEL_METRICS_EXPORTER", "otlp" if has_gpu else "none")
+    # opentelemetry-instrument's defaults: metrics on (step histograms, health, host), logs
+    # only when asked for, since a program's whole logging would otherwise leave the process.
+    os.environ.setdefault("OTEL_METRICS_EXPORTER", "otlp")
     os.environ.setdefault("OTEL_LOGS_EXPORTER", "none")
     from opentelemetry.distro import OpenTelemetryConfigurator, OpenTelemetryDistro
 
