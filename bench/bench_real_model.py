@@ -280,6 +280,9 @@ def run_inprocess(args: argparse.Namespace) -> str:
 # -- driver -----------------------------------------------------------------------------------
 
 
+METRICS_ENDPOINT = ""
+
+
 def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
     venv = Path(sys.executable).parent
     tmp = tempfile.mkdtemp(prefix="bench_real_")
@@ -295,6 +298,13 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
         TF_OTEL_FILE=os.path.join(tmp, "spans-{rank}.jsonl"),
         TMPDIR=tmp,
     )
+    if METRICS_ENDPOINT:  # metrics are on by default: they go to a real OTLP receiver
+        env.update(
+            OTEL_METRICS_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=METRICS_ENDPOINT,
+            OTEL_EXPORTER_OTLP_METRICS_PROTOCOL="grpc",
+            OTEL_EXPORTER_OTLP_METRICS_INSECURE="true",
+        )
     env.update({k: v.format(tmp=tmp) for k, v in MODES[mode].items()})
     command = [
         str(venv / "horovodrun"),
@@ -537,6 +547,12 @@ def main() -> None:
             marker = "<!-- inprocess -->"
             doc.write_text(text.split(marker)[0].rstrip() + f"\n\n{marker}\n{table}\n")
         return
+    global METRICS_ENDPOINT
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.otlp_receiver import OtlpReceiver
+
+    receiver = OtlpReceiver().start()
+    METRICS_ENDPOINT = f"http://{receiver.host}:{receiver.grpc_port}"
     runs = args.rounds * len(args.modes)
     guess = args.rounds * sum(estimate_s(m, mode, args) for m in args.models for mode in args.modes)
     longer = {m: timed_steps(args.models[0], args, m) for m in args.modes if m in MODE_MIN_STEPS}
