@@ -33,6 +33,7 @@ try:  # tests/ as a package (repository root on sys.path) or as pytest's rootdir
         REPO,
         CollectorServer,
         JaegerServer,
+        LokiServer,
         PrometheusServer,
     )
     from tests.conftest import base_env, horovodrun, python, run
@@ -42,6 +43,7 @@ except ImportError:
         REPO,
         CollectorServer,
         JaegerServer,
+        LokiServer,
         PrometheusServer,
     )
     from conftest import base_env, horovodrun, python, run  # type: ignore[no-redef]
@@ -307,11 +309,10 @@ def test_a_wrong_name_is_caught(tmp_path: Path):
 
 
 @pytest.mark.integration
-def test_collector_carries_logs_to_loki_endpoint_and_metrics_from_minimal():
-    """training.yaml's logs pipeline delivers a record, trace ids and resource kept, to the
-    URL Loki's OTLP endpoint has in compose (a real OTLP receiver stands in for Loki, which is
-    compose-only); minimal.yaml's metrics pipeline reaches a real Prometheus and its logs the
-    debug exporter."""
+def test_collector_carries_logs_to_loki_and_metrics_from_minimal():
+    """training.yaml's logs pipeline stores a record in a real Loki (deploy/loki.yaml), found by
+    the job / rank labels and its trace id; minimal.yaml's metrics pipeline reaches a real
+    Prometheus and its logs the debug exporter."""
     from opentelemetry._logs import LogRecord
     from opentelemetry.context import get_current
     from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
@@ -322,11 +323,6 @@ def test_collector_carries_logs_to_loki_endpoint_and_metrics_from_minimal():
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-
-    try:
-        from tests.otlp_receiver import OtlpReceiver
-    except ImportError:
-        from otlp_receiver import OtlpReceiver  # type: ignore[no-redef]
 
     job = f"logs-{uuid.uuid4().hex[:8]}"
     resource = Resource.create(
@@ -346,18 +342,25 @@ def test_collector_carries_logs_to_loki_endpoint_and_metrics_from_minimal():
         provider.shutdown()
         return trace_id
 
-    with OtlpReceiver() as loki, JaegerServer() as jaeger:
+    with LokiServer() as loki, JaegerServer() as jaeger:
         env = {
             "JAEGER_OTLP_ENDPOINT": jaeger.otlp_grpc_address,
             "TEMPO_OTLP_ENDPOINT": jaeger.otlp_grpc_address,
-            "LOKI_OTLP_ENDPOINT": f"http://127.0.0.1:{loki.http_port}/v1/logs",
+            "LOKI_OTLP_ENDPOINT": loki.otlp_logs_url,
         }
         with CollectorServer(COLLECTOR_CONFIG_DIR / "training.yaml", env=env) as collector:
             trace_id = send_log(collector.otlp_grpc_endpoint, "slow input at step 7")
-            got = loki.wait_for_logs(lambda logs: logs, 30)
-            assert [g.body for g in got] == ["slow input at step 7"]
-            assert got[0].trace_id == trace_id
-            assert got[0].resource["tf_otel.job.id"] == job
+            # the labels deploy/loki.yaml indexes, the trace id kept as structured metadata
+            logql = f'{{tf_otel_job_id="{job}", tf_otel_rank="1"}} | trace_id="{trace_id}"'
+            deadline = time.monotonic() + 60
+            streams: list = []
+            while not streams and time.monotonic() < deadline:
+                streams = loki.query_range(logql)
+                time.sleep(1)
+            assert [v[1] for s in streams for v in s["values"]] == ["slow input at step 7"]
+            # control: another trace id finds nothing
+            other = logql.replace(trace_id, "0" * 32)
+            assert loki.query_range(other) == []
 
     with PrometheusServer() as prom, JaegerServer() as jaeger:
         env = {
