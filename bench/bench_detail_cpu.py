@@ -57,11 +57,11 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from tf_otel import clock
+    from tf_otel import clock, record
     from tf_otel.config import Settings
     from tf_otel.instrument.horovod_stamps import collector
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline import lifecycle, record
+    from tf_otel.pipeline import lifecycle
     from tf_otel.pipeline.sdk import OtlpJsonFileExporter
     from tf_otel.pipeline.steps import Pipeline
 

@@ -30,11 +30,11 @@ def main() -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
+    from tf_otel import record
     from tf_otel.config import Settings
     from tf_otel.instrument import _patching
     from tf_otel.instrument.step_context import StepContextHook
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline import record
     from tf_otel.pipeline.steps import Pipeline
 
     provider = TracerProvider()

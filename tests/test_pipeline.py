@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
+from tf_otel import record
 from tf_otel.config import Settings
 from tf_otel.health import counters
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline import record
 from tf_otel.pipeline.ids import step_trace_id
 from tf_otel.pipeline.steps import Pipeline
 

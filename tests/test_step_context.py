@@ -17,12 +17,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
-from tf_otel import clock
+from tf_otel import clock, record
 from tf_otel.config import Settings
 from tf_otel.instrument import _patching
 from tf_otel.instrument.step_context import ClockShiftProcessor, StepContextHook, StepSpan
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline import record
 from tf_otel.pipeline.ids import step_rank_span_id, step_trace_id
 from tf_otel.pipeline.steps import Pipeline
 

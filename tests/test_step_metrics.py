@@ -16,7 +16,7 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from tf_otel.pipeline import record
+from tf_otel import record
 from tf_otel.pipeline.step_metrics import (
     BOUNDARIES,
     COLLECTIVE_WAIT_DURATION,

@@ -3,8 +3,8 @@ detail-step policy (no TF, no Horovod)."""
 
 from __future__ import annotations
 
+from tf_otel import record
 from tf_otel.instrument.horovod_stamps import detail_wanted
-from tf_otel.pipeline import record
 from tf_otel.pipeline.ids import step_trace_id
 from tf_otel.sources import horovod_stamps as hs
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tf_otel.pipeline import record
+from tf_otel import record
 from tf_otel.sources import horovod_timeline as tl
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -28,7 +28,7 @@ from nccl_driver import (  # noqa: E402
 )
 
 from tf_otel.nccl import ring as ringmod
-from tf_otel.pipeline.record import KERNEL
+from tf_otel.record import KERNEL
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tf_otel.nccl import ring as ringmod
-from tf_otel.pipeline.record import COLLECTIVE, KERNEL, Record
+from tf_otel.record import COLLECTIVE, KERNEL, Record
 from tf_otel.sources.xplane_gpu import gpu_kernel_records, load_xspace, place_under_collectives
 
 FIXTURE = Path(__file__).parent / "fixtures" / "two_gpu_nccl.xplane.pb"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tf_otel.instrument.ops.hook import OpsController
-from tf_otel.pipeline.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
+from tf_otel.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
 from tf_otel.sources.step_stats import (
     ATTR_BYTES,
     ATTR_OPS_DROPPED,

@@ -32,7 +32,7 @@ from typing import Any, Dict, Hashable, Iterable, List, NamedTuple, Optional, Se
 
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.steps import spans_by_trace
-from tf_otel.pipeline.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, STEP_ROOT
+from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, STEP_ROOT
 
 _CATEGORY = attrgetter("category")
 

@@ -50,7 +50,7 @@ from tf_otel.analysis.model import (
     Span,
 )
 from tf_otel.analysis.steps import RankTimeline, StepTrace
-from tf_otel.pipeline.record import (
+from tf_otel.record import (
     ATTR_COLLECTIVE_KEY,
     COLLECTIVE,
     COLLECTIVE_WAIT,

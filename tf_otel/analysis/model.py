@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from tf_otel.analysis.step_attributes import WHOLE_STEP_ATTRIBUTES
-from tf_otel.pipeline.record import (
+from tf_otel.record import (
     ATTR_CATEGORY,
     ATTR_COLLECTIVE_KEY,
     ATTR_JOB_ID,

@@ -19,7 +19,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.model import Span
-from tf_otel.pipeline.record import (
+from tf_otel.record import (
     ATTR_WORLD_SIZE,
     COLLECTIVE,
     COLLECTIVE_TRANSFER,

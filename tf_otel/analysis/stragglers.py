@@ -47,7 +47,7 @@ from tf_otel.analysis.critical_path import (
     CriticalPath,
 )
 from tf_otel.analysis.steps import RankTimeline, StepTrace
-from tf_otel.pipeline.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRANSFER
+from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRANSFER
 
 NOISE_SIGMAS = 5.0
 MAD_TO_SIGMA = 1.4826

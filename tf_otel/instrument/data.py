@@ -21,8 +21,8 @@ from typing import Any, Callable, List, Optional
 from tf_otel import clock
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, state, when_imported
 from tf_otel.instrument._patching import wrap as _wrap
-from tf_otel.pipeline.record import INPUT, Record
 from tf_otel.pipeline.step_metrics import FLAG_INPUT_WAIT
+from tf_otel.record import INPUT, Record
 
 _MAX_PENDING = 16
 NAME = "IteratorGetNext (tf.data)"

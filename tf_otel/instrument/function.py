@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Tuple, cast
 
+from tf_otel import record
 from tf_otel.instrument._patching import run_step, state, when_imported, wrap
-from tf_otel.pipeline import record
 
 _LIBRARY_MODULES = ("tensorflow", "keras", "tf_keras", "horovod", "tf_otel")
 _step_functions: Optional[Tuple[str, ...]] = None

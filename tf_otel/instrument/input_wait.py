@@ -26,13 +26,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
-from tf_otel import clock
+from tf_otel import clock, record
 from tf_otel.health import count, fail_open
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, when_imported
 from tf_otel.instrument._patching import wrap as _wrap
-from tf_otel.pipeline import record
-from tf_otel.pipeline.record import INPUT, Record
 from tf_otel.pipeline.step_metrics import FLAG_INPUT_WAIT
+from tf_otel.record import INPUT, Record
 
 ATTR_WAIT = "tf_otel.input.wait_ns"
 ATTR_SHARE = "tf_otel.input.share"

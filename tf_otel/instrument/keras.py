@@ -14,9 +14,9 @@ import functools
 import threading
 from typing import Any, Callable, Optional
 
+from tf_otel import record
 from tf_otel.health import fail_open
 from tf_otel.instrument._patching import in_keras_loop, run_step, when_imported, wrap
-from tf_otel.pipeline import record
 
 ATTR_BATCH_SIZE = "tf_otel.batch.size"
 _KERAS_DEFAULT_BATCH = 32  # fit / evaluate / predict on arrays without batch_size

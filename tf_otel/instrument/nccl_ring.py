@@ -25,7 +25,7 @@ from typing import Any, List, MutableMapping, Optional
 
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
-from tf_otel.pipeline.record import Record
+from tf_otel.record import Record
 
 log = logging.getLogger(__name__)
 

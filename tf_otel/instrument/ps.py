@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from tf_otel import record
 from tf_otel.instrument._patching import run_step, when_imported, wrap
-from tf_otel.pipeline import record
 
 KEY_PREFIX = "ps_closure:"
 ATTR_WORKER = "tensorflow.ps.worker"

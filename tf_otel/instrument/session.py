@@ -26,9 +26,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Dict, FrozenSet, List, Optional
 
+from tf_otel import record
 from tf_otel.health import report_failure
 from tf_otel.instrument._patching import is_active, run_step, state, when_imported, wrap
-from tf_otel.pipeline import record
 
 ATTR_FETCHES = "tensorflow.session.fetches"
 _MAX_KEY = 120

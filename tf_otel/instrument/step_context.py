@@ -44,10 +44,9 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from tf_otel import clock
+from tf_otel import clock, record
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
-from tf_otel.pipeline import record
 from tf_otel.pipeline.ids import step_rank_span_id
 from tf_otel.pipeline.lifecycle import before_shutdown, current_pipeline
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Tuple
 
 from tf_otel.nccl import kernels as k
-from tf_otel.pipeline.record import KERNEL, Record
+from tf_otel.record import KERNEL, Record
 
 log = logging.getLogger(__name__)
 

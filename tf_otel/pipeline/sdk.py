@@ -339,7 +339,7 @@ def merge_resource(provider: Any, attributes: Dict[str, Any]) -> None:
 
 def topology_resource(topology: Any) -> Dict[str, Any]:
     """The rank's resource attributes (docs/ARCHITECTURE.md, Attributes)."""
-    from tf_otel.pipeline import record
+    from tf_otel import record
 
     return {
         "host.name": topology.host,

@@ -36,8 +36,8 @@ from __future__ import annotations
 import collections
 from typing import Any, Deque, Dict, Iterable, Optional, Tuple
 
+from tf_otel import record
 from tf_otel.health import count, log_once
-from tf_otel.pipeline import record
 
 STEP_DURATION = "tf_otel.step.duration"
 INPUT_WAIT_DURATION = "tf_otel.step.input_wait.duration"

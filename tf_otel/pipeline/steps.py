@@ -24,11 +24,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from tf_otel import clock
+from tf_otel import clock, record
 from tf_otel.config import Settings
 from tf_otel.health import count, counters, fail_open, log_once, logger
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline import record
 from tf_otel.pipeline.coordinator import CoordinatorClient, StepAggregator
 from tf_otel.pipeline.ids import (
     PrimedIdGenerator,

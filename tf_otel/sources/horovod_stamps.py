@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from tf_otel.pipeline import record
+from tf_otel import record
 from tf_otel.sources import horovod_timeline as tl
 
 HOW = "stamp"  # horovod.arrival: the rank's own timestamp, clock-corrected

@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional
 
+from tf_otel import record
 from tf_otel.health import count
-from tf_otel.pipeline import record
 
 OPS = {
     "ALLREDUCE": "allreduce",

@@ -27,7 +27,7 @@ import heapq
 import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from tf_otel.pipeline.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
+from tf_otel.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
 
 ATTR_OP_NAME = "tensorflow.op.name"
 ATTR_OP_TYPE = "tensorflow.op.type"

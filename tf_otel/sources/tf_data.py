@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-from tf_otel.pipeline.record import FRAMEWORK, INPUT, Record
+from tf_otel.record import FRAMEWORK, INPUT, Record
 from tf_otel.sources.xplane import HOST_PLANE, time_base_ns
 
 ITERATOR_PREFIX = "Iterator::"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from tf_otel.pipeline.record import ATTR_FUNCTION_NAME, COMPUTE, FRAMEWORK, INPUT, Record
+from tf_otel.record import ATTR_FUNCTION_NAME, COMPUTE, FRAMEWORK, INPUT, Record
 from tf_otel.sources.step_stats import (
     ATTR_DEVICE,
     ATTR_OP_NAME,

@@ -27,7 +27,7 @@ import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from tf_otel.nccl.kernels import parse_kernel_name
-from tf_otel.pipeline.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, KERNEL, Record
+from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, KERNEL, Record
 from tf_otel.sources.xplane import parse_xspace, stat_value, time_base_ns
 
 log = logging.getLogger(__name__)

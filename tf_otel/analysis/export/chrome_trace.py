@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tf_otel.analysis.model import ATTR_LAST_ARRIVAL, Span
 from tf_otel.analysis.steps import StepTrace
-from tf_otel.pipeline.record import (
+from tf_otel.record import (
     ATTR_COLLECTIVE_KEY,
     COLLECTIVE,
     COLLECTIVE_TRANSFER,

@@ -20,7 +20,7 @@ from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.load.http import build_url, get_json, url_part
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Span
-from tf_otel.pipeline.record import ATTR_JOB_ID
+from tf_otel.record import ATTR_JOB_ID
 
 DEFAULT_LOOKBACK_NS = 7 * 24 * 3600 * 10**9
 _TAG_TYPES = {"int64": int, "float64": float}

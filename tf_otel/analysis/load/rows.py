@@ -25,7 +25,7 @@ from operator import itemgetter
 from typing import Any, Callable, Dict, Optional
 
 from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, SLOT_ATTRIBUTES, Row, as_int
-from tf_otel.pipeline.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
+from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 
 NO_ATTRIBUTES: Dict[str, Any] = {}  # shared by spans with no kept attributes; never mutated
 _ZEROS = {16: "0" * 32, 8: "0" * 16}

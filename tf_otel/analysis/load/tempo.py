@@ -18,7 +18,7 @@ from tf_otel.analysis.load.http import build_url, get_json, url_part
 from tf_otel.analysis.load.otlp import decode_traces_data, is_traces_data
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Span
-from tf_otel.pipeline.record import ATTR_CATEGORY, ATTR_JOB_ID, STEP_ROOT
+from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, STEP_ROOT
 
 DEFAULT_LOOKBACK_S = 7 * 24 * 3600
 

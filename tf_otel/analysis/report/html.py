@@ -24,7 +24,7 @@ from tf_otel.analysis.report import ms, notable_steps
 from tf_otel.analysis.report.overview import Overview, overview_from_result, render_overview
 from tf_otel.analysis.report.terminal import render_table
 from tf_otel.analysis.result import AnalysisResult, StepResult
-from tf_otel.pipeline.record import COLLECTIVE, COMPUTE, INPUT, TRANSFER
+from tf_otel.record import COLLECTIVE, COMPUTE, INPUT, TRANSFER
 
 COLOURS = {
     COMPUTE: "#4e79a7",

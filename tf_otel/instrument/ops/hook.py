@@ -31,7 +31,7 @@ from tf_otel import config
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
 from tf_otel.pipeline import messages
-from tf_otel.pipeline.record import INPUT, SESSION_RUN, Record
+from tf_otel.record import INPUT, SESSION_RUN, Record
 
 MAX_OP_SPANS = config.current().max_op_spans
 # steps between rank 0's decision and the first on-demand traced step (at least this many, and
