@@ -264,7 +264,7 @@ def test_dashboard_queries_run_on_metrics_of_real_runs(tmp_path: Path):
 
             if not os.path.exists("/dev/nvidiactl"):  # no GPU: the NVML gauges by stand-in
                 _push_gpu_gauges(collector.otlp_grpc_endpoint, single_job)
-                _wait_for(prom, f'{{__name__=~"gpu_.+", tf_otel_job_id="{single_job}"}}')
+                _wait_for(prom, f'{{__name__=~"hw_gpu_.+", tf_otel_job_id="{single_job}"}}')
             stored = set(prom.metric_names())
             referenced: set[str] = set()
             failures = []

@@ -324,8 +324,10 @@ def test_attributes_survive_both_file_decoders(tmp_path):
 def test_attribute_names_match_the_runtime():
     from tf_otel.analysis import step_attributes as whole_step
     from tf_otel.instrument import input_wait, step_resources
+    from tf_otel.pipeline import gpu_metrics
 
     assert whole_step.ATTR_INPUT_WAIT == input_wait.ATTR_WAIT
+    assert whole_step.ATTR_HW_GPU_UTILIZATION == gpu_metrics.UTILIZATION  # step span summary
     assert whole_step.ATTR_INPUT_ELEMENTS == input_wait.ATTR_ELEMENTS
     for name in (
         "BETWEEN",

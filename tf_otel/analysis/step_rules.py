@@ -475,7 +475,7 @@ def low_gpu_findings(samples: Sequence[StepSample]) -> List[Finding]:
             evidence={
                 "by_rank": {str(r): v for r, v in low.items()},
                 "threshold_p95_percent": LOW_GPU_P95_PERCENT,
-                "source": "hw.gpu.utilization on the step spans (NVML, latest sample)",
+                "source": "hw.gpu.utilization on the step spans (NVML, mean over the step)",
             },
             suggestion=(
                 "Give the GPU more work per launch: a larger batch, mixed precision, XLA "

@@ -1,21 +1,33 @@
-"""Per-GPU utilisation, memory, power and temperature as OpenTelemetry metrics (via pynvml).
+"""Per-GPU NVML readings as OpenTelemetry hardware metrics (``hw.gpu.*``, via pynvml), and the
+per-step summary the step spans carry.
 
 Usage::
 
     from tf_otel.pipeline.gpu_metrics import start_gpu_metrics
     sampler = start_gpu_metrics({"tf_otel.rank": 0, "tf_otel.job.id": "j1"}, interval_s=10)
     ...
+    summary = sampler.step_summary(device=0, start_ns=t0, end_ns=t1)  # export thread
     if sampler: sampler.stop()
 
-A daemon thread samples NVML every ``interval_s`` into a small cache; observable gauges
-report the cache when the SDK collects, so neither the training thread nor the exporter ever
-calls NVML. Instruments (attributes: ``gpu.device`` + the given ones):
+A daemon thread samples NVML every ``interval_s`` into a small cache and a bounded ring of
+timestamped samples; observable instruments report the cache when the SDK collects, and the
+export thread summarises the ring for a step, so neither the training thread nor the exporter
+ever calls NVML. Instruments, named after the OpenTelemetry hardware semantic conventions
+(docs/hardware/gpu.md, common.md, temperature.md):
 
-    gpu.utilization   ratio 0..1 of time a kernel ran (nvmlDeviceGetUtilizationRates().gpu)
-    gpu.memory.used   By
-    gpu.memory.total  By
-    gpu.power         W
-    gpu.temperature   Cel
+    hw.gpu.utilization         Gauge          1    nvmlDeviceGetUtilizationRates().gpu / 100,
+                                                   hw.gpu.task=general
+    hw.gpu.memory.usage        UpDownCounter  By   nvmlDeviceGetMemoryInfo().used
+    hw.gpu.memory.limit        UpDownCounter  By   nvmlDeviceGetMemoryInfo().total
+    hw.gpu.memory.utilization  Gauge          1    used / total
+    hw.power                   Gauge          W    nvmlDeviceGetPowerUsage() (mW) / 1000
+    hw.temperature             Gauge          Cel  nvmlDeviceGetTemperature(GPU sensor)
+
+Attributes: the given ones (rank, job id) + ``hw.id`` (``gpu<NVML index>``, unique on the host),
+``hw.type=gpu``, ``hw.vendor=NVIDIA``, ``hw.name`` (the board's name, when NVML gives it);
+``hw.temperature`` is its sensor's: ``hw.id=gpu<i>_temperature``, ``hw.parent=gpu<i>``.
+``hw.gpu.io`` is not emitted: NVML gives PCIe throughput only as a momentary rate, not the
+byte counter the convention asks for.
 
 No pynvml, no driver or no GPU: ``start_gpu_metrics`` returns None, registers nothing, and
 logs one debug line. A failing reading (e.g. power on a GPU without the sensor) is skipped
@@ -26,16 +38,30 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from tf_otel import clock
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 10.0
 MIN_INTERVAL_S = 0.1
+RING_SAMPLES = 256  # per-step summaries look back this far (25.6 s at the minimum interval)
+
+UTILIZATION = "hw.gpu.utilization"
+MEMORY_USAGE = "hw.gpu.memory.usage"
+MEMORY_LIMIT = "hw.gpu.memory.limit"
+MEMORY_UTILIZATION = "hw.gpu.memory.utilization"
+POWER = "hw.power"
+TEMPERATURE = "hw.temperature"
+
+Sample = Dict[int, Dict[str, float]]  # device -> metric -> value
 
 
 class GpuSampler:
-    """Samples NVML on a background thread; exposes the latest values as observable gauges."""
+    """Samples NVML on a background thread; exposes the latest values as observable
+    instruments and the recent ones as per-step summaries."""
 
     def __init__(
         self, nvml: Any, handles: List[Any], attributes: Mapping[str, Any], interval_s: float
@@ -45,49 +71,88 @@ class GpuSampler:
         self._attrs = dict(attributes)
         self.interval_s = max(MIN_INTERVAL_S, float(interval_s))
         self._lock = threading.Lock()
-        self._latest: Dict[int, Dict[str, float]] = {}  # device -> metric -> value (bounded)
+        self._latest: Sample = {}  # bounded: one entry per device
+        self._ring: Deque[Tuple[int, Sample]] = deque(maxlen=RING_SAMPLES)  # (local ns, values)
         self.errors = 0
         self.samples = 0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._instruments: List[Any] = []
+        self._device_attrs = [self._describe(i, h) for i, h in enumerate(handles)]
+
+    def _describe(self, index: int, handle: Any) -> Dict[str, Any]:
+        attrs: Dict[str, Any] = {"hw.id": f"gpu{index}", "hw.type": "gpu", "hw.vendor": "NVIDIA"}
+        try:
+            name = self._nvml.nvmlDeviceGetName(handle)
+            attrs["hw.name"] = name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:  # older pynvml, or a board that does not say: the name is optional
+            pass
+        return attrs
 
     # ---- sampling ----
     def _read(self, h: Any) -> Dict[str, float]:
         n = self._nvml
         out: Dict[str, float] = {}
         readers: Dict[str, Callable[[], float]] = {
-            "gpu.utilization": lambda: n.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
-            "gpu.memory.used": lambda: float(n.nvmlDeviceGetMemoryInfo(h).used),
-            "gpu.memory.total": lambda: float(n.nvmlDeviceGetMemoryInfo(h).total),
-            "gpu.power": lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0,  # mW -> W
-            "gpu.temperature": lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+            UTILIZATION: lambda: n.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
+            MEMORY_USAGE: lambda: float(n.nvmlDeviceGetMemoryInfo(h).used),
+            MEMORY_LIMIT: lambda: float(n.nvmlDeviceGetMemoryInfo(h).total),
+            POWER: lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0,  # mW -> W
+            TEMPERATURE: lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
         }
         for name, read in readers.items():
             try:
                 out[name] = read()
             except Exception:  # NVMLError_NotSupported etc.: skip this reading
                 self.errors += 1
+        if out.get(MEMORY_LIMIT):
+            if MEMORY_USAGE in out:
+                out[MEMORY_UTILIZATION] = out[MEMORY_USAGE] / out[MEMORY_LIMIT]
         return out
 
     def latest(self, device: int, metric: str) -> Optional[float]:
         """The last sampled value of ``metric`` for ``device`` (None before the first sample)."""
         return self._latest.get(device, {}).get(metric)
 
-    def sample_once(self) -> None:
+    def sample_once(self, now_ns: Optional[int] = None) -> None:
+        """One reading of every device; ``now_ns`` (local clock) defaults to now (tests pass it)."""
         values = {i: self._read(h) for i, h in enumerate(self._handles)}
+        t = clock.now_ns() if now_ns is None else now_ns
         with self._lock:
             self._latest = values
+            self._ring.append((t, values))
         self.samples += 1
 
+    def step_summary(self, device: int, start_ns: int, end_ns: int) -> Dict[str, float]:
+        """What the step span carries for a step [start_ns, end_ns] (local clock):
+        ``hw.gpu.utilization``, the mean of the samples taken during the step (NVML's own
+        reading already averages its last 1/6 to 1 s), else the sample nearest the step's
+        end; ``hw.gpu.memory.usage``, the sample nearest the step's end. {} with no sample."""
+        with self._lock:
+            ring = list(self._ring)
+        readings = [(t, v[device]) for t, v in ring if device in v]
+        if not readings:
+            return {}
+        out: Dict[str, float] = {}
+        during = [
+            v[UTILIZATION] for t, v in readings if start_ns <= t <= end_ns and UTILIZATION in v
+        ]
+        nearest = min(readings, key=lambda tv: abs(tv[0] - end_ns))[1]
+        if during:
+            out[UTILIZATION] = sum(during) / len(during)
+        elif UTILIZATION in nearest:
+            out[UTILIZATION] = nearest[UTILIZATION]
+        if MEMORY_USAGE in nearest:
+            out[MEMORY_USAGE] = nearest[MEMORY_USAGE]
+        return out
+
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval_s):
             try:
                 self.sample_once()
             except Exception:  # never let the sampler die loudly
                 self.errors += 1
                 log.debug("gpu_metrics: sampling failed", exc_info=True)
-            self._stop.wait(self.interval_s)
 
     # ---- OTel ----
     def _observe(self, metric: str) -> Callable[[Any], Iterable[Any]]:
@@ -97,26 +162,35 @@ class GpuSampler:
             with self._lock:
                 snap = {d: v.get(metric) for d, v in self._latest.items()}
             return [
-                Observation(v, {**self._attrs, "gpu.device": d})
+                Observation(v, {**self._attrs, **self._point_attrs(metric, d)})
                 for d, v in sorted(snap.items())
                 if v is not None
             ]
 
         return callback
 
+    def _point_attrs(self, metric: str, device: int) -> Dict[str, Any]:
+        attrs = self._device_attrs[device]
+        if metric == UTILIZATION:
+            return {**attrs, "hw.gpu.task": "general"}
+        if metric == TEMPERATURE:  # the GPU's sensor, a component of its own
+            sensor = {k: v for k, v in attrs.items() if k != "hw.type"}
+            return {**sensor, "hw.id": f"{attrs['hw.id']}_temperature", "hw.parent": attrs["hw.id"]}
+        return attrs
+
     def register(self, meter: Any) -> None:
+        gauge, updown = meter.create_observable_gauge, meter.create_observable_up_down_counter
         specs = (
-            ("gpu.utilization", "1", "Fraction of time a kernel was running on the GPU"),
-            ("gpu.memory.used", "By", "GPU memory in use"),
-            ("gpu.memory.total", "By", "GPU memory installed"),
-            ("gpu.power", "W", "GPU power draw"),
-            ("gpu.temperature", "Cel", "GPU core temperature"),
+            (gauge, UTILIZATION, "1", "Fraction of time a kernel was running on the GPU"),
+            (updown, MEMORY_USAGE, "By", "GPU memory used"),
+            (updown, MEMORY_LIMIT, "By", "Size of the GPU memory"),
+            (gauge, MEMORY_UTILIZATION, "1", "Fraction of GPU memory used"),
+            (gauge, POWER, "W", "Instantaneous power consumed by the GPU"),
+            (gauge, TEMPERATURE, "Cel", "GPU core temperature"),
         )
-        for name, unit, desc in specs:
+        for create, name, unit, desc in specs:
             self._instruments.append(
-                meter.create_observable_gauge(
-                    name, callbacks=[self._observe(name)], unit=unit, description=desc
-                )
+                create(name, callbacks=[self._observe(name)], unit=unit, description=desc)
             )
 
     def start(self) -> None:

@@ -405,10 +405,11 @@ class Pipeline:
             record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
             **handle.attributes,
         }
-        if self._gpu is not None:  # the analysis joins GPU utilisation with steps
-            utilization = self._gpu.latest(self.topology.local_rank, "gpu.utilization")
-            if utilization is not None:
-                attributes["gpu.utilization"] = utilization
+        if self._gpu is not None:  # the step's GPU summary from the sampler's ring, no NVML call
+            with fail_open("gpu_metrics.step_summary"):
+                attributes.update(
+                    self._gpu.step_summary(self.topology.local_rank, handle.start_ns, handle.end_ns)
+                )
         injected = clock.test_clock()
         if injected is not None:  # TF_OTEL_TEST_CLOCK (tests only): the error we should undo
             attributes[ATTR_TEST_CLOCK_ERROR] = injected.error_at_local(handle.start_ns)
