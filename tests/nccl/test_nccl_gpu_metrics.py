@@ -288,6 +288,9 @@ def test_low_gpu_utilisation_from_the_step_spans_alone(monkeypatch):
     assert {s.attributes["hw.gpu.memory.usage"] for s in steps} == {1 << 30}
     (finding,) = [f for f in result.findings if f.rule == "low_gpu_utilization"]
     assert finding.evidence["by_rank"]["0"]["p95_percent"] == 10.0
+    # the report's per-rank GPU section reads the same step means, and one rule fires
+    assert result.gpu_utilization == {0: [pytest.approx(10.0)] * 12}
+    assert [f.rule for f in result.findings].count("low_gpu_utilization") == 1
 
 
 def test_busy_gpu_raises_no_low_utilisation(monkeypatch):

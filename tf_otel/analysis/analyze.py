@@ -103,7 +103,10 @@ def _analyze(
         steps=results,
         stragglers=stragglers,
         outliers=outliers,
-        gpu_utilization=gpu_utilisation(chain.from_iterable(r.trace.spans for r in results)),
+        gpu_utilization=gpu_utilisation(
+            chain.from_iterable(r.trace.spans for r in results),
+            (t.step_span for r in results for t in r.trace.ranks.values() if t.step_span),
+        ),
         warnings=warnings,
     )
     result.findings = evaluate_rules(result)

@@ -237,7 +237,10 @@ def evaluate_rules(result: AnalysisResult) -> List[Finding]:
         COMMUNICATION_BOUND_SHARE,
     )
     findings += outlier_findings(result)
-    findings += gpu_findings(result)
-    findings += whole_step_findings(samples, gpu=not result.gpu_utilization)
+    # one GPU rule: the step spans' per-step means when they carry them, else older spans' samples
+    step_gpu = any(s.gpu_percent is not None for s in samples)
+    if not step_gpu:
+        findings += gpu_findings(result)
+    findings += whole_step_findings(samples, gpu=step_gpu or not result.gpu_utilization)
     order = {"high": 0, "medium": 1, "low": 2}
     return sorted(findings, key=lambda f: order[f.severity])
