@@ -24,10 +24,10 @@ from .channel_peers import wait_until
 def test_a_step_window_that_never_ends_keeps_at_most_the_cap(monkeypatch) -> None:
     monkeypatch.setattr(horovod, "MAX_COLLECTIVES_PER_STEP", 50)
     hook = horovod.HorovodCollectives()
-    hook._windows[("k", 0)] = {"start": 0, "end": None, "items": [], "source": None}
+    hook._windows[("k", 0)] = horovod._Window(start=0)
     dropped = counters["horovod_collectives_dropped"]
     hook._attach([tl.Collective(f"t{i}", op_start=1.0 + i, op_end=2.0 + i) for i in range(80)], 0)
-    assert len(hook._windows[("k", 0)]["items"]) == 50
+    assert len(hook._windows[("k", 0)].items) == 50
     assert counters["horovod_collectives_dropped"] - dropped == 30
 
 

@@ -1,7 +1,9 @@
 """Property-based tests of the cross-rank messages: arbitrary bytes, lines and JSON sent to a live
 coordinator and a live clock service, by strangers and by ranks that hold the job key, and fed to
 the message decoders. Only counted refusals / bad messages: no exception escapes a server thread,
-no connection hangs, and a good rank is still served afterwards."""
+no connection hangs, and a good rank is still served afterwards. Malformed bodies of every known
+message type are rejected by ``messages.decode`` (``BadMessage`` naming the field), so they never
+reach a handler; what decode accepts, the real handlers take without raising."""
 
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ from hypothesis import strategies as st
 
 from tf_otel.clock import transport
 from tf_otel.health import counters
+from tf_otel.instrument import horovod
+from tf_otel.instrument.ops import hook as ops_hook
 from tf_otel.job import job_secret
 from tf_otel.pipeline import coordinator, messages
+from tf_otel.sources import horovod_timeline as tl
 
 from .channel_peers import clock_login, coordinator_login, send_and_drain, wait_until
 
@@ -110,14 +115,155 @@ def _good_rank_is_served(aggregator, address, roots) -> None:
         client.close(5)
 
 
-def test_decode_never_raises_and_keeps_only_typed_objects() -> None:
+def test_decode_returns_a_typed_object_or_raises_bad_message() -> None:
     @FUZZ
     @given(lines)
     def check(line: bytes) -> None:
-        message = messages.decode(line)
-        assert message is None or isinstance(message["t"], str)
+        try:
+            message = messages.decode(line)
+        except messages.BadMessage:
+            return
+        assert isinstance(message["t"], str)
 
     check()
+
+
+def _collective_item() -> messages.HorovodCollective:
+    c = tl.Collective("grad_0", op="allreduce", dtype="float32", shape="[4]", backend="gloo")
+    c.fused_group = 2
+    return horovod._encode(c, tl.RankView(1.5, 2.0, 3.25, 2.5, True, "stamp"))
+
+
+# one well-formed body of every known type, as the product builds them
+GOOD = {
+    "hello": {"t": "hello", "rank": 1, "mac": "ab" * 32, "cn": "cd" * 16},
+    "challenge": {"t": "challenge", "n": "ef" * 16},
+    "welcome": {"t": "welcome", "mac": "ab" * 32},
+    "extent": dict(messages.extent("keras_train", 3, 10, 20)),
+    "bye": {"t": "bye"},
+    messages.OPS_WINDOW: dict(messages.ops_window({"keras_train": 12}, 5)),
+    messages.OPS_REQUEST: dict(messages.ops_request(4)),
+    messages.HVD_RECORDS: {"t": "hvd.c", "k": "k", "s": 1, "sh": -5, "c": [_collective_item()]},
+    messages.HVD_DONE: {"t": "hvd.done"},
+    messages.HVD_ARRIVALS: {"t": "hvd.a", "k": "k", "s": 1, "a": {"grad_0": 123}},
+    messages.HVD_LAST: {"t": "hvd.l", "k": "k", "s": 1, "l": {"grad_0": [123, 1]}},
+}
+# per type, a wrong value for each of its fields (None: the field removed)
+WRONG = [None, "x", 1.5, True, -1, 2**63, [], {}, {"a": "b"}, [1, 2, 3]]
+
+
+def test_every_known_type_is_checked() -> None:
+    known = set(messages.COORDINATOR_TYPES) | {
+        messages.OPS_WINDOW,
+        messages.OPS_REQUEST,
+        messages.HVD_RECORDS,
+        messages.HVD_DONE,
+        messages.HVD_ARRIVALS,
+        messages.HVD_LAST,
+    }
+    assert set(GOOD) == known
+
+
+@pytest.mark.parametrize("kind", sorted(GOOD))
+def test_well_formed_bodies_pass_and_keep_their_bytes(kind: str) -> None:
+    line = messages.encode(GOOD[kind])
+    assert messages.decode(line) == GOOD[kind]
+    assert messages.encode(messages.decode(line)) == line
+
+
+@pytest.mark.parametrize("kind", sorted(GOOD))
+def test_a_malformed_field_of_each_type_is_rejected_by_name(kind: str) -> None:
+    """Ground truth: each field of each type, broken in each way that breaks it, is named;
+    the control (the same body unbroken) passes above."""
+    rejected = 0
+    for name in [f for f in GOOD[kind] if f != "t"]:
+        for wrong in WRONG:
+            body = dict(GOOD[kind])
+            if wrong is None:
+                del body[name]
+            else:
+                body[name] = wrong
+            try:
+                messages.decode(messages.encode(body))
+            except messages.BadMessage as exc:
+                assert kind in str(exc)
+                assert repr(name) in str(exc) or (name == "c" and "collective" in str(exc))
+                rejected += 1
+    fields = len(GOOD[kind]) - 1
+    assert rejected >= fields * 6  # every field refuses most of WRONG (some are right: -1 an int)
+
+
+def test_malformed_collectives_are_rejected() -> None:
+    good = dict(_collective_item())
+    breaks = {
+        "n": 3,
+        "o": None,
+        "d": 4,
+        "f": "1",
+        "v": [1.0, 2.0, 3.0, 4.0, True],  # five, not six
+    }
+    for name, wrong in breaks.items():
+        item = dict(good, **{name: wrong})
+        body = dict(GOOD[messages.HVD_RECORDS], c=[good, item])
+        with pytest.raises(messages.BadMessage, match="collective"):
+            messages.decode(messages.encode(body))
+    for view in ([1.0, float("nan"), 3, 4, True, "s"], [1e400, 2, 3, 4, False, "s"]):
+        body = dict(GOOD[messages.HVD_RECORDS], c=[dict(good, v=view)])
+        with pytest.raises(messages.BadMessage):
+            messages.decode(json.dumps(body).encode())  # NaN / Infinity: JSON that Python reads
+
+
+def _typed_body(kind: str):
+    """Bodies of ``kind`` whose fields are the right ones, each with an arbitrary value."""
+    good = GOOD[kind]
+    fields = {name: json_values | st.just(value) for name, value in good.items() if name != "t"}
+    return st.fixed_dictionaries({"t": st.just(kind), **fields})
+
+
+def test_what_decode_accepts_the_real_handlers_take(monkeypatch) -> None:
+    """hvd.c (a rank's collective records) and the op-tracing window, fuzzed field by field:
+    rejected by decode, or handled without an exception."""
+    monkeypatch.setattr(ops_hook, "controller", ops_hook.OpsController())
+    hvd = horovod.HorovodCollectives()  # no pipeline: records are built, then not emitted
+    handlers = {messages.HVD_RECORDS: hvd.on_message, messages.OPS_WINDOW: ops_hook._on_window}
+    accepted = []
+
+    @FUZZ
+    @given(st.sampled_from(sorted(handlers)).flatmap(_typed_body))
+    def check(body: dict) -> None:
+        try:
+            message = messages.decode(json.dumps(body).encode())
+        except messages.BadMessage:
+            return
+        accepted.append(message["t"])
+        handlers[message["t"]](message)  # raises: the test fails
+
+    check()
+    for kind, handler in handlers.items():  # the control: the product's own bodies
+        handler(messages.decode(messages.encode(GOOD[kind])))
+    assert ops_hook.controller.windows == {"keras_train": (12, 17)}
+
+
+def test_malformed_bodies_from_a_rank_are_counted_and_never_handled(live_coordinator) -> None:
+    aggregator, address, roots, errors = live_coordinator
+    key = job_secret.job_key().key
+    got: list = []
+    aggregator.handlers.on_reference(messages.OPS_REQUEST, lambda rank, m: got.append(m))
+    bad = [
+        {"t": messages.OPS_REQUEST, "n": "5"},
+        {"t": messages.OPS_REQUEST},
+        {"t": messages.EXTENT, "k": "fuzz", "s": 0, "a": 9, "b": 3},  # ends before it starts
+        {"t": messages.HVD_ARRIVALS, "k": "k", "s": 0, "a": {"x": "late"}},
+    ]
+    before = counters["coordinator_bad_message"]
+    sock, welcomed = coordinator_login(address, 2, key)
+    assert welcomed
+    payload = b"".join(messages.encode(m) for m in bad)
+    send_and_drain(sock, payload + messages.encode({"t": messages.OPS_REQUEST, "n": 7}))
+    assert wait_until(lambda: got == [{"t": messages.OPS_REQUEST, "n": 7}]), "control handled"
+    assert counters["coordinator_bad_message"] - before == len(bad)
+    assert not [r for r in roots if r[0] == "fuzz"]
+    assert not errors.seen
 
 
 def test_strangers_are_refused_and_counted(live_coordinator) -> None:

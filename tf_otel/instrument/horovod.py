@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tf_otel import clock
@@ -80,6 +81,18 @@ class _Source:
         self.done = False
 
 
+@dataclass(slots=True)
+class _Window:
+    """Rank 0: one sampled step's time window (local ns; ``end`` None while it runs), the
+    timeline file being written during it (None: a user's file), the collectives matched to it
+    (at most MAX_COLLECTIVES_PER_STEP)."""
+
+    start: int
+    end: Optional[int] = None
+    source: Optional[_Source] = None
+    items: List[tl.Collective] = field(default_factory=list)
+
+
 class HorovodCollectives(StepHook):
     """Rank 0: timeline management and parsing; other ranks: receive and emit their records."""
 
@@ -88,7 +101,7 @@ class HorovodCollectives(StepHook):
         self.basics: Any = None  # horovod.common.basics.HorovodBasics of hvd.init
         self.running: Optional[_Source] = None  # managed file being written
         self._sources: List[_Source] = []
-        self._windows: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
+        self._windows: OrderedDict[Tuple[str, int], _Window] = OrderedDict()
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
@@ -177,12 +190,7 @@ class HorovodCollectives(StepHook):
         if self.mode == USER_FILE and not self._sources:
             self._sources.append(_Source(os.environ["HOROVOD_TIMELINE"].strip(), managed=False))
         with self._lock:
-            self._windows[(handle.key, handle.step)] = {
-                "start": handle.start_ns,
-                "end": None,
-                "source": self.running,
-                "items": [],
-            }
+            self._windows[(handle.key, handle.step)] = _Window(handle.start_ns, None, self.running)
             while len(self._windows) > _MAX_WINDOWS:
                 self._windows.popitem(last=False)
                 count("horovod_windows_dropped")
@@ -197,7 +205,7 @@ class HorovodCollectives(StepHook):
         with self._lock:
             window = self._windows.get((handle.key, handle.step))
             if window is not None:
-                window["end"] = handle.end_ns or clock.now_ns()
+                window.end = handle.end_ns or clock.now_ns()
         if self.running is not None:
             self._stop_managed()
 
@@ -305,7 +313,7 @@ class HorovodCollectives(StepHook):
             window = _window_of(c, windows, shift)
             if window is None:
                 count("horovod_collectives_unmatched")
-            elif len(window["items"]) >= MAX_COLLECTIVES_PER_STEP:
+            elif len(window.items) >= MAX_COLLECTIVES_PER_STEP:
                 count("horovod_collectives_dropped")
                 log_once(
                     "horovod_step_full",
@@ -314,26 +322,26 @@ class HorovodCollectives(StepHook):
                     MAX_COLLECTIVES_PER_STEP,
                 )
             else:
-                window["items"].append(c)
+                window.items.append(c)
 
     def _emit_ready(self, final: bool, shift: int) -> None:
         now = clock.now_ns()
         ready = []
         with self._lock:
             for key, window in list(self._windows.items()):
-                if window["end"] is None and not final:
+                if window.end is None and not final:
                     continue
-                source = window["source"]
+                source = window.source
                 if final or (source is not None and source.done):
                     pass
-                elif source is None and now - (window["end"] or now) > _USER_GRACE_NS:
+                elif source is None and now - (window.end or now) > _USER_GRACE_NS:
                     pass
                 else:
                     continue
                 ready.append((key, self._windows.pop(key)))
         for (key, step), window in ready:  # type: ignore[assignment]  # key: (key, step) above
             with fail_open("horovod.emit"):
-                self._emit(key, step, window["items"], shift)  # type: ignore[arg-type]
+                self._emit(key, step, window.items, shift)  # type: ignore[arg-type]
 
     def _emit(self, key: str, step: int, items: List[tl.Collective], shift: int) -> None:
         pipeline = _pipeline()
@@ -347,7 +355,7 @@ class HorovodCollectives(StepHook):
             return int(us * 1000) + shift  # rank 0: reference == local
 
         records = []
-        per_rank: Dict[int, List[Dict[str, Any]]] = {r: [] for r in range(1, world)}
+        per_rank: Dict[int, List[messages.HorovodCollective]] = {r: [] for r in range(1, world)}
         for c in items:
             ckey = tl.collective_key(key, step, c.tensor)
             for rank in range(world):
@@ -385,8 +393,9 @@ class HorovodCollectives(StepHook):
         self._done.set()
 
     def on_message(self, message: Dict[str, Any]) -> None:
-        """Coordinator thread of a rank > 0: records for one of its steps, from rank 0."""
-        key, step, shift = message["k"], int(message["s"]), int(message.get("sh", 0))
+        """Coordinator thread of a rank > 0: records for one of its steps, from rank 0 (an
+        ``HorovodRecords``, checked by ``messages.decode``)."""
+        key, step, shift = message["k"], message["s"], message["sh"]
         with self._lock:
             self._pending.pop((key, step), None)
 
@@ -394,7 +403,7 @@ class HorovodCollectives(StepHook):
             return _from_reference(int(us * 1000) + shift)
 
         records = []
-        for item in message.get("c") or ():
+        for item in message["c"]:
             c, view = _decode(item)
             ckey = tl.collective_key(key, step, c.tensor)
             records.extend(tl.records_for(c, view, step, ckey, to_local, f"{key}/{step}/"))
@@ -436,7 +445,7 @@ class HorovodCollectives(StepHook):
         return bool(paths & (_open_paths() or set()))
 
 
-def _encode(c: tl.Collective, v: tl.RankView) -> Dict[str, Any]:
+def _encode(c: tl.Collective, v: tl.RankView) -> messages.HorovodCollective:
     return {
         "n": c.tensor,
         "o": c.op,
@@ -448,10 +457,10 @@ def _encode(c: tl.Collective, v: tl.RankView) -> Dict[str, Any]:
     }
 
 
-def _decode(item: Dict[str, Any]) -> Tuple[tl.Collective, tl.RankView]:
+def _decode(item: messages.HorovodCollective) -> Tuple[tl.Collective, tl.RankView]:
     c = tl.Collective(
-        tensor=str(item["n"]),
-        op=str(item["o"]),
+        tensor=item["n"],
+        op=item["o"],
         dtype=item.get("d"),
         shape=item.get("p"),
         backend=item.get("b"),
@@ -612,15 +621,15 @@ def register() -> None:
 _MATCH_SLACK_NS = 1_000_000
 
 
-def _window_of(c: tl.Collective, windows: List[Dict[str, Any]], shift: int) -> Optional[Dict]:
+def _window_of(c: tl.Collective, windows: List[_Window], shift: int) -> Optional[_Window]:
     """The step window a collective belongs to: the one its op overlaps most. Horovod writes the
     op's end after TF has its result, so the end can fall just past its step (into the next)."""
     end_ns = int((c.op_end or 0) * 1000) + shift
     start_ns = int((c.op_start if c.op_start is not None else c.op_end or 0) * 1000) + shift
     best, best_overlap = None, None
     for window in windows:
-        hi = window["end"] if window["end"] is not None else end_ns
-        overlap = min(end_ns, hi) - max(start_ns, window["start"])
+        hi = window.end if window.end is not None else end_ns
+        overlap = min(end_ns, hi) - max(start_ns, window.start)
         if overlap < -_MATCH_SLACK_NS:
             continue
         if best_overlap is None or overlap > best_overlap:

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tf_otel import clock
@@ -56,6 +57,15 @@ def detail_wanted(trace_id: int, every: int) -> bool:
     return every > 0 and (every == 1 or (trace_id >> 64) % every == 0)
 
 
+@dataclass(slots=True)
+class _Gather:
+    """Rank 0: one detail step's arrivals, {rank: {tensor: reference ns}}, gathered since
+    ``since`` (monotonic s; answered with the ranks it has after _GATHER_WAIT_S)."""
+
+    since: float
+    per_rank: Dict[int, Dict[str, int]] = field(default_factory=dict)
+
+
 class StampCollector:
     """Graph stamps, the detail-step policy, and the cross-rank arrival exchange."""
 
@@ -69,7 +79,7 @@ class StampCollector:
         self._eager: Optional[List[Tuple[hs.Stamp, int, int, Optional[str]]]] = None
         self._lock = threading.Lock()
         self._mine: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
-        self._gather: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
+        self._gather: OrderedDict[Tuple[str, int], _Gather] = OrderedDict()
         self._tf1_logged = False
         self._outstanding: Dict[Tuple[str, int], None] = {}  # detail steps not emitted yet
         self._unshared: OrderedDict[Tuple[str, int], list] = OrderedDict()  # read, not sent
@@ -253,17 +263,19 @@ class StampCollector:
         world = pipeline.topology.world_size
         ready = []
         with self._lock:
-            entry = self._gather.setdefault((key, step), {"t": time.monotonic(), "r": {}})
-            entry["r"][rank] = {str(k): int(v) for k, v in (message.get("a") or {}).items()}
+            entry = self._gather.get((key, step))
+            if entry is None:
+                entry = self._gather[(key, step)] = _Gather(time.monotonic())
+            entry.per_rank[rank] = {str(k): int(v) for k, v in message["a"].items()}
             now = time.monotonic()
             for k, e in list(self._gather.items()):
-                if len(e["r"]) >= world or now - e["t"] > _GATHER_WAIT_S:
+                if len(e.per_rank) >= world or now - e.since > _GATHER_WAIT_S:
                     ready.append((k, self._gather.pop(k)))
             while len(self._gather) > _MAX_STEPS:
                 self._gather.popitem(last=False)
                 count("horovod_stamp_gathers_dropped")
         for (k, s), e in ready:  # type: ignore[assignment]  # k: a (key, step) tuple above
-            self._answer(k, s, e["r"])  # type: ignore[arg-type]
+            self._answer(k, s, e.per_rank)  # type: ignore[arg-type]
 
     def _answer(self, key: str, step: int, per_rank: Dict[int, Dict[str, int]]) -> None:
         pipeline = _pipeline()
@@ -334,7 +346,7 @@ class StampCollector:
             self._gather.clear()
         for (key, step), entry in pending:
             with fail_open("horovod.stamp_flush"):
-                self._answer(key, step, entry["r"])
+                self._answer(key, step, entry.per_rank)
 
 
 def _stamps_of(

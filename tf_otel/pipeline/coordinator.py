@@ -24,13 +24,14 @@ import socketserver
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Set, Tuple
 
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
 from tf_otel.job.topology import resolve_address
 from tf_otel.pipeline import messages
-from tf_otel.pipeline.messages import Handlers, Outgoing, decode, encode
+from tf_otel.pipeline.messages import BadMessage, Handlers, Message, Outgoing, decode, encode
 
 if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
     from typing_extensions import TypeIs
@@ -47,7 +48,6 @@ FIRST_REPORT_GRACE_S = 15.0  # = steps.CLOCK_SETTLE_MAX_S (not imported: steps i
 SERVICE = "coordinator"
 MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
 MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)
-MAX_KEY_LEN = 512
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 64  # at once, beyond the job's own ranks: a flood of strangers is refused
 
@@ -62,6 +62,38 @@ def _hex(value: Any, size: int) -> Optional[bytes]:
     try:
         return bytes.fromhex(value)
     except ValueError:
+        return None
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One step's root to be: the union of the extents reported so far, by which ranks, since
+    when (monotonic s, for the wait)."""
+
+    start: int
+    end: int
+    since: float
+    ranks: Set[int] = field(default_factory=set)
+
+
+def _decoded(line: bytes) -> Optional[Message]:
+    """A checked message, or None: a bad one, counted."""
+    try:
+        return decode(line)
+    except BadMessage as exc:
+        log_once(  # counts every time, logs the first: which field of what was bad
+            "coordinator_bad_message",
+            "tf_otel: dropped a malformed coordinator message (%s); later ones are only counted",
+            exc,
+        )
+        return None
+
+
+def _handshake_line(rfile: Any) -> Optional[Message]:
+    """rank 0's next handshake message, or None (not counted: the caller says why it failed)."""
+    try:
+        return decode(rfile.readline(MAX_LINE))
+    except BadMessage:
         return None
 
 
@@ -93,7 +125,7 @@ class StepAggregator:
         self.wait_s = wait_s
         self.first_report_grace_s = first_report_grace_s
         self.emit_root = emit_root
-        self._pending: OrderedDict[Tuple[str, int], Dict] = OrderedDict()
+        self._pending: OrderedDict[Tuple[str, int], _Pending] = OrderedDict()
         self._lock = threading.Lock()
         self._server: Optional[socketserver.ThreadingTCPServer] = None
         self._finished: set = set()  # ranks that said bye or dropped their connection
@@ -124,45 +156,32 @@ class StepAggregator:
             self._reporters.add(rank)
             entry = self._pending.get((key, step))
             if entry is None:
-                entry = {"start": start_ns, "end": end_ns, "ranks": set(), "t": time.monotonic()}
+                entry = _Pending(start_ns, end_ns, time.monotonic())
                 self._pending[(key, step)] = entry
                 while len(self._pending) > MAX_PENDING_STEPS:
                     old_key, old = self._pending.popitem(last=False)
                     count("roots_forced")
                     self._emit(old_key, old)
-            entry["start"] = min(entry["start"], start_ns)
-            entry["end"] = max(entry["end"], end_ns)
-            entry["ranks"].add(rank)
-            if len(entry["ranks"]) >= self.expected_ranks():
+            entry.start = min(entry.start, start_ns)
+            entry.end = max(entry.end, end_ns)
+            entry.ranks.add(rank)
+            if len(entry.ranks) >= self.expected_ranks():
                 ready = self._pending.pop((key, step))
         if ready is not None:
             self._emit((key, step), ready)
 
-    def _add_extent(self, rank: int, message: Dict[str, Any]) -> None:
-        key, step, start, end = (message.get(f) for f in ("k", "s", "a", "b"))
-        if (
-            not isinstance(key, str)
-            or len(key) > MAX_KEY_LEN
-            or not (_is_int(step) and _is_int(start) and _is_int(end))
-            or min(step, start, end) < 0
-            or end < start
-        ):
-            count("coordinator_bad_message")
-            return
-        self.add(rank, key, step, start, end)
-
-    def _emit(self, key_step: Tuple[str, int], entry: Dict) -> None:
+    def _emit(self, key_step: Tuple[str, int], entry: _Pending) -> None:
         self._emitted[key_step] = None
         while len(self._emitted) > MAX_EMITTED_STEPS:
             self._emitted.popitem(last=False)
-        ranks = entry["ranks"]
+        ranks = entry.ranks
         # partial: a rank that steps never reported (killed mid-step, or too late)
         partial = tuple(sorted(ranks)) if len(ranks) < self.expected_ranks() else None
         if partial is not None:
             count("roots_partial")
         try:
             # 1 us of margin: backends that keep microseconds must still see children inside
-            start, end = entry["start"] - ROOT_MARGIN_NS, entry["end"] + ROOT_MARGIN_NS
+            start, end = entry.start - ROOT_MARGIN_NS, entry.end + ROOT_MARGIN_NS
             self.emit_root(key_step[0], key_step[1], start, end, len(ranks), partial)
         except Exception as exc:  # noqa: BLE001
             log_once("emit_root", "tf_otel: cannot emit step root span (%s)", exc)
@@ -192,7 +211,7 @@ class StepAggregator:
                     # CLOCK_SETTLE_MAX_S): the first roots wait for it rather than go out partial
                     wait_s += self.first_report_grace_s
                 for key_step, entry in list(self._pending.items()):
-                    if now - entry["t"] > wait_s:
+                    if now - entry.since > wait_s:
                         late.append((key_step, self._pending.pop(key_step)))
             for key_step, entry in late:
                 self._emit(key_step, entry)
@@ -268,8 +287,12 @@ class StepAggregator:
         except OSError:
             _refuse(peer, "no hello in time")
             return None
-        message = decode(line)
-        if message is None or message.get("t") != messages.HELLO:
+        try:
+            message = decode(line)
+        except BadMessage as exc:
+            _refuse(peer, f"no hello: {exc}")
+            return None
+        if message["t"] != messages.HELLO:
             _refuse(peer, "no hello")
             return None
         rank = message.get("rank")
@@ -315,13 +338,12 @@ class StepAggregator:
                         count("coordinator_bad_message")
                         break
                     continue  # the last, unterminated line of a connection that ends
-                message = decode(line)
+                message = _decoded(line)
                 if message is None:
-                    count("coordinator_bad_message")
                     continue
                 kind = message["t"]
-                if kind == messages.EXTENT:
-                    self._add_extent(rank, message)
+                if kind == messages.EXTENT:  # checked by decode: ints, 0 <= a <= b, short key
+                    self.add(rank, message["k"], message["s"], message["a"], message["b"])
                 elif kind == messages.BYE:
                     break
                 elif kind in messages.COORDINATOR_TYPES:
@@ -419,7 +441,7 @@ class CoordinatorClient:
     def _handshake(self, sock: socket.socket) -> Tuple[Any, str]:
         """(the connection's read file, "") once both sides proved the key; (None, why) if not."""
         rfile = sock.makefile("rb")
-        challenge = decode(rfile.readline(MAX_LINE))
+        challenge = _handshake_line(rfile)
         server_nonce = _hex((challenge or {}).get("n"), job_secret.NONCE_BYTES)
         if challenge is None or challenge["t"] != messages.CHALLENGE or server_nonce is None:
             return None, "it sent no tf_otel challenge"
@@ -427,7 +449,7 @@ class CoordinatorClient:
         mac = job_secret.client_mac(key, SERVICE, server_nonce, self.rank)
         hello = {"t": messages.HELLO, "rank": self.rank, "mac": mac.hex(), "cn": client_nonce.hex()}
         sock.sendall(encode(hello))
-        welcome = decode(rfile.readline(MAX_LINE))
+        welcome = _handshake_line(rfile)
         if welcome is None:
             return None, "it refused this rank's credentials"
         proof = _hex(welcome.get("mac"), job_secret.MAC_BYTES)
@@ -482,11 +504,9 @@ class CoordinatorClient:
                     if len(line) >= MAX_CLIENT_LINE:
                         count("coordinator_bad_message")
                     return
-                message = decode(line)
-                if message is None:
-                    count("coordinator_bad_message")
-                    continue
-                self.handlers.at_rank(message)
+                message = _decoded(line)
+                if message is not None:
+                    self.handlers.at_rank(message)
         except (OSError, ValueError):
             pass
 

@@ -13,12 +13,18 @@ Usage::
     handlers.on_reference(OPS_REQUEST, lambda rank, message: ...)  # rank 0, from a rank
     handlers.on_rank(OPS_WINDOW, lambda message: ...)              # a rank, from rank 0
     line = encode(ops_window({"keras_train": 12}, 5))
-    message = decode(line)                                         # None: not a message
+    message = decode(line)  # the checked message; BadMessage (names the field) for anything else
+
+Every body is checked on receipt, by its type: a known type's fields must have the types (and
+bounds) its ``TypedDict`` names, so a handler never sees a malformed body of a known type. An
+unknown type passes with only its ``"t"`` checked (its handler, if any, owns it). Receivers count
+and drop a ``BadMessage``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, TypedDict
 
 from tf_otel.health import count, log_once
@@ -70,6 +76,20 @@ class OpsRequest(TypedDict):
     n: int
 
 
+class HorovodCollective(TypedDict):
+    """One collective in ``HorovodRecords``: tensor "n", op "o", dtype "d", shape "p", backend
+    "b", fused group "f", and the rank's view "v" = [arrival, last ready, end, transfer start
+    (us, rank 0's clock), last arrival (bool), how the arrival is known]."""
+
+    n: str
+    o: str
+    d: Optional[str]
+    p: Optional[str]
+    b: Optional[str]
+    f: Optional[int]
+    v: List[Any]
+
+
 class HorovodRecords(TypedDict):
     """Rank 0's collective records for one rank's step: key "k", step "s", clock shift "sh",
     records "c" (``instrument.horovod`` encodes each)."""
@@ -78,7 +98,7 @@ class HorovodRecords(TypedDict):
     k: str
     s: int
     sh: int
-    c: List[Dict[str, Any]]
+    c: List[HorovodCollective]
 
 
 class HorovodArrivals(TypedDict):
@@ -116,15 +136,188 @@ def encode(message: Outgoing) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def decode(line: bytes) -> Optional[Message]:
-    """One message line -> its JSON object with a string type "t"; None for anything else."""
+class BadMessage(ValueError):
+    """A line that is not a well-formed message; its text names the bad field and value."""
+
+
+def decode(line: bytes) -> Message:
+    """One message line -> its JSON object, checked against its type's fields (below).
+    Raises ``BadMessage`` naming what is wrong; never anything else."""
     try:
         message = json.loads(line)
-    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested beyond the stack
-        return None
-    if not isinstance(message, dict) or not isinstance(message.get("t"), str):
-        return None
+    except (ValueError, RecursionError) as exc:  # RecursionError: "[[[[..." beyond the stack
+        raise BadMessage(f"not JSON ({type(exc).__name__})") from None
+    if not isinstance(message, dict):
+        raise BadMessage(f"not a JSON object: {_show(message)}")
+    kind = message.get("t")
+    if not isinstance(kind, str):
+        raise BadMessage(f"no string type 't': {_show(kind)}")
+    check = _CHECKS.get(kind)
+    if check is not None:
+        check(message)
     return message
+
+
+# -- the checks: one per known type; they raise BadMessage naming the type, field and value ----
+
+MAX_KEY_LEN = 512  # a step key; longer is garbage
+MAX_TEXT_LEN = 4096  # handshake strings (hex nonces, MACs)
+_MAX_NUMBER = 1 << 63  # ns and steps fit an int64 (OTLP's times); larger is garbage
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _bad(message: Message, name: str, want: str) -> BadMessage:
+    value = message.get(name, "<missing>")
+    return BadMessage(f"{message['t']}: field {name!r} must be {want}, got {_show(value)}")
+
+
+def _int(value: Any) -> bool:
+    """An int64 (not a bool, which is an int in Python)."""
+    return type(value) is int and -_MAX_NUMBER <= value < _MAX_NUMBER
+
+
+def _number(value: Any) -> bool:
+    """A finite JSON number that int(x * 1000) takes (no NaN, no infinity, no 400-digit int)."""
+    if type(value) is float:
+        return math.isfinite(value) and abs(value) < _MAX_NUMBER
+    return _int(value)
+
+
+def _need_int(message: Message, name: str, minimum: Optional[int] = None) -> None:
+    value: Any = message.get(name)
+    if not _int(value) or (minimum is not None and value < minimum):
+        low = "-2**63" if minimum is None else minimum
+        raise _bad(message, name, f"an int in [{low}, 2**63)")
+
+
+def _need_text(message: Message, name: str, limit: int) -> None:
+    value = message.get(name)
+    if not isinstance(value, str) or len(value) > limit:
+        raise _bad(message, name, f"a string of at most {limit} characters")
+
+
+def _need_key_step(message: Message) -> None:
+    _need_text(message, "k", MAX_KEY_LEN)
+    _need_int(message, "s", 0)
+
+
+def _ints(values: Any) -> bool:
+    """Every value an int64 (type and bounds tested in C: these lists have a value per tensor)."""
+    values = list(values)
+    if not values:
+        return True
+    return (
+        set(map(type, values)) == {int}
+        and min(values) >= -_MAX_NUMBER
+        and max(values) < _MAX_NUMBER
+    )
+
+
+def _need_int_map(message: Message, name: str) -> None:
+    value = message.get(name)
+    if not isinstance(value, dict) or not _ints(value.values()):
+        raise _bad(message, name, "an object of ints")
+
+
+def _check_extent(message: Message) -> None:
+    _need_key_step(message)
+    _need_int(message, "a", 0)
+    _need_int(message, "b", message["a"])  # ends after it starts
+
+
+def _check_hello(message: Message) -> None:
+    _need_int(message, "rank")
+    _need_text(message, "mac", MAX_TEXT_LEN)
+    _need_text(message, "cn", MAX_TEXT_LEN)
+
+
+def _check_ops_window(message: Message) -> None:
+    _need_int_map(message, "w")
+    _need_int(message, "n")
+
+
+def _check_records(message: Message) -> None:
+    _need_key_step(message)
+    _need_int(message, "sh")
+    items = message.get("c")
+    if not isinstance(items, list):
+        raise _bad(message, "c", "a list of collectives")
+    if not _collectives_ok(items):
+        for item in items:  # name the first bad one (the slow path: only for a bad message)
+            if not _collectives_ok([item]):
+                raise BadMessage(f"{message['t']}: a collective in 'c' is malformed: {_show(item)}")
+
+
+_NONE, _STR = type(None), str
+
+
+def _collectives_ok(items: List[Any]) -> bool:
+    """Every item a ``HorovodCollective``: n, o strings; d, p, b string or null; f int or null;
+    v the rank's view [arrival, last ready, end, transfer start (finite numbers), last arrival
+    (bool), how (string)]. Field by field over all items (a step has thousands at most)."""
+    if not items:
+        return True
+    if set(map(type, items)) != {dict}:
+        return False
+    column = [[item.get(name) for item in items] for name in ("n", "o", "d", "p", "b", "f", "v")]
+    names, ops, dtypes, shapes, backends, groups, views = column
+    if set(map(type, names + ops)) != {_STR}:
+        return False
+    if set(map(type, dtypes + shapes + backends)) - {_STR, _NONE}:
+        return False
+    present = [g for g in groups if g is not None]
+    if present and not _ints(present):
+        return False
+    if set(map(type, views)) != {list} or set(map(len, views)) != {6}:
+        return False
+    numbers = [x for view in views for x in view[:4]]
+    if set(map(type, numbers)) - {int, float}:
+        return False
+    try:
+        if not all(map(math.isfinite, numbers)) or max(map(abs, numbers)) >= _MAX_NUMBER:
+            return False
+    except OverflowError:  # an int too large for a float
+        return False
+    return set(type(view[4]) for view in views) == {bool} and {type(view[5]) for view in views} == {
+        _STR
+    }
+
+
+def _check_arrivals(message: Message) -> None:
+    _need_key_step(message)
+    _need_int_map(message, "a")
+
+
+def _check_last(message: Message) -> None:
+    _need_key_step(message)
+    last = message.get("l")
+    pairs = list(last.values()) if isinstance(last, dict) else None
+    if (
+        pairs is None
+        or set(map(type, pairs)) - {list}
+        or set(map(len, pairs)) - {2}
+        or not _ints([x for pair in pairs for x in pair])
+    ):
+        raise _bad(message, "l", "an object of [ns, rank] pairs")
+
+
+_CHECKS: Dict[str, Callable[[Message], None]] = {
+    HELLO: _check_hello,
+    CHALLENGE: lambda m: _need_text(m, "n", MAX_TEXT_LEN),
+    WELCOME: lambda m: _need_text(m, "mac", MAX_TEXT_LEN),
+    EXTENT: _check_extent,
+    BYE: lambda m: None,
+    OPS_WINDOW: _check_ops_window,
+    OPS_REQUEST: lambda m: _need_int(m, "n"),
+    HVD_RECORDS: _check_records,
+    HVD_DONE: lambda m: None,
+    HVD_ARRIVALS: _check_arrivals,
+    HVD_LAST: _check_last,
+}
 
 
 class Handlers:
