@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, TypedDict
 
 from tf_otel.health import count, log_once
 
-Message = Dict[str, Any]  # a decoded message
+Message = Dict[str, Any]  # decoded: a known type is one of the TypedDicts below, checked
 Outgoing = Mapping[str, Any]  # a message to send: one of the TypedDicts below, or a test's
 ReferenceHandler = Callable[[int, Message], None]  # (sending rank, message), on rank 0
 RankHandler = Callable[[Message], None]  # on a rank, from rank 0
