@@ -118,6 +118,31 @@ def test_hanging_collector_ends_bounded_and_says_what_was_lost(hanging: _Hanging
     assert wall < 60, f"the job took {wall:.1f} s"  # generous: TF import on a loaded machine
 
 
+def test_hanging_collector_metrics_do_not_hold_the_exit(hanging: _Hanging):
+    """Metrics are on by default: the SDK MeterProvider's own exit would wait up to 30 s on an
+    exporter retrying a wedged collector; tf_otel ends the provider it made within bounds."""
+    env = base_env(
+        **_otlp(f"http://127.0.0.1:{hanging.port}"),
+        TF_OTEL_EXIT_TIMEOUT_S="2",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_METRIC_EXPORT_INTERVAL="500",  # the exporter is mid-export when the job ends
+        STEPS="30",
+        TF_OTEL_ENABLED="1",
+    )
+    code = (
+        "import runpy, sys, time; sys.argv = [sys.argv[0]]; "
+        f"runpy.run_path({str(EXAMPLES / 'custom_loop.py')!r}, run_name='__main__'); "
+        "print('main-ended', time.time(), flush=True)"
+    )
+    result = run(["python", "-c", code], env, timeout=180)
+    exited = time.time()
+    ended = float(result.stdout.split("main-ended")[-1].split()[0])
+    assert hanging.conns, "the exporter never connected"
+    # traces 2 s + health flush <= 2 s + providers <= 2 s each, and the interpreter's own exit;
+    # the SDK's default would be 30 s
+    assert exited - ended < 15, (exited - ended, result.stderr[-3000:])
+
+
 @pytest.mark.parametrize("kind", ["down", "refusing-http-503"])
 def test_down_or_refusing_collector_is_counted(kind: str):
     if kind == "down":

@@ -39,6 +39,7 @@ def gpu_utilisation(
             samples.setdefault(span.rank, []).append(float(value))
         except (TypeError, ValueError):
             continue
-    if samples and max(max(values) for values in samples.values()) <= 1.0:
+    # hw.gpu.utilization is a ratio by convention; the older attribute: ratios when all are <= 1
+    if samples and (found or max(max(values) for values in samples.values()) <= 1.0):
         samples = {rank: [v * 100.0 for v in values] for rank, values in samples.items()}
     return dict(sorted(samples.items()))

@@ -408,7 +408,8 @@ def memory_growth_findings(samples: Sequence[StepSample]) -> List[Finding]:
         span = points[-1][0] - points[0][0]
         growth = slope * span
         if (
-            slope >= MEMORY_MIN_SLOPE
+            thirds[0] > 0  # a zero RSS is a bad file, not a baseline to grow from
+            and slope >= MEMORY_MIN_SLOPE
             and growth >= MEMORY_MIN_GROWTH * thirds[0]
             and thirds[0] < thirds[1] < thirds[2]
         ):

@@ -88,9 +88,14 @@ def _number(value: Any) -> Optional[float]:
 
 def sample_of(span: Span, rank: int, outlier: bool = False) -> StepSample:
     attributes: Dict[str, Any] = span.attributes
+    # hw.gpu.utilization is a ratio by convention; the older gpu.utilization was a ratio from
+    # NVML and a percentage in older spans, told apart by size
     gpu = _number(attributes.get(ATTR_HW_GPU_UTILIZATION))
-    if gpu is None:
+    if gpu is not None:
+        gpu_percent: Optional[float] = gpu * 100.0
+    else:
         gpu = _number(span.gpu_utilization)
+        gpu_percent = None if gpu is None else gpu * 100.0 if gpu <= 1.0 else gpu
     return StepSample(
         rank=rank,
         step=span.step,
@@ -106,8 +111,7 @@ def sample_of(span: Span, rank: int, outlier: bool = False) -> StepSample:
         cpu_time_ns=as_int(attributes.get(ATTR_CPU_TIME)),
         cpus=as_int(attributes.get(ATTR_CPUS)),
         rss_bytes=as_int(attributes.get(ATTR_MEMORY)),
-        # NVML gives a ratio (hw.gpu.utilization, gpu.utilization); older spans a percentage
-        gpu_percent=None if gpu is None else gpu * 100.0 if gpu <= 1.0 else gpu,
+        gpu_percent=gpu_percent,
         batch_size=as_int(attributes.get(ATTR_BATCH_SIZE)),
         outlier=outlier,
     )

@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from tf_otel.health import fail_open
+from tf_otel.health import count, fail_open
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
 
 ATTR_PEAK_RSS = "tf_otel.memory.peak_rss"
@@ -51,6 +51,7 @@ ATTR_GPU_USAGE = "tf_otel.gpu.memory.usage"
 SAMPLE_S = 0.001
 FILES_EVERY = 5  # an fd scan every 5 RSS samples
 MAX_FILES = 16
+MAX_TRACKED = 64  # files followed at once (one fdinfo descriptor each)
 MAX_FDS = 4096  # fds looked at per scan
 _NOT_DATA = ("/proc/", "/dev/", "/sys/")
 _MODES = ("r", "w", "rw", "rw")
@@ -142,6 +143,11 @@ class Files:
                 known.pos = pos
 
     def _add(self, fd: int, counting: bool) -> None:
+        if len(self.files) >= MAX_TRACKED:
+            # each tracked file holds one fdinfo descriptor open: bounded, so a job with many
+            # open shards never runs out of descriptors because of us
+            count("step_detail.files_untracked")
+            return
         try:
             path = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:

@@ -111,3 +111,33 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
                 )
                 flusher.start()
                 flusher.join(min(timeout_s, 2.0))
+            with fail_open("shutdown.meter_provider"):
+                _stop_own_meter_provider(min(timeout_s, 2.0))
+
+
+def _stop_own_meter_provider(timeout_s: float) -> None:
+    """The MeterProvider tf_otel configured ends on a daemon thread joined for a bounded time:
+    its own atexit handler would wait up to 30 s on an exporter retrying a missing or hanging
+    collector. A provider the program (or opentelemetry-instrument) set up is left to its owner."""
+    from tf_otel.pipeline import sdk
+
+    if not sdk.configured_here():
+        return
+    from opentelemetry import metrics
+
+    provider = metrics.get_meter_provider()
+    handler = getattr(provider, "_atexit_handler", None)  # SDK internals (1.45)
+    if handler is None or not hasattr(provider, "shutdown"):
+        return
+    import atexit
+
+    atexit.unregister(handler)
+    provider._atexit_handler = None  # type: ignore[attr-defined]
+    stopper = threading.Thread(
+        target=provider.shutdown,
+        kwargs={"timeout_millis": timeout_s * 1000},
+        name="tf_otel-metrics-stop",
+        daemon=True,
+    )
+    stopper.start()
+    stopper.join(timeout_s)

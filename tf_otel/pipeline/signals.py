@@ -108,9 +108,10 @@ def _terminate_from_thread() -> None:
 def _start_sigterm_watchdog() -> None:
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
-    if signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False) != -1:
-        # someone (asyncio...) owns the wake-up fd: give it back, keep the handler alone
-        signal.set_wakeup_fd(-1)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    if previous != -1:
+        # someone (asyncio...) owns the wake-up fd: give theirs back, keep the handler alone
+        signal.set_wakeup_fd(previous)
         os.close(read_fd)
         os.close(write_fd)
         return

@@ -15,6 +15,7 @@ training thread. No GPU metrics here (``hw.gpu.*`` come from NVML, tf_otel/pipel
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Mapping, Optional
 
 # semconv names worth the export; the instrumentor's default set also has swap, gc, threads...
@@ -42,7 +43,15 @@ class SystemMetrics:
         try:
             self.instrumentor.uninstrument()
         finally:
-            self.provider.shutdown(timeout_millis=timeout_s * 1000)
+            # on a daemon thread: a reader mid-export to a wedged collector ignores the timeout
+            stopper = threading.Thread(
+                target=self.provider.shutdown,
+                kwargs={"timeout_millis": timeout_s * 1000},
+                name="tf_otel-system-metrics-stop",
+                daemon=True,
+            )
+            stopper.start()
+            stopper.join(timeout_s)
 
 
 def start(attributes: Mapping[str, Any], interval_s: float) -> Optional[SystemMetrics]:
@@ -72,6 +81,9 @@ def start(attributes: Mapping[str, Any], interval_s: float) -> Optional[SystemMe
                 _shared(exporter), export_interval_millis=interval_s * 1000
             )
         ],
+        # the pipeline stops it within bounds; the SDK's own exit would wait on a retrying
+        # exporter for up to 30 s
+        shutdown_on_exit=False,
     )
     instrumentor = SystemMetricsInstrumentor(config=dict(METRICS))
     instrumentor.instrument(meter_provider=provider)
