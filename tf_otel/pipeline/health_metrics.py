@@ -21,20 +21,12 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping
 
 from tf_otel.health import counters
+from tf_otel.pipeline.sdk import sdk_meter_provider
 
 _registered = False
-
-
-def _meter_provider() -> Optional[Any]:
-    from opentelemetry import metrics
-
-    provider = metrics.get_meter_provider()
-    if type(provider).__name__ in ("NoOpMeterProvider", "_ProxyMeterProvider"):
-        return None
-    return provider
 
 
 def merge_resource(provider: Any, attributes: Mapping[str, Any]) -> None:
@@ -51,7 +43,7 @@ def register(resource: Mapping[str, Any], step_queue_depth: Callable[[], int] = 
     global _registered
     if _registered:
         return True
-    provider = _meter_provider()
+    provider = sdk_meter_provider()
     if provider is None:
         return False
     from opentelemetry.metrics import CallbackOptions, Observation
@@ -116,6 +108,6 @@ def register(resource: Mapping[str, Any], step_queue_depth: Callable[[], int] = 
 
 def flush(timeout_s: float) -> None:
     """At exit: one last collection, so the final counts (the losses above all) go out."""
-    provider = _meter_provider()
+    provider = sdk_meter_provider()
     if provider is not None and hasattr(provider, "force_flush"):
         provider.force_flush(int(timeout_s * 1000))

@@ -88,6 +88,16 @@ def setup_logs() -> bool:
     return True
 
 
+def sdk_meter_provider() -> Optional[Any]:
+    """The process's MeterProvider when it is a real one (an SDK's), else None."""
+    from opentelemetry import metrics
+
+    provider = metrics.get_meter_provider()
+    if type(provider).__name__ in ("NoOpMeterProvider", "_ProxyMeterProvider"):
+        return None
+    return provider
+
+
 def configured_here() -> bool:
     return _configured_here
 

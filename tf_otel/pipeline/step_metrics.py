@@ -38,6 +38,7 @@ from typing import Any, Deque, Dict, Iterable, Optional, Tuple
 
 from tf_otel import record
 from tf_otel.health import count, log_once
+from tf_otel.pipeline.sdk import sdk_meter_provider
 
 STEP_DURATION = "tf_otel.step.duration"
 INPUT_WAIT_DURATION = "tf_otel.step.input_wait.duration"
@@ -71,15 +72,6 @@ _KINDS_KEPT = 256  # step key/number -> kind, for collective records that arrive
 # the collective span attributes (tf_otel.sources horovod parsers) this reads
 _ATTR_WAIT = "horovod.wait_ns"
 _ATTR_ARRIVAL = "horovod.arrival"
-
-
-def _sdk_meter_provider() -> Optional[Any]:
-    from opentelemetry import metrics
-
-    provider = metrics.get_meter_provider()
-    if type(provider).__name__ in ("NoOpMeterProvider", "_ProxyMeterProvider"):
-        return None
-    return provider
 
 
 def collective_wait_ns(records: Iterable[record.Record]) -> Optional[int]:
@@ -142,7 +134,7 @@ class StepMetrics:
     @classmethod
     def create(cls, rank: int) -> Optional[StepMetrics]:
         """None (nothing created) without an SDK MeterProvider."""
-        provider = _sdk_meter_provider()
+        provider = sdk_meter_provider()
         if provider is None:
             return None
         from tf_otel import __version__
