@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 from collections import Counter
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 logger = logging.getLogger("tf_otel")
 
@@ -61,3 +61,15 @@ def report_failure(key: str, exc: Exception) -> None:
         type(exc).__name__,
         exc,
     )
+
+
+def run_bounded(
+    name: str, timeout_s: float, target: Callable[..., Any], *args: Any, **kwargs: Any
+) -> bool:
+    """Run ``target`` on a daemon thread and wait at most ``timeout_s``: for exit work (a flush, a
+    provider's shutdown) that an exporter stuck on a wedged collector would otherwise hold. True
+    if it finished in time."""
+    thread = threading.Thread(target=target, args=args, kwargs=kwargs, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return not thread.is_alive()

@@ -17,7 +17,7 @@ import threading
 from typing import Any, Callable, List, Optional
 
 from tf_otel.config import Settings
-from tf_otel.health import fail_open
+from tf_otel.health import fail_open, run_bounded
 from tf_otel.pipeline.steps import Pipeline
 
 _pipeline: Optional[Pipeline] = None
@@ -106,11 +106,9 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
             with fail_open("shutdown.metrics"):  # the final counts, never holding the exit
                 from tf_otel.pipeline import health_metrics
 
-                flusher = threading.Thread(
-                    target=health_metrics.flush, args=(timeout_s,), daemon=True
+                run_bounded(
+                    "tf_otel-metrics-flush", min(timeout_s, 2.0), health_metrics.flush, timeout_s
                 )
-                flusher.start()
-                flusher.join(min(timeout_s, 2.0))
             with fail_open("shutdown.meter_provider"):
                 _stop_own_meter_provider(min(timeout_s, 2.0))
 
@@ -133,11 +131,6 @@ def _stop_own_meter_provider(timeout_s: float) -> None:
 
     atexit.unregister(handler)
     provider._atexit_handler = None  # type: ignore[attr-defined]
-    stopper = threading.Thread(
-        target=provider.shutdown,
-        kwargs={"timeout_millis": timeout_s * 1000},
-        name="tf_otel-metrics-stop",
-        daemon=True,
+    run_bounded(
+        "tf_otel-metrics-stop", timeout_s, provider.shutdown, timeout_millis=timeout_s * 1000
     )
-    stopper.start()
-    stopper.join(timeout_s)

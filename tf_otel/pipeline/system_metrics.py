@@ -15,8 +15,9 @@ training thread. No GPU metrics here (``hw.gpu.*`` come from NVML, tf_otel/pipel
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Mapping, Optional
+
+from tf_otel.health import run_bounded
 
 # semconv names worth the export; the instrumentor's default set also has swap, gc, threads...
 METRICS = {
@@ -44,14 +45,12 @@ class SystemMetrics:
             self.instrumentor.uninstrument()
         finally:
             # on a daemon thread: a reader mid-export to a wedged collector ignores the timeout
-            stopper = threading.Thread(
-                target=self.provider.shutdown,
-                kwargs={"timeout_millis": timeout_s * 1000},
-                name="tf_otel-system-metrics-stop",
-                daemon=True,
+            run_bounded(
+                "tf_otel-system-metrics-stop",
+                timeout_s,
+                self.provider.shutdown,
+                timeout_millis=timeout_s * 1000,
             )
-            stopper.start()
-            stopper.join(timeout_s)
 
 
 def start(attributes: Mapping[str, Any], interval_s: float) -> Optional[SystemMetrics]:
