@@ -129,12 +129,23 @@ def worker(model_name: str, batch: int, warmup: int, steps: int) -> None:
     train_step(*next_batch(), True)
     for _ in range(warmup):
         train_step(*next_batch(), False)
+    profile = os.environ.get("BENCH_PROFILE") == "1"
+    windows: List[dict] = []
     started = time.perf_counter()
-    for _ in range(steps):
+    mark, mark_cpu = started, _os_thread_cpu() if profile else {}
+    for index in range(steps):
         loss = train_step(*next_batch(), False)
+        if profile and (index + 1) % 10 == 0:  # per 10 steps: wall time and who used the CPU
+            loss.numpy()
+            now, cpu = time.perf_counter(), _os_thread_cpu()
+            used = {k: round(v - mark_cpu.get(k, 0.0), 3) for k, v in cpu.items()}
+            windows.append({"s": round(now - mark, 3), "cpu": {k: v for k, v in used.items() if v}})
+            mark, mark_cpu = now, cpu
     loss.numpy()
     elapsed = time.perf_counter() - started
     result = {"rank": hvd.rank(), "img_s": batch * steps / elapsed, "threads": _thread_cpu()}
+    if profile:
+        result["windows"] = windows
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -154,6 +165,24 @@ def _thread_cpu() -> Dict[str, float]:
             continue
         name = re.sub(r"[-_ ]?\d+", "", thread.name)
         out[name] = round(out.get(name, 0.0) + seconds, 3)
+    return out
+
+
+def _os_thread_cpu() -> Dict[str, float]:
+    """CPU seconds of every OS thread of this process (TF's pools, Horovod's background thread,
+    gloo, tf_otel's threads), summed by thread name with numbers stripped."""
+    import re
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: Dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = re.sub(r"[-_ ]?\d+", "", stat[stat.index("(") + 1 : stat.rindex(")")])
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
@@ -306,6 +335,8 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
             OTEL_EXPORTER_OTLP_METRICS_INSECURE="true",
         )
     env.update({k: v.format(tmp=tmp) for k, v in MODES[mode].items()})
+    if args.profile:
+        env["BENCH_PROFILE"] = "1"
     command = [
         str(venv / "horovodrun"),
         "-np",
@@ -353,6 +384,7 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
         "spans": dict(categories),
         "detail": detail,
         "timeline_mb": timeline_mb,
+        "windows": [r.get("windows", []) for r in sorted(results, key=lambda r: r["rank"])],
     }
     shown = "; ".join(f"{k} steps {v}" for k, v in detail.items())
     busiest = [
@@ -526,6 +558,11 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=8, help="--inprocess: steps per block")
     parser.add_argument("--doc", default=str(DOC), help="the md file to write")
     parser.add_argument("--no-doc", action="store_true", help="do not write the md file")
+    parser.add_argument(
+        "--profile",
+        metavar="JSON",
+        help="also time every 10 steps and each OS thread's CPU in them; rows go to this file",
+    )
     args = parser.parse_args()
     if args.worker and args.inprocess:
         worker_inprocess(args.model, args.batch, args.rounds, args.block)
@@ -588,6 +625,9 @@ def main() -> None:
             )
     if not rows:
         sys.exit("no run succeeded")
+    if args.profile:
+        Path(args.profile).write_text(json.dumps(rows, indent=1))
+        print(f"profile rows: {args.profile}", flush=True)
     table = summarise(rows, args, loads)
     print("\n" + table)
     if not args.no_doc:

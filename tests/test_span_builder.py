@@ -100,3 +100,71 @@ def test_tf_otels_own_clock_shift_processor_keeps_the_direct_path() -> None:
     assert builder._direct is True
     (span,) = exporter.get_finished_spans()
     assert (span.start_time, span.end_time, span.context.span_id) == (10, 20, ctx.span_id)
+
+
+class _OnlyOnEnd(SpanProcessor):
+    """Like delivery's end counter: no on_start of its own."""
+
+    def __init__(self) -> None:
+        self.ended = 0
+
+    def on_end(self, span: Any) -> None:
+        self.ended += 1
+
+
+class _WithOnStart(_OnlyOnEnd):
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        span.set_attribute("user.added", 1)
+
+
+def test_a_processor_without_on_start_keeps_the_direct_path_and_sees_every_span() -> None:
+    provider, exporter = _provider()
+    counter = _OnlyOnEnd()
+    provider.add_span_processor(counter)
+    builder = SpanBuilder(provider.get_tracer("t"))
+    builder.finished("e", PARENT, 10, 20, dict(ATTRS))
+    assert builder._direct is True
+    assert counter.ended == 1 and len(exporter.get_finished_spans()) == 1
+
+
+def test_a_processor_with_its_own_on_start_goes_through_the_sdk() -> None:
+    provider, exporter = _provider()
+    provider.add_span_processor(_WithOnStart())
+    builder = SpanBuilder(provider.get_tracer("t"))
+    builder.finished("e", PARENT, 10, 20, dict(ATTRS))
+    assert builder._direct is False
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["user.added"] == 1
+
+
+def test_tf_otels_own_set_up_takes_the_direct_path(tmp_path: Any) -> None:
+    """The processors tf_otel itself installs (file and OTLP exporters, the loss counter, the
+    clock shift) must not turn the direct path off: detail spans then cost ~3x the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from opentelemetry import trace\n"
+        "from tf_otel.pipeline.span_builder import SpanBuilder\n"
+        "from tf_otel.pipeline import delivery\n"
+        "from tf_otel.instrument import step_context\n"
+        "tracer = trace.get_tracer('tf_otel')\n"
+        "kinds = sorted(type(p).__name__ for p in tracer.span_processor._span_processors)\n"
+        "print(kinds, SpanBuilder(tracer)._eligible())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
+    env.update(
+        TF_OTEL_ENABLED="1",
+        TF_OTEL_FILE=str(tmp_path / "spans.jsonl"),
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = out.stdout.strip().splitlines()[-1]
+    assert "_EndCounter" in line and "BatchSpanProcessor" in line, line
+    assert line.endswith("True"), line

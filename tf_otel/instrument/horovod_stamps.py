@@ -174,6 +174,8 @@ class StampCollector:
     def end(self, handle: Any) -> None:
         started = handle.flags.get("hvd_stamps")
         if started is None:
+            if self.every > 0:
+                self._prepare_reader()
             return
         eager, self._eager = self._eager or [], None
         values = self._read()
@@ -200,24 +202,47 @@ class StampCollector:
             found = self._unshared.pop((key, step), None)
         return self._share(key, step, found) if found is not None else []
 
-    def _read(self) -> List[Tuple[float, float]]:
-        """Every stamp variable in one function call (a few µs per stamp, on the training thread,
-        detail steps only)."""
+    def _prepare_reader(self) -> None:
+        """A step that is no detail step ended: when its call traced new stamped ops, build the
+        reader now: that falls on a step that was tracing anyway, not on the first detail step
+        of a run (1 in 100 would pay it inside the run)."""
+        if not self._slots or len(self._slots) == self._reader_n:  # no lock, no TF call
+            return
+        with fail_open("horovod.stamp_reader"):
+            self._reader_for()
+
+    def _reader_for(self) -> Any:
+        """The traced function that reads every stamp variable (rebuilt when ops were added)."""
         tf = sys.modules.get("tensorflow")
         with self._lock:
             variables = [slot for slot, _, _ in self._slots]
         if tf is None or not variables:
+            return None
+        if self._reader is None or self._reader_n != len(variables):
+            from tf_otel.instrument._patching import state
+
+            reader = tf.function(
+                lambda: tf.stack([v.read_value() for v in variables]), autograph=False
+            )
+            state.depth += 1  # our own function is no training step
+            try:
+                reader()  # trace and instantiate now (~0.3 s for 340 stamps), not on a detail step
+            finally:
+                state.depth -= 1
+            self._reader, self._reader_n = reader, len(variables)
+        return self._reader
+
+    def _read(self) -> List[Tuple[float, float]]:
+        """Every stamp variable in one function call (a few µs per stamp, on the training thread,
+        detail steps only)."""
+        reader = self._reader_for()
+        if reader is None:
             return []
         from tf_otel.instrument._patching import state
 
-        if self._reader is None or self._reader_n != len(variables):
-            self._reader = tf.function(
-                lambda: tf.stack([v.read_value() for v in variables]), autograph=False
-            )
-            self._reader_n = len(variables)
         state.depth += 1  # our own function call is no training step
         try:
-            return [tuple(row) for row in self._reader().numpy().tolist()]
+            return [tuple(row) for row in reader().numpy().tolist()]
         finally:
             state.depth -= 1
 

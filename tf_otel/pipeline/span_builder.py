@@ -11,7 +11,8 @@ id from the tracer's generator, the tracer's resource and scope.
 
 The direct path is taken only when that equivalence holds: the SDK tracer, enabled, a
 ParentBased sampler whose sampled-parent delegates are ALWAYS_ON (the default) or ALWAYS_ON
-itself, only the SDK's batch / simple processors (no on_start of a user processor skipped), no
+itself, only the SDK's batch / simple processors or processors without an on_start of their own (no
+on_start of a user processor skipped; on_end sees every direct span), no
 attribute-count or value-length limit a span could reach, and only plain attribute values.
 A processor of tf_otel's own that does nothing with these spans says so with a class attribute
 ``ignores_tf_otel_records = True`` (instrument/step_context's ClockShiftProcessor: it shifts
@@ -52,7 +53,11 @@ class SpanBuilder:
 
     def _eligible(self) -> bool:
         try:
-            from opentelemetry.sdk.trace import ReadableSpan, SynchronousMultiSpanProcessor
+            from opentelemetry.sdk.trace import (
+                ReadableSpan,
+                SpanProcessor,
+                SynchronousMultiSpanProcessor,
+            )
             from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
             from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
         except ImportError:
@@ -78,6 +83,9 @@ class SpanBuilder:
         if not all(
             isinstance(p, (BatchSpanProcessor, SimpleSpanProcessor))
             or getattr(p, "ignores_tf_otel_records", False)  # e.g. step_context's clock shift
+            # on_start is the base class's no-op (delivery's end counter): nothing is skipped,
+            # on_end still sees every direct span
+            or type(p).on_start is SpanProcessor.on_start
             for p in multi._span_processors
         ):
             return False
