@@ -9,7 +9,11 @@ rotated order, so slow and fast windows of a shared machine fall on every mode. 
   defaults      TF_OTEL_ENABLED=1 (zero-code defaults, always-on sampler)
   steps_only    TF_OTEL_HOROVOD=0: step spans only
   coll_every    collective detail on every step (TF_OTEL_HOROVOD_EVERY=1)
+  coll_every_lean  coll_every, one span per collective (TF_OTEL_HOROVOD_PARTS=0: no wait /
+                transfer children; the wait stays in horovod.wait_ns)
   coll_every_sdk  coll_every with the SDK span path (start_span, protobuf JSON) it replaced
+  defaults_otlp, coll_every_otlp  the same, spans over OTLP/gRPC (the SDK's exporter) to a sink
+                that keeps the bytes and decodes them after the job (no CPU taken while it runs)
   coll_1in100   collective detail on 1 step in 100 (TF_OTEL_HOROVOD_EVERY=100)
   ops_100       op detail every 100th step (TF_OTEL_OPS_EVERY=100: steps 0, 100, ... on every
                 rank; the timed window, steps warmup+1 ... warmup+steps, holds step 100)
@@ -42,7 +46,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "BENCHMARKS_real_model.md"
@@ -52,9 +56,19 @@ MODES: Dict[str, Dict[str, str]] = {
     "defaults": {"TF_OTEL_ENABLED": "1"},
     "steps_only": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD": "0"},
     "coll_every": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "1"},
+    # one span per collective, no wait / transfer children (the wait stays an attribute)
+    "coll_every_lean": {
+        "TF_OTEL_ENABLED": "1",
+        "TF_OTEL_HOROVOD_EVERY": "1",
+        "TF_OTEL_HOROVOD_PARTS": "0",
+    },
     # the same with spans built by the SDK's start_span and the file written through protobuf
     # (before the direct path): its threads' CPU against coll_every's
     "coll_every_sdk": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "1", "BENCH_SDK_PATH": "1"},
+    # the same over OTLP/gRPC (the SDK's protobuf exporter) to a sink on this machine that keeps
+    # the request bytes and decodes them after the job: the path users run
+    "defaults_otlp": {"TF_OTEL_ENABLED": "1", "BENCH_OTLP": "1"},
+    "coll_every_otlp": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "1", "BENCH_OTLP": "1"},
     "coll_1in100": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "100"},
     "ops_100": {"TF_OTEL_ENABLED": "1", "TF_OTEL_OPS_EVERY": "100"},
     "hvd_timeline": {"HOROVOD_TIMELINE": "{tmp}/horovod_timeline.json"},
@@ -65,8 +79,11 @@ MODES: Dict[str, Dict[str, str]] = {
 PAIRED = {"input_wait": "defaults_data"}
 GOALS = {
     "defaults": 0.99,
+    "defaults_otlp": 0.99,
+    "coll_every_otlp": 0.90,
     "steps_only": None,
     "coll_every": 0.90,
+    "coll_every_lean": 0.90,
     "coll_1in100": 0.99,
     "ops_100": 0.98,
     "input_wait": 0.99,
@@ -310,6 +327,52 @@ def run_inprocess(args: argparse.Namespace) -> str:
 
 
 METRICS_ENDPOINT = ""
+TRACE_SINK: Optional[TraceSink] = None
+
+
+class TraceSink:
+    """An OTLP/gRPC trace endpoint that only keeps each request's bytes; they are decoded (to
+    count spans) after the job, so this process takes no CPU from the ranks while they train."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._requests: List[bytes] = []
+        self._server: Any = None
+
+    def start(self) -> TraceSink:
+        from concurrent import futures
+
+        import grpc
+
+        def export(request: bytes, context: Any) -> bytes:
+            self._requests.append(request)  # list.append: atomic under the GIL
+            return b""  # an empty ExportTraceServiceResponse
+
+        # no (de)serializers: the handler gets and returns raw bytes
+        handler = grpc.method_handlers_generic_handler(
+            "opentelemetry.proto.collector.trace.v1.TraceService",
+            {"Export": grpc.unary_unary_rpc_method_handler(export)},
+        )
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self._server.add_generic_rpc_handlers((handler,))
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        return self
+
+    def take_categories(self) -> Counter:
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        requests, self._requests = self._requests, []
+        counts: Counter = Counter()
+        for raw in requests:
+            request = trace_service_pb2.ExportTraceServiceRequest.FromString(raw)
+            for rs in request.resource_spans:
+                for ss in rs.scope_spans:
+                    for span in ss.spans:
+                        for attr in span.attributes:
+                            if attr.key == "tf_otel.category":
+                                counts[attr.value.string_value] += 1
+        return counts
 
 
 def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
@@ -335,6 +398,14 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
             OTEL_EXPORTER_OTLP_METRICS_INSECURE="true",
         )
     env.update({k: v.format(tmp=tmp) for k, v in MODES[mode].items()})
+    if env.pop("BENCH_OTLP", None) and TRACE_SINK is not None:
+        env.pop("TF_OTEL_FILE")
+        env.update(
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{TRACE_SINK.port}",
+            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="grpc",
+            OTEL_EXPORTER_OTLP_TRACES_INSECURE="true",
+        )
     if args.profile:
         env["BENCH_PROFILE"] = "1"
     command = [
@@ -366,6 +437,8 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
         if "RESULT " in line
     ]
     categories = _span_categories(Path(tmp))
+    if TRACE_SINK is not None:
+        categories += TRACE_SINK.take_categories()
     detail = _detail_steps(Path(tmp))
     timeline_mb = sum(p.stat().st_size for p in Path(tmp).glob("horovod_timeline*")) / 1e6
     shutil.rmtree(tmp, ignore_errors=True)
@@ -584,12 +657,14 @@ def main() -> None:
             marker = "<!-- inprocess -->"
             doc.write_text(text.split(marker)[0].rstrip() + f"\n\n{marker}\n{table}\n")
         return
-    global METRICS_ENDPOINT
+    global METRICS_ENDPOINT, TRACE_SINK
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.otlp_receiver import OtlpReceiver
 
     receiver = OtlpReceiver().start()
     METRICS_ENDPOINT = f"http://{receiver.host}:{receiver.grpc_port}"
+    if any(MODES[m].get("BENCH_OTLP") for m in args.modes):
+        TRACE_SINK = TraceSink().start()
     runs = args.rounds * len(args.modes)
     guess = args.rounds * sum(estimate_s(m, mode, args) for m in args.models for mode in args.modes)
     longer = {m: timed_steps(args.models[0], args, m) for m in args.modes if m in MODE_MIN_STEPS}

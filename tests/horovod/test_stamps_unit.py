@@ -76,3 +76,9 @@ def test_detail_policy_same_for_every_rank_and_about_one_in_n():
     # independent of the ratio sampler (low 64 bits): sampled steps are picked at the same rate
     sampled = [t for t in ids if (t & (2**64 - 1)) < 2**63]
     assert 0.07 <= sum(detail_wanted(t, 10) for t in sampled) / len(sampled) <= 0.13
+
+
+def test_no_children_when_parts_are_off_the_wait_stays_on_the_span():
+    out = hs.records_for(STAMP, 1_000, 9_000_000, 5_000_000, 1, 0, 1, "k", min_child_wait_ns=None)
+    assert [r.category for r in out] == [record.COLLECTIVE]
+    assert out[0].attributes["horovod.wait_ns"] == 4_999_000

@@ -610,6 +610,7 @@ def register() -> None:
 
     with_pipeline(_handle_messages)
     collector.every = _settings().horovod_every
+    collector.parts = _settings().horovod_parts
     collector.enabled = hook.stamping
     from tf_otel.pipeline.lifecycle import before_shutdown
 

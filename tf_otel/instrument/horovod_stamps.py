@@ -71,6 +71,7 @@ class StampCollector:
 
     def __init__(self) -> None:
         self.every = 0
+        self.parts = True  # wait / transfer children (TF_OTEL_HOROVOD_PARTS)
         self.backend: Optional[str] = None
         self.enabled: Callable[[], bool] = lambda: False
         self._slots: List[Tuple[Any, List[hs.Stamp], Optional[str]]] = []
@@ -344,6 +345,7 @@ class StampCollector:
                     tl.collective_key(key, step, tensor),
                     prefix + group if group else None,
                     self.backend,
+                    hs.MIN_CHILD_WAIT_NS if self.parts else None,
                 )
             )
         if records:

@@ -73,10 +73,11 @@ def records_for(
     key: str,
     group: Optional[str] = None,
     backend: Optional[str] = None,
-    min_child_wait_ns: int = MIN_CHILD_WAIT_NS,
+    min_child_wait_ns: Optional[int] = MIN_CHILD_WAIT_NS,
 ) -> List[record.Record]:
     """One rank's collective span (LOCAL clock), with wait and transfer children when this rank
-    waited at least ``min_child_wait_ns`` for the last one.
+    waited at least ``min_child_wait_ns`` for the last one (None: never; the wait is in the
+    span's ``horovod.wait_ns`` either way).
 
     ``last_ns`` (this rank's clock) None: the other ranks' arrivals are not known: no wait
     child, arrival ``unknown``."""
@@ -110,7 +111,7 @@ def records_for(
         attributes=attributes,
     )
     out = [parent]
-    if wait_ns <= 0 or wait_ns < min_child_wait_ns:
+    if min_child_wait_ns is None or wait_ns <= 0 or wait_ns < min_child_wait_ns:
         return out
     if wait_ns > 0:
         out.append(
