@@ -82,3 +82,11 @@ def test_no_children_when_parts_are_off_the_wait_stays_on_the_span():
     out = hs.records_for(STAMP, 1_000, 9_000_000, 5_000_000, 1, 0, 1, "k", min_child_wait_ns=None)
     assert [r.category for r in out] == [record.COLLECTIVE]
     assert out[0].attributes["horovod.wait_ns"] == 4_999_000
+
+
+def test_parts_by_default_only_where_detail_is_sparse():
+    from tf_otel.instrument.horovod_stamps import parts_wanted
+
+    assert parts_wanted(None, 100) and parts_wanted(None, 10)
+    assert not parts_wanted(None, 1) and not parts_wanted(None, 9)
+    assert parts_wanted(True, 1) and not parts_wanted(False, 100)

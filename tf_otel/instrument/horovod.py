@@ -42,7 +42,7 @@ from tf_otel.instrument._patching import (
     when_imported,
     wrap,
 )
-from tf_otel.instrument.horovod_stamps import OPS, collector
+from tf_otel.instrument.horovod_stamps import OPS, collector, parts_wanted
 from tf_otel.pipeline import messages
 from tf_otel.sources import horovod_timeline as tl
 
@@ -610,7 +610,7 @@ def register() -> None:
 
     with_pipeline(_handle_messages)
     collector.every = _settings().horovod_every
-    collector.parts = _settings().horovod_parts
+    collector.parts = parts_wanted(_settings().horovod_parts, collector.every)
     collector.enabled = hook.stamping
     from tf_otel.pipeline.lifecycle import before_shutdown
 

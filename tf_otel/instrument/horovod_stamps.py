@@ -51,6 +51,14 @@ OPS = {
 }
 
 
+PARTS_DENSE_EVERY = 10  # detail on 1 step in fewer than this: no wait / transfer children
+
+
+def parts_wanted(setting: Optional[bool], every: int) -> bool:
+    """Wait / transfer children (TF_OTEL_HOROVOD_PARTS); unset: only where detail is sparse."""
+    return setting if setting is not None else every >= PARTS_DENSE_EVERY
+
+
 def detail_wanted(trace_id: int, every: int) -> bool:
     """Collective detail on 1 sampled step in ``every``, picked by the step trace id (the high 64
     bits: independent of the ratio sampler, which reads the low ones); the same on every rank."""
@@ -72,6 +80,7 @@ class StampCollector:
     def __init__(self) -> None:
         self.every = 0
         self.parts = True  # wait / transfer children (TF_OTEL_HOROVOD_PARTS)
+        self.order_arrival = True  # the collective waits for its arrival stamp (experiment)
         self.backend: Optional[str] = None
         self.enabled: Callable[[], bool] = lambda: False
         self._slots: List[Tuple[Any, List[hs.Stamp], Optional[str]]] = []
@@ -102,7 +111,10 @@ class StampCollector:
                 before = self._before(tf, args[0], grouped)
             if before is None:
                 return wrapped(*args, **kwargs)
-            with tf.control_dependencies([before]):
+            if self.order_arrival:
+                with tf.control_dependencies([before]):
+                    out = wrapped(*args, **kwargs)
+            else:
                 out = wrapped(*args, **kwargs)
             with fail_open("horovod.stamp"):
                 self._after(tf, args[0], out, before, op, grouped, kwargs)
