@@ -71,11 +71,6 @@ MODES: Dict[str, Dict[str, str]] = {
     "defaults_otlp": {"TF_OTEL_ENABLED": "1", "BENCH_OTLP": "1"},
     "coll_every_otlp": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "1", "BENCH_OTLP": "1"},
     "coll_1in100": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "100"},
-    "coll_1in100_nodep": {
-        "TF_OTEL_ENABLED": "1",
-        "TF_OTEL_HOROVOD_EVERY": "100",
-        "BENCH_STAMP_NODEP": "1",
-    },
     "ops_100": {"TF_OTEL_ENABLED": "1", "TF_OTEL_OPS_EVERY": "100"},
     "hvd_timeline": {"HOROVOD_TIMELINE": "{tmp}/horovod_timeline.json"},
     "defaults_data": {"TF_OTEL_ENABLED": "1", "BENCH_DATA": "dataset"},
@@ -118,10 +113,6 @@ def worker(model_name: str, batch: int, warmup: int, steps: int) -> None:
 
         sdk.spans_to_otlp_json = sdk.proto_otlp_json  # type: ignore[assignment]
         span_builder.SpanBuilder._eligible = lambda self: False  # type: ignore[method-assign]
-    if os.environ.get("BENCH_STAMP_NODEP") == "1":  # experiment: arrival stamp not awaited
-        from tf_otel.instrument.horovod_stamps import collector
-
-        collector.order_arrival = False
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -259,8 +250,8 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     for _ in range(3):
         stamped()
     assert hvd_hook.hook.mode == hvd_hook.STAMPS, hvd_hook.hook.mode
-    pipeline = lifecycle.get_pipeline()
     modes = [m for m in INPROCESS if m in MODES_INPROCESS] or list(INPROCESS)
+    pipeline = lifecycle.get_pipeline()
     times: Dict[str, List[int]] = {m: [] for m in modes}
     for round_no in range(rounds):
         shift = round_no % len(modes)

@@ -80,7 +80,6 @@ class StampCollector:
     def __init__(self) -> None:
         self.every = 0
         self.parts = True  # wait / transfer children (TF_OTEL_HOROVOD_PARTS)
-        self.order_arrival = True  # the collective waits for its arrival stamp (experiment)
         self.backend: Optional[str] = None
         self.enabled: Callable[[], bool] = lambda: False
         self._slots: List[Tuple[Any, List[hs.Stamp], Optional[str]]] = []
@@ -111,10 +110,7 @@ class StampCollector:
                 before = self._before(tf, args[0], grouped)
             if before is None:
                 return wrapped(*args, **kwargs)
-            if self.order_arrival:
-                with tf.control_dependencies([before]):
-                    out = wrapped(*args, **kwargs)
-            else:
+            with tf.control_dependencies([before]):
                 out = wrapped(*args, **kwargs)
             with fail_open("horovod.stamp"):
                 self._after(tf, args[0], out, before, op, grouped, kwargs)
