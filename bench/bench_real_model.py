@@ -14,7 +14,7 @@ rotated order, so slow and fast windows of a shared machine fall on every mode. 
                 its wait in horovod.wait_ns)
   coll_every_sdk  coll_every with the SDK span path (start_span, protobuf JSON) it replaced
   defaults_otlp, coll_every_otlp  the same, spans over OTLP/gRPC (the SDK's exporter) to a sink
-                that keeps the bytes and decodes them after the job (no CPU taken while it runs)
+                that keeps the bytes and decodes them after the job (it only receives meanwhile)
   coll_1in100   collective detail on 1 step in 100 (TF_OTEL_HOROVOD_EVERY=100)
   ops_100       op detail every 100th step (TF_OTEL_OPS_EVERY=100: steps 0, 100, ... on every
                 rank; the timed window, steps warmup+1 ... warmup+steps, holds step 100)
@@ -333,7 +333,8 @@ TRACE_SINK: Optional[TraceSink] = None
 
 class TraceSink:
     """An OTLP/gRPC trace endpoint that only keeps each request's bytes; they are decoded (to
-    count spans) after the job, so this process takes no CPU from the ranks while they train."""
+    count spans) after the job, so while the ranks train this process only receives (its gRPC
+    threads still share the machine's cores, as a collector on the same host would)."""
 
     def __init__(self) -> None:
         self.port = 0
@@ -360,6 +361,10 @@ class TraceSink:
         self._server.start()
         return self
 
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None)
+
     def take_categories(self) -> Counter:
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
@@ -379,6 +384,8 @@ class TraceSink:
 def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
     venv = Path(sys.executable).parent
     tmp = tempfile.mkdtemp(prefix="bench_real_")
+    if TRACE_SINK is not None:
+        TRACE_SINK.take_categories()  # what a timed-out job's ranks sent late is not this run's
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
     env.pop("HOROVOD_TIMELINE", None)
     env.update(
@@ -699,6 +706,8 @@ def main() -> None:
                 f"  {spent / 60:.1f} min so far, ~{spent / done * left / 60:.1f} min left",
                 flush=True,
             )
+    if TRACE_SINK is not None:
+        TRACE_SINK.stop()
     if not rows:
         sys.exit("no run succeeded")
     if args.profile:

@@ -138,8 +138,8 @@ def test_a_processor_with_its_own_on_start_goes_through_the_sdk() -> None:
 
 
 def test_tf_otels_own_set_up_takes_the_direct_path(tmp_path: Any) -> None:
-    """The processors tf_otel itself installs (file and OTLP exporters, the loss counter, the
-    clock shift) must not turn the direct path off: detail spans then cost ~3x the CPU."""
+    """The processors tf_otel itself installs at start-up (the file exporter's batch processor,
+    the loss counter) must not turn the direct path off: detail spans then cost ~3x the CPU."""
     import os
     import subprocess
     import sys
@@ -168,3 +168,20 @@ def test_tf_otels_own_set_up_takes_the_direct_path(tmp_path: Any) -> None:
     line = out.stdout.strip().splitlines()[-1]
     assert "_EndCounter" in line and "BatchSpanProcessor" in line, line
     assert line.endswith("True"), line
+
+
+class _OnEnding(_OnlyOnEnd):
+    """Overrides the hook the SDK calls as a span ends (as step_context's clock shift does)."""
+
+    def _on_ending(self, span: Any) -> None:
+        self.ended += 100
+
+
+def test_a_processor_with_its_own_on_ending_goes_through_the_sdk() -> None:
+    provider, exporter = _provider()
+    processor = _OnEnding()
+    provider.add_span_processor(processor)
+    builder = SpanBuilder(provider.get_tracer("t"))
+    builder.finished("e", PARENT, 10, 20, dict(ATTRS))
+    assert builder._direct is False
+    assert len(exporter.get_finished_spans()) == 1

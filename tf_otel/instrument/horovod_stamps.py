@@ -230,15 +230,18 @@ class StampCollector:
         if self._reader is None or self._reader_n != len(variables):
             from tf_otel.instrument._patching import state
 
+            # one attempt per set of stamps: a reader that fails to build is not retried each step
+            self._reader, self._reader_n = None, len(variables)
             reader = tf.function(
                 lambda: tf.stack([v.read_value() for v in variables]), autograph=False
             )
             state.depth += 1  # our own function is no training step
             try:
-                reader()  # trace and instantiate now (~0.3 s for 340 stamps), not on a detail step
+                with tf.init_scope():  # never into a graph the program has as its default
+                    reader()  # trace and instantiate now (~0.3 s for 340 stamps)
             finally:
                 state.depth -= 1
-            self._reader, self._reader_n = reader, len(variables)
+            self._reader = reader
         return self._reader
 
     def _read(self) -> List[Tuple[float, float]]:
@@ -249,9 +252,11 @@ class StampCollector:
             return []
         from tf_otel.instrument._patching import state
 
+        tf = sys.modules["tensorflow"]
         state.depth += 1  # our own function call is no training step
         try:
-            return [tuple(row) for row in reader().numpy().tolist()]
+            with tf.init_scope():
+                return [tuple(row) for row in reader().numpy().tolist()]
         finally:
             state.depth -= 1
 

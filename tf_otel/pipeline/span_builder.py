@@ -42,6 +42,15 @@ def _plain(attributes: Dict[str, Any]) -> bool:
     return True
 
 
+def _only_on_end(processor: Any, base: Any) -> bool:
+    """The processor keeps the base class's no-op ``on_start`` and ``_on_ending`` (the SDK calls
+    that one as a span ends; step_context's clock shift uses it): handing it finished spans
+    skips nothing, its ``on_end`` sees every direct span."""
+    kind = type(processor)
+    hooks = ("on_start", "_on_ending")
+    return all(getattr(kind, hook, None) is getattr(base, hook, None) for hook in hooks)
+
+
 class SpanBuilder:
     """Emits finished INTERNAL spans under a known parent span context."""
 
@@ -83,9 +92,7 @@ class SpanBuilder:
         if not all(
             isinstance(p, (BatchSpanProcessor, SimpleSpanProcessor))
             or getattr(p, "ignores_tf_otel_records", False)  # e.g. step_context's clock shift
-            # on_start is the base class's no-op (delivery's end counter): nothing is skipped,
-            # on_end still sees every direct span
-            or type(p).on_start is SpanProcessor.on_start
+            or _only_on_end(p, SpanProcessor)  # delivery's end counter
             for p in multi._span_processors
         ):
             return False
