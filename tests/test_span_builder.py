@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, List, Tuple
 
+import pytest
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -127,16 +128,6 @@ def test_a_processor_without_on_start_keeps_the_direct_path_and_sees_every_span(
     assert counter.ended == 1 and len(exporter.get_finished_spans()) == 1
 
 
-def test_a_processor_with_its_own_on_start_goes_through_the_sdk() -> None:
-    provider, exporter = _provider()
-    provider.add_span_processor(_WithOnStart())
-    builder = SpanBuilder(provider.get_tracer("t"))
-    builder.finished("e", PARENT, 10, 20, dict(ATTRS))
-    assert builder._direct is False
-    (span,) = exporter.get_finished_spans()
-    assert span.attributes["user.added"] == 1
-
-
 def test_tf_otels_own_set_up_takes_the_direct_path(tmp_path: Any) -> None:
     """The processors tf_otel itself installs at start-up (the file exporter's batch processor,
     the loss counter) must not turn the direct path off: detail spans then cost ~3x the CPU."""
@@ -177,11 +168,16 @@ class _OnEnding(_OnlyOnEnd):
         self.ended += 100
 
 
-def test_a_processor_with_its_own_on_ending_goes_through_the_sdk() -> None:
+@pytest.mark.parametrize("kind", [_WithOnStart, _OnEnding])
+def test_a_processor_with_its_own_start_or_ending_hook_goes_through_the_sdk(kind: Any) -> None:
     provider, exporter = _provider()
-    processor = _OnEnding()
+    processor = kind()
     provider.add_span_processor(processor)
     builder = SpanBuilder(provider.get_tracer("t"))
     builder.finished("e", PARENT, 10, 20, dict(ATTRS))
     assert builder._direct is False
-    assert len(exporter.get_finished_spans()) == 1
+    (span,) = exporter.get_finished_spans()
+    if kind is _WithOnStart:
+        assert span.attributes["user.added"] == 1
+    else:  # the SDK called its _on_ending, then its on_end
+        assert processor.ended == 101
