@@ -11,8 +11,9 @@ id from the tracer's generator, the tracer's resource and scope.
 
 The direct path is taken only when that equivalence holds: the SDK tracer, enabled, a
 ParentBased sampler whose sampled-parent delegates are ALWAYS_ON (the default) or ALWAYS_ON
-itself, only the SDK's batch / simple processors or processors without an on_start of their own (no
-on_start of a user processor skipped; on_end sees every direct span), no
+itself, only the SDK's batch / simple processors or processors with neither an ``on_start`` nor
+an ``_on_ending`` of their own (nothing of a user processor is skipped; on_end sees every direct
+span), no
 attribute-count or value-length limit a span could reach, and only plain attribute values.
 A processor of tf_otel's own that does nothing with these spans says so with a class attribute
 ``ignores_tf_otel_records = True`` (instrument/step_context's ClockShiftProcessor: it shifts
