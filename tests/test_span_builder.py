@@ -91,13 +91,19 @@ def test_set_ups_the_direct_path_cannot_match_go_through_the_sdk() -> None:
     assert not isinstance(plain._attributes, BoundedAttributes)
 
 
+def _one_span_beside(processor: Any) -> Tuple[SpanBuilder, InMemorySpanExporter, Any]:
+    """One span built with ``processor`` added beside an in-memory exporter."""
+    provider, exporter = _provider()
+    provider.add_span_processor(processor)
+    builder = SpanBuilder(provider.get_tracer("t"))
+    ctx = builder.finished("e", PARENT, 10, 20, dict(ATTRS))
+    return builder, exporter, ctx
+
+
 def test_tf_otels_own_clock_shift_processor_keeps_the_direct_path() -> None:
     from tf_otel.instrument.step_context import ClockShiftProcessor
 
-    provider, exporter = _provider()
-    provider.add_span_processor(ClockShiftProcessor())
-    builder = SpanBuilder(provider.get_tracer("t"))
-    ctx = builder.finished("e", PARENT, 10, 20, dict(ATTRS))
+    builder, exporter, ctx = _one_span_beside(ClockShiftProcessor())
     assert builder._direct is True
     (span,) = exporter.get_finished_spans()
     assert (span.start_time, span.end_time, span.context.span_id) == (10, 20, ctx.span_id)
@@ -119,11 +125,8 @@ class _WithOnStart(_OnlyOnEnd):
 
 
 def test_a_processor_without_on_start_keeps_the_direct_path_and_sees_every_span() -> None:
-    provider, exporter = _provider()
     counter = _OnlyOnEnd()
-    provider.add_span_processor(counter)
-    builder = SpanBuilder(provider.get_tracer("t"))
-    builder.finished("e", PARENT, 10, 20, dict(ATTRS))
+    builder, exporter, _ = _one_span_beside(counter)
     assert builder._direct is True
     assert counter.ended == 1 and len(exporter.get_finished_spans()) == 1
 
@@ -138,7 +141,6 @@ def test_tf_otels_own_set_up_takes_the_direct_path(tmp_path: Any) -> None:
     code = (
         "from opentelemetry import trace\n"
         "from tf_otel.pipeline.span_builder import SpanBuilder\n"
-        "from tf_otel.pipeline import delivery\n"
         "from tf_otel.instrument import step_context\n"
         "tracer = trace.get_tracer('tf_otel')\n"
         "kinds = sorted(type(p).__name__ for p in tracer.span_processor._span_processors)\n"
@@ -170,11 +172,8 @@ class _OnEnding(_OnlyOnEnd):
 
 @pytest.mark.parametrize("kind", [_WithOnStart, _OnEnding])
 def test_a_processor_with_its_own_start_or_ending_hook_goes_through_the_sdk(kind: Any) -> None:
-    provider, exporter = _provider()
     processor = kind()
-    provider.add_span_processor(processor)
-    builder = SpanBuilder(provider.get_tracer("t"))
-    builder.finished("e", PARENT, 10, 20, dict(ATTRS))
+    builder, exporter, _ = _one_span_beside(processor)
     assert builder._direct is False
     (span,) = exporter.get_finished_spans()
     if kind is _WithOnStart:
