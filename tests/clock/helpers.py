@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from conftest import free_port_pair
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = ROOT / ".venv" / "bin"
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
-
-
-def free_port_pair() -> int:
-    """A coordinator port whose + 1 (the clock port) was free a moment ago."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port > 1024:
-            return port - 1
-    raise RuntimeError("no free port")
 
 
 def env_with_path(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

@@ -10,6 +10,7 @@ import logging
 import time
 
 import pytest
+from conftest import free_port_pair
 
 from tf_otel import clock, health
 from tf_otel.clock import start_sync
@@ -18,7 +19,7 @@ from tf_otel.clock.transport import TcpClient, TcpServer
 from tf_otel.config import Settings
 from tf_otel.job.topology import Topology
 
-from .helpers import LIBFAKETIME, free_port_pair, percentile, run_pair
+from .helpers import LIBFAKETIME, percentile, run_pair
 
 pytestmark = pytest.mark.integration
 

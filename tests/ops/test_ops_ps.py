@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import REPO, base_env, free_ports, python
+from conftest import REPO, base_env, free_port_pair, free_ports, python
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,8 @@ REFERENCE_STEPS = (1, 6)  # the script's own FULL_TRACE runs: never op-traced by
 
 @pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 def test_ps_cluster_op_traced_steps_hold_ops_and_recv_transfers(receiver, tmp_path: Path):
-    ps, w0, w1, coord = free_ports(4)
+    ps, w0, w1 = free_ports(3)
+    coord = free_port_pair()
     cluster = {"ps": [f"127.0.0.1:{ps}"], "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"]}
     procs = []
     try:

@@ -8,7 +8,7 @@ import json
 import subprocess
 
 import pytest
-from conftest import REPO, base_env, example, free_ports, python
+from conftest import REPO, base_env, example, free_port_pair, free_ports, python
 
 from tf_otel.job.topology import detect
 from tf_otel.pipeline.ids import step_root_span_id, step_trace_id
@@ -20,7 +20,8 @@ KEY = "ps_closure:train_step"
 
 
 def test_pss_one_step_span_per_closure_with_its_worker(receiver):
-    chief, ps, w0, w1, coord = free_ports(5)
+    chief, ps, w0, w1 = free_ports(4)
+    coord = free_port_pair()
     cluster = {
         "chief": [f"127.0.0.1:{chief}"],
         "ps": [f"127.0.0.1:{ps}"],

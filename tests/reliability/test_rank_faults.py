@@ -14,7 +14,7 @@ import time
 from typing import Dict, List, Tuple
 
 import pytest
-from conftest import REPO, VENV_BIN, base_env, free_ports
+from conftest import REPO, VENV_BIN, base_env, free_port_pair
 
 from .channel_peers import clock_login, coordinator_login
 
@@ -142,7 +142,7 @@ def test_rank0_killed_others_neither_hang_nor_fail_because_of_tf_otel(receiver) 
 
 
 def test_coordinator_port_taken_training_goes_on_and_spans_exported(receiver) -> None:
-    port, _ = free_ports(2)
+    port = free_port_pair()
     squatter = subprocess.Popen(
         [
             sys.executable,
@@ -180,7 +180,7 @@ def test_coordinator_port_taken_training_goes_on_and_spans_exported(receiver) ->
 
 
 def test_wrong_secret_is_refused_while_the_real_ranks_work(receiver) -> None:
-    port, _ = free_ports(2)
+    port = free_port_pair()
     attempts = {"coordinator": 0, "clock": 0, "welcomed": 0}
     stop = threading.Event()
 
