@@ -206,7 +206,9 @@ def _os_thread_cpu() -> Dict[str, float]:
 
 # -- in-process A/B (--inprocess): paired blocks in one job, for the 1 % goals on a busy VM -----
 
-INPROCESS = ("untraced", "steps_only", "stamps_idle", "coll_every", "defaults")
+INPROCESS = ("untraced", "steps_only", "stamps_idle", "coll_every", "defaults", "twin_idle")
+# twin_idle: stamps_idle's sampler on a second function built without stamps, the A/A control
+# of stamps_idle (two function objects, one job: what differs is the stamps alone)
 MODES_INPROCESS = [m for m in os.environ.get("BENCH_INPROCESS_MODES", "").split(",") if m]
 
 
@@ -241,11 +243,12 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    plain, stamped = tf.function(body), tf.function(body)
+    plain, stamped, twin = tf.function(body), tf.function(body), tf.function(body)
     enabled = collector.enabled
     collector.enabled = lambda: False
     for _ in range(3):
         plain()
+        twin()
     collector.enabled = enabled
     for _ in range(3):
         stamped()
@@ -261,7 +264,7 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
             sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
             pipeline._sampler, pipeline._sample_fast = sampler, ids.fast_root_decision(sampler)
             collector.every = {"coll_every": 1, "defaults": 50}.get(mode, 0)
-            step = plain if mode in ("untraced", "steps_only") else stamped
+            step = {"untraced": plain, "steps_only": plain, "twin_idle": twin}.get(mode, stamped)
             for _ in range(block):
                 t0 = time.perf_counter_ns()
                 step().numpy()
@@ -319,7 +322,8 @@ def run_inprocess(args: argparse.Namespace) -> str:
     head = (
         "In-process A/B: throughput vs untraced (median step time ratio; untraced = the same "
         "step function built without stamps, steps not sampled; stamps_idle = stamped graph, "
-        "sampled, no detail; defaults = detail 1 step in 50)"
+        "sampled, no detail; defaults = detail 1 step in 50; twin_idle = stamps_idle's "
+        "sampling on a second function built without stamps, its A/A control)"
     )
     return head + "\n" + "\n".join(lines)
 
