@@ -26,6 +26,7 @@ from typing import Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the helpers import tests/ports.py as ``ports``
 
 from tests.clock.helpers import env_with_path, free_port_pair, percentile, run_pair  # noqa: E402
 

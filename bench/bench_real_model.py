@@ -207,15 +207,16 @@ def _os_thread_cpu() -> Dict[str, float]:
 # -- in-process A/B (--inprocess): paired blocks in one job, for the 1 % goals on a busy VM -----
 
 INPROCESS = ("untraced", "steps_only", "stamps_idle", "coll_every", "defaults", "twin_idle")
-# twin_idle: stamps_idle's sampler on a second function built without stamps, the A/A control
-# of stamps_idle (two function objects, one job: what differs is the stamps alone)
+# twin_idle: stamps_idle's sampling on a third function built without stamps: stamps_idle /
+# twin_idle is the stamps alone (both built after the plain one), twin_idle / steps_only an A/A of
+# two function objects
 MODES_INPROCESS = [m for m in os.environ.get("BENCH_INPROCESS_MODES", "").split(",") if m]
 
 
 def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> None:
     """One job, modes switched per block on every rank in the same rotated order: the same
-    processes, warm graph and machine load for all modes. Two step functions: one built without
-    collective stamps (untraced, steps_only), one with (the rest)."""
+    processes, warm graph and machine load for all modes. Three step functions: two built
+    without collective stamps (untraced and steps_only; twin_idle), one with (the rest)."""
     import tf_otel
 
     tf_otel.instrument()

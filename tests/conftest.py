@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Union
 
 import pytest
 
@@ -16,6 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from otlp_receiver import OtlpReceiver  # noqa: E402
+from ports import free_port_pair, free_ports  # noqa: E402, F401  (tests import them from here)
 
 VENV_BIN = Path(sys.executable).parent
 EXAMPLES = REPO / "examples"
@@ -76,48 +75,6 @@ def horovodrun(
         str(EXAMPLES / script),
     ]
     return run(command, env, timeout)
-
-
-def free_ports(n: int = 1) -> List[int]:
-    """n distinct ports free on 127.0.0.1 right now (held together while picked)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def free_port_pair() -> int:
-    """A coordinator port p with p + 1 (rank 0's clock service) also free, both held while picked.
-
-    Chosen below the kernel's ephemeral range, so a process's outgoing connections (the ranks'
-    OTLP clients, Gloo) cannot take p + 1 between the pick and the job binding it.
-    """
-    low, _ = _ephemeral_range()
-    for _ in range(200):
-        port = random.randrange(20000, max(20002, low - 2))
-        a, b = socket.socket(), socket.socket()
-        try:
-            a.bind(("127.0.0.1", port))
-            b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-        finally:
-            a.close()
-            b.close()
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
-
-
-def _ephemeral_range() -> Tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
 
 
 def example(name: str) -> str:

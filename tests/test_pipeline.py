@@ -3,7 +3,6 @@ TCP link, consistent sampling, children inside parents, bounded queues."""
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import List, Tuple
 
@@ -11,6 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from ports import free_port_pair
 
 from tf_otel import record
 from tf_otel.config import Settings
@@ -25,12 +25,6 @@ def _provider(sampler=None) -> Tuple[TracerProvider, InMemorySpanExporter]:
     provider = TracerProvider(sampler=sampler) if sampler else TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider, exporter
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _by_category(spans, category: str) -> List:
@@ -63,7 +57,7 @@ def test_single_rank_steps_have_roots_that_cover_them() -> None:
 
 
 def test_two_ranks_share_one_root_per_step_over_tcp() -> None:
-    port = _free_port()
+    port = free_port_pair()  # the clock service takes port + 1
     settings = Settings(coordinator=("127.0.0.1", port), root_wait_ms=5000)
     providers = [_provider(), _provider()]
     pipelines = [
@@ -166,7 +160,7 @@ def test_full_queue_drops_and_counts_instead_of_blocking() -> None:
 
 
 def test_coordinator_extension_messages_flow_both_ways() -> None:
-    port = _free_port()
+    port = free_port_pair()  # the clock service takes port + 1
     settings = Settings(coordinator=("127.0.0.1", port))
     received_by_0, received_by_1 = [], []
     pipelines = [
@@ -197,7 +191,7 @@ def test_coordinator_extension_messages_flow_both_ways() -> None:
 
 
 def test_messages_to_a_rank_that_has_not_connected_yet_are_held() -> None:
-    port = _free_port()
+    port = free_port_pair()  # the clock service takes port + 1
     settings = Settings(coordinator=("127.0.0.1", port))
     got = []
     rank0 = Pipeline(settings, Topology(rank=0, world_size=2, job_id="j8"), _provider()[0])

@@ -207,7 +207,8 @@ def test_slowlink_raises_communication_by_the_link_cost_and_blames_no_rank(runs)
     is at least the payload's time minus the control's own communication (tbf lets no more
     through; the slow transfer replaces the control's fast one), and at most 1.35 x the wire
     cost: the ACKs of the other direction's data share each tbf (+2-5 %), and each allreduce
-    (2-3 per step: fusion does not always catch all three gradients) runs a reduce-scatter and
+    (3 per step: with collective detail on, tf_otel's timing ops run the script's own
+    hvd.allreduce calls one after another, docs/HOROVOD.md limits) runs a reduce-scatter and
     then an allgather phase, each filling and draining gloo's two-segments-in-flight pipeline
     over 6 segment transfers per link (up to about +2/12). Measured: 1.16-1.22 x (4 runs).
     """

@@ -8,8 +8,11 @@ rank 0 writes, and on response-cache hits it has no per-rank arrivals.
 Instead, where the program builds a Horovod op (``MPI_LIB.horovod_allreduce`` and the other
 collectives, called by every Python entry point of horovod.tensorflow), the graph gets two
 ``tf.timestamp`` ops: one after the op's inputs are ready and before the op (this rank's
-arrival), one after its outputs (this rank's end); both go to a small variable per op (its own
-resource, so no ordering between collectives is added). Eager calls are timed in Python.
+arrival), one after its outputs (this rank's end); both go to a small variable per op. Inside
+the ``tf.cond`` Horovod builds around each gradient's collective that orders nothing else; beside
+the program's own ``hvd.allreduce`` calls in one function, tf.function runs the timestamps in
+program order and so chains those collectives (docs/HOROVOD.md, limits). Eager calls are timed
+in Python.
 
 On a collective-detail step (sampled, and picked by ``TF_OTEL_HOROVOD_EVERY`` from the step
 trace id, so every rank picks the same steps) the training thread reads all stamps with one
