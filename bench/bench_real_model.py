@@ -324,7 +324,7 @@ def run_inprocess(args: argparse.Namespace) -> str:
         "In-process A/B: throughput vs untraced (median step time ratio; untraced = the same "
         "step function built without stamps, steps not sampled; stamps_idle = stamped graph, "
         "sampled, no detail; defaults = detail 1 step in 50; twin_idle = stamps_idle's "
-        "sampling on a second function built without stamps, its A/A control)"
+        "sampling on a third function built without stamps, the control of stamps_idle)"
     )
     return head + "\n" + "\n".join(lines)
 
