@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Tuple
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from otlp_receiver import OtlpReceiver  # noqa: E402
+from ports import free_ports  # noqa: E402
 
 LOST = re.compile(r"tf_otel: spans were lost: (.*)")
 
@@ -75,12 +76,6 @@ def _hanging() -> socket.socket:
     return sock
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(extra: Dict[str, str], steps: int) -> Tuple[float, float, str]:
     """(wall s, peak RSS MB, the exit line's loss text or '')."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
@@ -112,7 +107,7 @@ def main() -> int:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", disk], check=True)
     modes: Dict[str, Callable[[], Dict[str, str]]] = {
         "healthy collector": lambda: receiver.env("grpc"),
-        "collector down": lambda: _otlp(f"http://127.0.0.1:{_free_port()}"),
+        "collector down": lambda: _otlp(f"http://127.0.0.1:{free_ports()[0]}"),
         "collector refusing (503)": lambda: _otlp(
             f"http://127.0.0.1:{refusing.server_address[1]}", "http/protobuf"
         ),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from otlp_receiver import OtlpReceiver  # noqa: E402
+from ports import free_ports  # noqa: E402
 
 PYTHON = sys.executable
 
@@ -68,12 +68,6 @@ def _serve_receiver(conn) -> None:
         conn.send(len([s for s in receiver.spans() if s.category == "step"]))
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -90,7 +84,7 @@ def main() -> None:
         "traced": {"TF_OTEL_ENABLED": "1", **receiver_env},
         "no_collector": {
             "TF_OTEL_ENABLED": "1",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_ports()[0]}",
         },
     }
     names = list(variants)

@@ -4,7 +4,7 @@ detail-step policy (no TF, no Horovod)."""
 from __future__ import annotations
 
 from tf_otel import record
-from tf_otel.instrument.horovod_stamps import detail_wanted
+from tf_otel.instrument.horovod_stamps import detail_wanted, parts_wanted
 from tf_otel.pipeline.ids import step_trace_id
 from tf_otel.sources import horovod_stamps as hs
 
@@ -85,8 +85,6 @@ def test_no_children_when_parts_are_off_the_wait_stays_on_the_span():
 
 
 def test_parts_by_default_only_where_detail_is_sparse():
-    from tf_otel.instrument.horovod_stamps import parts_wanted
-
     assert parts_wanted(None, 100) and parts_wanted(None, 10)
     assert not parts_wanted(None, 1) and not parts_wanted(None, 9)
     assert parts_wanted(True, 1) and not parts_wanted(False, 100)

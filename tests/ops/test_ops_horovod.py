@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import REPO, VENV_BIN, base_env, example, run
+from conftest import REPO, VENV_BIN, base_env, example, free_ports, run
 
 pytestmark = pytest.mark.integration
 SLOW_LOOP = Path(__file__).resolve().parent / "scripts" / "slow_loop.py"
@@ -86,12 +85,6 @@ def test_ops_every_10_on_both_ranks(receiver, tmp_path: Path, script, kind):
             assert ops == reported[rank], (rank, step, sorted(ops ^ reported[rank]))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(port, token=None, steps=3):
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(
@@ -119,7 +112,7 @@ def _wait_line(proc, pattern, lines, timeout=120):
 
 
 def test_on_demand_admin_endpoint_and_signal(receiver):
-    port = _free_port()
+    port = free_ports()[0]
     env = base_env(
         **receiver.env("grpc"), TF_OTEL_ENABLED="1", TF_OTEL_ADMIN_PORT=str(port),
         TF_OTEL_ADMIN_TOKEN="s3cret", TF_OTEL_OPS_SIGNAL_STEPS="2", STEPS="70", PAUSE_MS="60",
