@@ -3,13 +3,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install tools nccl-plugin test test-fast demo lint bench clean cluster cluster-down
+.PHONY: install tools tools-demo nccl-plugin test test-fast demo lint bench clean cluster cluster-down
 
 install:
 	@bash scripts/install.sh
 
-tools:
+tools:  # Jaeger v2, the collector, Prometheus (tests)
 	@bash scripts/build_go_tools.sh all
+
+tools-demo:  # the demo runs Jaeger v2 only
+	@bash scripts/build_go_tools.sh jaeger
 
 nccl-plugin:
 	@bash scripts/build_nccl_plugin.sh || true
@@ -20,7 +23,7 @@ test: install tools nccl-plugin
 test-fast: install
 	@bash scripts/run_tests.sh -m "not integration"
 
-demo: install tools
+demo: install tools-demo
 	@$(PY) scripts/demo.py
 
 PY_DIRS := tf_otel tests bench examples scripts

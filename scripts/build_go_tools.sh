@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the Go backends tf_otel tests and `make demo` run against, once per machine.
 #
-# Usage: scripts/build_go_tools.sh [jaeger|collector|prometheus|loki|all]   (default: all)
+# Usage: scripts/build_go_tools.sh [jaeger|collector|prometheus|all]   (default: all)
+#        (`make demo` builds jaeger only; `make tools`/`make test` build all three)
 #
 #   jaeger     Jaeger v2 (cmd/jaeger, in-memory storage, OTLP in, /api/traces out) from the
 #              Go module proxy, pinned to JAEGER_MODULE_VERSION below.
@@ -9,12 +10,10 @@
 #              collector-config/builder-manifest.yaml (exactly the components our configs use).
 #   prometheus Prometheus 3 (cmd/prometheus) from the Go module proxy, pinned below: the metrics
 #              store of docker-compose.yml, run by tests/test_dashboard.py (OTLP in, PromQL out).
-#   loki       Grafana Loki 3 (cmd/loki) from the Go module proxy, pinned below: the logs store of
-#              docker-compose.yml, run by tests/test_dashboard.py (OTLP logs in, LogQL out).
 #
 # Binaries are cached as ${TF_OTEL_CACHE:-~/.cache/tf_otel}/bin/<name>-<version>; a second run
 # with the same versions does nothing. The last lines printed are the binary paths:
-#   JAEGER_BIN=...   COLLECTOR_BIN=...   PROMETHEUS_BIN=...   LOKI_BIN=...
+#   JAEGER_BIN=...   COLLECTOR_BIN=...   PROMETHEUS_BIN=...
 # Needs Go >= 1.26 (GO=/path/to/go to choose one; default: go on PATH, else /usr/local/go/bin/go).
 set -euo pipefail
 
@@ -40,9 +39,7 @@ OTELCOL_VERSION=${OTELCOL_VERSION:-v0.140.0}   # go.opentelemetry.io/collector/o
 # Its web UI is not embedded (the API and /graph's JSON work; docker-compose runs the image).
 PROMETHEUS_MODULE_VERSION=${PROMETHEUS_MODULE_VERSION:-v0.316.0}
 PROMETHEUS_RELEASE=${PROMETHEUS_RELEASE:-v3.16.0}   # prom/prometheus image tag in docker-compose.yml
-# Loki's go.mod replaces its nested module pkg/push with ./pkg/push, which the module zip leaves
-# out: the script builds in a copy of the module with pkg/push fetched at the required version.
-LOKI_VERSION=${LOKI_VERSION:-v3.5.0}   # grafana/loki image tag in docker-compose.yml (without v)
+# Nothing AGPL-licensed is built here (Loki, Tempo and Grafana are): docs/LICENSES.md.
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MANIFEST=$ROOT/collector-config/builder-manifest.yaml
@@ -138,36 +135,10 @@ build_prometheus() {
   echo "PROMETHEUS_BIN=$out"
 }
 
-build_loki() {
-  local out=$BIN/loki-$LOKI_VERSION
-  if [ -x "$out" ]; then say "loki: cached $out"; echo "LOKI_BIN=$out"; return; fi
-  local mod=github.com/grafana/loki/v3 dir src pushv pushdir
-  say "loki: downloading $mod@$LOKI_VERSION from the Go module proxy"
-  dir=$(cd "$WORK" && "$GO" mod download -json "$mod@$LOKI_VERSION" |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-  [ -d "$dir" ] || die "loki: module download failed"
-  src=$WORK/loki-$LOKI_VERSION
-  rm -rf "$src" && cp -r "$dir" "$src" && chmod -R u+w "$src"
-  pushv=$(awk '$1 == "github.com/grafana/loki/pkg/push" { print $2; exit }' "$src/go.mod")
-  pushdir=$(cd "$WORK" && "$GO" mod download -json "github.com/grafana/loki/pkg/push@$pushv" |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-  [ -d "$pushdir" ] || die "loki: pkg/push@$pushv download failed"
-  rm -rf "$src/pkg/push" && cp -r "$pushdir" "$src/pkg/push" && chmod -R u+w "$src/pkg/push"
-  say "loki: building cmd/loki ($LOKI_VERSION; takes several minutes on 2 cores)"
-  local t0=$SECONDS vpkg=github.com/grafana/loki/v3/pkg/util/build
-  (cd "$src" && GOFLAGS=-mod=mod "$GO" build -trimpath -o "$out.tmp" \
-    -ldflags "-s -w -X $vpkg.Version=${LOKI_VERSION#v}" ./cmd/loki)
-  mv "$out.tmp" "$out"
-  rm -rf "$src"
-  say "loki: built in $((SECONDS - t0)) s"
-  echo "LOKI_BIN=$out"
-}
-
 case "${1:-all}" in
   jaeger) build_jaeger ;;
   collector) build_collector ;;
   prometheus) build_prometheus ;;
-  loki) build_loki ;;
-  all) build_jaeger; build_collector; build_prometheus; build_loki ;;
-  *) die "unknown target '$1' (use jaeger, collector, prometheus, loki or all)" ;;
+  all) build_jaeger; build_collector; build_prometheus ;;
+  *) die "unknown target '$1' (use jaeger, collector, prometheus or all)" ;;
 esac

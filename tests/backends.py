@@ -2,7 +2,8 @@
 
 The binaries are built by `make tools` (scripts/build_go_tools.sh) into
 ${TF_OTEL_CACHE:-~/.cache/tf_otel}/bin; $TF_OTEL_JAEGER_BIN / $TF_OTEL_COLLECTOR_BIN /
-$TF_OTEL_PROMETHEUS_BIN / $TF_OTEL_LOKI_BIN override.
+$TF_OTEL_PROMETHEUS_BIN override. Nothing AGPL-licensed is built or run (docs/LICENSES.md): log
+records are checked in the collector's own file exporter (collector_log_records).
 A missing binary raises BackendError (tests fail, they do not skip).
 
     with JaegerServer() as jaeger:                      # free ports on 127.0.0.1
@@ -44,7 +45,6 @@ COLLECTOR_CONFIG_DIR = REPO / "collector-config"
 BUILDER_MANIFEST = COLLECTOR_CONFIG_DIR / "builder-manifest.yaml"
 JAEGER_CONFIG = REPO / "deploy" / "jaeger-v2.yaml"
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus.yaml"
-LOKI_CONFIG = REPO / "deploy" / "loki.yaml"
 HOST = "127.0.0.1"
 
 
@@ -85,12 +85,6 @@ def prometheus_binary() -> Path:
     """Prometheus 3: $TF_OTEL_PROMETHEUS_BIN, else the pinned build in the cache."""
     name = f"prometheus-{_script_default('PROMETHEUS_RELEASE')}"
     return _find_binary("TF_OTEL_PROMETHEUS_BIN", cache_bin_dir() / name, "Prometheus")
-
-
-def loki_binary() -> Path:
-    """Grafana Loki 3: $TF_OTEL_LOKI_BIN, else the pinned build in the cache."""
-    name = f"loki-{_script_default('LOKI_VERSION')}"
-    return _find_binary("TF_OTEL_LOKI_BIN", cache_bin_dir() / name, "Loki")
 
 
 def _find_binary(env: str, cached: Path, what: str) -> Path:
@@ -415,13 +409,19 @@ class CollectorServer(_OtlpServer):
         env: Optional[Mapping[str, str]] = None,
         binary: Optional[Path] = None,
         startup_timeout: float = 60.0,
+        overrides: Sequence[str] = (),
     ):
+        """overrides: extra `--config` values merged over the file, e.g.
+        "yaml:service::pipelines::logs::exporters: [file/logs]"."""
         self.config = Path(config)
         if not self.config.is_file():
             raise BackendError(f"collector config {self.config} does not exist")
         binary = binary or collector_binary()
         env = {"OTELCOL_LISTEN_HOST": HOST, **(env or {})}
-        super().__init__([binary, "--config", self.config], env, startup_timeout)
+        argv: list[Any] = [binary, "--config", self.config]
+        for override in overrides:
+            argv += ["--config", override]
+        super().__init__(argv, env, startup_timeout)
 
     def _pick_ports(self) -> dict[str, int]:
         self.otlp_grpc_port = free_port()
@@ -535,54 +535,37 @@ class PrometheusServer(_Process):
         return list(doc.get("data") or [])
 
 
-class LokiServer(_Process):
-    """Grafana Loki 3 with deploy/loki.yaml (env-expanded) on free ports of 127.0.0.1, its data
-    in a temporary directory. OTLP logs in at otlp_logs_url, LogQL out (query_range)."""
+def collector_log_records(path: Path) -> list[dict[str, Any]]:
+    """The log records a collector's file exporter (format: json) wrote to `path`: one dict per
+    record with its body, trace id and its resource's attributes, flattened to plain values."""
 
-    what = "loki"
+    def value(v: Mapping[str, Any]) -> Any:
+        for key in ("stringValue", "boolValue", "doubleValue"):
+            if key in v:
+                return v[key]
+        if "intValue" in v:
+            return int(v["intValue"])
+        return v
 
-    def __init__(
-        self,
-        config: Path = LOKI_CONFIG,
-        binary: Optional[Path] = None,
-        startup_timeout: float = 120.0,
-    ):
-        binary = binary or loki_binary()
-        argv = [binary, f"-config.file={config}", "-config.expand-env=true"]
-        super().__init__(argv, {"LOKI_LISTEN_HOST": HOST}, startup_timeout)
-
-    def _pick_ports(self) -> dict[str, Any]:
-        self.port = free_port()
-        return {
-            "LOKI_HTTP_PORT": self.port,
-            "LOKI_GRPC_PORT": free_port(),
-            "LOKI_DATA_DIR": str(Path(self._tmp.name) / "data"),
-        }
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    @property
-    def otlp_logs_url(self) -> str:
-        """For an otlphttp exporter's logs_endpoint."""
-        return self.url + "/otlp/v1/logs"
-
-    def _ready(self) -> bool:
-        # /ready answers 503 until the ingester has joined its ring (~15 s)
-        return http_get(self.url + "/ready", timeout=2)[0] == 200
-
-    def query_range(self, logql: str, lookback_s: float = 3600) -> list[dict]:
-        """Streams matching a LogQL query over the last `lookback_s` seconds."""
-        now_ns = time.time_ns()
-        params = {
-            "query": logql,
-            "start": now_ns - int(lookback_s * 1e9),
-            "end": now_ns + 60 * 10**9,
-            "limit": 1000,
-        }
-        url = f"{self.url}/loki/api/v1/query_range?" + urllib.parse.urlencode(params)
-        status, body = http_get(url, timeout=30)
-        if status != 200:
-            raise BackendError(f"GET {url}: {status}: {body[:300]!r}")
-        return list(json.loads(body)["data"]["result"])
+    records: list[dict[str, Any]] = []
+    if not path.exists():
+        return records
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        for resource_logs in json.loads(line).get("resourceLogs", []):
+            resource = {
+                a["key"]: value(a["value"])
+                for a in resource_logs.get("resource", {}).get("attributes", [])
+            }
+            for scope_logs in resource_logs.get("scopeLogs", []):
+                for record in scope_logs.get("logRecords", []):
+                    records.append(
+                        {
+                            "body": value(record.get("body", {})),
+                            "trace_id": record.get("traceId", ""),
+                            "severity": record.get("severityText", ""),
+                            "resource": resource,
+                        }
+                    )
+    return records

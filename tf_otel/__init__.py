@@ -14,11 +14,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tf_otel import notices
+
 __version__ = "0.1.0"
 __all__ = ["instrument", "shutdown", "TensorFlowInstrumentor", "__version__"]
 
 if TYPE_CHECKING:
     from tf_otel.instrument import TensorFlowInstrumentor
+
+# operator lines (lost spans, unwritable file, bad settings) reach stderr once, whatever logging
+# handlers the OpenTelemetry distro or the program installs
+notices.install()
 
 
 def instrument(configure_sdk: bool = True, **kwargs: Any) -> None:
