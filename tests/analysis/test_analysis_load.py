@@ -162,3 +162,25 @@ def test_pretty_printed_document_is_not_cut(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(files, "PART_MIN_BYTES", 1000)
     assert files.plan_parts([path], 2) == [(path, 0, -1)]
     assert len(load_paths([str(path)], progress=False, workers=2)) > 100
+
+
+def test_directory_passes_over_files_with_no_spans_naming_them(tmp_path: Path, capsys):
+    """A ps task's TF_OTEL_FILE is empty (it runs no steps): the job's folder still analyses."""
+    _write_ranks(tmp_path)
+    with_ps = [s.to_row() for s in load_paths([str(tmp_path)], progress=False, workers=1)]
+    (tmp_path / "ps.jsonl").write_text("")
+    (tmp_path / "ps1.jsonl").write_text("\n \n")
+    rows = [s.to_row() for s in load_paths([str(tmp_path)], progress=False, workers=1)]
+    assert rows == with_ps
+    err = capsys.readouterr().err
+    assert "passing over 2 file(s) with no spans" in err and "ps.jsonl, ps1.jsonl" in err
+    assert err.count("\n") == 1  # one line
+
+
+def test_empty_file_named_alone_and_a_folder_of_empty_files_are_errors(tmp_path: Path):
+    empty = tmp_path / "ps.jsonl"
+    empty.write_text("")
+    with pytest.raises(AnalysisError, match="ps.jsonl: empty file"):
+        load_paths([str(empty)], progress=False, workers=1)
+    with pytest.raises(AnalysisError, match="every trace file in it is empty"):
+        load_paths([str(tmp_path)], progress=False, workers=1)

@@ -15,6 +15,7 @@ import gzip
 import marshal
 import multiprocessing
 import os
+import sys
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -36,7 +37,25 @@ TRACE_SUFFIXES = (".json", ".jsonl", ".ndjson", ".otlp")
 _MAGIC = {b"\x89PNG": "a PNG image", b"%PDF": "a PDF", b"PK\x03\x04": "a zip archive"}
 
 
+def _holds_nothing(path: Path) -> bool:
+    """A file with no bytes but whitespace (a ps task's TF_OTEL_FILE: it runs no steps)."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return True
+        if size > 4096:
+            return False
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error):
+        return False  # reported when read
+    return not data.strip()
+
+
 def find_trace_files(paths: Iterable[str]) -> List[Path]:
+    """Trace files named or found under directories. Files found in a directory that hold no
+    spans are passed over with one line naming them; a file named on its own is always read."""
     files: List[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -48,7 +67,18 @@ def find_trace_files(paths: Iterable[str]) -> List[Path]:
             )
             if not found:
                 raise AnalysisError(f"{path}: no trace files (*.json, *.jsonl, *.otlp) in it")
-            files.extend(found)
+            empty = [p for p in found if _holds_nothing(p)]
+            if empty and len(empty) == len(found):
+                raise AnalysisError(f"{path}: every trace file in it is empty")
+            if empty:
+                names = ", ".join(str(p.relative_to(path)) for p in empty[:10])
+                more = f" and {len(empty) - 10} more" if len(empty) > 10 else ""
+                print(
+                    f"tf-otel: {path}: passing over {len(empty)} file(s) with no spans "
+                    f"(a ps task runs no steps): {names}{more}",
+                    file=sys.stderr,
+                )
+            files.extend(p for p in found if p not in empty)
         elif path.is_file():
             files.append(path)
         else:
