@@ -57,7 +57,7 @@ def test_json_names_the_straggler_steps(trace_file: Path, tmp_path: Path):
     done = analyze(str(trace_file), "--format", "json", "--html", str(html_path))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 2
     assert report["job_id"] == "job-42"
     stragglers = {s["step"]: s["straggler"] for s in report["steps"] if s["straggler"]}
     assert sorted(stragglers) == [2, 4]

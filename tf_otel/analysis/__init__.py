@@ -1,8 +1,9 @@
 """Cross-rank trace analysis behind ``tf-otel analyze``.
 
 Pipeline: ``load`` (OTLP-JSON files, Jaeger, Tempo) -> ``steps`` (one ``StepTrace`` per step
-trace) -> ``critical_path`` (per step, across ranks) -> ``stragglers`` / ``outliers`` (across
-steps) -> ``findings`` -> ``report`` (terminal, JSON, HTML, PNG).
+trace) -> ``critical_path`` (per step, across ranks) and ``measured`` (which of its categories
+the step's spans measured) -> ``stragglers`` / ``outliers`` (across steps) -> ``findings`` ->
+``report`` (terminal, JSON, HTML, PNG).
 
 Usage::
 

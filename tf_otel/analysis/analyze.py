@@ -16,6 +16,7 @@ from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.findings import evaluate_rules
 from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.gpu import gpu_utilisation
+from tf_otel.analysis.measured import measured_categories
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
 from tf_otel.analysis.result import AnalysisResult, StepResult
@@ -73,7 +74,10 @@ def _analyze(
     selected = select_steps(all_steps, step_range, start_ns, end_ns)
     if not selected:
         raise AnalysisError(f"{source or 'input'}: no steps in the selected range")
-    results = [StepResult(key, trace, critical_path(trace)) for key, trace in enumerate(selected)]
+    results = [
+        StepResult(key, trace, critical_path(trace), measured_categories(trace))
+        for key, trace in enumerate(selected)
+    ]
     warmup = warmup_keys({r.key: r.trace.duration_ns for r in results})
     for key in warmup:
         results[key].warmup = True

@@ -8,8 +8,12 @@ In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constan
 - straggler: a rank is the step straggler in >= 1 step and its what-if saving is >= 2% of the
   total step time or it straggles in >= 10% of the steps;
 - input_bound: where step spans carry input wait (``tf_otel.input.wait_ns``), graded as the TF
-  profiler does (``step_rules``); otherwise input wait is >= 15% of the time on the critical path;
-- communication_bound: communication + straggler wait >= 30% of the critical path;
+  profiler does (``step_rules``); otherwise input wait is >= 15% of the time on the critical path
+  over the steps where input was measured (``measured``; measured on none: no finding);
+- communication_bound: communication + straggler wait >= 30% of the critical path over the
+  steps where communication was measured (none: no finding);
+- a straggler's cause ``compute`` on a step that did not measure input or communication holds
+  them too: the finding says so (no claim of pure compute);
 - persistent_lateness: a rank whose median lateness (over the steady steps) stands out from
   the ranks' step-to-step variation: late in most steps, so measured against itself per step;
 - step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``);
@@ -25,10 +29,13 @@ from __future__ import annotations
 from typing import Dict, List
 
 from tf_otel.analysis.critical_path import (
+    PATH_CATEGORIES,
     PATH_COMMUNICATION,
+    PATH_COMPUTE,
     PATH_INPUT,
     PATH_STRAGGLER_WAIT,
 )
+from tf_otel.analysis.measured import holds_text
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.analysis.step_rules import has_input_wait, whole_step_findings
 from tf_otel.analysis.whole_step import step_samples
@@ -49,6 +56,10 @@ def _ms(ns: float) -> float:
     return round(ns / 1e6, 3)
 
 
+def _ordered(settings: Dict[str, str]) -> Dict[str, str]:
+    return {c: settings[c] for c in PATH_CATEGORIES if c in settings}
+
+
 def straggler_findings(result: AnalysisResult) -> List[Finding]:
     findings = []
     total = sum(step.trace.duration_ns for step in result.steady_steps) or 1
@@ -62,9 +73,15 @@ def straggler_findings(result: AnalysisResult) -> List[Finding]:
             continue
         numbers = [result.step_number(key) for key in stats.straggler_steps]
         causes: Dict[str, int] = {}
+        held: Dict[str, str] = {}  # not measured where compute is named the cause
         for key in stats.straggler_steps:
             category = result.steps[key].straggler.category  # type: ignore[union-attr]
             causes[category] = causes.get(category, 0) + 1
+            if category == PATH_COMPUTE:
+                held.update(result.steps[key].not_measured)
+        cause = ", ".join(sorted(causes, key=lambda c: -causes[c]))
+        if held:  # the cause "compute" then holds them too: say so, claim no pure compute
+            cause += f"; its compute holds {holds_text(held)}: not measured"
         findings.append(
             Finding(
                 rule="straggler",
@@ -73,7 +90,7 @@ def straggler_findings(result: AnalysisResult) -> List[Finding]:
                     f"rank {stats.rank} is the straggler in {count} of "
                     f"{len(result.steady_steps)} steady steps,"
                     f" {_ms(stats.excess_ns / count)} ms behind the median rank on average"
-                    f" (cause: {', '.join(sorted(causes, key=lambda c: -causes[c]))})"
+                    f" (cause: {cause})"
                 ),
                 evidence={
                     "rank": stats.rank,
@@ -87,6 +104,7 @@ def straggler_findings(result: AnalysisResult) -> List[Finding]:
                     "last_arrivals": stats.last_arrivals,
                     "collectives": stats.collectives,
                     "last_to_end": stats.last_to_end,
+                    **({"compute_holds_not_measured": _ordered(held)} if held else {}),
                 },
                 suggestion=(
                     "Look at what this rank does before its late collectives (the legs on the "
@@ -130,26 +148,33 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
 def _share_finding(
     result: AnalysisResult, rule: str, categories: List[str], threshold: float
 ) -> List[Finding]:
-    by_category = result.by_category()
-    path_total = sum(by_category.values()) or 1
-    at_stake = sum(by_category[c] for c in categories)
-    share = at_stake / path_total
-    if not result.steps or share < threshold:
+    """Over the steady steps where every one of ``categories`` was measured: none, no finding
+    (a category that was not measured is not 0 %)."""
+    measured = result.group_share(categories)
+    share = measured.share
+    if not result.steps or share is None or share < threshold:
         return []
+    over = (
+        ""
+        if measured.measured_steps == measured.steps
+        else f" (over the {measured.measured_steps} of {measured.steps} steady steps where it "
+        "was measured)"
+    )
     if rule == "input_bound":
-        summary = f"input wait is {share:.0%} of the critical path"
+        summary = f"input wait is {share:.0%} of the critical path{over}"
         suggestion = (
             "Overlap input with compute: dataset.prefetch(tf.data.AUTOTUNE), "
             "map(num_parallel_calls=AUTOTUNE), interleave for file reads, cache() small "
             "datasets, move decoding off the host's critical cores."
         )
     else:
-        summary = f"communication is {share:.0%} of the critical path"
+        summary = f"communication is {share:.0%} of the critical path{over}"
         suggestion = (
             "Reduce or hide communication: larger HOROVOD_FUSION_THRESHOLD, fp16 gradient "
             "compression (hvd.Compression.fp16), gradient accumulation / larger batches, "
             "hierarchical allreduce; check the interconnect (NCCL over InfiniBand, not TCP)."
         )
+    by_category = _measured_by_category(result, categories)
     return [
         Finding(
             rule=rule,
@@ -159,11 +184,24 @@ def _share_finding(
                 "share": round(share, 4),
                 "threshold": threshold,
                 "critical_path_ms": {c: _ms(by_category[c]) for c in categories},
-                "total_critical_path_ms": _ms(path_total),
+                "total_critical_path_ms": _ms(measured.path_ns),
+                "measured_steps": measured.measured_steps,
+                "steps": measured.steps,
             },
             suggestion=suggestion,
         )
     ]
+
+
+def _measured_by_category(result: AnalysisResult, categories: List[str]) -> Dict[str, int]:
+    """Path time by category over the steady steps that measured all of ``categories``."""
+    totals = dict.fromkeys(categories, 0)
+    for step in result.steady_steps:
+        if all(c in step.measured for c in categories):
+            split = step.path.by_category()
+            for category in categories:
+                totals[category] += split[category]
+    return totals
 
 
 def outlier_findings(result: AnalysisResult) -> List[Finding]:

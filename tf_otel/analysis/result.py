@@ -1,11 +1,25 @@
-"""What one analysis produced: per-step results, cross-step summaries and findings."""
+"""What one analysis produced: per-step results, cross-step summaries and findings.
+
+Usage::
+
+    result.steps[0].measured            # the path categories that step measured
+    result.category_shares()["input"]   # its share over the steady steps that measured it
+    result.by_category()                # ns on the path by category (0 where not measured)
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, FrozenSet, List, Optional, Set
 
 from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
+from tf_otel.analysis.measured import (
+    ALWAYS_MEASURED,
+    CategoryShare,
+    category_shares,
+    group_share,
+    not_measured,
+)
 from tf_otel.analysis.outliers import OutlierStats
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.analysis.stragglers import StepStraggler, StragglerSummary
@@ -16,6 +30,9 @@ class StepResult:
     key: int  # index in the selection
     trace: StepTrace
     path: CriticalPath
+    # the path categories whose source was on in this step (measured.measured_categories);
+    # the default claims only what step spans always give
+    measured: FrozenSet[str] = ALWAYS_MEASURED
     straggler: Optional[StepStraggler] = None
     outlier: bool = False
     warmup: bool = False  # a leading step still tracing / compiling: kept out of statistics
@@ -23,6 +40,11 @@ class StepResult:
     @property
     def label(self) -> str:
         return str(self.trace.step) if self.trace.step is not None else f"#{self.key}"
+
+    @property
+    def not_measured(self) -> Dict[str, str]:
+        """Category -> the setting that measures it, for what this step did not measure."""
+        return not_measured(self.measured)
 
     @property
     def what_if_ns(self) -> int:
@@ -67,12 +89,23 @@ class AnalysisResult:
         return [step for step in self.steps if step.warmup]
 
     def by_category(self) -> Dict[str, int]:
-        """Critical path time by category over the steady steps (warm-up kept out)."""
+        """Critical path time by category over the steady steps (warm-up kept out); a category
+        not measured on a step adds 0 there: shares come from ``category_shares``."""
         totals = dict.fromkeys(PATH_CATEGORIES, 0)
         for step in self.steady_steps:
             for category, value in step.path.by_category().items():
                 totals[category] += value
         return totals
+
+    def category_shares(self) -> Dict[str, CategoryShare]:
+        """Each category's share over the steady steps where it was measured (``measured``)."""
+        return category_shares([(s.path.by_category(), s.measured) for s in self.steady_steps])
+
+    def group_share(self, categories: List[str]) -> CategoryShare:
+        """Several categories' share together, over the steady steps that measured them all."""
+        return group_share(
+            [(s.path.by_category(), s.measured) for s in self.steady_steps], categories
+        )
 
     def by_rank(self) -> Dict[int, int]:
         totals: Dict[int, int] = {}

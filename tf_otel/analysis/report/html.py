@@ -1,4 +1,5 @@
-"""The ``--html`` report: overview first, findings, then one SVG swimlane per step that matters.
+"""The ``--html`` report: overview first, findings, the split by category (what was not measured
+and the setting that measures it), then one SVG swimlane per step that matters.
 
 Usage::
 
@@ -19,7 +20,8 @@ from __future__ import annotations
 import html
 from typing import Iterable, List
 
-from tf_otel.analysis.critical_path import PATH_CATEGORIES
+from tf_otel.analysis.critical_path import PATH_CATEGORIES, PATH_COMPUTE
+from tf_otel.analysis.measured import NOT_MEASURED, cause_label, holds_text
 from tf_otel.analysis.report import ms, notable_steps
 from tf_otel.analysis.report.overview import Overview, overview_from_result, render_overview
 from tf_otel.analysis.report.terminal import render_table
@@ -128,6 +130,51 @@ def swimlane_svg(step: StepResult) -> str:  # noqa: C901 - one drawing, read top
     return "".join(out)
 
 
+def step_shares_text(step: StepResult) -> str:
+    """'compute 85%+ (holds input wait: not measured), input not measured (TF_OTEL_...), ...'."""
+    split = step.path.by_category()
+    length = sum(split.values()) or 1
+    missing = step.not_measured
+    parts = []
+    for category in PATH_CATEGORIES:
+        if category in missing:
+            parts.append(f"{category} {NOT_MEASURED} ({missing[category]})")
+        elif category == PATH_COMPUTE and missing:
+            parts.append(
+                f"{category} {100 * split[category] / length:.0f}%+ (holds "
+                f"{holds_text(missing)}: {NOT_MEASURED})"
+            )
+        else:
+            parts.append(f"{category} {100 * split[category] / length:.0f}%")
+    return ", ".join(parts)
+
+
+def measured_html(result: AnalysisResult) -> str:
+    """The job's split by category, saying what was not measured and what measures it."""
+    rows = []
+    for category, found in result.category_shares().items():
+        if not found.measured:
+            share = f"{NOT_MEASURED} ({found.setting})"
+        else:
+            share = f"{100 * (found.share or 0.0):.1f}%"
+            if category == PATH_COMPUTE and found.holds:
+                share += (
+                    f"+ (holds {holds_text(found.holds)} on {found.holds_steps} of "
+                    f"{found.steps} steps: {NOT_MEASURED})"
+                )
+            elif found.setting:
+                share += f" ({NOT_MEASURED} on the other steps: {found.setting})"
+        rows.append(
+            f"<tr><td>{html.escape(category)}</td><td>{found.measured_steps}/{found.steps}</td>"
+            f"<td style='text-align:left'>{html.escape(share)}</td></tr>"
+        )
+    return (
+        "<section id='measured'><h2>Critical path by category</h2><p>Steady steps; each share "
+        "over the steps that measured it.</p><table><tr><th>category</th><th>measured steps"
+        "</th><th>share</th></tr>" + "".join(rows) + "</table></section>"
+    )
+
+
 def _legend() -> str:
     items = [
         (c, COLOURS[c]) for c in (COMPUTE, INPUT, COLLECTIVE, TRANSFER, "framework", "before_step")
@@ -171,6 +218,7 @@ def render_html(result: AnalysisResult, max_pictures: int = 20) -> str:
             f"<br>suggestion: {html.escape(finding.suggestion)}</div>"
         )
     parts.append("</section>")
+    parts.append(measured_html(result))
     note = (
         ""
         if len(pictured) == len(result.steps)
@@ -181,12 +229,10 @@ def render_html(result: AnalysisResult, max_pictures: int = 20) -> str:
     )
     parts.append(f"<section id='steps'><h2>Steps that matter{note}</h2>" + _legend())
     for step in pictured:
-        split = step.path.by_category()
-        length = sum(split.values()) or 1
-        shares = ", ".join(f"{c} {100 * split[c] / length:.0f}%" for c in PATH_CATEGORIES)
+        shares = html.escape(step_shares_text(step))
         straggler = (
             f"; straggler rank {step.straggler.rank} (+{ms(step.straggler.excess_ns):.3f} ms, "
-            f"{step.straggler.category})"
+            f"{cause_label(step.straggler.category, step.measured)})"
             if step.straggler
             else ""
         )

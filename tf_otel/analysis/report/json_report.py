@@ -1,4 +1,4 @@
-"""The ``--format json`` document (schema in docs/ANALYSIS.md; ``schema_version`` 1).
+"""The ``--format json`` document (schema in docs/ANALYSIS.md; ``schema_version`` 2).
 
 Usage::
 
@@ -14,10 +14,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Dict
 
+from tf_otel.analysis.measured import NOT_MEASURED, CategoryShare
 from tf_otel.analysis.report import ms
 from tf_otel.analysis.result import AnalysisResult, StepResult
 
-SCHEMA_VERSION = 1
+# 2: a category not measured is null, not 0, and shares are over the steps that measured it
+SCHEMA_VERSION = 2
 
 
 def _ms(ns: float) -> float:
@@ -37,9 +39,12 @@ def _step(step: StepResult, with_path: bool) -> Dict[str, Any]:
         "ranks": sorted(trace.ranks),
         "missing_ranks": trace.missing_ranks,
         "last_rank_to_end": min(r for r, end in ends.items() if end == last_end),
+        # null: not measured in this step (the setting is in not_measured)
         "critical_path_by_category_ms": {
-            category: _ms(value) for category, value in step.path.by_category().items()
+            category: _ms(value) if category in step.measured else None
+            for category, value in step.path.by_category().items()
         },
+        "not_measured": step.not_measured,
         "critical_path_by_rank_ms": {
             str(rank): _ms(value) for rank, value in step.path.by_rank().items()
         },
@@ -79,9 +84,29 @@ def _step(step: StepResult, with_path: bool) -> Dict[str, Any]:
     return document
 
 
+def _category(found: CategoryShare) -> Dict[str, Any]:
+    """One category over the steady steps: measured on all, some or none of them."""
+    if not found.measured:
+        status = NOT_MEASURED
+    else:
+        status = "measured" if found.measured_steps == found.steps else "partly measured"
+    document: Dict[str, Any] = {
+        "status": status,
+        "measured_steps": found.measured_steps,
+        "steps": found.steps,
+        "share": None if found.share is None else round(found.share, 4),
+        "critical_path_ms": _ms(found.ns) if found.measured else None,
+    }
+    if found.setting:
+        document["setting"] = found.setting
+    if found.holds:
+        document["holds_not_measured"] = list(found.holds)
+        document["holds_steps"] = found.holds_steps
+    return document
+
+
 def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
-    by_category = result.by_category()
-    path_total = sum(by_category.values()) or 1
+    shares = result.category_shares()
     durations = sorted(step.trace.duration_ns for step in result.steady_steps)
     noise = result.stragglers.noise
     path_by_rank = result.by_rank()
@@ -119,8 +144,15 @@ def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
             "max_step_ms": _ms(durations[-1]) if durations else 0.0,
             "what_if_total_ms": _ms(result.what_if_total_ns),
             "what_if_saving_ms": _ms(result.total_ns - result.what_if_total_ns),
-            "critical_path_ms": {c: _ms(v) for c, v in by_category.items()},
-            "critical_path_share": {c: round(v / path_total, 4) for c, v in by_category.items()},
+            # null: measured on no steady step; shares over the steps that measured each
+            "critical_path_ms": {
+                c: _ms(found.ns) if found.measured else None for c, found in shares.items()
+            },
+            "critical_path_share": {
+                c: None if found.share is None else round(found.share, 4)
+                for c, found in shares.items()
+            },
+            "categories": {c: _category(found) for c, found in shares.items()},
             "warmup_steps": [step.trace.step for step in result.warmup_steps],
             "warmup_ms": _ms(sum(step.trace.duration_ns for step in result.warmup_steps)),
             "straggler_threshold_ms": _ms(noise.threshold_ns),

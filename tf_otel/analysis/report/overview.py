@@ -15,7 +15,8 @@ Three parts, each bounded in size whatever the run's length (steps are binned to
   to the run's straggler threshold (white: on time, red: at or beyond the threshold; the worst
   value in a binned cell), drawn as an inline PNG (stdlib zlib; no scripts, no files);
 - top stragglers: ranks by what-if saving, and the straggler steps by excess, linking to the
-  step's swimlane where it is pictured.
+  step's swimlane where it is pictured; a cause ``compute+`` is compute on a step that did not
+  measure input or communication (``measured.cause_label``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from tf_otel.analysis.measured import cause_label
 from tf_otel.analysis.result import AnalysisResult
 
 MAX_COLUMNS = 1000
@@ -77,7 +79,12 @@ def overview_from_result(result: AnalysisResult) -> Overview:
         stragglers.append(
             None
             if found is None
-            else (found.rank, found.excess_ns, found.saving_ns, found.category)
+            else (
+                found.rank,
+                found.excess_ns,
+                found.saving_ns,
+                cause_label(found.category, step.measured),
+            )
         )
     return Overview(
         title=f"job {result.job_id}",
@@ -295,6 +302,12 @@ def top_stragglers_html(data: Overview, pictured: Iterable[str] = ()) -> str:
         for i in flagged[:TOP_STEPS]
     ]
     more = f"<p>... {len(flagged) - TOP_STEPS} more steps</p>" if len(flagged) > TOP_STEPS else ""
+    held = (
+        "<p><small>compute+: compute on a step that did not measure input or communication, "
+        "so it holds them too</small></p>"
+        if any(found is not None and found[3].endswith("+") for found in data.straggler)
+        else ""
+    )
     return (
         "<table id='top-stragglers'><tr><th>rank</th><th>straggler steps</th>"
         "<th>excess ms</th><th>what-if saving ms</th><th>causes</th><th>worst steps</th></tr>"
@@ -304,6 +317,7 @@ def top_stragglers_html(data: Overview, pictured: Iterable[str] = ()) -> str:
         + "".join(step_rows)
         + "</table>"
         + more
+        + held
     )
 
 

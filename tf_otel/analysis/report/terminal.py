@@ -1,5 +1,8 @@
 """The default terminal report: summary, critical-path split, ranks, notable steps, findings.
 
+A category a step did not measure prints as "n/m" (the split: "not measured" and the setting
+that measures it); compute that holds what was not measured is marked "+" (``measured``).
+
 Usage::
 
     print(render_table(result, max_steps=15))
@@ -8,9 +11,16 @@ Usage::
 from __future__ import annotations
 
 import textwrap
-from typing import List, Sequence
+from typing import Dict, FrozenSet, List, Sequence
 
-from tf_otel.analysis.critical_path import PATH_CATEGORIES
+from tf_otel.analysis.critical_path import PATH_CATEGORIES, PATH_COMPUTE
+from tf_otel.analysis.measured import (
+    NOT_MEASURED,
+    CategoryShare,
+    cause_label,
+    holds_text,
+    settings_text,
+)
 from tf_otel.analysis.report import ms, notable_steps
 from tf_otel.analysis.result import AnalysisResult
 
@@ -22,6 +32,9 @@ _SHORT = {
     "framework": "framework",
     "before_step": "before",
 }
+
+
+NOT_MEASURED_CELL = "n/m"  # a step's category that was not measured (step rows are narrow)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> List[str]:
@@ -40,6 +53,42 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> List[str]
 
 def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _step_cell(category: str, value: int, length: int, measured: FrozenSet[str], held: bool) -> str:
+    if category not in measured:
+        return NOT_MEASURED_CELL
+    return _pct(value, length) + ("+" if held and category == PATH_COMPUTE else "")
+
+
+def category_lines(shares: Dict[str, CategoryShare]) -> List[str]:
+    """The job's split by category: shares over the steps where each was measured, "not
+    measured" (and the setting) where it was measured on no step."""
+    lines = ["critical path by category (steady steps; each share over the steps that measured it)"]
+    rows = []
+    for category, found in shares.items():
+        steps = f"{found.measured_steps}/{found.steps}"
+        if not found.measured:
+            rows.append((category, NOT_MEASURED, "-", steps))
+            continue
+        share = "-" if found.share is None else f"{100.0 * found.share:.1f}%"
+        if category == PATH_COMPUTE and found.holds:
+            share += "+"
+        rows.append((category, f"{ms(found.ns):.3f}", share, steps))
+    lines += _table(("category", "ms", "share", "measured steps"), rows)
+    compute = shares[PATH_COMPUTE]
+    if compute.holds:
+        lines.append(
+            f"  +: compute holds {holds_text(compute.holds)} on {compute.holds_steps} of "
+            f"{compute.steps} steps, where they were {NOT_MEASURED}"
+        )
+    never = [c for c, found in shares.items() if found.setting and not found.measured]
+    partly = [c for c, found in shares.items() if found.setting and found.measured]
+    if never:
+        lines.append(f"  {NOT_MEASURED}: {settings_text(never)}")
+    if partly:
+        lines.append(f"  {NOT_MEASURED} on some steps: {settings_text(partly)}")
+    return lines
 
 
 def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
@@ -71,14 +120,7 @@ def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
     lines.append("")
     by_category = result.by_category()
     path_total = sum(by_category.values())
-    lines.append("critical path by category (steady steps)")
-    lines += _table(
-        ("category", "ms", "share"),
-        [
-            (c, f"{ms(by_category[c]):.3f}", _pct(by_category[c], path_total))
-            for c in PATH_CATEGORIES
-        ],
-    )
+    lines += category_lines(result.category_shares())
     lines.append("")
     lines.append("ranks")
     by_rank = result.by_rank()
@@ -109,6 +151,7 @@ def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
     lines.append(title)
     header = ["step", "ms"] + [_SHORT[c] for c in PATH_CATEGORIES] + ["straggler", "what-if ms"]
     step_rows = []
+    unmeasured = False
     for step in shown:
         split = step.path.by_category()
         length = sum(split.values())
@@ -116,15 +159,22 @@ def render_table(result: AnalysisResult, max_steps: int = 15) -> str:
         if step.straggler:
             straggler = (
                 f"r{step.straggler.rank} +{ms(step.straggler.excess_ns):.3f}"
-                f" {step.straggler.category}"
+                f" {cause_label(step.straggler.category, step.measured)}"
             )
         label = step.label + (" *" if step.outlier else " w" if step.warmup else "")
+        held = bool(step.not_measured)
+        unmeasured = unmeasured or held
         step_rows.append(
             [label, f"{ms(step.trace.duration_ns):.3f}"]
-            + [_pct(split[c], length) for c in PATH_CATEGORIES]
+            + [_step_cell(c, split[c], length, step.measured, held) for c in PATH_CATEGORIES]
             + [straggler, f"{ms(step.what_if_ns):.3f}"]
         )
     lines += _table(header, step_rows)
+    if unmeasured:
+        lines.append(
+            f"  {NOT_MEASURED_CELL}: not measured in that step; +: compute holds what was not "
+            "measured"
+        )
     if result.outliers.outliers:
         lines.append(f"  * outlier (> {ms(result.outliers.threshold_ns):.3f} ms)")
     if warmup:

@@ -1,0 +1,192 @@
+"""What each step measured, and the whole job's shares over the steps where each was measured.
+
+Usage::
+
+    measured = measured_categories(step_trace)   # frozenset of critical_path.PATH_CATEGORIES
+    not_measured(measured)                       # {"input": "TF_OTEL_INPUT_WAIT=1 measures it"}
+    shares = category_shares([(path.by_category(), measured), ...])
+    shares["input"].share                        # None: measured on no step
+
+A path category whose source was off for a step has no spans in it, so the path shows it as 0
+and its time as ``compute`` (the residual). The reports must say "not measured" instead, so:
+
+- ``input`` is measured when every rank's step span carries ``tf_otel.input.wait_ns`` (the
+  input-wait hook, ``TF_OTEL_INPUT_WAIT=1``; 0 counts) or the step has ``input`` spans (eager
+  ``next()``, op detail);
+- ``communication`` and ``straggler_wait`` (both come from the same spans) are measured when
+  the step has a collective or transfer span (``TF_OTEL_HOROVOD_EVERY=N``; RecvTensor on
+  ``TF_OTEL_OPS_EVERY`` steps of a parameter-server job), or when the job is one process:
+  ``tf_otel.world_size`` is 1 (a parameter-server job counts its servers in it) and the step
+  has one rank; there is nothing to communicate, measured as 0;
+- ``compute``, ``framework`` and ``before_step`` are always measured (step spans, the path's
+  own gaps), but ``compute`` then also holds what was not measured in the step.
+
+A category's job share is its time on the path over the steady steps where it was measured,
+divided by the path's length over those same steps; measured on no step, it has none.
+Rules and their reasons: docs/ANALYSIS.md, "What is measured".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from tf_otel.analysis.critical_path import (
+    PATH_BEFORE_STEP,
+    PATH_CATEGORIES,
+    PATH_COMMUNICATION,
+    PATH_COMPUTE,
+    PATH_FRAMEWORK,
+    PATH_INPUT,
+    PATH_STRAGGLER_WAIT,
+)
+from tf_otel.analysis.model import as_int
+from tf_otel.analysis.step_attributes import ATTR_INPUT_WAIT
+from tf_otel.analysis.steps import StepTrace
+from tf_otel.record import COLLECTIVE, COLLECTIVE_TRANSFER, COLLECTIVE_WAIT, INPUT, TRANSFER
+
+NOT_MEASURED = "not measured"
+INPUT_SETTING = "TF_OTEL_INPUT_WAIT=1 measures it"
+COMMUNICATION_SETTING = (
+    "TF_OTEL_HOROVOD_EVERY=N measures Horovod collectives; "
+    "TF_OTEL_OPS_EVERY=N parameter-server transfers"
+)
+# what turns each category's source on; the categories not named here are always measured
+SETTINGS: Dict[str, str] = {
+    PATH_INPUT: INPUT_SETTING,
+    PATH_COMMUNICATION: COMMUNICATION_SETTING,
+    PATH_STRAGGLER_WAIT: COMMUNICATION_SETTING,
+}
+ALWAYS_MEASURED = frozenset((PATH_COMPUTE, PATH_FRAMEWORK, PATH_BEFORE_STEP))
+ALL_MEASURED = frozenset(PATH_CATEGORIES)
+_COMMUNICATION_SPANS = frozenset((COLLECTIVE, COLLECTIVE_WAIT, COLLECTIVE_TRANSFER, TRANSFER))
+_CATEGORY = attrgetter("category")
+
+# (a step's path time by category, the categories it measured)
+StepSplit = Tuple[Mapping[str, int], FrozenSet[str]]
+
+
+def _input_measured(trace: StepTrace, categories: FrozenSet[str]) -> bool:
+    if INPUT in categories:
+        return True
+    # the hook writes the attribute (0 included) on every sampled step span of the rank; a rank
+    # without it, or without its step span, may have waited unseen
+    return all(
+        timeline.step_span is not None
+        and as_int(timeline.step_span.attributes.get(ATTR_INPUT_WAIT)) is not None
+        for timeline in trace.ranks.values()
+    )
+
+
+def _communication_measured(trace: StepTrace, categories: FrozenSet[str]) -> bool:
+    if categories & _COMMUNICATION_SPANS:
+        return True
+    # one process of a one-process job: no peer to wait for or send to. An unknown world size
+    # is not assumed to be 1 (ranks may be missing from the trace)
+    return trace.world_size == 1 and len(trace.ranks) == 1
+
+
+def measured_categories(trace: StepTrace) -> FrozenSet[str]:
+    """The path categories this step's spans measured (see the module docstring)."""
+    categories = frozenset(map(_CATEGORY, trace.spans))
+    measured = set(ALWAYS_MEASURED)
+    if _input_measured(trace, categories):
+        measured.add(PATH_INPUT)
+    if _communication_measured(trace, categories):
+        measured.update((PATH_COMMUNICATION, PATH_STRAGGLER_WAIT))
+    return frozenset(measured)
+
+
+def not_measured(measured: FrozenSet[str]) -> Dict[str, str]:
+    """Category -> the setting that measures it, for the categories missing from ``measured``
+    (in report order)."""
+    return {c: SETTINGS[c] for c in PATH_CATEGORIES if c not in measured and c in SETTINGS}
+
+
+def settings_text(categories: Iterable[str]) -> str:
+    """'input (TF_OTEL_INPUT_WAIT=1 ...); communication, straggler_wait (TF_OTEL_HOROVOD...)':
+    categories grouped by the setting that measures them."""
+    groups: Dict[str, List[str]] = {}
+    for category in categories:
+        groups.setdefault(SETTINGS.get(category, ""), []).append(category)
+    return "; ".join(
+        ", ".join(names) + (f" ({setting})" if setting else "") for setting, names in groups.items()
+    )
+
+
+@dataclass(frozen=True)
+class CategoryShare:
+    """One category (or group, e.g. communication + straggler_wait) over the steady steps."""
+
+    categories: Tuple[str, ...]
+    steps: int  # steady steps
+    measured_steps: int  # of those, where every one of ``categories`` was measured
+    ns: int  # their time on the path, over the measured steps
+    path_ns: int  # the path's length over the measured steps
+    # compute: the categories it holds on some steps (not measured there), and on how many
+    holds: Tuple[str, ...] = ()
+    holds_steps: int = 0
+
+    @property
+    def measured(self) -> bool:
+        return self.measured_steps > 0
+
+    @property
+    def share(self) -> Optional[float]:
+        """Of the path over the measured steps; None: measured on no step."""
+        if not self.measured_steps:
+            return None
+        return self.ns / self.path_ns if self.path_ns else 0.0
+
+    @property
+    def setting(self) -> Optional[str]:
+        """What measures the category on the steps where it was not; None where it always was."""
+        if self.measured_steps == self.steps:
+            return None
+        return "; ".join(dict.fromkeys(SETTINGS[c] for c in self.categories if c in SETTINGS))
+
+
+def group_share(steps: Sequence[StepSplit], categories: Sequence[str]) -> CategoryShare:
+    """``categories`` together, over the steps where every one of them was measured."""
+    ns = path_ns = measured_steps = 0
+    for split, measured in steps:
+        if all(c in measured for c in categories):
+            measured_steps += 1
+            ns += sum(split[c] for c in categories)
+            path_ns += sum(split.values())
+    return CategoryShare(tuple(categories), len(steps), measured_steps, ns, path_ns)
+
+
+def category_shares(steps: Sequence[StepSplit]) -> Dict[str, CategoryShare]:
+    """Every path category's share (report order); compute names what it holds."""
+    shares = {c: group_share(steps, (c,)) for c in PATH_CATEGORIES}
+    held = [measured for _, measured in steps if not_measured(measured)]
+    holds = tuple(c for c in PATH_CATEGORIES if c in SETTINGS and any(c not in m for m in held))
+    compute = shares[PATH_COMPUTE]
+    shares[PATH_COMPUTE] = CategoryShare(
+        compute.categories,
+        compute.steps,
+        compute.measured_steps,
+        compute.ns,
+        compute.path_ns,
+        holds,
+        len(held),
+    )
+    return shares
+
+
+def holds_text(holds: Iterable[str]) -> str:
+    """'input wait and communication' for what compute holds."""
+    names = []
+    for category in holds:
+        name = {PATH_INPUT: "input wait", PATH_STRAGGLER_WAIT: ""}.get(category, category)
+        if name:
+            names.append(name)
+    return " and ".join(names) if names else "what was not measured"
+
+
+def cause_label(category: str, measured: FrozenSet[str]) -> str:
+    """A straggler's cause as the reports print it: ``compute`` where the step did not measure
+    input or communication holds them too, marked ``compute+``."""
+    return category + "+" if category == PATH_COMPUTE and not_measured(measured) else category
