@@ -123,3 +123,18 @@ def test_finder_sees_a_function_level_cycle(tmp_path):
     assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
     (pkg / "c.py").write_text("import os\n")  # control: the circle broken
     assert cycles(import_graph(pkg)) == []
+
+
+def test_version_module_matches_the_project_and_pipeline_reads_it_there():
+    import tomllib
+
+    from tf_otel.version import __version__
+
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert __version__ == project["version"]
+    for path in (root / "tf_otel" / "pipeline").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "tf_otel":
+                names = {alias.name for alias in node.names}
+                assert "__version__" not in names, f"{path.name}: import it from tf_otel.version"

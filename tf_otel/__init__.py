@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tf_otel import notices
+from tf_otel.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["instrument", "shutdown", "TensorFlowInstrumentor", "__version__"]
 
 if TYPE_CHECKING:

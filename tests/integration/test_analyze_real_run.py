@@ -72,3 +72,34 @@ def test_rank1_named_as_the_straggler_of_exactly_the_slowed_steps(tmp_path):
         for straggler in stragglers.values():
             assert straggler["rank"] == 1
             assert abs(straggler["excess_ms"] - DELAY_MS) <= 0.1 * DELAY_MS, straggler
+
+
+def test_collective_detail_off_says_communication_not_measured_never_zero(tmp_path):
+    """The defaults (no TF_OTEL_HOROVOD_EVERY) time no collective: the analysis of a real
+    2-rank Horovod job says "not measured" with the setting, never 0 %; with detail on every
+    2nd step, communication is measured on exactly those steps."""
+    reports = {}
+    for every in ("", "2"):
+        out = tmp_path / f"every-{every or 'off'}"
+        env = base_env(
+            TF_OTEL_ENABLED="1",
+            TF_OTEL_FILE=str(out / "spans-{rank}.jsonl"),
+            OTEL_TRACES_EXPORTER="none",
+            OTEL_METRICS_EXPORTER="none",
+            STEPS="8",
+        )
+        if every:
+            env["TF_OTEL_HOROVOD_EVERY"] = every
+        horovodrun("horovod_tape.py", env, backend="gloo")
+        reports[every] = _analyze([str(out)])
+    off = reports[""]["summary"]
+    assert off["categories"]["communication"]["status"] == "not measured", off["categories"]
+    assert "TF_OTEL_HOROVOD_EVERY" in off["categories"]["communication"]["setting"]
+    assert off["critical_path_share"]["communication"] is None  # not 0.0
+    assert off["categories"]["input"]["status"] == "not measured"
+    steps = reports[""]["steps"]
+    assert steps and all(s["critical_path_by_category_ms"]["communication"] is None for s in steps)
+    on = reports["2"]["summary"]["categories"]["communication"]
+    assert on["status"] == "partly measured", on
+    assert 0 < on["measured_steps"] < on["steps"]
+    assert on["share"] is not None and on["share"] > 0

@@ -48,8 +48,9 @@ def register(resource: Mapping[str, Any], step_queue_depth: Callable[[], int] = 
         return False
     from opentelemetry.metrics import CallbackOptions, Observation
 
-    from tf_otel import __version__, clock
+    from tf_otel import clock
     from tf_otel.pipeline import delivery
+    from tf_otel.version import __version__
 
     merge_resource(provider, resource)
     meter = provider.get_meter("tf_otel", __version__)

@@ -137,7 +137,7 @@ class StepMetrics:
         provider = sdk_meter_provider()
         if provider is None:
             return None
-        from tf_otel import __version__
+        from tf_otel.version import __version__
 
         return cls(provider.get_meter("tf_otel", __version__), rank)
 

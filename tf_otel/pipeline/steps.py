@@ -74,7 +74,7 @@ class Pipeline:
     def __init__(self, settings: Settings, topology: Topology, tracer_provider: Any = None) -> None:
         from opentelemetry import trace
 
-        from tf_otel import __version__
+        from tf_otel.version import __version__
 
         self.settings = settings
         self.topology = topology
