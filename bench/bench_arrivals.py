@@ -38,7 +38,7 @@ def worker(rounds: int, block: int, layers: int) -> None:
     import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-    from tf_otel.instrument.horovod_stamps import collector
+    from tf_otel.instrument.horovod.stamps import collector
     from tf_otel.pipeline import ids, lifecycle
 
     hvd.init()

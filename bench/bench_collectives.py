@@ -34,7 +34,7 @@ def worker(rounds: int, block: int, layers: int) -> None:
     import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-    from tf_otel.instrument import horovod as hvd_hook
+    from tf_otel.instrument.horovod.choice import OFF, choice
     from tf_otel.pipeline import lifecycle
 
     hvd.init()
@@ -60,17 +60,17 @@ def worker(rounds: int, block: int, layers: int) -> None:
     for _ in range(10):  # warm-up: tracing, cache fill
         train_step()
     pipeline = lifecycle.get_pipeline()
-    managed = hvd_hook.hook.mode
+    managed = choice.mode
     times = {m: [] for m in MODES}
     for _ in range(rounds):
         for mode in MODES:
             pipeline._sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
-            hvd_hook.hook.mode = managed if mode == "collectives" else hvd_hook.OFF
+            choice.mode = managed if mode == "collectives" else OFF
             for _ in range(block):
                 t0 = time.perf_counter_ns()
                 train_step()
                 times[mode].append(time.perf_counter_ns() - t0)
-    hvd_hook.hook.mode = managed
+    choice.mode = managed
     print("RESULT " + json.dumps({"rank": hvd.rank(), "mode": managed, "times": times}))
 
 

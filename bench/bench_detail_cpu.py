@@ -43,7 +43,7 @@ MOBILENETV2_TENSORS = 158
 
 
 def _stamps(n: int) -> List[Any]:
-    from tf_otel.sources import horovod_stamps as hs
+    from tf_otel.sources import horovod_stamp_records as hs
 
     out = []
     for i in range(n):
@@ -59,7 +59,7 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
 
     from tf_otel import clock, record
     from tf_otel.config import Settings
-    from tf_otel.instrument.horovod_stamps import collector
+    from tf_otel.instrument.horovod.stamps import collector
     from tf_otel.job.topology import Topology
     from tf_otel.pipeline import lifecycle
     from tf_otel.pipeline.sdk import OtlpJsonFileExporter

@@ -43,14 +43,14 @@ def main() -> None:
     parser.add_argument("--collectives", type=int, default=50, help="tensors in a step")
     args = parser.parse_args()
 
-    from tf_otel.instrument import horovod
+    from tf_otel.instrument.horovod import timeline
     from tf_otel.pipeline import messages
     from tf_otel.sources import horovod_timeline as tl
 
     n = args.collectives
     view = tl.RankView(1.7e15, 1.7e15 + 30.5, 1.7e15 + 90.25, 1.7e15 + 40.0, False, "tick")
     items = [
-        horovod._encode(tl.Collective(f"grad_{i}", dtype="float32", shape="[256, 256]"), view)
+        timeline._encode(tl.Collective(f"grad_{i}", dtype="float32", shape="[256, 256]"), view)
         for i in range(n)
     ]
     ns = 1_700_000_000_000_000_000

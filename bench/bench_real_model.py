@@ -224,8 +224,8 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-    from tf_otel.instrument import horovod as hvd_hook
-    from tf_otel.instrument.horovod_stamps import collector
+    from tf_otel.instrument.horovod.choice import STAMPS, choice
+    from tf_otel.instrument.horovod.stamps import collector
     from tf_otel.pipeline import ids, lifecycle
 
     hvd.init()
@@ -253,7 +253,7 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     collector.enabled = enabled
     for _ in range(3):
         stamped()
-    assert hvd_hook.hook.mode == hvd_hook.STAMPS, hvd_hook.hook.mode
+    assert choice.mode == STAMPS, choice.mode
     modes = [m for m in INPROCESS if m in MODES_INPROCESS] or list(INPROCESS)
     pipeline = lifecycle.get_pipeline()
     times: Dict[str, List[int]] = {m: [] for m in modes}

@@ -1,12 +1,12 @@
-"""capture.horovod_stamps (pure): last arrivals over ranks, per-rank records, and the
+"""sources.horovod_stamp_records (pure): last arrivals over ranks, per-rank records, and the
 detail-step policy (no TF, no Horovod)."""
 
 from __future__ import annotations
 
 from tf_otel import record
-from tf_otel.instrument.horovod_stamps import detail_wanted, parts_wanted
+from tf_otel.instrument.horovod.stamps import detail_wanted, parts_wanted
 from tf_otel.pipeline.ids import step_trace_id
-from tf_otel.sources import horovod_stamps as hs
+from tf_otel.sources import horovod_stamp_records as hs
 
 STAMP = hs.Stamp("grad_w0", "allreduce", "float32", "[32, 32]", 4096)
 

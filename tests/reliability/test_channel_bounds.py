@@ -12,7 +12,7 @@ from tf_otel import record
 from tf_otel.clock import transport
 from tf_otel.config import Settings
 from tf_otel.health import counters
-from tf_otel.instrument import horovod
+from tf_otel.instrument.horovod import timeline
 from tf_otel.job.topology import Topology
 from tf_otel.pipeline import coordinator
 from tf_otel.pipeline.steps import Pipeline
@@ -22,9 +22,9 @@ from .channel_peers import wait_until
 
 
 def test_a_step_window_that_never_ends_keeps_at_most_the_cap(monkeypatch) -> None:
-    monkeypatch.setattr(horovod, "MAX_COLLECTIVES_PER_STEP", 50)
-    hook = horovod.HorovodCollectives()
-    hook._windows[("k", 0)] = horovod._Window(start=0)
+    monkeypatch.setattr(timeline, "MAX_COLLECTIVES_PER_STEP", 50)
+    hook = timeline.TimelineHook()
+    hook._windows[("k", 0)] = timeline._Window(start=0)
     dropped = counters["horovod_collectives_dropped"]
     hook._attach([tl.Collective(f"t{i}", op_start=1.0 + i, op_end=2.0 + i) for i in range(80)], 0)
     assert len(hook._windows[("k", 0)].items) == 50

@@ -2,7 +2,7 @@
 written by horovodrun -np 2) cut and corrupted at random offsets and read while "growing", and
 events of every JSON type in every field. The contract (tf_otel.sources.horovod_timeline):
 truncated or corrupt parts are skipped and counted, never raised, in bounded time; and what
-the parser hands on turns into Records without an exception (as tf_otel.instrument.horovod
+the parser hands on turns into Records without an exception (as tf_otel.instrument.horovod.timeline
 does it, with integer ns).
 """
 
@@ -28,7 +28,7 @@ FUZZ = settings(
 )
 
 
-def to_local(us: float) -> int:  # as tf_otel.instrument.horovod._emit converts
+def to_local(us: float) -> int:  # as tf_otel.instrument.horovod.timeline._emit converts
     return int(us * 1000)
 
 

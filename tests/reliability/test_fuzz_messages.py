@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tf_otel.clock import transport
 from tf_otel.health import counters
-from tf_otel.instrument import horovod
+from tf_otel.instrument.horovod import timeline
 from tf_otel.instrument.ops import hook as ops_hook
 from tf_otel.job import job_secret
 from tf_otel.pipeline import coordinator, messages
@@ -131,7 +131,7 @@ def test_decode_returns_a_typed_object_or_raises_bad_message() -> None:
 def _collective_item() -> messages.HorovodCollective:
     c = tl.Collective("grad_0", op="allreduce", dtype="float32", shape="[4]", backend="gloo")
     c.fused_group = 2
-    return horovod._encode(c, tl.RankView(1.5, 2.0, 3.25, 2.5, True, "stamp"))
+    return timeline._encode(c, tl.RankView(1.5, 2.0, 3.25, 2.5, True, "stamp"))
 
 
 # one well-formed body of every known type, as the product builds them
@@ -224,7 +224,7 @@ def test_what_decode_accepts_the_real_handlers_take(monkeypatch) -> None:
     """hvd.c (a rank's collective records) and the op-tracing window, fuzzed field by field:
     rejected by decode, or handled without an exception."""
     monkeypatch.setattr(ops_hook, "controller", ops_hook.OpsController())
-    hvd = horovod.HorovodCollectives()  # no pipeline: records are built, then not emitted
+    hvd = timeline.TimelineHook()  # no pipeline: records are built, then not emitted
     handlers = {messages.HVD_RECORDS: hvd.on_message, messages.OPS_WINDOW: ops_hook._on_window}
     accepted = []
 

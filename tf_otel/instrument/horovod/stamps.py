@@ -1,4 +1,10 @@
-"""Horovod collectives timed by every rank itself: the default source of collective spans.
+"""Horovod collectives timed by every rank itself, in its graph: the default source of collective
+spans (the runtime side; ``sources.horovod_stamp_records`` turns stamps into records).
+
+Usage::
+
+    from tf_otel.instrument.horovod.stamps import hook
+    hook.register()   # step hook, its message handlers (hvd.a, hvd.l), its exit hand-over
 
 Why not Horovod's timeline (measured, docs/HOROVOD.md): with ``HOROVOD_TIMELINE`` set, rank 0's
 timeline writer thread spins (``sched_yield``) from ``hvd.init()`` on, a core's worth of CPU even
@@ -18,7 +24,7 @@ On a collective-detail step (sampled, and picked by ``TF_OTEL_HOROVOD_EVERY`` fr
 trace id, so every rank picks the same steps) the training thread reads all stamps with one
 function call; the export thread sends the arrivals (reference clock) to rank 0 (``hvd.a``),
 which broadcasts each tensor's last arrival and its rank (``hvd.l``); every rank then emits its
-own collective / wait / transfer records (capture.horovod_stamps).
+own collective / wait / transfer records (sources.horovod_stamp_records).
 """
 
 from __future__ import annotations
@@ -32,13 +38,17 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tf_otel import clock
 from tf_otel.health import count, fail_open, log_once
+from tf_otel.instrument._patching import StepHook, add_step_hook, is_active
+from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice
+from tf_otel.instrument.horovod.choice import pipeline as _pipeline
 from tf_otel.pipeline import messages
-from tf_otel.sources import horovod_stamps as hs
+from tf_otel.sources import horovod_stamp_records as hs
 from tf_otel.sources import horovod_timeline as tl
 
 _MAX_STEPS = 64
 _MAX_SLOTS = 20_000  # stamped ops over all traces (a function retraced without end stops here)
 _GATHER_WAIT_S = 5.0  # rank 0 answers with the ranks it has after this long
+_EXIT_WAIT_S = 3.0
 _STALE_NS = 100_000  # float64 seconds round to ~0.2 µs; older stamps ran before this step
 
 # MPI_LIB function -> (op, grouped)
@@ -418,10 +428,65 @@ def _stamps_of(
     return stamps, (name if grouped else None)
 
 
-def _pipeline() -> Any:
-    from tf_otel.pipeline.lifecycle import current_pipeline
-
-    return current_pipeline()
-
-
 collector = StampCollector()
+
+
+class StampsHook(StepHook):
+    """The stamps' step hook: collects on detail steps, decides whether graphs get stamps."""
+
+    def __init__(self) -> None:
+        self._finished = False
+
+    def on_step_start(self, handle: Any, call: Any) -> None:
+        if not handle.sampled or choice.mode == OFF or self._finished:
+            return
+        pipeline = _pipeline()
+        if pipeline is None or pipeline.topology.world_size < 2:
+            return
+        if choice.current() != STAMPS:
+            return
+        if collector.backend is None:
+            collector.backend = choice.backend()
+        collector.begin(handle)
+
+    def on_step_end(self, handle: Any, call: Any, error: Optional[BaseException]) -> None:
+        if handle.sampled and choice.mode == STAMPS:
+            collector.end(handle)
+
+    def stamping(self) -> bool:
+        """Graph construction: time Horovod ops (default source, more than one rank)?"""
+        if choice.current() != STAMPS or self._finished or not is_active():
+            return False
+        if collector.every <= 0:
+            return False  # TF_OTEL_HOROVOD_EVERY=0 (default): no timing ops in the graph
+        try:
+            return int(choice.basics.size()) > 1
+        except Exception:  # noqa: BLE001
+            return False
+
+    def finish(self) -> None:
+        """At exit / SIGTERM: wait (bounded) for this rank's detail steps' records."""
+        if self._finished or choice.mode != STAMPS:
+            return
+        self._finished = True
+        pipeline = _pipeline()
+        if pipeline is not None:
+            collector.finish(pipeline.topology.rank == 0, _EXIT_WAIT_S)
+
+    def _handle_messages(self, pipeline: Any) -> None:
+        pipeline.handlers.on_reference(messages.HVD_ARRIVALS, collector.on_arrivals)
+        pipeline.handlers.on_rank(messages.HVD_LAST, collector.on_last)
+
+    def register(self, every: int, parts: Optional[bool]) -> None:
+        """The step hook, its message handlers and its exit hand-over (once per process)."""
+        from tf_otel.pipeline.lifecycle import before_shutdown, with_pipeline
+
+        collector.every = every
+        collector.parts = parts_wanted(parts, every)
+        collector.enabled = self.stamping
+        add_step_hook(self)
+        with_pipeline(self._handle_messages)
+        before_shutdown(self.finish)
+
+
+hook = StampsHook()

@@ -1,6 +1,6 @@
-"""Horovod collectives on every rank's step trace: by default timed by every rank itself
-(instrument.horovod_stamps); with TF_OTEL_HOROVOD_SOURCE=timeline or a user's HOROVOD_TIMELINE
-file, from rank 0's Horovod timeline (below).
+"""Horovod collectives from rank 0's Horovod timeline: ``TF_OTEL_HOROVOD_SOURCE=timeline``
+(``managed``) or a program's own ``HOROVOD_TIMELINE`` file (``user_file``); the default source
+is ``stamps``. ``choice`` picks one at hvd.init(); this hook stays idle under any other.
 
 The allreduce runs inside the TF graph, so Python wrappers would only time dispatch. Instead:
 
@@ -9,40 +9,37 @@ The allreduce runs inside the TF graph, so Python wrappers would only time dispa
 - rank 0 starts a timeline file at the start of each sampled step and stops it at its end
   (untraced steps: one attribute check), tails it on a daemon thread, and turns each tensor's
   NEGOTIATE / per-rank ready ticks / op phases into, for every rank, a ``collective`` record with
-  ``collective.wait`` and ``collective.transfer`` children (capture.horovod_timeline);
+  ``collective.wait`` and ``collective.transfer`` children (sources.horovod_timeline);
 - rank 0 emits its own records with ``Pipeline.add_records`` and sends every other rank its share
-  over the coordinator (``hvd.c`` messages); each rank emits its own spans under its step span.
+  over the coordinator (``hvd.c`` messages, handled here); each rank emits its own spans under
+  its step span.
 
-Also: Keras 3 optimizers given to ``hvd.DistributedOptimizer`` (gradients silently not
-averaged) are reported once, naming the fix. See docs/HOROVOD.md.
+Usage::
 
-Env: TF_OTEL_HOROVOD=0 turns this off; TF_OTEL_HOROVOD_EXACT=1 also sets
-HOROVOD_CACHE_CAPACITY=0 (per-rank ready ticks on every step, at Horovod's negotiation cost).
+    from tf_otel.instrument.horovod.timeline import hook
+    hook.register()   # step hook, its message handlers, its exit hand-over
+
+Env: TF_OTEL_HOROVOD_EXACT=1 also sets HOROVOD_CACHE_CAPACITY=0 (per-rank ready ticks on every
+step, at Horovod's negotiation cost). See docs/HOROVOD.md.
 """
 
 from __future__ import annotations
 
 import glob
-import logging
 import os
-import sys
 import tempfile
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel import clock
 from tf_otel.health import count, fail_open, log_once
-from tf_otel.instrument._patching import (
-    StepHook,
-    add_step_hook,
-    is_active,
-    when_imported,
-    wrap,
-)
-from tf_otel.instrument.horovod_stamps import OPS, collector, parts_wanted
+from tf_otel.instrument._patching import StepHook, add_step_hook
+from tf_otel.instrument.horovod.choice import MANAGED, OFF, TIMELINE_MODES, USER_FILE, choice
+from tf_otel.instrument.horovod.choice import pipeline as _pipeline
+from tf_otel.instrument.horovod.stamps import collector
 from tf_otel.pipeline import messages
 from tf_otel.sources import horovod_timeline as tl
 
@@ -55,8 +52,6 @@ _MAX_WINDOWS = 256
 MAX_COLLECTIVES_PER_STEP = 20_000
 _EXIT_WAIT_S = 3.0
 _PREFIX = "tf_otel-hvd-"
-
-MANAGED, USER_FILE, OFF, STAMPS = "managed", "user_file", "off", "stamps"
 
 
 def _to_reference_ns_of_rank0() -> int:
@@ -93,12 +88,10 @@ class _Window:
     items: List[tl.Collective] = field(default_factory=list)
 
 
-class HorovodCollectives(StepHook):
+class TimelineHook(StepHook):
     """Rank 0: timeline management and parsing; other ranks: receive and emit their records."""
 
     def __init__(self) -> None:
-        self.mode: Optional[str] = None
-        self.basics: Any = None  # horovod.common.basics.HorovodBasics of hvd.init
         self.running: Optional[_Source] = None  # managed file being written
         self._sources: List[_Source] = []
         self._windows: OrderedDict[Tuple[str, int], _Window] = OrderedDict()
@@ -111,50 +104,6 @@ class HorovodCollectives(StepHook):
         self._finished = False
         self.wait_threshold_us = 3000.0
 
-    # -- set-up ----------------------------------------------------------------------------
-
-    def before_init(self) -> None:
-        """Called just before hvd.init(): choose the mode and set Horovod's env."""
-        if self.mode is not None:
-            return
-        if not _settings().horovod:
-            self.mode = OFF
-            return
-        current = os.environ.get("HOROVOD_TIMELINE", "").strip()
-        if not current and _settings().horovod_source != "timeline":
-            self.mode = STAMPS  # no HOROVOD_TIMELINE: its writer thread spins from hvd.init
-            return
-        if not current:
-            os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
-            self.mode = MANAGED
-        elif current.upper() == "DYNAMIC":
-            self.mode = OFF
-            log_once(
-                "hvd_user_dynamic",
-                "tf_otel: HOROVOD_TIMELINE=DYNAMIC is set by you: tf_otel leaves the timeline "
-                "to you and records no Horovod collective spans",
-                level=logging.INFO,
-            )
-        else:
-            self.mode = USER_FILE
-        if _settings().horovod_exact:
-            os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
-
-    def _resolve_late(self) -> None:
-        """tf_otel instrumented after hvd.init(): only a user's timeline file can be read."""
-        current = os.environ.get("HOROVOD_TIMELINE", "").strip()
-        if current and current.upper() != "DYNAMIC" and _settings().horovod:
-            self.mode = USER_FILE
-        elif _settings().horovod and _settings().horovod_source != "timeline":
-            self.mode = STAMPS  # timing our own ops needs nothing set before hvd.init
-        else:
-            self.mode = OFF
-            log_once(
-                "hvd_late",
-                "tf_otel: Horovod was initialised before tf_otel instrumented it; no collective "
-                "spans. Instrument before hvd.init() (or run with TF_OTEL_ENABLED=1)",
-            )
-
     # -- step hook (training thread) ---------------------------------------------------------
 
     def on_step_start(self, handle: Any, call: Any) -> None:
@@ -162,32 +111,22 @@ class HorovodCollectives(StepHook):
             if self.running is not None:
                 self._stop_managed()
             return
-        if self.mode == OFF or self._finished:
+        if choice.mode == OFF or self._finished:
             return
         pipeline = _pipeline()
         if pipeline is None or pipeline.topology.world_size < 2:
             return
-        if self.mode is None and self._horovod_ready():
-            self._resolve_late()
-        if self.mode == STAMPS:
-            if collector.backend is None:
-                collector.backend = self._backend()
-            collector.begin(handle)
-            return
-        if self.mode == MANAGED and not collector.wanted(handle):
+        mode = choice.current()
+        if mode not in TIMELINE_MODES:
+            return  # not decided yet (Horovod not up), off, or the stamps' (stamps.hook)
+        if mode == MANAGED and not collector.wanted(handle):
             return  # the same detail-step policy as the stamps (TF_OTEL_HOROVOD_EVERY)
         if pipeline.topology.rank != 0:
             self._expect(handle.key, handle.step)
             return
-        if self.mode is None:
-            if not self._horovod_ready():
-                return
-            self._resolve_late()
-            if self.mode == OFF:
-                return
-        if self.mode == MANAGED and not self._start_managed():
+        if mode == MANAGED and not self._start_managed():
             return
-        if self.mode == USER_FILE and not self._sources:
+        if mode == USER_FILE and not self._sources:
             self._sources.append(_Source(os.environ["HOROVOD_TIMELINE"].strip(), managed=False))
         with self._lock:
             self._windows[(handle.key, handle.step)] = _Window(handle.start_ns, None, self.running)
@@ -197,10 +136,7 @@ class HorovodCollectives(StepHook):
         self._ensure_thread()
 
     def on_step_end(self, handle: Any, call: Any, error: Optional[BaseException]) -> None:
-        if not handle.sampled or self.mode in (None, OFF):
-            return
-        if self.mode == STAMPS:
-            collector.end(handle)
+        if not handle.sampled or choice.mode not in TIMELINE_MODES:
             return
         with self._lock:
             window = self._windows.get((handle.key, handle.step))
@@ -209,45 +145,17 @@ class HorovodCollectives(StepHook):
         if self.running is not None:
             self._stop_managed()
 
-    def stamping(self) -> bool:
-        """Graph construction: time Horovod ops (default source, more than one rank)?"""
-        if self.mode is None and self._horovod_ready():
-            self._resolve_late()
-        if self.mode != STAMPS or self._finished or not is_active() or collector.every <= 0:
-            return False  # TF_OTEL_HOROVOD_EVERY=0 (default): no timing ops in the graph
-        try:
-            return int(self.basics.size()) > 1
-        except Exception:  # noqa: BLE001
-            return False
-
-    def _backend(self) -> Optional[str]:
-        try:
-            return "gloo" if self.basics.gloo_enabled() else "mpi"
-        except Exception:  # noqa: BLE001
-            return None
-
-    def _horovod_ready(self) -> bool:
-        basics = self.basics
-        if basics is None:
-            module = sys.modules.get("horovod.tensorflow.mpi_ops")
-            basics = getattr(module, "_basics", None)
-            self.basics = basics
-        try:
-            return basics is not None and bool(basics.is_initialized())
-        except Exception:  # noqa: BLE001
-            return False
-
     def _start_managed(self) -> bool:
         if self.running is not None:
             return True
-        if not self._horovod_ready():
+        if not choice.horovod_ready():
             return False
         self._seq += 1
         path = os.path.join(tempfile.gettempdir(), f"{_PREFIX}{os.getpid()}-{self._seq}.json")
         try:
-            self.basics.start_timeline(path)
+            choice.basics.start_timeline(path)
         except ValueError as exc:
-            self.mode = OFF
+            choice.mode = OFF
             log_once("hvd_start", "tf_otel: cannot start the Horovod timeline (%s)", exc)
             return False
         source = _Source(path, managed=True)
@@ -261,8 +169,8 @@ class HorovodCollectives(StepHook):
         if source is None:
             return
         with fail_open("horovod.stop_timeline"):
-            if self._horovod_ready():
-                self.basics.stop_timeline()
+            if choice.horovod_ready():
+                choice.basics.stop_timeline()
         source.stopped_at = time.monotonic()
 
     # -- rank 0: reader thread -----------------------------------------------------------------
@@ -415,14 +323,11 @@ class HorovodCollectives(StepHook):
 
     def finish(self) -> None:
         """At exit / SIGTERM: rank 0 flushes and tells the ranks; ranks wait (bounded)."""
-        if self._finished or self.mode in (None, OFF):
+        if self._finished or choice.mode not in TIMELINE_MODES:
             return
         self._finished = True
         pipeline = _pipeline()
         if pipeline is None:
-            return
-        if self.mode == STAMPS:
-            collector.finish(pipeline.topology.rank == 0, _EXIT_WAIT_S)
             return
         if pipeline.topology.rank == 0:
             self._stop.set()
@@ -443,6 +348,22 @@ class HorovodCollectives(StepHook):
         with self._lock:
             paths = {s.path for s in self._sources if s.managed}
         return bool(paths & (_open_paths() or set()))
+
+    # -- registration ------------------------------------------------------------------------
+
+    def _handle_messages(self, pipeline: Any) -> None:
+        pipeline.handlers.on_rank(messages.HVD_RECORDS, self.on_message)
+        pipeline.handlers.on_rank(messages.HVD_DONE, self.on_done)
+
+    def register(self) -> None:
+        """The step hook, its message handlers and its exit hand-over (once per process)."""
+        from tf_otel.pipeline.lifecycle import before_shutdown, with_pipeline
+
+        add_step_hook(self)
+        with_pipeline(self._handle_messages)
+        before_shutdown(self.finish)  # exit and SIGTERM: hand over the timeline's last records
+        with fail_open("horovod.stale"):
+            _remove_stale()
 
 
 def _encode(c: tl.Collective, v: tl.RankView) -> messages.HorovodCollective:
@@ -504,119 +425,7 @@ def _remove_stale() -> None:
             pass
 
 
-def _settings() -> Any:
-    from tf_otel.config import Settings
-
-    return Settings.from_env()
-
-
-def _pipeline() -> Any:
-    from tf_otel.pipeline.lifecycle import current_pipeline
-
-    return current_pipeline()  # created by the first step; None before
-
-
-# -- Keras 3 + DistributedOptimizer ---------------------------------------------------------
-
-
-def _is_keras3_optimizer(optimizer: Any) -> bool:
-    module = type(optimizer).__module__ or ""
-    if not module.startswith("keras"):
-        return False
-    keras = sys.modules.get("keras")
-    return str(getattr(keras, "__version__", "3")).startswith("3")
-
-
-def _check_optimizer(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-    optimizer = args[0] if args else kwargs.get("optimizer")
-    with fail_open("horovod.keras3_check"):
-        if _is_keras3_optimizer(optimizer):
-            log_once(
-                "hvd_keras3",
-                "tf_otel: hvd.DistributedOptimizer got a Keras 3 optimizer (%s): Horovod does "
-                "not average its gradients, so ranks silently diverge. Use tf_keras "
-                "(TF_USE_LEGACY_KERAS=1, pip install tf_keras) or hvd.DistributedGradientTape "
-                "in a custom loop",
-                type(optimizer).__name__,
-            )
-    return wrapped(*args, **kwargs)
-
-
-# -- registration ---------------------------------------------------------------------------
-
-hook = HorovodCollectives()
-_registered = False
-
-
-def _init_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-    with fail_open("horovod.before_init"):
-        hook.before_init()
-        hook.basics = instance
-    return wrapped(*args, **kwargs)
-
-
-def _patch_basics(module: Any) -> None:
-    wrap(module.HorovodBasics, "init", _init_wrapper)
-
-
-def _patch_mpi_lib(module: Any) -> None:
-    """Replace the op functions of Horovod's TF library with timed ones. Not wrapt: AutoGraph
-    warns about wrapt-decorated functions on every tf.function that calls them."""
-    library = getattr(module, "MPI_LIB", None)
-    tf = sys.modules.get("tensorflow")
-    if library is None or tf is None:
-        return
-    for name, (op, grouped) in OPS.items():
-        original = getattr(library, name, None)
-        if original is None or getattr(original, "_tf_otel_original", None) is not None:
-            continue
-        setattr(library, name, _timed(original, collector.wrapper(op, grouped), tf))
-
-
-def _timed(original: Callable, wrapper: Callable, tf: Any) -> Callable:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return wrapper(original, None, args, kwargs)
-
-    call.__name__ = getattr(original, "__name__", "horovod_op")
-    call.__doc__ = original.__doc__
-    timed = tf.autograph.experimental.do_not_convert(call)
-    timed._tf_otel_original = original
-    return timed
-
-
-def _patch_optimizer(module: Any) -> None:
-    if hasattr(module, "DistributedOptimizer"):
-        wrap(module, "DistributedOptimizer", _check_optimizer)
-
-
-def _handle_messages(pipeline: Any) -> None:
-    pipeline.handlers.on_rank(messages.HVD_RECORDS, hook.on_message)
-    pipeline.handlers.on_rank(messages.HVD_DONE, hook.on_done)
-    pipeline.handlers.on_reference(messages.HVD_ARRIVALS, collector.on_arrivals)
-    pipeline.handlers.on_rank(messages.HVD_LAST, collector.on_last)
-
-
-def register() -> None:
-    global _registered
-    when_imported("horovod.common.basics", _patch_basics)
-    when_imported("horovod.tensorflow.mpi_ops", _patch_mpi_lib)
-    for module in ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"):
-        when_imported(module, _patch_optimizer)
-    if _registered:
-        return
-    _registered = True
-    add_step_hook(hook)
-    from tf_otel.pipeline.lifecycle import with_pipeline
-
-    with_pipeline(_handle_messages)
-    collector.every = _settings().horovod_every
-    collector.parts = parts_wanted(_settings().horovod_parts, collector.every)
-    collector.enabled = hook.stamping
-    from tf_otel.pipeline.lifecycle import before_shutdown
-
-    before_shutdown(hook.finish)  # exit and SIGTERM: hand over the timeline's last records
-    with fail_open("horovod.stale"):
-        _remove_stale()
+hook = TimelineHook()
 
 
 _MATCH_SLACK_NS = 1_000_000

@@ -1,0 +1,38 @@
+"""Horovod collectives on every rank's step trace, one module per part:
+
+- ``choice``: which source, picked just before ``hvd.init()``: ``stamps`` (default) or the
+  timeline (``TF_OTEL_HOROVOD_SOURCE=timeline`` or a program's own ``HOROVOD_TIMELINE``);
+- ``patching``: hvd.init(), Horovod's TF op functions, hvd.DistributedOptimizer;
+- ``stamps``: every rank times its own collectives in its graph (its step hook and the
+  ``hvd.a`` / ``hvd.l`` messages);
+- ``timeline``: rank 0 reads Horovod's timeline (its step hook and the ``hvd.c`` messages).
+
+Both hooks are registered; each works only under its own source. See docs/HOROVOD.md.
+
+Usage::
+
+    from tf_otel.instrument import horovod
+    horovod.register()   # idempotent; TF_OTEL_HOROVOD=0 turns collective spans off
+"""
+
+from __future__ import annotations
+
+from tf_otel.health import fail_open
+from tf_otel.instrument.horovod import patching, stamps, timeline
+from tf_otel.instrument.horovod.choice import choice, settings
+
+__all__ = ["choice", "register"]
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    patching.register()
+    if _registered:
+        return
+    _registered = True
+    current = settings()
+    with fail_open("horovod.register"):
+        stamps.hook.register(current.horovod_every, current.horovod_parts)
+        timeline.hook.register()

@@ -1,0 +1,120 @@
+"""Which source gives the Horovod collective spans: picked once, just before ``hvd.init()``.
+
+Usage::
+
+    from tf_otel.instrument.horovod.choice import STAMPS, choice
+    choice.before_init()          # patching: hvd.init() is about to run
+    if choice.current() == STAMPS:
+        ...                       # the stamps hook works; the timeline hook stays idle
+
+- ``stamps`` (default): every rank times its own collectives in the graph (``stamps``);
+- ``managed``: ``TF_OTEL_HOROVOD_SOURCE=timeline``: tf_otel sets ``HOROVOD_TIMELINE=DYNAMIC``
+  and rank 0 starts / stops a timeline file around sampled steps (``timeline``);
+- ``user_file``: the program's own ``HOROVOD_TIMELINE`` file is read, never touched;
+- ``off``: ``TF_OTEL_HOROVOD=0``, the program's ``HOROVOD_TIMELINE=DYNAMIC``, or Horovod
+  initialised before tf_otel with nothing to read.
+
+The choice is made at ``hvd.init()``, not at ``register()``: a program may set
+``HOROVOD_TIMELINE`` in its own code before it initialises Horovod.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Optional
+
+from tf_otel.health import log_once
+
+MANAGED, USER_FILE, OFF, STAMPS = "managed", "user_file", "off", "stamps"
+TIMELINE_MODES = (MANAGED, USER_FILE)
+
+
+def settings() -> Any:
+    from tf_otel.config import Settings
+
+    return Settings.from_env()
+
+
+def pipeline() -> Any:
+    from tf_otel.pipeline.lifecycle import current_pipeline
+
+    return current_pipeline()  # created by the first step; None before
+
+
+class SourceChoice:
+    """The process's one choice of source, and Horovod's ``HorovodBasics`` once initialised."""
+
+    def __init__(self) -> None:
+        self.mode: Optional[str] = None
+        self.basics: Any = None  # horovod.common.basics.HorovodBasics of hvd.init
+
+    def before_init(self) -> None:
+        """Called just before hvd.init(): choose the mode and set Horovod's env."""
+        if self.mode is not None:
+            return
+        if not settings().horovod:
+            self.mode = OFF
+            return
+        current = os.environ.get("HOROVOD_TIMELINE", "").strip()
+        if not current and settings().horovod_source != "timeline":
+            self.mode = STAMPS  # no HOROVOD_TIMELINE: its writer thread spins from hvd.init
+            return
+        if not current:
+            os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
+            self.mode = MANAGED
+        elif current.upper() == "DYNAMIC":
+            self.mode = OFF
+            log_once(
+                "hvd_user_dynamic",
+                "tf_otel: HOROVOD_TIMELINE=DYNAMIC is set by you: tf_otel leaves the timeline "
+                "to you and records no Horovod collective spans",
+                level=logging.INFO,
+            )
+        else:
+            self.mode = USER_FILE
+        if settings().horovod_exact:
+            os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
+
+    def resolve_late(self) -> None:
+        """tf_otel instrumented after hvd.init(): only a user's timeline file can be read."""
+        current = os.environ.get("HOROVOD_TIMELINE", "").strip()
+        if current and current.upper() != "DYNAMIC" and settings().horovod:
+            self.mode = USER_FILE
+        elif settings().horovod and settings().horovod_source != "timeline":
+            self.mode = STAMPS  # timing our own ops needs nothing set before hvd.init
+        else:
+            self.mode = OFF
+            log_once(
+                "hvd_late",
+                "tf_otel: Horovod was initialised before tf_otel instrumented it; no collective "
+                "spans. Instrument before hvd.init() (or run with TF_OTEL_ENABLED=1)",
+            )
+
+    def horovod_ready(self) -> bool:
+        basics = self.basics
+        if basics is None:
+            module = sys.modules.get("horovod.tensorflow.mpi_ops")
+            basics = getattr(module, "_basics", None)
+            self.basics = basics
+        try:
+            return basics is not None and bool(basics.is_initialized())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def current(self) -> Optional[str]:
+        """The mode; decided late (``resolve_late``) once Horovod is up if hvd.init() ran
+        before tf_otel; None while Horovod is not initialised."""
+        if self.mode is None and self.horovod_ready():
+            self.resolve_late()
+        return self.mode
+
+    def backend(self) -> Optional[str]:
+        try:
+            return "gloo" if self.basics.gloo_enabled() else "mpi"
+        except Exception:  # noqa: BLE001
+            return None
+
+
+choice = SourceChoice()

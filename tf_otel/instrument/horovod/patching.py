@@ -1,0 +1,92 @@
+"""What tf_otel patches in Horovod: ``hvd.init()`` (the source is chosen just before it), the
+collective op functions of Horovod's TF library (timed by ``stamps``), and
+``hvd.DistributedOptimizer`` (a Keras 3 optimizer given to it is reported once: Horovod does not
+average its gradients).
+
+Usage::
+
+    from tf_otel.instrument.horovod import patching
+    patching.register()   # post-import hooks; nothing is imported here
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from tf_otel.health import fail_open, log_once
+from tf_otel.instrument._patching import when_imported, wrap
+from tf_otel.instrument.horovod.choice import choice
+from tf_otel.instrument.horovod.stamps import OPS, collector
+
+
+def _init_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    with fail_open("horovod.before_init"):
+        choice.before_init()
+        choice.basics = instance
+    return wrapped(*args, **kwargs)
+
+
+def _patch_basics(module: Any) -> None:
+    wrap(module.HorovodBasics, "init", _init_wrapper)
+
+
+def _patch_mpi_lib(module: Any) -> None:
+    """Replace the op functions of Horovod's TF library with timed ones. Not wrapt: AutoGraph
+    warns about wrapt-decorated functions on every tf.function that calls them."""
+    library = getattr(module, "MPI_LIB", None)
+    tf = sys.modules.get("tensorflow")
+    if library is None or tf is None:
+        return
+    for name, (op, grouped) in OPS.items():
+        original = getattr(library, name, None)
+        if original is None or getattr(original, "_tf_otel_original", None) is not None:
+            continue
+        setattr(library, name, _timed(original, collector.wrapper(op, grouped), tf))
+
+
+def _timed(original: Callable, wrapper: Callable, tf: Any) -> Callable:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(original, None, args, kwargs)
+
+    call.__name__ = getattr(original, "__name__", "horovod_op")
+    call.__doc__ = original.__doc__
+    timed = tf.autograph.experimental.do_not_convert(call)
+    timed._tf_otel_original = original
+    return timed
+
+
+def _is_keras3_optimizer(optimizer: Any) -> bool:
+    module = type(optimizer).__module__ or ""
+    if not module.startswith("keras"):
+        return False
+    keras = sys.modules.get("keras")
+    return str(getattr(keras, "__version__", "3")).startswith("3")
+
+
+def _check_optimizer(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    optimizer = args[0] if args else kwargs.get("optimizer")
+    with fail_open("horovod.keras3_check"):
+        if _is_keras3_optimizer(optimizer):
+            log_once(
+                "hvd_keras3",
+                "tf_otel: hvd.DistributedOptimizer got a Keras 3 optimizer (%s): Horovod does "
+                "not average its gradients, so ranks silently diverge. Use tf_keras "
+                "(TF_USE_LEGACY_KERAS=1, pip install tf_keras) or hvd.DistributedGradientTape "
+                "in a custom loop",
+                type(optimizer).__name__,
+            )
+    return wrapped(*args, **kwargs)
+
+
+def _patch_optimizer(module: Any) -> None:
+    if hasattr(module, "DistributedOptimizer"):
+        wrap(module, "DistributedOptimizer", _check_optimizer)
+
+
+def register() -> None:
+    """Post-import hooks (idempotent: wrap() wraps once)."""
+    when_imported("horovod.common.basics", _patch_basics)
+    when_imported("horovod.tensorflow.mpi_ops", _patch_mpi_lib)
+    for module in ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"):
+        when_imported(module, _patch_optimizer)
