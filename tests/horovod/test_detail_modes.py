@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import VENV_BIN, base_env, run  # noqa: E402
 
-from tf_otel.instrument.horovod.stamps import detail_wanted  # noqa: E402
+from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
 
 pytestmark = pytest.mark.integration
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "stamps_loop.py")

@@ -4,7 +4,8 @@ detail-step policy (no TF, no Horovod)."""
 from __future__ import annotations
 
 from tf_otel import record
-from tf_otel.instrument.horovod.stamps import detail_wanted, parts_wanted
+from tf_otel.instrument.horovod.choice import detail_wanted
+from tf_otel.instrument.horovod.stamps import parts_wanted
 from tf_otel.pipeline.ids import step_trace_id
 from tf_otel.sources import horovod_stamp_records as hs
 

@@ -43,12 +43,24 @@ def pipeline() -> Any:
     return current_pipeline()  # created by the first step; None before
 
 
+def detail_wanted(trace_id: int, every: int) -> bool:
+    """Collective detail on 1 sampled step in ``every``, picked by the step trace id (the high 64
+    bits: independent of the ratio sampler, which reads the low ones); the same on every rank."""
+    return every > 0 and (every == 1 or (trace_id >> 64) % every == 0)
+
+
 class SourceChoice:
-    """The process's one choice of source, and Horovod's ``HorovodBasics`` once initialised."""
+    """The process's one choice of source, Horovod's ``HorovodBasics`` once initialised, and the
+    detail-step policy both sources follow."""
 
     def __init__(self) -> None:
         self.mode: Optional[str] = None
         self.basics: Any = None  # horovod.common.basics.HorovodBasics of hvd.init
+        self.every = 0  # TF_OTEL_HOROVOD_EVERY: collective detail on 1 sampled step in N
+
+    def wanted(self, handle: Any) -> bool:
+        """Is this sampled step a collective-detail step (the same steps on every rank)?"""
+        return detail_wanted(handle.trace_id, self.every)
 
     def before_init(self) -> None:
         """Called just before hvd.init(): choose the mode and set Horovod's env."""

@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from tf_otel import clock
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepHook, add_step_hook, is_active
-from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice
+from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice, detail_wanted
 from tf_otel.instrument.horovod.choice import pipeline as _pipeline
 from tf_otel.pipeline import messages
 from tf_otel.sources import horovod_stamp_records as hs
@@ -72,12 +72,6 @@ def parts_wanted(setting: Optional[bool], every: int) -> bool:
     return setting if setting is not None else every >= PARTS_DENSE_EVERY
 
 
-def detail_wanted(trace_id: int, every: int) -> bool:
-    """Collective detail on 1 sampled step in ``every``, picked by the step trace id (the high 64
-    bits: independent of the ratio sampler, which reads the low ones); the same on every rank."""
-    return every > 0 and (every == 1 or (trace_id >> 64) % every == 0)
-
-
 @dataclass(slots=True)
 class _Gather:
     """Rank 0: one detail step's arrivals, {rank: {tensor: reference ns}}, gathered since
@@ -91,7 +85,6 @@ class StampCollector:
     """Graph stamps, the detail-step policy, and the cross-rank arrival exchange."""
 
     def __init__(self) -> None:
-        self.every = 0
         self.parts = True  # wait / transfer children (TF_OTEL_HOROVOD_PARTS)
         self.backend: Optional[str] = None
         self.enabled: Callable[[], bool] = lambda: False
@@ -182,8 +175,17 @@ class StampCollector:
 
     # -- training thread ----------------------------------------------------------------------
 
+    @property
+    def every(self) -> int:
+        """TF_OTEL_HOROVOD_EVERY, shared with the timeline source (``choice.every``)."""
+        return choice.every
+
+    @every.setter
+    def every(self, value: int) -> None:
+        choice.every = value
+
     def wanted(self, handle: Any) -> bool:
-        return detail_wanted(handle.trace_id, self.every)
+        return choice.wanted(handle)
 
     def begin(self, handle: Any) -> bool:
         """A sampled step starts: True (and collect) when it is a collective-detail step."""

@@ -39,7 +39,6 @@ from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepHook, add_step_hook
 from tf_otel.instrument.horovod.choice import MANAGED, OFF, TIMELINE_MODES, USER_FILE, choice
 from tf_otel.instrument.horovod.choice import pipeline as _pipeline
-from tf_otel.instrument.horovod.stamps import collector
 from tf_otel.pipeline import messages
 from tf_otel.sources import horovod_timeline as tl
 
@@ -119,7 +118,7 @@ class TimelineHook(StepHook):
         mode = choice.current()
         if mode not in TIMELINE_MODES:
             return  # not decided yet (Horovod not up), off, or the stamps' (stamps.hook)
-        if mode == MANAGED and not collector.wanted(handle):
+        if mode == MANAGED and not choice.wanted(handle):
             return  # the same detail-step policy as the stamps (TF_OTEL_HOROVOD_EVERY)
         if pipeline.topology.rank != 0:
             self._expect(handle.key, handle.step)
