@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tf_otel"
 
@@ -138,3 +138,49 @@ def test_version_module_matches_the_project_and_pipeline_reads_it_there():
             if isinstance(node, ast.ImportFrom) and node.module == "tf_otel":
                 names = {alias.name for alias in node.names}
                 assert "__version__" not in names, f"{path.name}: import it from tf_otel.version"
+
+
+def _contract_names() -> Dict[str, str]:
+    """record.py's ATTR_* names -> their values: the trace contract's attribute names."""
+    import tf_otel.record as record
+
+    return {k: v for k, v in vars(record).items() if k.startswith("ATTR_") and isinstance(v, str)}
+
+
+def _attr_literals(path: Path) -> List[Tuple[str, str]]:
+    """(name, value) of every ``ATTR_... = "literal"`` assignment in a module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                name = getattr(target, "id", "")
+                if name.lstrip("_").startswith("ATTR_") and isinstance(node.value.value, str):
+                    found.append((name, node.value.value))
+    return found
+
+
+def test_the_contract_names_live_in_record_only():
+    """Every attribute name the analysis reads is defined in record.py, and no module (runtime
+    or analysis) writes a contract name out again; docs/ARCHITECTURE.md names each of them."""
+    root = Path(__file__).resolve().parent.parent
+    names = _contract_names()
+    values = set(names.values())
+    assert len(values) == len(names), "two record.py names for one attribute"
+    for path in sorted((root / "tf_otel").rglob("*.py")):
+        if path.name == "record.py" and path.parent.name == "tf_otel":
+            continue
+        literals = _attr_literals(path)
+        if "analysis" in path.parts:
+            assert not literals, f"{path}: the analysis takes contract names from record.py"
+        again = [(n, v) for n, v in literals if v in values]
+        assert not again, f"{path}: {again} repeat record.py (import them from there)"
+    doc = (root / "docs" / "ARCHITECTURE.md").read_text()
+    missing = sorted(v for v in values if f"`{v}`" not in doc)
+    assert not missing, f"docs/ARCHITECTURE.md does not name {missing}"
+
+
+def test_the_contract_check_finds_a_repeated_name(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('ATTR_W = "horovod.wait_ns"\n_ATTR_X = "x.y"\nOTHER = "horovod.wait_ns"\n')
+    assert _attr_literals(module) == [("ATTR_W", "horovod.wait_ns"), ("_ATTR_X", "x.y")]
+    assert "horovod.wait_ns" in _contract_names().values()

@@ -38,6 +38,32 @@ ATTR_CLOCK_OFFSET = "tf_otel.clock.offset_ns"
 ATTR_CLOCK_UNCERTAINTY = "tf_otel.clock.uncertainty_ns"
 ATTR_COLLECTIVE_KEY = "tf_otel.collective.key"
 ATTR_FUNCTION_NAME = "tensorflow.function.name"
+ATTR_HOST_NAME = "host.name"  # semantic conventions (resource)
+
+# collectives (sources.horovod_timeline, sources.horovod_stamp_records)
+ATTR_TENSOR = "horovod.tensor"
+ATTR_LAST_ARRIVAL = "horovod.last_arrival"
+ATTR_ARRIVAL = "horovod.arrival"  # how a rank's arrival is known: tick|negotiate|inferred|unknown
+ATTR_WAIT_NS = "horovod.wait_ns"
+# parameter-server transfers (sources.step_stats)
+ATTR_TRANSFER_EDGE = "tensorflow.transfer.edge"
+# the older per-span GPU sample, still read in traces of earlier versions (analysis.gpu)
+ATTR_GPU_UTILIZATION = "gpu.utilization"
+
+# step span attributes the whole-step rules read
+ATTR_INPUT_WAIT = "tf_otel.input.wait_ns"  # instrument.input_wait
+ATTR_INPUT_ELEMENTS = "tf_otel.input.elements"
+ATTR_BETWEEN = "tf_otel.between_steps_ns"  # instrument.step_resources
+ATTR_CALLBACK = "tf_otel.between_steps.callback_ns"
+ATTR_CHECKPOINT = "tf_otel.between_steps.checkpoint_ns"
+ATTR_TOP = "tf_otel.between_steps.top"
+ATTR_READ_BYTES = "tf_otel.io.read_bytes"
+ATTR_READ_OPS = "tf_otel.io.read_ops"
+ATTR_CPU_TIME = "tf_otel.process.cpu_time_ns"
+ATTR_CPUS = "tf_otel.process.cpus"
+ATTR_MEMORY = "process.memory.usage"  # semantic conventions
+ATTR_HW_GPU_UTILIZATION = "hw.gpu.utilization"  # semantic conventions (ratio 0..1)
+ATTR_BATCH_SIZE = "tf_otel.batch.size"  # instrument.keras
 
 # tf_otel.step.kind values
 SESSION_RUN = "session_run"

@@ -17,19 +17,18 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from tf_otel.analysis.step_attributes import WHOLE_STEP_ATTRIBUTES
 from tf_otel.record import (
+    ATTR_ARRIVAL,
     ATTR_CATEGORY,
     ATTR_COLLECTIVE_KEY,
+    ATTR_GPU_UTILIZATION,
     ATTR_JOB_ID,
+    ATTR_LAST_ARRIVAL,
     ATTR_RANK,
     ATTR_STEP,
+    ATTR_TRANSFER_EDGE,
+    ATTR_WAIT_NS,
     ATTR_WORLD_SIZE,
 )
-
-ATTR_GPU_UTILIZATION = "gpu.utilization"
-ATTR_LAST_ARRIVAL = "horovod.last_arrival"
-ATTR_ARRIVAL = "horovod.arrival"  # how a rank's arrival is known: tick|negotiate|inferred|unknown
-ATTR_WAIT_NS = "horovod.wait_ns"
-ATTR_TRANSFER_EDGE = "tensorflow.transfer.edge"
 
 # Every attribute the analysis reads; the first five are also (or only) slots of ``Span``.
 SLOT_ATTRIBUTES = frozenset(

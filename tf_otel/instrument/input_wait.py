@@ -33,9 +33,9 @@ from tf_otel.instrument._patching import wrap as _wrap
 from tf_otel.pipeline.step_metrics import FLAG_INPUT_WAIT
 from tf_otel.record import INPUT, Record
 
-ATTR_WAIT = "tf_otel.input.wait_ns"
+ATTR_WAIT = record.ATTR_INPUT_WAIT
 ATTR_SHARE = "tf_otel.input.share"
-ATTR_ELEMENTS = "tf_otel.input.elements"
+ATTR_ELEMENTS = record.ATTR_INPUT_ELEMENTS
 SPAN_NAME = "input wait (tf.data)"
 # an ``input`` span under the step only where the wait is worth looking at (XProf's lower grade)
 SPAN_MIN_SHARE = 0.05

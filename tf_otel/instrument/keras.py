@@ -18,7 +18,7 @@ from tf_otel import record
 from tf_otel.health import fail_open
 from tf_otel.instrument._patching import in_keras_loop, run_step, when_imported, wrap
 
-ATTR_BATCH_SIZE = "tf_otel.batch.size"
+ATTR_BATCH_SIZE = record.ATTR_BATCH_SIZE
 _KERAS_DEFAULT_BATCH = 32  # fit / evaluate / predict on arrays without batch_size
 _BATCH_ARGUMENT = {"fit": 2, "evaluate": 2, "predict": 1}  # batch_size's position
 

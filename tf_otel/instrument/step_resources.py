@@ -34,21 +34,21 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from tf_otel import clock
+from tf_otel import clock, record
 from tf_otel.health import fail_open
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, when_imported, wrap
 
-ATTR_BETWEEN = "tf_otel.between_steps_ns"
-ATTR_CALLBACK = "tf_otel.between_steps.callback_ns"
-ATTR_CHECKPOINT = "tf_otel.between_steps.checkpoint_ns"
-ATTR_TOP = "tf_otel.between_steps.top"
-ATTR_READ_BYTES = "tf_otel.io.read_bytes"
+ATTR_BETWEEN = record.ATTR_BETWEEN
+ATTR_CALLBACK = record.ATTR_CALLBACK
+ATTR_CHECKPOINT = record.ATTR_CHECKPOINT
+ATTR_TOP = record.ATTR_TOP
+ATTR_READ_BYTES = record.ATTR_READ_BYTES
 ATTR_WRITE_BYTES = "tf_otel.io.write_bytes"
-ATTR_READ_OPS = "tf_otel.io.read_ops"
+ATTR_READ_OPS = record.ATTR_READ_OPS
 ATTR_WRITE_OPS = "tf_otel.io.write_ops"
-ATTR_MEMORY = "process.memory.usage"
-ATTR_CPU_TIME = "tf_otel.process.cpu_time_ns"
-ATTR_CPUS = "tf_otel.process.cpus"
+ATTR_MEMORY = record.ATTR_MEMORY
+ATTR_CPU_TIME = record.ATTR_CPU_TIME
+ATTR_CPUS = record.ATTR_CPUS
 _MAX_PENDING = 256
 _TOP_MIN_NS = 1_000_000  # names only for what took at least 1 ms
 _BATCH_HOOKS = (

@@ -70,8 +70,8 @@ MAX_PENDING = 16384
 _KINDS_KEPT = 256  # step key/number -> kind, for collective records that arrive after the step
 
 # the collective span attributes (tf_otel.sources horovod parsers) this reads
-_ATTR_WAIT = "horovod.wait_ns"
-_ATTR_ARRIVAL = "horovod.arrival"
+_ATTR_WAIT = record.ATTR_WAIT_NS
+_ATTR_ARRIVAL = record.ATTR_ARRIVAL
 
 
 def collective_wait_ns(records: Iterable[record.Record]) -> Optional[int]:

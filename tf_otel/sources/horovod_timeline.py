@@ -59,17 +59,15 @@ _MAX_US = 2**63 / 1000 / 2  # Record times are int64 ns; half of it leaves room 
 
 # attribute keys (docs/ARCHITECTURE.md, collective)
 ATTR_OP = "horovod.op"
-ATTR_TENSOR = "horovod.tensor"
+ATTR_TENSOR = record.ATTR_TENSOR
 ATTR_DTYPE = "horovod.dtype"
 ATTR_SHAPE = "horovod.shape"
 ATTR_BYTES = "horovod.bytes"
 ATTR_BACKEND = "horovod.backend"
 ATTR_FUSED = "horovod.fused_group"
-ATTR_LAST = "horovod.last_arrival"
-ATTR_WAIT = "horovod.wait_ns"
-ATTR_ARRIVAL = (
-    "horovod.arrival"  # how this rank's arrival is known: tick|negotiate|inferred|unknown
-)
+ATTR_LAST = record.ATTR_LAST_ARRIVAL
+ATTR_WAIT = record.ATTR_WAIT_NS
+ATTR_ARRIVAL = record.ATTR_ARRIVAL
 
 
 def _time_us(base_us: float, value: Any) -> float:

@@ -27,7 +27,7 @@ import heapq
 import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from tf_otel.record import COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
+from tf_otel.record import ATTR_TRANSFER_EDGE, COMPUTE, FRAMEWORK, INPUT, TRANSFER, Record
 
 ATTR_OP_NAME = "tensorflow.op.name"
 ATTR_OP_TYPE = "tensorflow.op.type"
@@ -35,7 +35,7 @@ ATTR_DEVICE = "tensorflow.device"
 ATTR_SRC = "tensorflow.transfer.src"
 ATTR_DST = "tensorflow.transfer.dst"
 ATTR_BYTES = "tensorflow.transfer.bytes"
-ATTR_EDGE = "tensorflow.transfer.edge"
+ATTR_EDGE = ATTR_TRANSFER_EDGE
 ATTR_RATE = "tensorflow.transfer.rate_mbps"
 # per-op memory (sizes only): outputs' requested bytes, the op's allocation peak, the allocator's
 # bytes in use after the op

@@ -27,7 +27,7 @@ import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from tf_otel.nccl.kernels import parse_kernel_name
-from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, KERNEL, Record
+from tf_otel.record import ATTR_COLLECTIVE_KEY, ATTR_TENSOR, COLLECTIVE, KERNEL, Record
 from tf_otel.sources.xplane import parse_xspace, stat_value, time_base_ns
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ def _overlap(a: Record, b: Record, slack_ns: int) -> int:
 
 def _names_of(c: Record) -> Tuple[str, ...]:
     names = []
-    for key in ("horovod.tensor", "tensorflow.op.name", ATTR_COLLECTIVE_KEY):
+    for key in (ATTR_TENSOR, "tensorflow.op.name", ATTR_COLLECTIVE_KEY):
         v = c.attributes.get(key)
         if isinstance(v, str) and v:
             names.append(v)

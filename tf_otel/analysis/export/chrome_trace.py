@@ -44,6 +44,8 @@ from tf_otel.analysis.model import ATTR_LAST_ARRIVAL, Span
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.record import (
     ATTR_COLLECTIVE_KEY,
+    ATTR_HOST_NAME,
+    ATTR_TENSOR,
     COLLECTIVE,
     COLLECTIVE_TRANSFER,
     COLLECTIVE_WAIT,
@@ -56,8 +58,6 @@ from tf_otel.record import (
     TRANSFER,
 )
 
-ATTR_HOST = "host.name"
-ATTR_TENSOR = "horovod.tensor"
 # (track index, track name) per category; everything else is "other"
 TRACKS: Dict[str, Tuple[int, str]] = {
     STEP: (0, "step"),
@@ -272,7 +272,7 @@ def build_trace(
                 continue
             spans.append(span)
             if span.rank is not None and span.category != STEP_ROOT and span.rank not in hosts:
-                hosts[span.rank] = str(span.resource.get(ATTR_HOST) or "?")
+                hosts[span.rank] = str(span.resource.get(ATTR_HOST_NAME) or "?")
     spans.sort(key=lambda s: (s.start_ns, -s.end_ns, s.span_id))
     lanes: Dict[Tuple[int, int], _Lanes] = defaultdict(_Lanes)
     threads: Dict[int, Tuple[int, str, int]] = {}  # tid -> (pid, name, sort index)
