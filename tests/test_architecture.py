@@ -184,3 +184,57 @@ def test_the_contract_check_finds_a_repeated_name(tmp_path):
     module.write_text('ATTR_W = "horovod.wait_ns"\n_ATTR_X = "x.y"\nOTHER = "horovod.wait_ns"\n')
     assert _attr_literals(module) == [("ATTR_W", "horovod.wait_ns"), ("_ATTR_X", "x.y")]
     assert "horovod.wait_ns" in _contract_names().values()
+
+
+# start-up code that may read the environment: the instrumentor (once, handed on), the settings
+# module itself, and the command-line tools / probes that run as processes of their own
+READS_ENV_AT_START = {
+    "config.py",
+    "instrument/__init__.py",
+    "clock/cli.py",
+    "clock/pair.py",
+    "clock/__init__.py",  # TF_OTEL_TEST_CLOCK, resolved once per process (test only)
+}
+
+
+def _reads_env(path: Path) -> List[int]:
+    """Lines calling ``Settings.from_env()`` with no mapping (the process environment)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "from_env"
+            and not node.args
+            and not node.keywords
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_settings_are_read_once_at_start_up():
+    """Everything after start-up takes the settings instrument() read, from register(settings)
+    or config.current(); nothing reads the environment again."""
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        found = _reads_env(path)
+        if found and relative not in READS_ENV_AT_START:
+            offenders[relative] = found
+    assert not offenders, f"Settings.from_env() outside start-up: {offenders}"
+    # every module the instrumentor registers takes the settings it read
+    registered = sorted((PACKAGE / "instrument").glob("*.py")) + [
+        PACKAGE / "instrument" / "horovod" / "__init__.py",
+        PACKAGE / "instrument" / "ops" / "hook.py",
+    ]
+    for path in registered:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "register":
+                names = [a.arg for a in node.args.args]
+                assert names == ["settings"], f"{path}: register{tuple(names)}"
+
+
+def test_the_env_read_check_finds_a_call(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("x = Settings.from_env()\ny = Settings.from_env({'A': '1'})\n")
+    assert _reads_env(module) == [1]

@@ -292,8 +292,17 @@ def warn_unknown(env: Mapping[str, str]) -> None:
 _current: Optional[Settings] = None
 
 
+def use(settings: Settings) -> Settings:
+    """Make ``settings`` this process's settings: ``tf_otel.instrument()`` reads the environment
+    once, hands them to every ``register(settings)`` and keeps them here for what runs later."""
+    global _current
+    _current = settings
+    return settings
+
+
 def current() -> Settings:
-    """This process's settings, read from the environment once."""
+    """This process's settings: those ``use`` was given, else read from the environment once
+    (the command-line tools)."""
     global _current
     if _current is None:
         _current = Settings.from_env()

@@ -67,13 +67,20 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
-        from tf_otel.config import Settings
+        """kwargs: ``configure_sdk`` (set up the SDK from OTEL_* when no provider is set), and
+        ``tracer_provider`` / ``meter_provider`` as the contrib instrumentations take them."""
+        from tf_otel import config
         from tf_otel.health import fail_open
-        from tf_otel.pipeline import sdk, signals
+        from tf_otel.pipeline import lifecycle, sdk, signals
 
-        settings = Settings.from_env()
+        # read once here, handed to every register(): later changes of the environment reach
+        # none of them
+        settings = config.use(config.Settings.from_env())
+        tracer_provider = kwargs.get("tracer_provider")
+        lifecycle.use_tracer_provider(tracer_provider)
+        sdk.use_meter_provider(kwargs.get("meter_provider"))
         with fail_open("sdk.configure"):
-            if kwargs.get("configure_sdk", True):
+            if kwargs.get("configure_sdk", True) and tracer_provider is None:
                 sdk.configure_from_env()
             sdk.quiet_exporter_logs()
             if settings.file:
@@ -81,13 +88,14 @@ class TensorFlowInstrumentor(BaseInstrumentor):
                     sdk.file_path_for_rank(settings.file),
                     max_bytes=int(settings.file_max_mb * 1024 * 1024),
                     keep=settings.file_keep,
+                    provider=tracer_provider,
                 )
         with fail_open("delivery.watch"):  # after every span processor is in place
             from opentelemetry import trace
 
             from tf_otel.pipeline import delivery
 
-            delivery.watch(trace.get_tracer_provider())
+            delivery.watch(tracer_provider or trace.get_tracer_provider())
         signals.install_exit_handlers()
         _patching.activate()
         _patching.when_imported("tensorflow", check_tensorflow_version)
@@ -104,8 +112,8 @@ class TensorFlowInstrumentor(BaseInstrumentor):
             horovod,
             nccl_ring,
         ):
-            module.register()
-        step_context.register()  # last: its hook runs after the capture hooks of a step
+            module.register(settings)
+        step_context.register(settings)  # last: its hook runs after the capture hooks of a step
 
     def _uninstrument(self, **kwargs: Any) -> None:
         _patching.deactivate()

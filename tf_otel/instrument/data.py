@@ -19,6 +19,7 @@ import threading
 from typing import Any, Callable, List, Optional
 
 from tf_otel import clock
+from tf_otel.config import Settings
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, state, when_imported
 from tf_otel.instrument._patching import wrap as _wrap
 from tf_otel.pipeline.step_metrics import FLAG_INPUT_WAIT
@@ -85,6 +86,6 @@ def _patch(module: Any) -> None:
 hook = InputHook()
 
 
-def register() -> None:
+def register(settings: Settings) -> None:
     add_step_hook(hook)
     when_imported("tensorflow.python.data.ops.iterator_ops", _patch)

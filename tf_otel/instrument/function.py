@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Tuple, cast
 
 from tf_otel import record
+from tf_otel.config import Settings
 from tf_otel.instrument._patching import run_step, state, when_imported, wrap
 
 _LIBRARY_MODULES = ("tensorflow", "keras", "tf_keras", "horovod", "tf_otel")
@@ -60,12 +61,11 @@ def _patch(module: Any) -> None:
     global _executing_eagerly, _step_functions
     from tensorflow.python.eager import context
 
-    from tf_otel.config import Settings
-
     _executing_eagerly = context.executing_eagerly
-    _step_functions = Settings.from_env().step_functions
     wrap(module.Function, "__call__", _call_wrapper)
 
 
-def register() -> None:
+def register(settings: Settings) -> None:
+    global _step_functions
+    _step_functions = settings.step_functions
     when_imported("tensorflow.python.eager.polymorphic_function.polymorphic_function", _patch)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from tf_otel import clock, record
+from tf_otel.config import Settings
 from tf_otel.health import count, fail_open
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, when_imported
 from tf_otel.instrument._patching import wrap as _wrap
@@ -154,10 +155,8 @@ def _patch(module: Any) -> None:
     _wrap(module.DatasetV2, "__iter__", _iter_wrapper)
 
 
-def register() -> None:
-    from tf_otel.config import Settings
-
-    if not Settings.from_env().input_wait:
+def register(settings: Settings) -> None:
+    if not settings.input_wait:
         return
     add_step_hook(hook)
     when_imported("tensorflow.python.data.ops.dataset_ops", _patch)

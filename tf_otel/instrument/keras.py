@@ -15,6 +15,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from tf_otel import record
+from tf_otel.config import Settings
 from tf_otel.health import fail_open
 from tf_otel.instrument._patching import in_keras_loop, run_step, when_imported, wrap
 
@@ -124,7 +125,7 @@ def _patch_trainer(cls: Any) -> None:
         wrap(cls, loop, _loop_wrapper(loop))
 
 
-def register() -> None:
+def register(settings: Settings) -> None:
     when_imported(
         "keras.src.backend.tensorflow.trainer",
         lambda module: _patch_trainer(module.TensorFlowTrainer),

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, List, MutableMapping, Optional
 
+from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
 from tf_otel.record import Record
@@ -110,12 +111,15 @@ class NcclRingHook(StepHook):
 hook = NcclRingHook()
 
 
-def plugin_requested(env: Optional[MutableMapping[str, str]] = None) -> bool:
-    """Point NCCL at the plugin when asked; whether NCCL will load a profiler plugin at all."""
+def plugin_requested(
+    env: Optional[MutableMapping[str, str]] = None, settings: Optional[Settings] = None
+) -> bool:
+    """Point NCCL at the plugin when asked (``settings``, else those an explicit ``env`` gives);
+    whether NCCL will load a profiler plugin at all."""
     target = os.environ if env is None else env
-    from tf_otel.config import Settings
-
-    if Settings.from_env(target).nccl_profiler and not target.get(PLUGIN_ENV):
+    if settings is None:
+        settings = Settings.from_env(target)
+    if settings.nccl_profiler and not target.get(PLUGIN_ENV):
         if PLUGIN_PATH.exists():
             target[PLUGIN_ENV] = str(PLUGIN_PATH)
         else:
@@ -129,13 +133,12 @@ def plugin_requested(env: Optional[MutableMapping[str, str]] = None) -> bool:
     return bool(target.get(PLUGIN_ENV))
 
 
-def register() -> None:
-    hook.active = plugin_requested()
+def register(settings: Settings) -> None:
+    hook.active = plugin_requested(settings=settings)
     if not hook.active:
         return
     add_step_hook(hook)
     with fail_open("nccl_ring.stale"):
-        from tf_otel.config import current
         from tf_otel.nccl.ring import cleanup_stale
 
-        cleanup_stale(current().nccl_ring_dir)
+        cleanup_stale(settings.nccl_ring_dir)

@@ -18,6 +18,7 @@ import re
 from typing import Any, Callable
 
 from tf_otel import record
+from tf_otel.config import Settings
 from tf_otel.instrument._patching import run_step, when_imported, wrap
 
 KEY_PREFIX = "ps_closure:"
@@ -69,5 +70,5 @@ def _patch(module: Any) -> None:
     wrap(module.Closure, "execute_on", _execute_on_wrapper)
 
 
-def register() -> None:
+def register(settings: Settings) -> None:
     when_imported("tensorflow.python.distribute.coordinator.cluster_coordinator", _patch)

@@ -27,6 +27,7 @@ import functools
 from typing import Any, Callable, Dict, FrozenSet, List, Optional
 
 from tf_otel import record
+from tf_otel.config import Settings
 from tf_otel.health import report_failure
 from tf_otel.instrument._patching import is_active, run_step, state, when_imported, wrap
 
@@ -263,7 +264,7 @@ def _patch_session_manager(module: Any) -> None:
         wrap(module.SessionManager, method, _not_a_step)
 
 
-def register() -> None:
+def register(settings: Settings) -> None:
     when_imported("tensorflow.python.client.session", _patch_session)
     when_imported("tensorflow.python.training.monitored_session", _patch_monitored)
     when_imported("tensorflow.python.training.session_manager", _patch_session_manager)

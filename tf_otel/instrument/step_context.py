@@ -45,10 +45,11 @@ from opentelemetry.trace import (
 )
 
 from tf_otel import clock, record
+from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
 from tf_otel.pipeline.ids import step_rank_span_id
-from tf_otel.pipeline.lifecycle import before_shutdown, current_pipeline
+from tf_otel.pipeline.lifecycle import before_shutdown, current_pipeline, given_tracer_provider
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -233,7 +234,7 @@ _hook: Optional[StepContextHook] = None
 _processor: Optional[ClockShiftProcessor] = None
 
 
-def register() -> None:
+def register(settings: Settings) -> None:
     """Make steps the current context (TensorFlowInstrumentor calls this)."""
     global _hook, _processor
     if _hook is None:
@@ -242,7 +243,7 @@ def register() -> None:
     add_step_hook(_hook)
     before_shutdown(release)
     if _processor is None:
-        provider = trace.get_tracer_provider()
+        provider = given_tracer_provider() or trace.get_tracer_provider()
         if hasattr(provider, "add_span_processor"):
             _processor = ClockShiftProcessor()
             provider.add_span_processor(_processor)

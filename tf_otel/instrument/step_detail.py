@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from tf_otel.config import Settings
 from tf_otel.health import count, fail_open
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
 
@@ -322,10 +323,8 @@ class DetailHook(StepHook):
             attributes[ATTR_FILES_UNMOVED] = sorted(set(unmoved))[:MAX_FILES]
 
 
-def register() -> None:
-    from tf_otel.config import Settings
-
-    every = Settings.from_env().resources_every
+def register(settings: Settings) -> None:
+    every = settings.resources_every
     if not every:
         return
     if hasattr(os, "register_at_fork"):

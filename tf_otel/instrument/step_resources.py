@@ -35,6 +35,7 @@ import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from tf_otel import clock, record
+from tf_otel.config import Settings
 from tf_otel.health import fail_open
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, when_imported, wrap
 
@@ -218,7 +219,7 @@ def _patch_model(cls: Any) -> None:
         wrap(cls, method, _checkpoint_wrapper(f"Model.{method}"))
 
 
-def register() -> None:
+def register(settings: Settings) -> None:
     add_step_hook(hook)
     when_imported(
         "keras.src.callbacks.callback_list",

@@ -44,9 +44,9 @@ assert HEADER.size == 128 and RECORD.size == 192
 
 def ring_path(pid: int | None = None, directory: str | None = None) -> str:
     """Where the plugin in process ``pid`` (default: this one) writes its ring."""
-    from tf_otel.config import Settings
+    from tf_otel.config import current
 
-    d = directory or Settings.from_env().nccl_ring_dir or DEFAULT_DIR
+    d = directory or current().nccl_ring_dir or DEFAULT_DIR
     return os.path.join(d, f"tf_otel_nccl_{pid if pid is not None else os.getpid()}")
 
 

@@ -16,13 +16,26 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, List, Optional
 
-from tf_otel.config import Settings
+from tf_otel import config
 from tf_otel.health import fail_open, run_bounded
 from tf_otel.pipeline.steps import Pipeline
 
 _pipeline: Optional[Pipeline] = None
 _pipeline_lock = threading.Lock()
 _setups: List[Callable[[Pipeline], None]] = []  # run on the pipeline when it is created
+_tracer_provider: Any = None  # instrument(tracer_provider=...): else the global one
+
+
+def given_tracer_provider() -> Any:
+    """The TracerProvider instrument() was given, or None (the global one)."""
+    return _tracer_provider
+
+
+def use_tracer_provider(provider: Any) -> None:
+    """The TracerProvider the pipeline will use (before the first step), as the OpenTelemetry
+    contrib instrumentations take one; None: the global provider."""
+    global _tracer_provider
+    _tracer_provider = provider
 
 
 def get_pipeline() -> Pipeline:
@@ -30,10 +43,10 @@ def get_pipeline() -> Pipeline:
     if _pipeline is None:
         with _pipeline_lock:
             if _pipeline is None:
-                settings = Settings.from_env()
+                settings = config.current()
                 from tf_otel.job.topology import detect
 
-                pipeline = Pipeline(settings, detect(job_id=settings.job_id))
+                pipeline = Pipeline(settings, detect(job_id=settings.job_id), _tracer_provider)
                 for setup in _setups:  # before any step: no message can arrive unhandled
                     with fail_open("pipeline.setup"):
                         setup(pipeline)
@@ -80,9 +93,7 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
     then say in one line what was lost, if anything. Safe to call more than once."""
     global _exit_reported
     if timeout_s is None:
-        from tf_otel.config import current
-
-        timeout_s = current().exit_timeout_s
+        timeout_s = config.current().exit_timeout_s
     with _shutdown_lock:
         for callback in list(_before_shutdown):
             with fail_open("shutdown.before"):

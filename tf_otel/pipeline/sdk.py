@@ -46,10 +46,10 @@ def configure_from_env() -> bool:
     _configured_here = provider_is_configured()
     if _configured_here:
         with fail_open("sdk.resource"):  # the rank's resource from the first span / log record
-            from tf_otel.config import Settings
+            from tf_otel.config import current
             from tf_otel.job.topology import detect
 
-            merge_topology_resource(detect(job_id=Settings.from_env().job_id))
+            merge_topology_resource(detect(job_id=current().job_id))
         with fail_open("sdk.logs"):
             setup_logs()
     return _configured_here
@@ -88,11 +88,21 @@ def setup_logs() -> bool:
     return True
 
 
+_meter_provider: Any = None  # instrument(meter_provider=...): else the global one
+
+
+def use_meter_provider(provider: Any) -> None:
+    """The MeterProvider tf_otel's metrics go to, as the contrib instrumentations take one."""
+    global _meter_provider
+    _meter_provider = provider
+
+
 def sdk_meter_provider() -> Optional[Any]:
-    """The process's MeterProvider when it is a real one (an SDK's), else None."""
+    """The process's MeterProvider (the one given to instrument(), else the global one) when it
+    is a real one (an SDK's), else None."""
     from opentelemetry import metrics
 
-    provider = metrics.get_meter_provider()
+    provider = _meter_provider or metrics.get_meter_provider()
     if type(provider).__name__ in ("NoOpMeterProvider", "_ProxyMeterProvider"):
         return None
     return provider
@@ -304,13 +314,14 @@ def file_path_for_rank(template: str) -> str:
         return template
 
 
-def add_file_exporter(path: str, max_bytes: int = 0, keep: int = 0) -> bool:
-    """Add a batch processor writing OTLP-JSON to ``path`` on the global SDK TracerProvider;
-    the file is opened now, so a path that cannot be written is said at start."""
+def add_file_exporter(path: str, max_bytes: int = 0, keep: int = 0, provider: Any = None) -> bool:
+    """Add a batch processor writing OTLP-JSON to ``path`` on ``provider`` (default: the global
+    SDK TracerProvider); the file is opened now, so a path that cannot be written is said at
+    start."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-    provider = trace.get_tracer_provider()
+    provider = provider or trace.get_tracer_provider()
     if not hasattr(provider, "add_span_processor"):
         log_once("file_export_provider", "tf_otel: TF_OTEL_FILE needs the OpenTelemetry SDK")
         return False

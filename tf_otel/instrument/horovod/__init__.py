@@ -17,22 +17,22 @@ Usage::
 
 from __future__ import annotations
 
+from tf_otel.config import Settings
 from tf_otel.health import fail_open
 from tf_otel.instrument.horovod import patching, stamps, timeline
-from tf_otel.instrument.horovod.choice import choice, settings
+from tf_otel.instrument.horovod.choice import choice
 
 __all__ = ["choice", "register"]
 
 _registered = False
 
 
-def register() -> None:
+def register(settings: Settings) -> None:
     global _registered
     patching.register()
     if _registered:
         return
     _registered = True
-    current = settings()
     with fail_open("horovod.register"):
-        stamps.hook.register(current.horovod_every, current.horovod_parts)
+        stamps.hook.register(settings.horovod_every, settings.horovod_parts)
         timeline.hook.register()

@@ -32,9 +32,10 @@ TIMELINE_MODES = (MANAGED, USER_FILE)
 
 
 def settings() -> Any:
-    from tf_otel.config import Settings
+    """The settings instrument() read (config.use); the environment is not read again."""
+    from tf_otel.config import current
 
-    return Settings.from_env()
+    return current()
 
 
 def pipeline() -> Any:

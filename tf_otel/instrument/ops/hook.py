@@ -27,17 +27,18 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from tf_otel import config
+from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
 from tf_otel.pipeline import messages
 from tf_otel.record import INPUT, SESSION_RUN, Record
 
-MAX_OP_SPANS = config.current().max_op_spans
+# set by register() from the settings instrument() read (the defaults until then)
+MAX_OP_SPANS = Settings.max_op_spans
 # steps between rank 0's decision and the first on-demand traced step (at least this many, and
 # at least ~TF_OTEL_OPS_MARGIN_S worth of steps so the broadcast arrives in time)
-MARGIN_STEPS = config.current().ops_margin
-MARGIN_S = config.current().ops_margin_s
+MARGIN_STEPS = Settings.ops_margin
+MARGIN_S = Settings.ops_margin_s
 MAX_ON_DEMAND = 10_000
 _PROFILER_OPTIONS = {"host_tracer_level": 2, "python_tracer_level": 0, "device_tracer_level": 1}
 
@@ -307,11 +308,13 @@ class OpsHook(StepHook):
 hook = OpsHook()
 
 
-def register() -> None:
-    from tf_otel.config import Settings
+def register(settings: Settings) -> None:
+    global MAX_OP_SPANS, MARGIN_STEPS, MARGIN_S
     from tf_otel.pipeline.lifecycle import with_pipeline
 
-    controller.every = Settings.from_env().ops_every
+    MAX_OP_SPANS = settings.max_op_spans
+    MARGIN_STEPS, MARGIN_S = settings.ops_margin, settings.ops_margin_s
+    controller.every = settings.ops_every
     with_pipeline(_handle_messages)
     add_step_hook(hook)
     with fail_open("admin.start"):
