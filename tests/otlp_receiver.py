@@ -345,3 +345,33 @@ class OtlpReceiver:
             if predicate(spans) or time.monotonic() > deadline:
                 return spans
             time.sleep(0.05)
+
+
+class HangingCollector:
+    """Accepts connections and never answers (a wedged collector or a black-holing proxy), on
+    127.0.0.1. ``conns``: the connections it holds open."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns: List[Any] = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)  # held open, never read or answered
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()

@@ -5,7 +5,6 @@ the collectors are real sockets on 127.0.0.1 that misbehave on purpose."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -15,6 +14,7 @@ from typing import Any, Dict, Iterator
 
 import pytest
 from conftest import EXAMPLES, base_env, free_ports, run
+from otlp_receiver import HangingCollector
 
 pytestmark = pytest.mark.integration
 LOST = re.compile(r"tf_otel: spans were lost: (.*)")
@@ -36,33 +36,6 @@ def _otlp(endpoint: str, protocol: str = "grpc") -> Dict[str, str]:
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_BSP_SCHEDULE_DELAY": "200",
     }
-
-
-class _Hanging:
-    """Accepts connections and never answers (a wedged collector or a black-holing proxy)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.conns: list = []
-        self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)  # held open, never read or answered
-
-    def close(self) -> None:
-        self._stop = True
-        self.sock.close()
-        for conn in self.conns:
-            conn.close()
 
 
 def _http_collector(status: int, delay_s: float = 0.0) -> ThreadingHTTPServer:
@@ -98,13 +71,13 @@ def _http_collector(status: int, delay_s: float = 0.0) -> ThreadingHTTPServer:
 
 
 @pytest.fixture
-def hanging() -> Iterator[_Hanging]:
-    server = _Hanging()
+def hanging() -> Iterator[HangingCollector]:
+    server = HangingCollector()
     yield server
     server.close()
 
 
-def test_hanging_collector_ends_bounded_and_says_what_was_lost(hanging: _Hanging):
+def test_hanging_collector_ends_bounded_and_says_what_was_lost(hanging: HangingCollector):
     env = base_env(**_otlp(f"http://127.0.0.1:{hanging.port}"), TF_OTEL_EXIT_TIMEOUT_S="2")
     started = time.monotonic()
     result = _train(env)
@@ -118,7 +91,7 @@ def test_hanging_collector_ends_bounded_and_says_what_was_lost(hanging: _Hanging
     assert wall < 60, f"the job took {wall:.1f} s"  # generous: TF import on a loaded machine
 
 
-def test_hanging_collector_metrics_do_not_hold_the_exit(hanging: _Hanging):
+def test_hanging_collector_metrics_do_not_hold_the_exit(hanging: HangingCollector):
     """Metrics are on by default: the SDK MeterProvider's own exit would wait up to 30 s on an
     exporter retrying a wedged collector; tf_otel ends the provider it made within bounds."""
     env = base_env(

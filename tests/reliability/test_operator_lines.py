@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Dict, Iterator, List
 
 import pytest
 from conftest import EXAMPLES, VENV_BIN, base_env, run
-from otlp_receiver import OtlpReceiver
+from otlp_receiver import HangingCollector, OtlpReceiver
 
 from tf_otel import notices
 
@@ -30,33 +28,9 @@ LOST = "tf_otel: spans were lost:"
 INSTRUMENT = str(VENV_BIN / "opentelemetry-instrument")
 
 
-class _Hanging:
-    """Accepts connections and never answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.conns: List[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                self.conns.append(self.sock.accept()[0])
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.conns:
-            conn.close()
-
-
 @pytest.fixture
-def hanging() -> Iterator[_Hanging]:
-    server = _Hanging()
+def hanging() -> Iterator[HangingCollector]:
+    server = HangingCollector()
     yield server
     server.close()
 

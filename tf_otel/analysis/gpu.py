@@ -12,7 +12,7 @@ from operator import attrgetter
 from typing import Dict, Iterable, List
 
 from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, Span
-from tf_otel.analysis.step_attributes import ATTR_HW_GPU_UTILIZATION
+from tf_otel.record import ATTR_HW_GPU_UTILIZATION
 
 __all__ = ["ATTR_GPU_UTILIZATION", "gpu_utilisation"]
 

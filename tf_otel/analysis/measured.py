@@ -42,9 +42,15 @@ from tf_otel.analysis.critical_path import (
     PATH_STRAGGLER_WAIT,
 )
 from tf_otel.analysis.model import as_int
-from tf_otel.analysis.step_attributes import ATTR_INPUT_WAIT
 from tf_otel.analysis.steps import StepTrace
-from tf_otel.record import COLLECTIVE, COLLECTIVE_TRANSFER, COLLECTIVE_WAIT, INPUT, TRANSFER
+from tf_otel.record import (
+    ATTR_INPUT_WAIT,
+    COLLECTIVE,
+    COLLECTIVE_TRANSFER,
+    COLLECTIVE_WAIT,
+    INPUT,
+    TRANSFER,
+)
 
 NOT_MEASURED = "not measured"
 INPUT_SETTING = "TF_OTEL_INPUT_WAIT=1 measures it"

@@ -1,8 +1,8 @@
-"""The names of the whole-step attributes the analysis reads on step spans.
+"""Which step-span attributes the analysis keeps at load: the whole-step ones (names: record).
 
 Usage::
 
-    from tf_otel.analysis.step_attributes import ATTR_INPUT_WAIT, WHOLE_STEP_ATTRIBUTES
+    from tf_otel.analysis.step_attributes import WHOLE_STEP_ATTRIBUTES
 
 The runtime writes them (tf_otel/instrument/step_resources.py, input_wait.py, keras.py); both
 sides take the names from ``tf_otel.record``, the one home of the trace contract's names
@@ -12,36 +12,22 @@ at load and ``whole_step`` reads them off ``model.Span``.
 
 from __future__ import annotations
 
-from tf_otel.record import (
-    ATTR_BATCH_SIZE,
-    ATTR_BETWEEN,
-    ATTR_CALLBACK,
-    ATTR_CHECKPOINT,
-    ATTR_CPU_TIME,
-    ATTR_CPUS,
-    ATTR_HW_GPU_UTILIZATION,
-    ATTR_INPUT_ELEMENTS,
-    ATTR_INPUT_WAIT,
-    ATTR_MEMORY,
-    ATTR_READ_BYTES,
-    ATTR_READ_OPS,
-    ATTR_TOP,
-)
+from tf_otel import record
 
 WHOLE_STEP_ATTRIBUTES = frozenset(
     (
-        ATTR_INPUT_WAIT,
-        ATTR_INPUT_ELEMENTS,
-        ATTR_BETWEEN,
-        ATTR_CALLBACK,
-        ATTR_CHECKPOINT,
-        ATTR_TOP,
-        ATTR_READ_BYTES,
-        ATTR_READ_OPS,
-        ATTR_CPU_TIME,
-        ATTR_CPUS,
-        ATTR_MEMORY,
-        ATTR_HW_GPU_UTILIZATION,
-        ATTR_BATCH_SIZE,
+        record.ATTR_INPUT_WAIT,
+        record.ATTR_INPUT_ELEMENTS,
+        record.ATTR_BETWEEN,
+        record.ATTR_CALLBACK,
+        record.ATTR_CHECKPOINT,
+        record.ATTR_TOP,
+        record.ATTR_READ_BYTES,
+        record.ATTR_READ_OPS,
+        record.ATTR_CPU_TIME,
+        record.ATTR_CPUS,
+        record.ATTR_MEMORY,
+        record.ATTR_HW_GPU_UTILIZATION,
+        record.ATTR_BATCH_SIZE,
     )
 )

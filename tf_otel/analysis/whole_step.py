@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel.analysis.model import Span, as_int
-from tf_otel.analysis.step_attributes import (
+from tf_otel.record import (
     ATTR_BATCH_SIZE,
     ATTR_BETWEEN,
     ATTR_CALLBACK,
