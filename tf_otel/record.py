@@ -1,7 +1,7 @@
 """The one record type every source produces, and the names of the trace contract.
 
-Sources make ``Record``s with LOCAL ``time.time_ns()``-domain times; ``tracing`` maps them to
-reference time and turns them into spans. See docs/ARCHITECTURE.md, "The trace contract".
+Sources make ``Record``s with LOCAL ``time.time_ns()``-domain times; ``pipeline.steps`` maps them
+to reference time and turns them into spans. See docs/ARCHITECTURE.md, "The trace contract".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the client; REPORT(length) is followed by ``length`` bytes of JSON (clock-check 
 Both ends timestamp the same way (receive returns -> read the clock; read the clock -> send), so
 the residual asymmetry is small; TCP_NODELAY keeps Nagle out of the RTT.
 
-Each connection opens with a mutual HMAC handshake over the per-job key (pipeline.job_secret),
+Each connection opens with a mutual HMAC handshake over the per-job key (job.job_secret),
 outside the hot path: the server sends ``MAGIC`` + a 32-byte nonce; the client sends
 HELLO(rank) + its 32-byte MAC + its own 32-byte nonce; the server answers with its 32-byte MAC.
 A peer without the key is refused and counted (``clock_refused``); a client whose server cannot

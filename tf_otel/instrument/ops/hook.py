@@ -10,7 +10,7 @@ Per traced step, on the training thread: TF1 ``Session.run`` gets ``RunOptions(t
 FULL_TRACE)`` merged into a COPY of the caller's options and our own ``RunMetadata`` (the caller's
 metadata is still filled); TF2 steps (Keras train / test / predict functions, tf.function steps)
 run inside a TF profiler session (to a temp dir, removed after parsing). Conversion to Records
-(``capture.step_stats`` / ``capture.xplane`` / ``nccl.xplane_gpu``) runs on the export thread.
+(``sources.step_stats`` / ``sources.xplane`` / ``sources.xplane_gpu``) runs on the export thread.
 ``TF_OTEL_MAX_OP_SPANS`` (default 500) caps op spans per step: the longest are kept, the rest
 summarised on an ``op trace summary`` span.
 
