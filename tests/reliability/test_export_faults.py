@@ -229,7 +229,7 @@ def test_unknown_and_bad_settings_each_get_one_clear_line():
 
 
 def test_analyze_workers_bad_value_is_one_line_not_a_traceback(tmp_path: Path):
-    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "spans.jsonl").write_text('{"resourceSpans": []}\n')  # read: workers parsed
     result = run(
         ["tf-otel", "analyze", str(tmp_path)],
         base_env(TF_OTEL_ANALYZE_WORKERS="abc"),
