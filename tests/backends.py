@@ -538,14 +538,7 @@ class PrometheusServer(_Process):
 def collector_log_records(path: Path) -> list[dict[str, Any]]:
     """The log records a collector's file exporter (format: json) wrote to `path`: one dict per
     record with its body, trace id and its resource's attributes, flattened to plain values."""
-
-    def value(v: Mapping[str, Any]) -> Any:
-        for key in ("stringValue", "boolValue", "doubleValue"):
-            if key in v:
-                return v[key]
-        if "intValue" in v:
-            return int(v["intValue"])
-        return v
+    from tf_otel.analysis.otlp_values import any_value, attributes_dict
 
     records: list[dict[str, Any]] = []
     if not path.exists():
@@ -554,15 +547,12 @@ def collector_log_records(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         for resource_logs in json.loads(line).get("resourceLogs", []):
-            resource = {
-                a["key"]: value(a["value"])
-                for a in resource_logs.get("resource", {}).get("attributes", [])
-            }
+            resource = attributes_dict(resource_logs.get("resource", {}).get("attributes"))
             for scope_logs in resource_logs.get("scopeLogs", []):
                 for record in scope_logs.get("logRecords", []):
                     records.append(
                         {
-                            "body": value(record.get("body", {})),
+                            "body": any_value(record.get("body", {})),
                             "trace_id": record.get("traceId", ""),
                             "severity": record.get("severityText", ""),
                             "resource": resource,

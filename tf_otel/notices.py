@@ -77,16 +77,16 @@ class StderrOnce(logging.Handler):
 
 _HANDLER = StderrOnce()
 
-# tf_otel's own logger, and the OTel exporters' loggers whose first failure tf_otel rewrites
-# into one operator line (pipeline.sdk.quiet_exporter_logs).
-LOGGERS = (
-    "tf_otel",
+# the OTel exporters' loggers whose first failure tf_otel rewrites into one operator line
+# (pipeline.sdk.quiet_exporter_logs)
+EXPORTER_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
     "opentelemetry.exporter.otlp.proto.http._common",
     "opentelemetry.sdk.trace.export",
     "opentelemetry.sdk._shared_internal",
 )
+LOGGERS = ("tf_otel", *EXPORTER_LOGGERS)
 
 
 def install(names: Iterable[str] = LOGGERS) -> None:

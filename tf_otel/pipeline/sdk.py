@@ -19,6 +19,7 @@ import threading
 from typing import IO, Any, Dict, Optional, Sequence, cast
 
 from tf_otel.health import count, fail_open, first_time, log_once
+from tf_otel.notices import EXPORTER_LOGGERS
 
 _configured_here = False
 
@@ -137,13 +138,7 @@ class _ExportFailureFilter(logging.Filter):
 def quiet_exporter_logs() -> None:
     """One log line per exporter when a collector is missing or hangs, not one per retry."""
     flt = _ExportFailureFilter()
-    for name in (
-        "opentelemetry.exporter.otlp.proto.grpc.exporter",
-        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-        "opentelemetry.exporter.otlp.proto.http._common",
-        "opentelemetry.sdk.trace.export",
-        "opentelemetry.sdk._shared_internal",
-    ):
+    for name in EXPORTER_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _ExportFailureFilter) for f in logger.filters):
             logger.addFilter(flt)

@@ -41,16 +41,11 @@ def _holds_nothing(path: Path) -> bool:
     """A file with no bytes but whitespace (a ps task's TF_OTEL_FILE: it runs no steps)."""
     try:
         size = path.stat().st_size
-        if size == 0:
-            return True
         if size > 4096:
             return False
-        data = path.read_bytes()
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-    except (OSError, EOFError, zlib.error):
+        return size == 0 or not read_trace_bytes(path).strip()
+    except (OSError, AnalysisError):
         return False  # reported when read
-    return not data.strip()
 
 
 def find_trace_files(paths: Iterable[str]) -> List[Path]:

@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from tf_otel import clock
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import StepHook, add_step_hook, is_active
-from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice, detail_wanted
+from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice
 from tf_otel.instrument.horovod.choice import pipeline as _pipeline
 from tf_otel.pipeline import messages
 from tf_otel.sources import horovod_stamp_records as hs
@@ -189,7 +189,7 @@ class StampCollector:
 
     def begin(self, handle: Any) -> bool:
         """A sampled step starts: True (and collect) when it is a collective-detail step."""
-        if not detail_wanted(handle.trace_id, self.every):
+        if not self.wanted(handle):
             return False
         handle.flags["hvd_stamps"] = time.time_ns()
         self._eager = []
