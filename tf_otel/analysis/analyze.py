@@ -10,6 +10,7 @@ from __future__ import annotations
 from itertools import chain
 from typing import List, Optional, Tuple
 
+from tf_otel.analysis.carry import carried_into, previous_steps
 from tf_otel.analysis.causality import repair_trace_causality
 from tf_otel.analysis.critical_path import critical_path
 from tf_otel.analysis.errors import AnalysisError
@@ -74,8 +75,15 @@ def _analyze(
     selected = select_steps(all_steps, step_range, start_ns, end_ns)
     if not selected:
         raise AnalysisError(f"{source or 'input'}: no steps in the selected range")
+    # matched over every step, so the first selected one still carries from the one before
+    previous = previous_steps(all_steps)
     results = [
-        StepResult(key, trace, critical_path(trace), measured_categories(trace))
+        StepResult(
+            key,
+            trace,
+            critical_path(trace, carried_into(trace, previous.get(trace.trace_id))),
+            measured_categories(trace),
+        )
         for key, trace in enumerate(selected)
     ]
     warmup = warmup_keys({r.key: r.trace.duration_ns for r in results})

@@ -32,6 +32,12 @@ The path is cut into legs at every sync point (collective or transfer on the pat
 rank r from sync A to sync B is compared with the same leg (A's completion to B's arrival) on
 every other rank: ``excess_ns`` = leg - median of the others, ``saving_ns`` = leg - slowest
 other (what the step would save if r were no slower than the next rank).
+
+Carried (``carry``): a rank whose last collective of the previous step ended later than the
+other ranks' begins this step late through no work of its own; what it inherited comes off its
+first leg (step start -> first sync) wherever legs are compared, and the time it was still in
+that collective after the step began is ``communication`` on the path (named
+``(previous step) <collective>``), not ``before_step``.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
+from tf_otel.analysis.carry import CARRIED_NAME, Carry
 from tf_otel.analysis.model import (
     ATTR_ARRIVAL,
     ATTR_LAST_ARRIVAL,
@@ -128,12 +135,16 @@ class Leg:
     median_other_ns: Optional[int] = None
     slowest_other_ns: Optional[int] = None
     # every rank's same leg (its own included): rank -> (start, end); a rank whose arrival is
-    # unknown ends at the last thing it is known to have done (a lower bound)
+    # unknown ends at the last thing it is known to have done (a lower bound); a first leg
+    # starts after what the rank inherited from its previous step
     windows: Dict[int, Tuple[int, int]] = field(default_factory=dict, repr=False)
+    # first leg only: what the leg's rank inherited from its previous step (``carry``), not
+    # its own time
+    inherited_ns: int = 0
 
     @property
     def length_ns(self) -> int:
-        return self.end_ns - self.start_ns
+        return max(0, self.end_ns - self.start_ns - self.inherited_ns)
 
     @property
     def syncs(self) -> bool:
@@ -435,8 +446,11 @@ def _wait_end(span: Span, timeline: RankTimeline) -> int:
     return span.start_ns
 
 
-def critical_path(step: StepTrace) -> CriticalPath:
+def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -> CriticalPath:
+    """``carried``: rank -> what it carried in from its previous step (``carry.carried_into``);
+    None or empty: nothing (the first step, or no previous step to match)."""
     path = CriticalPath(step)
+    carried = carried or {}
     if not step.ranks:
         return path
     indexes = _LazyIndexes(step)
@@ -448,7 +462,7 @@ def critical_path(step: StepTrace) -> CriticalPath:
     }
     syncs.update(_transfer_index(step))
     if not syncs and len(step.ranks) > 1 and not _has_op_spans(step):
-        return _implicit_sync_path(path)
+        return _implicit_sync_path(path, carried)
     expected = set(step.expected_ranks)
     detailed = {r for r, t in step.ranks.items() if any(s.category == COMPUTE for s in t.nodes)}
     backward: List[Segment] = []
@@ -510,26 +524,39 @@ def critical_path(step: StepTrace) -> CriticalPath:
         add(rank, arrival, wait_end, PATH_STRAGGLER_WAIT, node.name, node.span_id)
         rank, t = source, arrival
         leg_rank, leg_end_key, leg_end_ns = rank, sync_key, t
-    first = step.ranks[rank].start_ns
-    add_gap(rank, min(first, t), t)
-    add(rank, step.start_ns, min(first, t), PATH_BEFORE_STEP, "(before rank's step)")
+    first = min(step.ranks[rank].start_ns, t)
+    add_gap(rank, first, t)
+    # until its previous step's last collective ended the rank was still communicating
+    carry = carried.get(rank)
+    still_in = min(first, carry.end_ns) if carry is not None else step.start_ns
+    add(rank, max(step.start_ns, still_in), first, PATH_BEFORE_STEP, "(before rank's step)")
+    if carry is not None:
+        name = CARRIED_NAME + carry.name
+        add(rank, step.start_ns, still_in, PATH_COMMUNICATION, name, carry.span_id)
     legs.append(Leg(leg_rank, STEP_START, leg_end_key, step.start_ns, leg_end_ns))
     path.segments = backward[::-1]
     path.legs = legs[::-1]
-    _compare_legs(path.legs, step, syncs)
+    _compare_legs(path.legs, step, syncs, carried)
     return path
+
+
+def _inherited(carried: Dict[int, Carry], rank: int) -> int:
+    carry = carried.get(rank)
+    return carry.inherited_ns if carry is not None else 0
 
 
 def _has_op_spans(step: StepTrace) -> bool:
     return any(s.category == COMPUTE for t in step.ranks.values() for s in t.nodes)
 
 
-def _implicit_sync_path(path: CriticalPath) -> CriticalPath:
+def _implicit_sync_path(path: CriticalPath, carried: Dict[int, Carry]) -> CriticalPath:
     """Several ranks, no collective or transfer spans (TF_OTEL_HOROVOD=0, a lost timeline): the
     ranks still synchronised somewhere in the step, unseen. Each rank is taken as ready once its
     last known own work ended (its input; else its step start); the rank ready last carries the
     path up to there, the rank that ended last the rest (the unseen sync and the work after it,
-    its step work)."""
+    its step work). The one leg, step start -> ready, starts after what each rank inherited
+    from its previous step (``carried``); the path itself books no communication in a step
+    that measured none (its late start stays ``before_step``)."""
     step = path.step
     ready = {rank: known_before(t, t.end_ns) for rank, t in step.ranks.items()}
     source = min(ready, key=lambda r: (-ready[r], r))
@@ -563,11 +590,13 @@ def _implicit_sync_path(path: CriticalPath) -> CriticalPath:
         )
     path.segments = segments
     leg = Leg(source, STEP_START, READY, step.start_ns, sync)
+    leg.inherited_ns = _inherited(carried, source)
     others = []
     for rank, value in ready.items():
-        leg.windows[rank] = (step.start_ns, max(step.start_ns, value))
+        begin = step.start_ns + _inherited(carried, rank)
+        leg.windows[rank] = (min(begin, max(step.start_ns, value)), max(step.start_ns, value))
         if rank != source:
-            others.append(max(0, value - step.start_ns))
+            others.append(max(0, value - begin))
     if others:
         leg.median_other_ns = int(statistics.median(others))
         leg.slowest_other_ns = max(others)
@@ -585,16 +614,25 @@ def _sync_key(node: Span) -> Optional[SyncKey]:
     return None
 
 
-def _compare_legs(legs: List[Leg], step: StepTrace, syncs: Dict[SyncKey, Dict[int, Span]]) -> None:
+def _compare_legs(
+    legs: List[Leg],
+    step: StepTrace,
+    syncs: Dict[SyncKey, Dict[int, Span]],
+    carried: Dict[int, Carry],
+) -> None:
+    """Every rank's same leg; a first leg begins after what each rank inherited (``carry``)."""
     for leg in legs:
-        leg.windows[leg.rank] = (leg.start_ns, leg.end_ns)
+        if leg.begin == STEP_START:
+            leg.inherited_ns = _inherited(carried, leg.rank)
+        own_start = min(leg.start_ns + leg.inherited_ns, max(leg.start_ns, leg.end_ns))
+        leg.windows[leg.rank] = (own_start, leg.end_ns)
         others: List[int] = []
         estimated: Optional[Dict[int, int]] = None
         for rank, timeline in step.ranks.items():
             if rank == leg.rank:
                 continue
             if leg.begin == STEP_START:
-                begin: Optional[int] = step.start_ns
+                begin: Optional[int] = step.start_ns + _inherited(carried, rank)
             else:
                 member = syncs.get(leg.begin, {}).get(rank)
                 begin = member.end_ns if member else None

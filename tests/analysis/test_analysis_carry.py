@@ -1,0 +1,191 @@
+"""The carry rule: a rank whose last collective of step N - 1 ended late begins step N late
+without being late itself (docs/ANALYSIS.md, "What a rank carries into the next step").
+
+Seen on the ground-truth ``slowlink`` scenario: in the ring all-reduce the slow link delivers
+one rank's last chunk ~48 ms after the others have theirs; that rank ends every step late and
+begins the next late, and was named persistently late for it. Built here without TF: every rank
+begins its step where its own previous step ended (not on a common clock), so what a rank does
+late at the end of a step really moves its next step.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from typing import Dict, Optional, Tuple
+
+from analysis_builders import JobBuilder, decoded_spans, ms
+
+from tf_otel.analysis.analyze import analyze_spans
+
+LATE_RANK = 1
+DELAY_MS = 40.0
+
+
+def chained_run(
+    steps: int = 24,
+    world_size: int = 4,
+    collective_late_ms: float = 0.0,
+    tail_ms: float = 0.0,
+    jitter_ms: float = 1.0,
+    collective_every: int = 1,
+    slow: Optional[Dict[int, Tuple[int, float]]] = None,
+    seed: int = 11,
+) -> JobBuilder:
+    """Per rank and step: a 0.5 ms gap after its own previous step, an input wait, 10 ms of its
+    own step work (a gap), one allreduce that completes 5 ms after the last arrival, a 1 ms tail.
+
+    ``collective_late_ms``: LATE_RANK's allreduce ends that much after the others' (the slow
+    link's last chunk). ``tail_ms``: LATE_RANK works that long after its allreduce, inside its
+    step (its own lateness). ``collective_every``: collective spans only on steps divisible by
+    it (the others synchronise unseen, as with TF_OTEL_HOROVOD_EVERY=N); the timing is the same.
+    ``slow``: step -> (rank, ms): that rank's own step work is that much longer in that step.
+    """
+    rng = random.Random(seed)
+    job = JobBuilder("job-carry", world_size=world_size)
+    free = dict.fromkeys(range(world_size), 0.0)  # where each rank's previous step ended
+    for number in range(steps):
+        step = job.step(number)
+        plan: Dict[int, tuple] = {}
+        slow_rank, extra = (slow or {}).get(number, (-1, 0.0))
+        for rank in range(world_size):
+            start = round(free[rank] + 0.5 + rng.uniform(0, jitter_ms), 3)
+            input_end = round(start + 1.0 + rng.uniform(0, jitter_ms / 4), 3)
+            work = 10.0 + rng.uniform(0, jitter_ms) + (extra if rank == slow_rank else 0.0)
+            arrive = round(input_end + work, 3)
+            plan[rank] = (start, input_end, arrive)
+        last_ready = max(arrive for _, _, arrive in plan.values())
+        done = round(last_ready + 5.0, 3)
+        for rank, (start, input_end, arrive) in plan.items():
+            late = rank == LATE_RANK
+            finished = round(done + (collective_late_ms if late else 0.0), 3)
+            end = round(
+                finished + 1.0 + rng.uniform(0, jitter_ms / 4) + (tail_ms if late else 0), 3
+            )
+            step.rank(rank, start, end)
+            step.span(rank, "input", "IteratorGetNext (tf.data)", start, input_end)
+            if number % collective_every == 0:
+                last = {"horovod.last_arrival": arrive == last_ready}
+                step.collective(rank, f"s{number}/grad", arrive, finished, **last)
+            free[rank] = end
+    return job
+
+
+def persistent(result) -> Dict[int, int]:
+    return result.stragglers.noise.persistent()
+
+
+def named_steps(result) -> Dict[int, int]:
+    return {r.trace.step: r.straggler.rank for r in result.steps if r.straggler}
+
+
+def test_a_rank_whose_last_collective_ended_late_is_not_late_in_the_next_step():
+    result = analyze_spans(decoded_spans(chained_run(collective_late_ms=DELAY_MS)))
+    assert persistent(result) == {}
+    assert not [f for f in result.findings if f.rule in ("persistent_lateness", "straggler")]
+    assert named_steps(result) == {}
+    # every step but the first inherits 40 ms on rank 1: none of it is its own lateness
+    for step in result.steps[1:]:
+        assert abs(step.path.lateness_by_rank()[LATE_RANK]) < ms(2.0), step.trace.step
+    # on the path the time rank 1 was still in its previous step's allreduce is communication
+    # (it was receiving its last chunk), not before_step: that keeps only its own ~2 ms from
+    # the collective's end to its next step (its 1 ms tail, the 0.5-1.5 ms gap)
+    steady = result.steady_steps[1:]
+    assert statistics.median(s.path.by_category()["before_step"] for s in steady) < ms(3.0)
+    carried = [
+        seg
+        for s in steady
+        for seg in s.path.segments
+        if seg.rank == LATE_RANK and seg.name.startswith("(previous step)")
+    ]
+    assert len(carried) == len(steady)
+    assert all(seg.category == "communication" for seg in carried)
+    # from the step's start (the first rank's, 1.5-2.75 ms after its own collective ended)
+    assert all(ms(DELAY_MS - 3.0) <= seg.duration_ns <= ms(DELAY_MS - 1.5) for seg in carried)
+
+
+def test_own_work_after_the_last_collective_is_still_persistent_lateness():
+    # version 1 of the rule carried the previous step span's end and hid exactly this
+    result = analyze_spans(decoded_spans(chained_run(tail_ms=DELAY_MS)))
+    late = persistent(result)
+    assert list(late) == [LATE_RANK]
+    assert ms(DELAY_MS - 5.0) <= late[LATE_RANK] <= ms(DELAY_MS + 5.0)
+    finding = next(f for f in result.findings if f.rule == "persistent_lateness")
+    assert finding.evidence["rank"] == LATE_RANK
+    assert 35.0 <= finding.evidence["median_lateness_ms"] <= 45.0
+
+
+def test_control_names_nothing():
+    result = analyze_spans(decoded_spans(chained_run()))
+    assert persistent(result) == {}
+    assert named_steps(result) == {}
+    assert not [f for f in result.findings if f.rule in ("persistent_lateness", "straggler")]
+    for step in result.steps:
+        assert not [seg for seg in step.path.segments if seg.name.startswith("(previous step)")]
+
+
+def test_a_step_without_collective_spans_takes_off_what_the_rank_inherited():
+    # collective spans on even steps only: an odd step has none (the path's no-collective
+    # rule) but its previous step shows rank 1's allreduce ending 40 ms late
+    job = chained_run(collective_late_ms=DELAY_MS, collective_every=2)
+    result = analyze_spans(decoded_spans(job))
+    odd = [s for s in result.steps if s.trace.step % 2]
+    assert odd and all(not s.path.arrivals for s in odd)
+    for step in odd:
+        assert abs(step.path.lateness_by_rank()[LATE_RANK]) < ms(2.0), step.trace.step
+
+
+def test_only_the_step_numbered_one_less_is_carried_from():
+    # a gap in the step numbers (steps sampled every other one): nothing to carry from
+    job = chained_run(collective_late_ms=DELAY_MS, steps=8)
+    job.steps = [s for s in job.steps if s.step != 3]
+    result = analyze_spans(decoded_spans(job))
+    by_number = {s.trace.step: s for s in result.steps}
+    assert by_number[4].path.lateness_by_rank()[LATE_RANK] > ms(DELAY_MS - 3.0)
+    assert abs(by_number[5].path.lateness_by_rank()[LATE_RANK]) < ms(2.0)
+
+
+def test_a_slowed_step_is_named_with_its_own_delay_only():
+    # the compute ground truth (a rank's own extra work, named with that delay) beside the carry:
+    # rank 2 slowed by 60 ms in step 10 (rank 1 begins 40 ms late there, so the step waits 20 ms
+    # more; rank 2 was ready 60 ms after the others' median) is named with 60 ms; rank 1, slowed
+    # by 30 ms in step 16 while it inherits 40 ms every step, with 30 ms, not 70
+    slow = {10: (2, 60.0), 16: (LATE_RANK, 30.0)}
+    result = analyze_spans(decoded_spans(chained_run(collective_late_ms=DELAY_MS, slow=slow)))
+    found = {r.trace.step: r.straggler for r in result.steps if r.straggler}
+    assert sorted(found) == [10, 16]
+    for number, (rank, delay) in slow.items():
+        straggler = found[number]
+        assert (straggler.rank, straggler.category) == (rank, "compute")
+        assert abs(straggler.excess_ns - ms(delay)) <= ms(0.1 * delay)
+        assert abs(straggler.excess_by_category_ns["compute"] - ms(delay)) <= ms(0.1 * delay)
+    assert persistent(result) == {}
+
+
+def test_steps_are_matched_by_root_name_and_not_when_ambiguous():
+    # TF1: each fetch signature numbers its own steps, and every rank's step span is named
+    # "Session.run"; the root's name (<key> step <n>) tells them apart
+    from tf_otel.analysis.carry import previous_steps
+    from tf_otel.analysis.steps import group_steps
+
+    # two signatures, steps 0-3 each (two builder jobs: their own trace ids)
+    train = decoded_spans(chained_run(steps=4))
+    evaluation = JobBuilder("job-carry-eval", world_size=4)
+    for number in range(4):
+        step = evaluation.step(number)
+        for rank in range(4):
+            step.rank(rank, 1000.0 + 20 * number, 1010.0 + 20 * number)
+    steps, _ = group_steps(train + decoded_spans(evaluation))
+    for step in steps:
+        key = "session_run:loss,train" if step.job_id == "job-carry" else "session_run:accuracy"
+        step.root.name = f"{key} step {step.step}"
+        for timeline in step.ranks.values():
+            timeline.step_span.name = "Session.run"
+    found = previous_steps(steps)
+    assert len(found) == 6
+    for trace_id, before in found.items():
+        step = next(s for s in steps if s.trace_id == trace_id)
+        assert (before.job_id, before.step) == (step.job_id, step.step - 1)
+    for step in steps:  # no roots: both keys read "Session.run", every number twice
+        step.root = None
+    assert previous_steps(steps) == {}

@@ -1,0 +1,113 @@
+"""What each rank carries into a step from its previous one: the end of its last collective.
+
+Usage::
+
+    previous = previous_steps(all_steps)             # trace id -> the step numbered one less
+    carried = carried_into(step, previous.get(step.trace_id))
+    carried[1].inherited_ns                          # not rank 1's own lateness in this step
+
+In a ring all-reduce over a slow link, one rank gets its last chunk well after the others: it
+ends the step late and begins the next one late, through no work of its own. A rank's
+``inherited_ns`` is how much later than the other ranks' median its last collective of the
+previous step ended, at most how much later than the others' median it began this step (what
+it inherited can only explain a late start it really shows). The straggler and lateness
+statistics take it off the rank's first leg (step start -> first sync); the critical path
+books the time the rank was still in that collective after the step began as communication.
+Its own work after its last collective is not carried: that stays its lateness.
+
+Steps are matched by number and name: the previous step of ``K step N`` is ``K step N-1`` (the
+root span's name, ``<step key> step <n>``: the step function, for TF1 the fetch signature).
+Without a root the ranks' step span name stands in, and TF1's ``Session.run`` signatures share
+it: two such steps with the same number make the match ambiguous, and nothing is carried.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from tf_otel.analysis.model import Span
+from tf_otel.analysis.steps import StepTrace
+from tf_otel.record import COLLECTIVE
+
+CARRIED_NAME = "(previous step) "  # prefix of the path segment it books
+_ROOT_NAME = re.compile(r"^(.*?)\s*step (\d+)$")
+
+
+@dataclass(frozen=True)
+class Carry:
+    """One rank's last collective of the previous step, and what the rank inherited from it."""
+
+    rank: int
+    end_ns: int  # where that collective ended on this rank
+    inherited_ns: int  # >= 0: how much of this step's late start is the collective's, not its own
+    name: str
+    span_id: Optional[str]
+
+
+def step_name(step: StepTrace) -> Optional[str]:
+    """The step's key: its root's name less `` step <n>``; without a root, a step span's name
+    (TF1 ``Session.run`` signatures share that one)."""
+    if step.root is not None:
+        found = _ROOT_NAME.match(step.root.name)
+        if found and step.step is not None and int(found.group(2)) == step.step:
+            return found.group(1)
+        return step.root.name
+    names = {t.step_span.name for t in step.ranks.values() if t.step_span is not None}
+    return names.pop() if len(names) == 1 else None
+
+
+def previous_steps(steps: Sequence[StepTrace]) -> Dict[str, StepTrace]:
+    """Trace id -> the step numbered one less with the same name, where exactly one is."""
+    by_key: Dict[Tuple[Optional[str], int], List[StepTrace]] = {}
+    for step in steps:
+        if step.step is not None:
+            by_key.setdefault((step_name(step), step.step), []).append(step)
+    found: Dict[str, StepTrace] = {}
+    for (name, number), group in by_key.items():
+        before = by_key.get((name, number - 1), [])
+        if len(before) == 1 and len(group) == 1 and name is not None:
+            found[group[0].trace_id] = before[0]
+    return found
+
+
+def last_collectives(step: StepTrace) -> Dict[int, Span]:
+    """Each rank's collective that ended last in the step (ranks without one left out)."""
+    last: Dict[int, Span] = {}
+    for rank, timeline in step.ranks.items():
+        for span in timeline.nodes:
+            if span.category == COLLECTIVE and (
+                rank not in last or span.end_ns > last[rank].end_ns
+            ):
+                last[rank] = span
+    return last
+
+
+def _beyond_others(values: Dict[int, int], rank: int) -> int:
+    """How much later than the other ranks' median this rank's value is (0 if not later)."""
+    others = [v for r, v in values.items() if r != rank]
+    return max(0, values[rank] - int(statistics.median(others))) if others else 0
+
+
+def carried_into(step: StepTrace, previous: Optional[StepTrace]) -> Dict[int, Carry]:
+    """Rank -> what it carried into ``step`` from ``previous`` (its step numbered one less);
+    only ranks with a last collective there, in this step too, and at least two of them."""
+    if previous is None:
+        return {}
+    last = {r: s for r, s in last_collectives(previous).items() if r in step.ranks}
+    if len(last) < 2:
+        return {}
+    ends = {rank: span.end_ns for rank, span in last.items()}
+    starts = {rank: step.ranks[rank].start_ns for rank in last}
+    return {
+        rank: Carry(
+            rank,
+            span.end_ns,
+            min(_beyond_others(ends, rank), _beyond_others(starts, rank)),
+            span.name,
+            span.span_id,
+        )
+        for rank, span in last.items()
+    }
