@@ -206,17 +206,17 @@ def _os_thread_cpu() -> Dict[str, float]:
 
 # -- in-process A/B (--inprocess): paired blocks in one job, for the 1 % goals on a busy VM -----
 
-INPROCESS = ("untraced", "steps_only", "stamps_idle", "coll_every", "defaults", "twin_idle")
-# twin_idle: stamps_idle's sampling on a third function built without stamps: stamps_idle /
-# twin_idle is the stamps alone (both built after the plain one), twin_idle / steps_only an A/A of
-# two function objects
+INPROCESS = ("untraced", "steps_only", "coll_1in20", "coll_1in10", "coll_every")
+# one step function for every mode: collective detail runs its twin (instrument/twin.py), every
+# other step the program's own graph; coll_1inN: detail on 1 sampled step in N (trace id)
+EVERY = {"coll_1in20": 20, "coll_1in10": 10, "coll_every": 1}
 MODES_INPROCESS = [m for m in os.environ.get("BENCH_INPROCESS_MODES", "").split(",") if m]
 
 
 def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> None:
     """One job, modes switched per block on every rank in the same rotated order: the same
-    processes, warm graph and machine load for all modes. Three step functions: two built
-    without collective stamps (untraced and steps_only; twin_idle), one with (the rest)."""
+    processes, the same warm graphs (the program's and its detail twin) and machine load for
+    all modes."""
     import tf_otel
 
     tf_otel.instrument()
@@ -236,7 +236,8 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     labels = tf.random.uniform([batch, 1], minval=0, maxval=999, dtype=tf.int64, seed=2)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
 
-    def body() -> tf.Tensor:
+    @tf.function
+    def train_step() -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(images, training=True))
         tape = hvd.DistributedGradientTape(tape)
@@ -244,15 +245,12 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    plain, stamped, twin = tf.function(body), tf.function(body), tf.function(body)
-    enabled = collector.enabled
-    collector.enabled = lambda: False
-    for _ in range(3):
-        plain()
-        twin()
-    collector.enabled = enabled
-    for _ in range(3):
-        stamped()
+    collector.every = 1
+    for _ in range(3):  # the twin: traced and run
+        train_step()
+    collector.every = 0
+    for _ in range(3):  # the program's own trace
+        train_step()
     assert choice.mode == STAMPS, choice.mode
     modes = [m for m in INPROCESS if m in MODES_INPROCESS] or list(INPROCESS)
     pipeline = lifecycle.get_pipeline()
@@ -264,11 +262,10 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
         for mode in order[::-1] if round_no % 2 else order:
             sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
             pipeline._sampler, pipeline._sample_fast = sampler, ids.fast_root_decision(sampler)
-            collector.every = {"coll_every": 1, "defaults": 50}.get(mode, 0)
-            step = {"untraced": plain, "steps_only": plain, "twin_idle": twin}.get(mode, stamped)
+            collector.every = EVERY.get(mode, 0)
             for _ in range(block):
                 t0 = time.perf_counter_ns()
-                step().numpy()
+                train_step().numpy()
                 times[mode].append(time.perf_counter_ns() - t0)
     print("RESULT " + json.dumps({"rank": hvd.rank(), "times": times}), flush=True)
 
@@ -313,18 +310,18 @@ def run_inprocess(args: argparse.Namespace) -> str:
         lines.append("|---|" + "---|" * len(INPROCESS))
         for r in sorted(results, key=lambda r: r["rank"]):
             first = "untraced" if "untraced" in r["times"] else next(iter(r["times"]))
-            base = statistics.median(r["times"][first])
+            base = statistics.fmean(r["times"][first])
             cells = [
-                f"{base / statistics.median(r['times'][m]):.3f}×" if m in r["times"] else "-"
+                f"{base / statistics.fmean(r['times'][m]):.3f}×" if m in r["times"] else "-"
                 for m in INPROCESS
             ]
             lines.append(f"| {r['rank']} | " + " | ".join(cells) + " |")
     shutil.rmtree(tmp, ignore_errors=True)
     head = (
-        "In-process A/B: throughput vs untraced (median step time ratio; untraced = the same "
-        "step function built without stamps, steps not sampled; stamps_idle = stamped graph, "
-        "sampled, no detail; defaults = detail 1 step in 50; twin_idle = stamps_idle's "
-        "sampling on a third function built without stamps, the control of stamps_idle)"
+        "In-process A/B: throughput vs untraced (mean step time ratio; one step function; "
+        "untraced = steps not sampled; steps_only = sampled, no collective detail; coll_1inN = "
+        "collective detail (the function's twin) on 1 sampled step in N; coll_every = on every "
+        "step)"
     )
     return head + "\n" + "\n".join(lines)
 

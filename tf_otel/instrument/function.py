@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional, Tuple, cast
 
 from tf_otel import record
 from tf_otel.config import Settings
+from tf_otel.instrument import twin
 from tf_otel.instrument._patching import run_step, state, when_imported, wrap
 
 _LIBRARY_MODULES = ("tensorflow", "keras", "tf_keras", "horovod", "tf_otel")
@@ -41,20 +42,26 @@ def _is_step(function: Any) -> bool:
 
 def _call_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
     # _executing_eagerly: set by register() before this wrapper is installed
-    if state.depth or state.keras_loop or not _executing_eagerly() or not _is_step(instance):  # type: ignore[misc]
+    eager = _executing_eagerly()  # type: ignore[misc]
+    if state.depth or state.keras_loop or not eager or not _is_step(instance):
         # nested tf.functions (and library ones) still mark the thread, so their inner calls
-        # are not mistaken for steps
+        # are not mistaken for steps; a step's own function (Keras's train function) or one
+        # inside a twin's trace may run as its detail twin (instrument/twin.py)
+        top = state.depth == 1 and eager
         state.depth += 1
         try:
-            return wrapped(*args, **kwargs)
+            return twin.call(instance, wrapped, args, kwargs, top)
         finally:
             state.depth -= 1
     name, _ = _function_name(instance)
     key = f"{record.TF_FUNCTION}:{name}"
     attributes = {record.ATTR_FUNCTION_NAME: name}
-    return run_step(
-        wrapped, args, kwargs, key, f"tf.function {name}", record.TF_FUNCTION, attributes, instance
-    )
+
+    def step_call(*step_args: Any, **step_kwargs: Any) -> Any:
+        return twin.call(instance, wrapped, step_args, step_kwargs, True)
+
+    title = f"tf.function {name}"
+    return run_step(step_call, args, kwargs, key, title, record.TF_FUNCTION, attributes, instance)
 
 
 def _patch(module: Any) -> None:

@@ -32,12 +32,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tf_otel import clock
 from tf_otel.health import count, fail_open, log_once
+from tf_otel.instrument import twin
 from tf_otel.instrument._patching import StepHook, add_step_hook, is_active
 from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice
 from tf_otel.instrument.horovod.choice import pipeline as _pipeline
@@ -96,6 +98,7 @@ class StampCollector:
         self._mine: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
         self._gather: OrderedDict[Tuple[str, int], _Gather] = OrderedDict()
         self._tf1_logged = False
+        self._branches: weakref.WeakSet[Any] = weakref.WeakSet()  # cond branches stamped
         self._outstanding: Dict[Tuple[str, int], None] = {}  # detail steps not emitted yet
         self._unshared: OrderedDict[Tuple[str, int], list] = OrderedDict()  # read, not sent
 
@@ -104,19 +107,21 @@ class StampCollector:
     def wrapper(self, op: str, grouped: bool) -> Callable:
         def wrapped_op(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
             tf = sys.modules.get("tensorflow")
-            if tf is None or not args or not self.enabled():
+            if tf is None or not args:
+                return wrapped(*args, **kwargs)
+            if tf.executing_eagerly():
+                return self._eager_call(tf, wrapped, args, kwargs, op, grouped)
+            if not self.enabled():
                 return wrapped(*args, **kwargs)
             if len(self._slots) >= _MAX_SLOTS:
                 count("horovod_stamps_full")
                 return wrapped(*args, **kwargs)
-            if tf.executing_eagerly():
-                return self._eager_call(tf, wrapped, args, kwargs, op, grouped)
             before = None
             with fail_open("horovod.stamp"):
                 before = self._before(tf, args[0], grouped)
             if before is None:
                 return wrapped(*args, **kwargs)
-            with tf.control_dependencies([before]):
+            with tf.control_dependencies([before[1]]):
                 out = wrapped(*args, **kwargs)
             with fail_open("horovod.stamp"):
                 self._after(tf, args[0], out, before, op, grouped, kwargs)
@@ -124,7 +129,8 @@ class StampCollector:
 
         return wrapped_op
 
-    def _before(self, tf: Any, inputs: Any, grouped: bool) -> Any:
+    def _before(self, tf: Any, inputs: Any, grouped: bool) -> Optional[Tuple[Any, Any, bool]]:
+        """(stamp variable, arrival stamp, plain?) for the op about to be built, or None."""
         with tf.init_scope():
             eager_outside = tf.executing_eagerly()
         if not eager_outside:  # a TF1 graph: no variable we could read without its session
@@ -136,15 +142,6 @@ class StampCollector:
                     "TF_OTEL_HOROVOD_SOURCE=timeline for collective spans from Horovod's timeline",
                 )
             return None
-        with tf.control_dependencies(list(inputs) if grouped else [inputs]):
-            return tf.timestamp()
-
-    def _after(
-        self, tf: Any, inputs: Any, out: Any, before: Any, op: str, grouped: bool, kwargs: dict
-    ) -> None:
-        outs = tf.nest.flatten(out)
-        with tf.control_dependencies(outs):
-            after = tf.timestamp()
         from tensorflow.python.ops import resource_variable_ops
 
         # the class itself, not tf.Variable(...): tf.function's variable creator refuses
@@ -153,7 +150,42 @@ class StampCollector:
             slot = resource_variable_ops.ResourceVariable(
                 tf.zeros([2], tf.float64), trainable=False, name="tf_otel_hvd_stamp"
             )
-        slot.assign(tf.stack([before, after]))
+        plain = self._alone_in_branch(tf)
+        with tf.control_dependencies(list(inputs) if grouped else [inputs]):
+            before = tf.timestamp() if plain else _stamp_functions(tf)[0](slot)
+        return slot, before, plain
+
+    def _alone_in_branch(self, tf: Any) -> bool:
+        """Plain ``tf.timestamp`` ops only as the first stamps of a ``tf.cond`` branch (where
+        Horovod's tape and optimizer put each gradient's collective): tf.function runs stateful
+        ops that take no resource in program order, so plain stamps beside other collectives
+        would chain them one after another (0.526x on MobileNetV2, docs/HOROVOD.md); a call of
+        a function that writes the op's own variable is ordered only against that variable."""
+        graph = tf.compat.v1.get_default_graph()
+        if type(graph).__name__ != "CondBranchFuncGraph":
+            return False
+        with self._lock:
+            first = graph not in self._branches
+            self._branches.add(graph)
+        return first
+
+    def _after(
+        self,
+        tf: Any,
+        inputs: Any,
+        out: Any,
+        before: Tuple[Any, Any, bool],
+        op: str,
+        grouped: bool,
+        kwargs: dict,
+    ) -> None:
+        slot, arrival, plain = before
+        outs = tf.nest.flatten(out)
+        with tf.control_dependencies(outs):
+            if plain:
+                slot.assign(tf.stack([arrival, tf.timestamp()]))
+            else:
+                _stamp_functions(tf)[1](slot, arrival)
         stamps, group = _stamps_of(outs[0].op.name, inputs, op, grouped, kwargs)
         with self._lock:
             self._slots.append((slot, stamps, group))
@@ -404,6 +436,31 @@ class StampCollector:
                 self._answer(key, step, entry.per_rank)
 
 
+_STAMP_FUNCTIONS: List[Any] = []
+
+
+def _stamp_functions(tf: Any) -> List[Any]:
+    """[arrive(slot) -> t0, leave(slot, t0)]: the stamps as calls of tf_otel's own small
+    functions that write the op's variable, made once per process."""
+    if not _STAMP_FUNCTIONS:
+
+        def arrive(slot: Any) -> Any:
+            now = tf.timestamp()
+            slot.assign(tf.stack([now, now]))
+            return now
+
+        def leave(slot: Any, arrival: Any) -> Any:
+            now = tf.timestamp()
+            slot.assign(tf.stack([arrival, now]))
+            return now
+
+        _STAMP_FUNCTIONS[:] = [
+            tf.function(arrive, autograph=False),
+            tf.function(leave, autograph=False),
+        ]
+    return _STAMP_FUNCTIONS
+
+
 def _stamps_of(
     name: str, inputs: Any, op: str, grouped: bool, kwargs: dict
 ) -> Tuple[List[hs.Stamp], Optional[str]]:
@@ -449,14 +506,21 @@ class StampsHook(StepHook):
             return
         if collector.backend is None:
             collector.backend = choice.backend()
-        collector.begin(handle)
+        if collector.begin(handle):
+            twin.want(True)  # this step runs the twin of its function, with the stamps
 
     def on_step_end(self, handle: Any, call: Any, error: Optional[BaseException]) -> None:
+        twin.want(False)
         if handle.sampled and choice.mode == STAMPS:
             collector.end(handle)
 
     def stamping(self) -> bool:
-        """Graph construction: time Horovod ops (default source, more than one rank)?"""
+        """Graph construction inside a detail twin's trace (instrument/twin.py): time Horovod
+        ops? The program's own traces never get timing ops."""
+        return twin.tracing() and self.twins_wanted()
+
+    def twins_wanted(self) -> bool:
+        """Do this process's steps need detail twins (default source, more than one rank)?"""
         if choice.current() != STAMPS or self._finished or not is_active():
             return False
         if collector.every <= 0:
@@ -486,6 +550,7 @@ class StampsHook(StepHook):
         collector.every = every
         collector.parts = parts_wanted(parts, every)
         collector.enabled = self.stamping
+        twin.wanted_by(self.twins_wanted)
         add_step_hook(self)
         with_pipeline(self._handle_messages)
         before_shutdown(self.finish)

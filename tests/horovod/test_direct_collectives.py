@@ -1,0 +1,79 @@
+"""The program's own ``hvd.allreduce`` calls in one tf.function (issue 23 points 1 and 2), real
+horovodrun -np 2, real OTLP receiver:
+
+- collective detail runs in a twin of the program's function: the program's own trace holds no
+  timing op (no standing cost on steps without detail), the twin holds them;
+- the stamps add no order between independent collectives (plain ``tf.timestamp`` ops chained
+  all of them: 10 ordered pairs of 5, measured before the fix);
+- every own call is timed on both ranks in every detail step, with the rank's own arrival.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from conftest import VENV_BIN, base_env, run  # noqa: E402
+
+from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
+
+pytestmark = pytest.mark.integration
+SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "direct_collectives.py")
+CALLS = 5
+
+
+def horovodrun(env):
+    command = [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
+    return run(command + [str(VENV_BIN / "python"), SCRIPT], env, timeout=300)
+
+
+def graphs(stdout: str):
+    lines = [line for line in stdout.splitlines() if "GRAPHS " in line]
+    reports = [json.loads(line.split("GRAPHS ", 1)[1]) for line in lines]
+    assert sorted(r["rank"] for r in reports) == [0, 1], stdout[-2000:]
+    return reports
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_own_collectives_timed_in_a_twin_without_order(receiver, tmp_path, every):
+    steps_n = 12  # every=2: no detail step at all has odds 0.5**12
+    env = base_env(
+        **receiver.env("grpc"),
+        TF_OTEL_ENABLED="1",
+        STEPS=str(steps_n),
+        TMPDIR=str(tmp_path),
+        TF_OTEL_HOROVOD_EVERY=str(every),
+    )
+    result = horovodrun(env)
+    for report in graphs(result.stdout):
+        assert report["program_timing_ops"] == 0, report  # the program's graph untouched
+        assert report["twin_collectives"] == CALLS, report
+        assert report["twin_timing_ops"] >= CALLS, report
+        assert report["ordered_pairs"] == 0, report
+    spans = receiver.wait_for(lambda s: False, 4.0)
+    steps = [s for s in spans if s.category == "step" and "train_step" in s.name]
+    assert {(s.attributes["tf_otel.step"], s.rank) for s in steps} == {
+        (n, r) for n in range(steps_n) for r in (0, 1)
+    }
+    detail = {
+        s.attributes["tf_otel.step"] for s in steps if detail_wanted(int(s.trace_id, 16), every)
+    }
+    by_id = {s.span_id: s for s in spans}
+    timed = defaultdict(set)  # (step, rank) -> tensors
+    for c in (s for s in spans if s.category == "collective"):
+        parent = by_id[c.parent_id]
+        assert parent.rank == c.rank
+        assert c.attributes["horovod.arrival"] == "stamp", c.attributes
+        timed[(parent.attributes["tf_otel.step"], c.rank)].add(c.attributes["horovod.tensor"])
+    want = {f"direct_{i}" for i in range(CALLS)}
+    assert detail, "the policy picked no step: a different trace id draw; the check needs one"
+    for step in detail:
+        for rank in (0, 1):
+            got = {name.rsplit("/", 1)[-1] for name in timed.get((step, rank), set())}
+            assert got == want, (step, rank, got)
+    assert {step for step, _ in timed} == detail, "collectives on the detail steps only"
