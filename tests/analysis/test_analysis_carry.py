@@ -30,15 +30,17 @@ def chained_run(
     jitter_ms: float = 1.0,
     collective_every: int = 1,
     slow: Optional[Dict[int, Tuple[int, float]]] = None,
+    late_ranks: Tuple[int, ...] = (LATE_RANK,),
     seed: int = 11,
 ) -> JobBuilder:
     """Per rank and step: a 0.5 ms gap after its own previous step, an input wait, 10 ms of its
     own step work (a gap), one allreduce that completes 5 ms after the last arrival, a 1 ms tail.
 
-    ``collective_late_ms``: LATE_RANK's allreduce ends that much after the others' (the slow
-    link's last chunk). ``tail_ms``: LATE_RANK works that long after its allreduce, inside its
-    step (its own lateness). ``collective_every``: collective spans only on steps divisible by
-    it (the others synchronise unseen, as with TF_OTEL_HOROVOD_EVERY=N); the timing is the same.
+    ``collective_late_ms``: the allreduce of ``late_ranks`` ends that much after the others'
+    (the slow link's last chunk). ``tail_ms``: those ranks work that long after their allreduce,
+    inside their step (their own lateness). ``collective_every``: collective spans only on steps
+    divisible by it (the others synchronise unseen, as with TF_OTEL_HOROVOD_EVERY=N); the timing
+    is the same.
     ``slow``: step -> (rank, ms): that rank's own step work is that much longer in that step.
     """
     rng = random.Random(seed)
@@ -57,7 +59,7 @@ def chained_run(
         last_ready = max(arrive for _, _, arrive in plan.values())
         done = round(last_ready + 5.0, 3)
         for rank, (start, input_end, arrive) in plan.items():
-            late = rank == LATE_RANK
+            late = rank in late_ranks
             finished = round(done + (collective_late_ms if late else 0.0), 3)
             end = round(
                 finished + 1.0 + rng.uniform(0, jitter_ms / 4) + (tail_ms if late else 0), 3
@@ -189,3 +191,17 @@ def test_steps_are_matched_by_root_name_and_not_when_ambiguous():
     for step in steps:  # no roots: both keys read "Session.run", every number twice
         step.root = None
     assert previous_steps(steps) == {}
+
+
+def test_a_slowed_step_is_named_with_no_more_than_the_step_waited_for():
+    # ranks 1 and 3 inherit 40 ms every step; rank 2 does 100 ms more work in step 10. Its own
+    # extra work is 100 ms, but it was ready only ~60 ms after the others' median (ranks 1 and
+    # 3 began 40 ms late): the step waited 60 ms for it, and that is what it is named with
+    slow = {10: (2, 100.0)}
+    job = chained_run(collective_late_ms=DELAY_MS, slow=slow, late_ranks=(1, 3))
+    result = analyze_spans(decoded_spans(job))
+    found = {r.trace.step: r.straggler for r in result.steps if r.straggler}
+    assert sorted(found) == [10]
+    assert (found[10].rank, found[10].category) == (2, "compute")
+    assert abs(found[10].excess_ns - ms(60.0)) <= ms(3.0)
+    assert persistent(result) == {}

@@ -141,6 +141,9 @@ class Leg:
     # first leg only: what the leg's rank inherited from its previous step (``carry``), not
     # its own time
     inherited_ns: int = 0
+    # first leg with something carried: the other ranks' (median, slowest) leg with nothing
+    # taken off, by which the step waited for this rank (wall clock)
+    waited_other_ns: Optional[Tuple[int, int]] = None
 
     @property
     def length_ns(self) -> int:
@@ -154,17 +157,28 @@ class Leg:
     def lengths(self) -> Dict[int, int]:
         return {rank: max(0, end - start) for rank, (start, end) in self.windows.items()}
 
+    def _beyond(self, other: int, waited: int) -> int:
+        """The leg's length beyond ``other``; never more than the step waited for this rank
+        beyond ``waited`` (the same, nothing taken off): the others' inherited time, taken
+        off their legs, must not make this rank's excess larger than the wait it caused."""
+        beyond = self.length_ns - other
+        if self.waited_other_ns is not None:
+            beyond = min(beyond, self.end_ns - self.start_ns - waited)
+        return max(0, beyond)
+
     @property
     def excess_ns(self) -> int:
         if self.median_other_ns is None:
             return 0
-        return max(0, self.length_ns - self.median_other_ns)
+        waited = self.waited_other_ns[0] if self.waited_other_ns else 0
+        return self._beyond(self.median_other_ns, waited)
 
     @property
     def saving_ns(self) -> int:
         if self.slowest_other_ns is None:
             return 0
-        return max(0, self.length_ns - self.slowest_other_ns)
+        waited = self.waited_other_ns[1] if self.waited_other_ns else 0
+        return self._beyond(self.slowest_other_ns, waited)
 
 
 @dataclass
@@ -591,17 +605,25 @@ def _implicit_sync_path(path: CriticalPath, carried: Dict[int, Carry]) -> Critic
     path.segments = segments
     leg = Leg(source, STEP_START, READY, step.start_ns, sync)
     leg.inherited_ns = _inherited(carried, source)
-    others = []
+    others, waited = [], []
     for rank, value in ready.items():
         begin = step.start_ns + _inherited(carried, rank)
         leg.windows[rank] = (min(begin, max(step.start_ns, value)), max(step.start_ns, value))
         if rank != source:
             others.append(max(0, value - begin))
+            waited.append(max(0, value - step.start_ns))
+    _set_others(leg, others, waited)
+    path.legs = [leg]
+    return path
+
+
+def _set_others(leg: Leg, others: List[int], waited: List[int]) -> None:
+    """The other ranks' same leg: ``others`` less what each inherited, ``waited`` as is."""
     if others:
         leg.median_other_ns = int(statistics.median(others))
         leg.slowest_other_ns = max(others)
-    path.legs = [leg]
-    return path
+        if waited != others:
+            leg.waited_other_ns = (int(statistics.median(waited)), max(waited))
 
 
 def _sync_key(node: Span) -> Optional[SyncKey]:
@@ -627,6 +649,7 @@ def _compare_legs(
         own_start = min(leg.start_ns + leg.inherited_ns, max(leg.start_ns, leg.end_ns))
         leg.windows[leg.rank] = (own_start, leg.end_ns)
         others: List[int] = []
+        waited: List[int] = []  # the same, nothing inherited taken off
         estimated: Optional[Dict[int, int]] = None
         for rank, timeline in step.ranks.items():
             if rank == leg.rank:
@@ -647,9 +670,9 @@ def _compare_legs(
                         estimated = estimated_arrivals(members, step)
                     end = estimated[rank]
             if begin is not None and end is not None:
+                # a first leg's wall-clock length, from the step's start
+                waited.append(max(0, end - (step.start_ns if leg.begin == STEP_START else begin)))
                 end = max(begin, end)  # overlapping collectives: this rank waited anyway
                 leg.windows[rank] = (begin, end)
                 others.append(end - begin)
-        if others:
-            leg.median_other_ns = int(statistics.median(others))
-            leg.slowest_other_ns = max(others)
+        _set_others(leg, others, waited)
