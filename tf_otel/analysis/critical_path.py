@@ -35,8 +35,9 @@ other (what the step would save if r were no slower than the next rank).
 
 Carried (``carry``): a rank whose last collective of the previous step ended later than the
 other ranks' begins this step late through no work of its own; what it inherited comes off its
-first leg (step start -> first sync) wherever legs are compared, and the time it was still in
-that collective after the step began is ``communication`` on the path (named
+first leg (step start -> first sync) wherever legs are compared (a first leg's excess and
+saving never above their values with nothing taken off: the wait the rank caused), and the time
+it was still in that collective after the step began is ``communication`` on the path (named
 ``(previous step) <collective>``), not ``before_step``.
 """
 
