@@ -1,5 +1,6 @@
 """What tf_otel patches in Horovod: ``hvd.init()`` (the source is chosen just before it), the
-collective op functions of Horovod's TF library (timed by ``stamps``), and
+collective op functions of Horovod's TF library (timed by ``stamps``), Horovod's per-gradient
+``tf.cond`` (timed around it in TF1 graphs), and
 ``hvd.DistributedOptimizer`` (a Keras 3 optimizer given to it is reported once: Horovod does not
 average its gradients).
 
@@ -45,6 +46,23 @@ def _patch_mpi_lib(module: Any) -> None:
         setattr(library, name, _timed(original, collector.wrapper(op, grouped), tf))
 
 
+_CONDS = {"_allreduce_cond": False, "_grouped_allreduce_cond": True}  # -> grouped
+
+
+def _patch_conds(module: Any) -> None:
+    """Horovod's per-gradient ``tf.cond`` (DistributedOptimizer, DistributedGradientTape): in a
+    TF1 graph its stamps go around it (graph_stamps). Module functions that the module itself
+    calls by name, so replacing the attribute reaches its callers."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return
+    for name, grouped in _CONDS.items():
+        original = getattr(module, name, None)
+        if original is None or getattr(original, "_tf_otel_original", None) is not None:
+            continue
+        setattr(module, name, _timed(original, collector.cond_wrapper(grouped), tf))
+
+
 def _timed(original: Callable, wrapper: Callable, tf: Any) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         return wrapper(original, None, args, kwargs)
@@ -88,5 +106,6 @@ def register() -> None:
     """Post-import hooks (idempotent: wrap() wraps once)."""
     when_imported("horovod.common.basics", _patch_basics)
     when_imported("horovod.tensorflow.mpi_ops", _patch_mpi_lib)
+    when_imported("horovod.tensorflow", _patch_conds)
     for module in ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"):
         when_imported(module, _patch_optimizer)

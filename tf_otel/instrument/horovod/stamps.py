@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tf_otel import clock
-from tf_otel.health import count, fail_open, log_once
+from tf_otel.health import count, fail_open
 from tf_otel.instrument import twin
 from tf_otel.instrument._patching import StepHook, add_step_hook, is_active
+from tf_otel.instrument.horovod import graph_stamps
 from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice
 from tf_otel.instrument.horovod.choice import pipeline as _pipeline
 from tf_otel.pipeline import messages
@@ -66,6 +67,8 @@ OPS = {
 }
 
 
+Found = Tuple[hs.Stamp, int, int, Optional[str]]  # a stamp, its [t0, t1] (wall ns), its group
+
 PARTS_DENSE_EVERY = 10  # detail on 1 step in fewer than this: no wait / transfer children
 
 
@@ -89,7 +92,8 @@ class StampCollector:
     def __init__(self) -> None:
         self.parts = True  # wait / transfer children (TF_OTEL_HOROVOD_PARTS)
         self.backend: Optional[str] = None
-        self.enabled: Callable[[], bool] = lambda: False
+        self.enabled: Callable[[], bool] = lambda: False  # graph stamps here (a twin's trace)
+        self.graph_enabled: Callable[[], bool] = lambda: False  # TF1 graph stamps
         self._slots: List[Tuple[Any, List[hs.Stamp], Optional[str]]] = []
         self._reader: Any = None
         self._reader_n = -1
@@ -97,7 +101,6 @@ class StampCollector:
         self._lock = threading.Lock()
         self._mine: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
         self._gather: OrderedDict[Tuple[str, int], _Gather] = OrderedDict()
-        self._tf1_logged = False
         self._branches: weakref.WeakSet[Any] = weakref.WeakSet()  # cond branches stamped
         self._outstanding: Dict[Tuple[str, int], None] = {}  # detail steps not emitted yet
         self._unshared: OrderedDict[Tuple[str, int], list] = OrderedDict()  # read, not sent
@@ -111,6 +114,17 @@ class StampCollector:
                 return wrapped(*args, **kwargs)
             if tf.executing_eagerly():
                 return self._eager_call(tf, wrapped, args, kwargs, op, grouped)
+            with tf.init_scope():
+                eager_outside = tf.executing_eagerly()
+            if not eager_outside:  # a TF1 graph: stamps a detail step's Session.run fetches
+                if not self.graph_enabled():
+                    return wrapped(*args, **kwargs)
+
+                def naming(out: Any) -> Tuple[List[hs.Stamp], Optional[str]]:
+                    name = tf.nest.flatten(out)[0].op.name
+                    return _stamps_of(name, args[0], op, grouped, kwargs)
+
+                return graph_stamps.around_op(tf, wrapped, args, kwargs, naming, grouped)
             if not self.enabled():
                 return wrapped(*args, **kwargs)
             if len(self._slots) >= _MAX_SLOTS:
@@ -129,19 +143,19 @@ class StampCollector:
 
         return wrapped_op
 
+    def cond_wrapper(self, grouped: bool) -> Callable:
+        """Horovod's ``_allreduce_cond`` in a TF1 graph: stamped around the cond."""
+
+        def wrapped_cond(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+            tf = sys.modules.get("tensorflow")
+            if tf is None or not args or tf.executing_eagerly() or not self.graph_enabled():
+                return wrapped(*args, **kwargs)
+            return graph_stamps.around_cond(tf, wrapped, args, kwargs, grouped)
+
+        return wrapped_cond
+
     def _before(self, tf: Any, inputs: Any, grouped: bool) -> Optional[Tuple[Any, Any, bool]]:
         """(stamp variable, arrival stamp, plain?) for the op about to be built, or None."""
-        with tf.init_scope():
-            eager_outside = tf.executing_eagerly()
-        if not eager_outside:  # a TF1 graph: no variable we could read without its session
-            if not self._tf1_logged:
-                self._tf1_logged = True
-                log_once(
-                    "hvd_tf1_stamps",
-                    "tf_otel: Horovod collectives in a TF1 graph are not timed by default; set "
-                    "TF_OTEL_HOROVOD_SOURCE=timeline for collective spans from Horovod's timeline",
-                )
-            return None
         from tensorflow.python.ops import resource_variable_ops
 
         # the class itself, not tf.Variable(...): tf.function's variable creator refuses
@@ -227,21 +241,24 @@ class StampCollector:
         self._eager = []
         return True
 
-    def end(self, handle: Any) -> None:
+    def end(self, handle: Any, fetched: Optional[List[Found]] = None) -> None:
+        """A sampled step ended; ``fetched``: its TF1 graph stamps (graph_stamps), if any."""
         started = handle.flags.get("hvd_stamps")
         if started is None:
             if self.every > 0:
                 self._prepare_reader()
             return
         eager, self._eager = self._eager or [], None
-        values = self._read()
-        with self._lock:
-            slots = list(self._slots[: len(values)])
-        found: List[Tuple[hs.Stamp, int, int, Optional[str]]] = list(eager)
-        for (_, stamps, group), (t0, t1) in zip(slots, values):
-            t0_ns, t1_ns = int(t0 * 1e9), int(t1 * 1e9)
-            if t0_ns >= started - _STALE_NS:
-                found.extend((s, t0_ns, t1_ns, group) for s in stamps)
+        found: List[Found] = list(eager)
+        candidates: List[Found] = list(fetched or [])
+        if fetched is None:
+            values = self._read()
+            with self._lock:
+                slots = list(self._slots[: len(values)])
+            for (_, stamps, group), (t0, t1) in zip(slots, values):
+                t0_ns, t1_ns = int(t0 * 1e9), int(t1 * 1e9)
+                candidates.extend((s, t0_ns, t1_ns, group) for s in stamps)
+        found.extend(c for c in candidates if c[1] >= started - _STALE_NS)
         key, step = handle.key, handle.step
         with self._lock:
             self._outstanding[(key, step)] = None
@@ -508,11 +525,14 @@ class StampsHook(StepHook):
             collector.backend = choice.backend()
         if collector.begin(handle):
             twin.want(True)  # this step runs the twin of its function, with the stamps
+            with fail_open("horovod.graph_stamp_fetches"):
+                graph_stamps.add_fetches(handle, call)  # a TF1 run fetches its stamps too
 
     def on_step_end(self, handle: Any, call: Any, error: Optional[BaseException]) -> None:
         twin.want(False)
+        fetched = graph_stamps.take_values(handle, call)  # the program's result back first
         if handle.sampled and choice.mode == STAMPS:
-            collector.end(handle)
+            collector.end(handle, fetched)
 
     def stamping(self) -> bool:
         """Graph construction inside a detail twin's trace (instrument/twin.py): time Horovod
@@ -550,6 +570,7 @@ class StampsHook(StepHook):
         collector.every = every
         collector.parts = parts_wanted(parts, every)
         collector.enabled = self.stamping
+        collector.graph_enabled = self.twins_wanted
         twin.wanted_by(self.twins_wanted)
         add_step_hook(self)
         with_pipeline(self._handle_messages)
