@@ -14,8 +14,8 @@ of every step key; 0, the default: off; instrument/step_detail.py),
 TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross-rank channel;
 see tf_otel.job.job_secret for what is used without it),
 TF_OTEL_HOROVOD_EVERY (collective detail on 1 sampled step in N, picked by the step trace id so
-every rank picks the same steps; 1: every sampled step; 0, the default: none, and no timing ops
-are built),
+every rank picks the same steps; 1: every sampled step; 0: none; default 20: detail steps run a
+twin of the step's function with the timing ops, other steps the program's own graph),
 TF_OTEL_HOROVOD_SOURCE (``stamps``, the default: every rank times its own collectives;
 ``timeline``: Horovod's DYNAMIC timeline on rank 0, which costs a spinning thread from hvd.init),
 TF_OTEL_HOROVOD_PARTS (1: a collective whose rank waited >= 1 ms for the last one gets
@@ -36,6 +36,7 @@ from tf_otel.health import log_once
 T = TypeVar("T")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+HOROVOD_EVERY_DEFAULT = 20  # detail-step twin: ~7 % on a detail step, so ~0.4 % a step
 
 
 class ConfigError(ValueError):
@@ -156,7 +157,8 @@ class Settings:
     system_metrics_interval_s: float = 10.0  # host/process semconv metrics; 0: off
     # peak RSS, per-file I/O and the GPU allocator peak on steps 0, N, 2N ...; 0: off
     resources_every: int = 0
-    horovod_every: int = 0  # collective detail on 1 sampled step in N; 0: off (docs/HOROVOD.md)
+    # collective detail on 1 sampled step in N; 0: off (docs/HOROVOD.md: why 20)
+    horovod_every: int = HOROVOD_EVERY_DEFAULT
     horovod_source: str = "stamps"  # or "timeline"
     # wait / transfer children under a collective that waited >= 1 ms; None: on when detail is
     # on 1 step in PARTS_DENSE_EVERY or fewer, off for denser detail (half the spans)
@@ -202,7 +204,9 @@ class Settings:
                 env, "TF_OTEL_SYSTEM_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
             job_secret=(env.get("TF_OTEL_JOB_SECRET") or "").strip() or None,
-            horovod_every=read(env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, 0),
+            horovod_every=read(
+                env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, HOROVOD_EVERY_DEFAULT
+            ),
             file_max_mb=read(env, "TF_OTEL_FILE_MAX_MB", _non_negative_float, 1024.0),
             file_keep=read(env, "TF_OTEL_FILE_KEEP", _non_negative_int, 3),
             exit_timeout_s=read(env, "TF_OTEL_EXIT_TIMEOUT_S", _non_negative_float, 5.0),

@@ -5,7 +5,8 @@ horovodrun -np 2, real OTLP receiver:
   timing op (no standing cost on steps without detail), the twin holds them;
 - the stamps add no order between independent collectives (plain ``tf.timestamp`` ops chained
   all of them: 10 ordered pairs of 5, measured before the fix);
-- every own call is timed on both ranks in every detail step, with the rank's own arrival.
+- every own call is timed on both ranks in every detail step, with the rank's own arrival, and
+  on no other step; with nothing set, on the steps the default policy picks.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import VENV_BIN, base_env, run  # noqa: E402
 
+from tf_otel.config import HOROVOD_EVERY_DEFAULT  # noqa: E402
 from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
+from tf_otel.pipeline.ids import step_trace_id  # noqa: E402
 
 pytestmark = pytest.mark.integration
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "direct_collectives.py")
 CALLS = 5
+KEY = "tf_function:train_step"  # the step key of the script's tf.function
 
 
 def horovodrun(env):
@@ -39,16 +43,32 @@ def graphs(stdout: str):
     return reports
 
 
-@pytest.mark.parametrize("every", [1, 2])
+def job_with_detail(steps_n: int, every: int) -> str:
+    """A job id whose step trace ids (deterministic: job, step key, step) put collective detail
+    on some but not all of the first ``steps_n`` steps: the default policy, checked exactly."""
+    for i in range(1000):
+        job = f"direct-{i}"
+        picked = sum(detail_wanted(step_trace_id(job, KEY, n), every) for n in range(steps_n))
+        if 0 < picked < steps_n:
+            return job
+    raise AssertionError("no job id found")
+
+
+@pytest.mark.parametrize("every", [1, 2, None], ids=["every1", "every2", "default"])
 def test_own_collectives_timed_in_a_twin_without_order(receiver, tmp_path, every):
-    steps_n = 12  # every=2: no detail step at all has odds 0.5**12
+    steps_n = 12
     env = base_env(
         **receiver.env("grpc"),
         TF_OTEL_ENABLED="1",
         STEPS=str(steps_n),
         TMPDIR=str(tmp_path),
-        TF_OTEL_HOROVOD_EVERY=str(every),
     )
+    if every is None:  # the defaults: detail on 1 sampled step in HOROVOD_EVERY_DEFAULT
+        every = HOROVOD_EVERY_DEFAULT
+    else:
+        env["TF_OTEL_HOROVOD_EVERY"] = str(every)
+    if every > 1:
+        env["TF_OTEL_JOB_ID"] = job_with_detail(steps_n, every)
     result = horovodrun(env)
     for report in graphs(result.stdout):
         assert report["program_timing_ops"] == 0, report  # the program's graph untouched
@@ -71,7 +91,7 @@ def test_own_collectives_timed_in_a_twin_without_order(receiver, tmp_path, every
         assert c.attributes["horovod.arrival"] == "stamp", c.attributes
         timed[(parent.attributes["tf_otel.step"], c.rank)].add(c.attributes["horovod.tensor"])
     want = {f"direct_{i}" for i in range(CALLS)}
-    assert detail, "the policy picked no step: a different trace id draw; the check needs one"
+    assert detail and len(detail) < steps_n or every == 1, detail
     for step in detail:
         for rank in (0, 1):
             got = {name.rsplit("/", 1)[-1] for name in timed.get((step, rank), set())}
