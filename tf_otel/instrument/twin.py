@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, List
 
-from tf_otel.health import count, fail_open
+from tf_otel.health import count, fail_open, report_failure
 
 _OWN_MODULE = "tf_otel"
 
@@ -61,14 +61,36 @@ def tracing() -> bool:
     return _state.tracing > 0
 
 
+_BROKEN = False  # a function whose twin failed to trace: it runs as the program's own
+
+
 def _twin_of(function: Any) -> Any:
+    """The function's twin (made once), or None where it cannot be made or traced."""
     twin = getattr(function, "_tf_otel_twin", None)
     if twin is None:
-        twin = function._clone(None)
-        twin._tf_otel_twin_of = function
+        twin = _BROKEN
+        with fail_open("twin.make"):
+            twin = function._clone(None)
+            twin._tf_otel_twin_of = function
+            count("twin_functions")
         function._tf_otel_twin = twin
-        count("twin_functions")
-    return twin
+    return None if twin is _BROKEN else twin
+
+
+def _traced(function: Any, twin: Any, args: tuple, kwargs: dict) -> bool:
+    """Trace (or find) the twin's graph for these arguments before it runs: a twin that cannot
+    be traced (e.g. it would create variables) is given up, once, and the program's own
+    function runs; errors while running a traced twin are the program's own and propagate."""
+    _state.tracing += 1
+    try:
+        twin.get_concrete_function(*args, **kwargs)
+        return True
+    except Exception as exc:  # noqa: BLE001
+        function._tf_otel_twin = _BROKEN
+        report_failure("twin.trace", exc)
+        return False
+    finally:
+        _state.tracing -= 1
 
 
 def _is_own(function: Any) -> bool:
@@ -76,8 +98,7 @@ def _is_own(function: Any) -> bool:
     return (getattr(python_function, "__module__", "") or "").startswith(_OWN_MODULE)
 
 
-def _run_twin(function: Any, args: tuple, kwargs: dict) -> Any:
-    twin = _twin_of(function)
+def _run_twin(function: Any, twin: Any, args: tuple, kwargs: dict) -> Any:
     _state.tracing += 1
     try:
         return twin(*args, **kwargs)
@@ -92,11 +113,9 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
     if _is_own(function) or getattr(function, "_tf_otel_twin_of", None) is not None:
         return wrapped(*args, **kwargs)
     if _state.tracing or (top and _state.wanted):
-        twin = None
-        with fail_open("twin.make"):
-            twin = _twin_of(function)
-        if twin is not None:
-            return _run_twin(function, args, kwargs)
+        twin = _twin_of(function)
+        if twin is not None and (_state.tracing or _traced(function, twin, args, kwargs)):
+            return _run_twin(function, twin, args, kwargs)
         return wrapped(*args, **kwargs)
     counter = getattr(function, "experimental_get_tracing_count", None)
     if not top or counter is None or not enabled():
@@ -111,11 +130,6 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
 def _trace_twin(function: Any, args: tuple, kwargs: dict) -> None:
     """The program's function was traced on this call: trace its twin for the same arguments
     now, so the first detail step runs a ready graph."""
-    with fail_open("twin.trace"):
-        twin = _twin_of(function)
-        _state.tracing += 1
-        try:
-            twin.get_concrete_function(*args, **kwargs)
-        finally:
-            _state.tracing -= 1
+    twin = _twin_of(function)
+    if twin is not None and _traced(function, twin, args, kwargs):
         count("twin_traces")
