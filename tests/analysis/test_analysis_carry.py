@@ -27,6 +27,7 @@ def chained_run(
     world_size: int = 4,
     collective_late_ms: float = 0.0,
     tail_ms: float = 0.0,
+    before_ms: float = 0.0,
     jitter_ms: float = 1.0,
     collective_every: int = 1,
     slow: Optional[Dict[int, Tuple[int, float]]] = None,
@@ -38,9 +39,10 @@ def chained_run(
 
     ``collective_late_ms``: the allreduce of ``late_ranks`` ends that much after the others'
     (the slow link's last chunk). ``tail_ms``: those ranks work that long after their allreduce,
-    inside their step (their own lateness). ``collective_every``: collective spans only on steps
-    divisible by it (the others synchronise unseen, as with TF_OTEL_HOROVOD_EVERY=N); the timing
-    is the same.
+    inside their step (their own lateness). ``before_ms``: those ranks wait that long before each
+    step, after their previous one ended (a sleep: their own lateness). ``collective_every``:
+    collective spans only on steps divisible by it (the others synchronise unseen, as with
+    TF_OTEL_HOROVOD_EVERY=N; 0: on none); the timing is the same.
     ``slow``: step -> (rank, ms): that rank's own step work is that much longer in that step.
     """
     rng = random.Random(seed)
@@ -51,7 +53,8 @@ def chained_run(
         plan: Dict[int, tuple] = {}
         slow_rank, extra = (slow or {}).get(number, (-1, 0.0))
         for rank in range(world_size):
-            start = round(free[rank] + 0.5 + rng.uniform(0, jitter_ms), 3)
+            gap = 0.5 + (before_ms if rank in late_ranks else 0.0)
+            start = round(free[rank] + gap + rng.uniform(0, jitter_ms), 3)
             input_end = round(start + 1.0 + rng.uniform(0, jitter_ms / 4), 3)
             work = 10.0 + rng.uniform(0, jitter_ms) + (extra if rank == slow_rank else 0.0)
             arrive = round(input_end + work, 3)
@@ -66,7 +69,7 @@ def chained_run(
             )
             step.rank(rank, start, end)
             step.span(rank, "input", "IteratorGetNext (tf.data)", start, input_end)
-            if number % collective_every == 0:
+            if collective_every and number % collective_every == 0:
                 last = {"horovod.last_arrival": arrive == last_ready}
                 step.collective(rank, f"s{number}/grad", arrive, finished, **last)
             free[rank] = end
@@ -205,3 +208,130 @@ def test_a_slowed_step_is_named_with_no_more_than_the_step_waited_for():
     assert (found[10].rank, found[10].category) == (2, "compute")
     assert abs(found[10].excess_ns - ms(60.0)) <= ms(3.0)
     assert persistent(result) == {}
+
+
+# Collective detail on 1 step in N (TF_OTEL_HOROVOD_EVERY): a detail step's previous step has
+# step spans but no collective spans, so what a rank inherited is read from its previous step
+# span's end (how much later than the others' median it ended, at most how late it began).
+SAMPLED_EVERY = 4  # collective spans on steps 0, 4, 8, ...: each detail step stands alone
+
+
+def detail_steps(result):
+    return [s for s in result.steps if s.trace.step % SAMPLED_EVERY == 0 and s.trace.step]
+
+
+def test_a_detail_step_after_one_without_collective_spans_carries_the_step_span_end():
+    # rank 1's allreduce ends 40 ms late every step (recorded on detail steps only): its step
+    # span ends 40 ms late and it begins the next step 40 ms late. Before this rule a detail
+    # step carried nothing and rank 1 was persistently late by ~40 ms
+    job = chained_run(steps=48, collective_late_ms=DELAY_MS, collective_every=SAMPLED_EVERY)
+    result = analyze_spans(decoded_spans(job))
+    assert persistent(result) == {}
+    assert named_steps(result) == {}
+    assert not [f for f in result.findings if f.rule in ("persistent_lateness", "straggler")]
+    detail = detail_steps(result)
+    assert len(detail) == 11 and all(s.path.arrivals for s in detail)
+    for step in result.steps[1:]:  # also the steps without collective spans after one
+        assert abs(step.path.lateness_by_rank()[LATE_RANK]) < ms(2.0), step.trace.step
+    # the path keeps that time before rank 1's step: what it was doing is not recorded
+    for step in detail:
+        assert not [seg for seg in step.path.segments if seg.name.startswith("(previous step)")]
+        assert ms(DELAY_MS - 3.0) <= step.path.by_category()["before_step"] <= ms(DELAY_MS + 1)
+
+
+def test_sampled_detail_control_names_nothing():
+    job = chained_run(steps=48, collective_every=SAMPLED_EVERY)
+    result = analyze_spans(decoded_spans(job))
+    assert persistent(result) == {}
+    assert named_steps(result) == {}
+    assert not [f for f in result.findings if f.rule in ("persistent_lateness", "straggler")]
+    for step in result.steps[1:]:
+        assert abs(step.path.lateness_by_rank()[LATE_RANK]) < ms(2.0), step.trace.step
+
+
+def test_a_late_start_after_a_step_span_that_ended_on_time_is_the_ranks_own():
+    # rank 1 sleeps 40 ms before every step; its previous step span ends with the others'. On
+    # top of a 40 ms late allreduce end it begins 80 ms late and only the 40 ms is inherited
+    for collective_late in (0.0, DELAY_MS):
+        job = chained_run(
+            steps=48,
+            collective_late_ms=collective_late,
+            before_ms=DELAY_MS,
+            collective_every=SAMPLED_EVERY,
+        )
+        result = analyze_spans(decoded_spans(job))
+        late = persistent(result)
+        assert list(late) == [LATE_RANK], collective_late
+        assert ms(DELAY_MS - 3.0) <= late[LATE_RANK] <= ms(DELAY_MS + 3.0)
+        for step in detail_steps(result):
+            lateness = step.path.lateness_by_rank()[LATE_RANK]
+            assert ms(DELAY_MS - 3.0) <= lateness <= ms(DELAY_MS + 3.0), step.trace.step
+
+
+def test_the_step_span_carry_is_at_most_how_late_the_rank_began():
+    # one previous step without collective spans: rank 1's span ends 40 ms after the others'
+    # median, rank 2's 10 ms; in the next step rank 1 begins 15 ms late (it caught up), rank 2
+    # 30 ms late (it slept 20 ms): each inherits the smaller of the two
+    from tf_otel.analysis.carry import carried_into
+    from tf_otel.analysis.steps import group_steps
+
+    ends = {0: 100.0, 1: 140.0, 2: 110.0, 3: 100.0}
+    starts = {0: 101.0, 1: 116.0, 2: 131.0, 3: 101.0}
+    job = JobBuilder("job-carry-bound", world_size=4)
+    before, after = job.step(0), job.step(1)
+    for rank in range(4):
+        before.rank(rank, 0.0, ends[rank])
+        after.rank(rank, starts[rank], 200.0)
+        after.collective(rank, "s1/grad", 180.0, 190.0)
+    steps, _ = group_steps(decoded_spans(job))
+    previous, step = sorted(steps, key=lambda s: s.step)
+    carried = carried_into(step, previous)
+    assert sorted(carried) == [0, 1, 2, 3]
+    assert not any(c.collective for c in carried.values())
+    assert {r: round(c.inherited_ns / 1e6, 3) for r, c in carried.items()} == {
+        0: 0.0,
+        1: 15.0,
+        2: 10.0,
+        3: 0.0,
+    }
+    # a previous step with collective spans carries from their end, as before
+    for rank in range(4):
+        before.collective(rank, "s0/grad", 50.0, 60.0 + (5.0 if rank == 1 else 0.0))
+    steps, _ = group_steps(decoded_spans(job))
+    previous, step = sorted(steps, key=lambda s: s.step)
+    carried = carried_into(step, previous)
+    assert all(c.collective for c in carried.values())
+    assert {r: round(c.inherited_ns / 1e6, 3) for r, c in carried.items()} == {
+        0: 0.0,
+        1: 5.0,
+        2: 0.0,
+        3: 0.0,
+    }
+
+
+def test_own_work_after_the_last_collective_with_sampled_detail():
+    # the limit of the step span carry (docs/ANALYSIS.md): rank 1 works 40 ms after its
+    # allreduce every step. After a step without collective spans that time is carried (it lies
+    # in the previous step, whose path ends on rank 1's step work); after a detail step the
+    # allreduce's end is the reference and rank 1 is late by its 40 ms there
+    job = chained_run(steps=48, tail_ms=DELAY_MS, collective_every=SAMPLED_EVERY)
+    result = analyze_spans(decoded_spans(job))
+    for step in result.steps[1:]:
+        lateness = step.path.lateness_by_rank()[LATE_RANK]
+        if step.trace.step % SAMPLED_EVERY == 1:
+            assert ms(DELAY_MS - 3.0) <= lateness <= ms(DELAY_MS + 3.0), step.trace.step
+        else:
+            assert abs(lateness) < ms(2.0), step.trace.step
+        last = step.path.segments[-1]
+        assert (last.rank, last.category) == (LATE_RANK, "compute")
+        assert last.duration_ns >= ms(DELAY_MS)
+
+
+def test_a_job_without_collective_spans_carries_nothing():
+    # collective detail off: no step would measure rank 1's own work after its allreduce
+    # against the allreduce's end, so carrying step span ends would hide it in every step
+    job = chained_run(steps=48, tail_ms=DELAY_MS, collective_every=0)
+    result = analyze_spans(decoded_spans(job))
+    late = persistent(result)
+    assert list(late) == [LATE_RANK]
+    assert ms(DELAY_MS - 3.0) <= late[LATE_RANK] <= ms(DELAY_MS + 3.0)

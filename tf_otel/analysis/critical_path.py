@@ -38,7 +38,9 @@ other ranks' begins this step late through no work of its own; what it inherited
 first leg (step start -> first sync) wherever legs are compared (a first leg's excess and
 saving never above their values with nothing taken off: the wait the rank caused), and the time
 it was still in that collective after the step began is ``communication`` on the path (named
-``(previous step) <collective>``), not ``before_step``.
+``(previous step) <collective>``), not ``before_step``. Where the previous step has no
+collective spans, what a rank inherited is measured from its previous step span's end; it comes
+off the first leg the same way, and the path keeps that time ``before_step``.
 """
 
 from __future__ import annotations
@@ -541,8 +543,11 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
         leg_rank, leg_end_key, leg_end_ns = rank, sync_key, t
     first = min(step.ranks[rank].start_ns, t)
     add_gap(rank, first, t)
-    # until its previous step's last collective ended the rank was still communicating
+    # until its previous step's last collective ended the rank was still communicating (a
+    # carry from the previous step span's end: what it was doing is not known, before_step)
     carry = carried.get(rank)
+    if carry is not None and not carry.collective:
+        carry = None
     still_in = min(first, carry.end_ns) if carry is not None else step.start_ns
     add(rank, max(step.start_ns, still_in), first, PATH_BEFORE_STEP, "(before rank's step)")
     if carry is not None:
