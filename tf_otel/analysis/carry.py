@@ -3,8 +3,8 @@ of its step span where the previous step has no collective spans.
 
 Usage::
 
-    previous = previous_steps(all_steps)             # trace id -> the step numbered one less
-    carried = carried_into(step, previous.get(step.trace_id))
+    previous = previous_steps(all_steps)             # trace id -> Previous (the step numbered
+    carried = carried_into(step, previous.get(step.trace_id))   # one less, its evidence step)
     carried[1].inherited_ns                          # not rank 1's own lateness in this step
 
 In a ring all-reduce over a slow link, one rank gets its last chunk well after the others: it
@@ -17,15 +17,22 @@ books the time the rank was still in that collective after the step began as com
 Its own work after its last collective is not carried: that stays its lateness.
 
 A previous step with no collective or transfer spans (collective detail samples 1 step in
-``TF_OTEL_HOROVOD_EVERY``: the step before a detail step almost never has them) carries from
-each rank's previous **step span** end instead, the same way: how much later than the others'
-median it ended, at most how much later it began this step (``Carry.collective`` False). Its
-own work after its last collective then made its previous span end late, and that time lies in
-the previous step, where its extent ends last; where the previous step has collective spans,
-their end is the better reference and the rule above holds (docs/ANALYSIS.md, version 1). Only
-in a job with collective spans on some step: with none anywhere (collective detail off, a
-parameter-server job) nothing is carried, as before, since there no step would measure a
-rank's own work after its last collective against the collective's end.
+``TF_OTEL_HOROVOD_EVERY``: most steps have none) carries from each rank's previous **step
+span** end instead, the same way: how much later than the others' median it ended, at most how
+much later it began this step (``Carry.collective`` False), and at most how much later than the
+others' median its last collective ended in the **evidence step**: this step where it has
+collective spans, else the nearest step with the same name that has them (by number, the later
+of two as near). A late step span end has two causes the previous step cannot tell apart: the
+rank behind a slow link gets its last chunk late (inherited), or the rank works on after its
+last collective (a slow optimizer apply: its own lateness). Assuming the behaviour persists
+across the steps (the premise of "persistently late"), the evidence step tells them apart: the
+first rank's last collective ends late there too, the second's on time, and it carries nothing.
+A rank whose behaviour changes between the evidence step and this one is judged by the
+evidence step. Where the previous step has collective spans, their end is the reference and
+the rule above holds (docs/ANALYSIS.md, version 1). Only in a job with collective spans on some
+step: with none anywhere (collective detail off, a parameter-server job) nothing is carried, as
+before, since there no step would measure a rank's own work after its last collective against
+the collective's end; likewise a step name none of whose steps has collective spans.
 
 Steps are matched by number and name: the previous step of ``K step N`` is ``K step N-1`` (the
 root span's name, ``<step key> step <n>``: the step function, for TF1 the fetch signature).
@@ -37,8 +44,9 @@ from __future__ import annotations
 
 import re
 import statistics
+from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.steps import StepTrace
@@ -61,6 +69,17 @@ class Carry:
     name: str
     span_id: Optional[str]
     collective: bool = True  # False: carried from the previous step span's end
+    evidence_step: Optional[int] = None  # step span carry: the step whose collectives bound it
+
+
+@dataclass(frozen=True)
+class Previous:
+    """A step's previous step (numbered one less, same name) and, where that one has no
+    collective or transfer spans, the evidence step: the step itself if it has collective spans,
+    else the nearest step with the same name that has them (None: no such step)."""
+
+    trace: StepTrace
+    evidence: Optional[StepTrace] = None
 
 
 def step_name(step: StepTrace) -> Optional[str]:
@@ -75,21 +94,42 @@ def step_name(step: StepTrace) -> Optional[str]:
     return names.pop() if len(names) == 1 else None
 
 
-def previous_steps(steps: Sequence[StepTrace]) -> Dict[str, StepTrace]:
-    """Trace id -> the step numbered one less with the same name, where exactly one is; none
-    where no step has a collective span (there is nothing to carry: module docstring)."""
-    if not any(s.category == COLLECTIVE for step in steps for s in _nodes(step)):
+def previous_steps(steps: Sequence[StepTrace]) -> Dict[str, Previous]:
+    """Trace id -> the step numbered one less with the same name, where exactly one is, with its
+    evidence step (``Previous``); none where no step has a collective span (there is nothing to
+    carry: module docstring)."""
+    if not any(_has_collective(step) for step in steps):
         return {}
     by_key: Dict[Tuple[Optional[str], int], List[StepTrace]] = {}
     for step in steps:
         if step.step is not None:
             by_key.setdefault((step_name(step), step.step), []).append(step)
-    found: Dict[str, StepTrace] = {}
+    # per name, the numbers of the (unambiguous) steps with collective spans, in order
+    detail: Dict[Optional[str], List[int]] = {}
+    for (name, number), group in sorted(by_key.items(), key=lambda item: item[0][1]):
+        if len(group) == 1 and _has_collective(group[0]):
+            detail.setdefault(name, []).append(number)
+    found: Dict[str, Previous] = {}
     for (name, number), group in by_key.items():
         before = by_key.get((name, number - 1), [])
         if len(before) == 1 and len(group) == 1 and name is not None:
-            found[group[0].trace_id] = before[0]
+            evidence = None
+            if not has_sync_spans(before[0]):
+                near = _nearest(detail.get(name, []), number)
+                evidence = by_key[(name, near)][0] if near is not None else None
+            found[group[0].trace_id] = Previous(before[0], evidence)
     return found
+
+
+def _nearest(numbers: List[int], number: int) -> Optional[int]:
+    """The value in sorted ``numbers`` nearest ``number``; the later of two as near."""
+    at = bisect_left(numbers, number)
+    candidates = numbers[max(0, at - 1) : at + 1]
+    return min(candidates, key=lambda n: (abs(n - number), -n)) if candidates else None
+
+
+def _has_collective(step: StepTrace) -> bool:
+    return any(s.category == COLLECTIVE for s in _nodes(step))
 
 
 def _nodes(step: StepTrace) -> Iterator[Span]:
@@ -124,28 +164,51 @@ def has_sync_spans(step: StepTrace) -> bool:
     return any(span.category in _SYNC_SPANS for span in step.spans)
 
 
-def carried_into(step: StepTrace, previous: Optional[StepTrace]) -> Dict[int, Carry]:
+def carried_into(step: StepTrace, previous: Union[Previous, StepTrace, None]) -> Dict[int, Carry]:
     """Rank -> what it carried into ``step`` from ``previous`` (its step numbered one less, from
     ``previous_steps``): from its last collective there, or from its step span's end where
-    ``previous`` has no collective or transfer spans; only ranks with one, in this step too,
-    and at least two."""
+    ``previous`` has no collective or transfer spans, then at most how late its last collective
+    ended in the evidence step (``Previous.evidence``; given a bare step N - 1, ``step`` itself
+    where it has collective spans); only ranks with one, in this step too, and at least two."""
     if previous is None:
         return {}
-    collective = has_sync_spans(previous)
-    found = last_collectives(previous) if collective else step_spans(previous)
+    if isinstance(previous, Previous):
+        before, evidence = previous.trace, previous.evidence
+    else:
+        before, evidence = previous, step if _has_collective(step) else None
+    collective = has_sync_spans(before)
+    found = last_collectives(before) if collective else step_spans(before)
     last = {r: s for r, s in found.items() if r in step.ranks}
     if len(last) < 2:
         return {}
     ends = {rank: span.end_ns for rank, span in last.items()}
     starts = {rank: step.ranks[rank].start_ns for rank in last}
+    inherited = {
+        rank: min(_beyond_others(ends, rank), _beyond_others(starts, rank)) for rank in last
+    }
+    evidence_step = None
+    if not collective:  # a step span end: only what the evidence step shows as inherited
+        bounds = _evidence_bounds(evidence, last)
+        inherited = {rank: min(value, bounds.get(rank, 0)) for rank, value in inherited.items()}
+        evidence_step = evidence.step if evidence is not None else None
     return {
         rank: Carry(
             rank,
             span.end_ns,
-            min(_beyond_others(ends, rank), _beyond_others(starts, rank)),
+            inherited[rank],
             span.name,
             span.span_id,
             collective,
+            evidence_step,
         )
         for rank, span in last.items()
     }
+
+
+def _evidence_bounds(evidence: Optional[StepTrace], ranks: Dict[int, Span]) -> Dict[int, int]:
+    """Rank -> how much later than the other ranks' median its last collective ended in the
+    evidence step (0, or left out: on time, or no collective there; nothing without one)."""
+    if evidence is None:
+        return {}
+    ends = {rank: span.end_ns for rank, span in last_collectives(evidence).items()}
+    return {rank: _beyond_others(ends, rank) for rank in ranks if rank in ends}

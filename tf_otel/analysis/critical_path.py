@@ -39,8 +39,9 @@ first leg (step start -> first sync) wherever legs are compared (a first leg's e
 saving never above their values with nothing taken off: the wait the rank caused), and the time
 it was still in that collective after the step began is ``communication`` on the path (named
 ``(previous step) <collective>``), not ``before_step``. Where the previous step has no
-collective spans, what a rank inherited is measured from its previous step span's end; it comes
-off the first leg the same way, and the path keeps that time ``before_step``.
+collective spans, what a rank inherited is measured from its previous step span's end (at most
+how late its last collective ended in the evidence step: carry.py); it comes off the first leg
+the same way, and the path keeps that time ``before_step``.
 """
 
 from __future__ import annotations
