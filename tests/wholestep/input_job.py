@@ -1,7 +1,9 @@
 """A training job fed by tf.data from TFRecord files it writes itself (tests/wholestep).
 
 Environment: DATA_DIR (where the files go), MODE (``keras`` | ``loop``: next(it) inside a user
-tf.function), STEPS, SLOW_MS (a decode stage that sleeps this long per batch; 0: none),
+tf.function | ``graphloop``: ``for x, y in ds`` inside a user tf.function, LOOP_BATCHES batches a
+call, each call a step; LOOP_CACHE=1: those batches cached in memory after the first call),
+STEPS, SLOW_MS (a decode stage that sleeps this long per batch; 0: none),
 FILES / RECORDS / RECORD_BYTES (the files written), CALLBACK_SLEEP_MS / CALLBACK_EVERY
 (a Keras callback that sleeps every Nth batch), SAVE_EVERY (checkpoint writes in the loop).
 Prints ``done steps=N file_bytes=B slow_ms_median=M`` (M: the slow stage's median real time).
@@ -26,6 +28,8 @@ BATCH = int(os.environ.get("BATCH", "4"))
 CALLBACK_SLEEP_MS = float(os.environ.get("CALLBACK_SLEEP_MS", "0"))
 CALLBACK_EVERY = int(os.environ.get("CALLBACK_EVERY", "10"))
 SAVE_EVERY = int(os.environ.get("SAVE_EVERY", "0"))
+LOOP_BATCHES = int(os.environ.get("LOOP_BATCHES", "8"))
+LOOP_CACHE = os.environ.get("LOOP_CACHE") == "1"
 
 
 def write_files() -> list:
@@ -92,6 +96,25 @@ def main() -> None:
     elif MODE == "readonce":
         model.compile(optimizer="sgd", loss="mse")
         model.fit(dataset(paths, repeat=False), epochs=1, verbose=0)
+    elif MODE == "graphloop":
+        optimizer = tf.keras.optimizers.SGD()
+        batches = dataset(paths).take(LOOP_BATCHES)
+        if LOOP_CACHE:
+            batches = batches.cache()
+
+        @tf.function
+        def train_steps():
+            total = tf.constant(0.0)
+            for x, y in batches:  # AutoGraph: a scan + reduce over the dataset in the graph
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((model(x) - y) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                total += loss
+            return total
+
+        for _ in range(STEPS):
+            train_steps()
     else:
         optimizer = tf.keras.optimizers.SGD()
         iterator = iter(dataset(paths))

@@ -1,35 +1,50 @@
 """Input wait of every step, whatever consumes the dataset: Keras ``fit`` / ``evaluate`` /
 ``predict`` (whose ``get_next`` runs inside the compiled train function), ``next(it)`` inside a
-user ``tf.function``, or eager ``next()`` in a custom loop.
+user ``tf.function``, ``for x in dataset`` inside a user ``tf.function`` (AutoGraph), or eager
+``next()`` / ``for`` in a custom loop.
 
-Every iterator made eagerly from a ``tf.data.Dataset`` (``DatasetV2.__iter__``, which Keras 3,
-tf_keras and custom loops all call) iterates a dataset with a short timing tail appended:
+Every iterator made from a ``tf.data.Dataset`` (``DatasetV2.__iter__``, which Keras 3, tf_keras
+and custom loops all call), and every AutoGraph ``for`` loop over a dataset, iterates the dataset
+with a short timing tail appended:
 
     zip(timestamp(), user_dataset) -> map(wait += timestamp() - t0; count += 1; return element)
 
 ``zip`` pulls its inputs in order, so ``t0`` is taken when the consumer asks for an element and
-the map runs when the user pipeline hands it over: the difference is exactly the time the
-consumer was blocked on the input pipeline, measured inside tf.data with no Python and no GIL.
-The tail is synchronous (``inject_prefetch`` off for it, the user's own prefetch untouched), so
-it runs on the consumer's thread. One process-wide int64 variable [wait_ns, elements] holds the
-sums; the step hook reads it once per step end (one eager read) and puts the delta since the
-previous step end on the step span (``tf_otel.input.wait_ns``, ``tf_otel.input.share``,
-``tf_otel.input.elements``) and, for every step, sampled or not, into the
-``tf_otel.step.input_wait.duration`` histogram (pipeline/step_metrics.py); waits between
-steps (eager ``next()`` before a step) belong to the next step. Element values are never
-read: only the two timestamps.
+the map runs when the user pipeline hands it over: the difference is the time the consumer was
+blocked on the input pipeline, measured inside tf.data with no Python and no GIL. Both tail
+functions run inline on the consumer's thread (``use_inter_op_parallelism=False``: TF's
+single-threaded executor, no hop to the inter-op thread pool; the hop was most of the tail's
+former ~0.2 ms a batch, and a consumer descheduled during it read as waiting), and the tail
+itself is synchronous (``inject_prefetch`` off for it, the user's own prefetch untouched).
 
-Cost: see docs/WHOLE_STEP.md and bench/bench_input_wait.py. ``TF_OTEL_INPUT_WAIT=0`` turns it off.
+The tail's own share of each reading (the end of the first function, zip, the start of the
+second) is measured once per process, when the first tail is made: 64 elements of a source that
+never blocks go through the same tail and the median reading is the floor. The step hook reads
+the int64 variable [wait_ns, elements] once per step end (one eager read) and puts the delta
+since the previous step end, less floor x elements (never below 0), on the step span
+(``tf_otel.input.wait_ns``, ``tf_otel.input.share``, ``tf_otel.input.elements``) and, for every
+step, sampled or not, into the ``tf_otel.step.input_wait.duration`` histogram
+(pipeline/step_metrics.py); waits between steps (eager ``next()`` before a step) belong to the
+next step. Element values are never read: only the two timestamps.
+
+Inside a ``tf.function`` (``for x in ds``, ``iter(ds)``) the tail is added while the function
+is traced during a step (the first call of a step function), not inside tf.data's own functions
+(a dataset iterated inside ``map``'s function is part of the producer, not the consumer), and
+not for a dataset already placed off the CPU (``prefetch_to_device`` must stay last).
+
+Cost: docs/WHOLE_STEP.md, docs/BENCHMARKS.md and bench/bench_input_wait.py. On by default;
+``TF_OTEL_INPUT_WAIT=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Dict, List, Optional
 
 from tf_otel import clock, record
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open
-from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, when_imported
+from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, state, when_imported
 from tf_otel.instrument._patching import wrap as _wrap
 from tf_otel.pipeline.step_metrics import FLAG_INPUT_WAIT
 from tf_otel.record import INPUT, Record
@@ -41,8 +56,68 @@ SPAN_NAME = "input wait (tf.data)"
 # an ``input`` span under the step only where the wait is worth looking at (XProf's lower grade)
 SPAN_MIN_SHARE = 0.05
 SPAN_MIN_NS = 100_000
+CALIBRATION_ELEMENTS = 64  # elements of a never-blocking source timed once: the tail's floor
 
-_state: Dict[str, Any] = {}  # "totals": the ResourceVariable, "read": its eager read
+# "totals": the ResourceVariable, "last": its previous read, "floor_ns": the tail's own reading
+_state: Dict[str, Any] = {}
+
+
+class _Tracing(threading.local):
+    data_functions = 0  # > 0 while tf.data traces one of its functions on this thread
+
+
+_tracing = _Tracing()
+
+
+def _inline_map(tf: Any, dataset: Any, fn: Callable) -> Any:
+    """``dataset.map(fn)`` whose function runs on the calling thread (single-threaded executor)."""
+    try:
+        from tensorflow.python.data.ops import map_op
+
+        return map_op._MapDataset(dataset, fn, use_inter_op_parallelism=False)
+    except (ImportError, AttributeError, TypeError):  # another TF: the public map, a hop dearer
+        count("input_wait_public_map")
+        return dataset.map(fn)
+
+
+def _clock(tf: Any) -> Any:
+    """An endless dataset of timestamps (ns), each taken when an element is asked for; made
+    once for eager pipelines (one function trace fewer for every tail)."""
+    eager = tf.executing_eagerly()
+    if eager and "clock" in _state:
+        return _state["clock"]
+
+    def stamp(_: Any) -> Any:
+        return tf.cast(tf.timestamp() * 1e9, tf.int64)
+
+    ticks = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
+    clock_ds = _inline_map(tf, ticks, stamp)
+    if eager:
+        _state["clock"] = clock_ds
+    return clock_ds
+
+
+def _tail(tf: Any, dataset: Any, arrived: Callable) -> Any:
+    """zip(t0 at the consumer's request, dataset).map(arrived(waited_ns, element))."""
+
+    def on_arrival(t0: Any, element: Any) -> Any:
+        return arrived(tf.cast(tf.timestamp() * 1e9, tf.int64) - t0, element)
+
+    tail = _inline_map(tf, tf.data.Dataset.zip((_clock(tf), dataset)), on_arrival)
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False  # the tail runs on the consumer
+    return tail.with_options(options)
+
+
+def _calibrate(tf: Any) -> int:
+    """The tail's own reading an element (ns): the median over a source that never blocks."""
+    import numpy as np
+
+    ready = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
+    readings = _tail(tf, ready, lambda waited, _: waited)
+    readings = readings.take(CALIBRATION_ELEMENTS).batch(CALIBRATION_ELEMENTS)
+    readings._tf_otel_timed = True
+    return max(0, int(np.median(next(iter(readings)).numpy())))
 
 
 def _totals(tf: Any) -> Any:
@@ -56,9 +131,18 @@ def _totals(tf: Any) -> Any:
             totals = resource_variable_ops.ResourceVariable(
                 tf.zeros([2], tf.int64), trainable=False, name="tf_otel_input_wait"
             )
+            floor = 0
+            with fail_open("input_wait.calibrate"):
+                floor = _calibrate(tf)
+        _state["floor_ns"] = floor
         _state["totals"] = totals
         _state["last"] = (0, 0)
     return totals
+
+
+def floor_ns() -> int:
+    """The tail's own reading an element, subtracted from every step's wait (0 before any)."""
+    return int(_state.get("floor_ns", 0))
 
 
 def timed_dataset(dataset: Any) -> Any:
@@ -67,35 +151,68 @@ def timed_dataset(dataset: Any) -> Any:
 
     totals = _totals(tf)
 
-    def stamp(_: Any) -> Any:
-        return tf.cast(tf.timestamp() * 1e9, tf.int64)
-
-    def arrived(t0: Any, element: Any) -> Any:
-        waited = tf.cast(tf.timestamp() * 1e9, tf.int64) - t0
+    def arrived(waited: Any, element: Any) -> Any:
         with tf.control_dependencies([totals.assign_add(tf.stack([waited, 1]))]):
             return tf.nest.map_structure(tf.identity, element, expand_composites=True)
 
-    clock_ds = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat().map(stamp)
-    tail = tf.data.Dataset.zip((clock_ds, dataset)).map(arrived)
-    options = tf.data.Options()
-    options.experimental_optimization.inject_prefetch = False  # the tail runs on the consumer
-    tail = tail.with_options(options)
+    tail = _tail(tf, dataset, arrived)
     tail._tf_otel_timed = True
     return tail
 
 
+def _on_cpu(dataset: Any) -> bool:
+    device = getattr(getattr(dataset, "_variant_tensor", None), "device", "") or ""
+    return not device or "CPU" in device.upper()
+
+
+def _wanted(dataset: Any) -> bool:
+    """Whether iterating ``dataset`` here should be timed (see the module docstring)."""
+    if getattr(dataset, "_tf_otel_timed", False) or not _eager:
+        return False
+    if not _eager[0]():  # tracing a function: a user tf.function traced during a step only
+        if _tracing.data_functions or not state.depth or not _inside_function[0]():
+            return False
+    return _on_cpu(dataset)
+
+
 def _iter_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if getattr(instance, "_tf_otel_timed", False) or not _eager_now():
-        return wrapped(*args, **kwargs)
     tail = None
     with fail_open("input_wait.dataset"):
-        tail = timed_dataset(instance)
+        if _wanted(instance):
+            eager = _eager[0]()
+            # a dataset iterated again (Keras: every epoch) reuses its tail: no new trace
+            tail = getattr(instance, "_tf_otel_tail", None) if eager else None
+            if tail is None:
+                tail = timed_dataset(instance)
+                if eager:
+                    instance._tf_otel_tail = tail
     if tail is None:
         return wrapped(*args, **kwargs)
     return iter(tail)
 
 
+def _for_stmt_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """AutoGraph's ``for x in dataset`` (a scan + reduce in the graph): the dataset timed."""
+    if args:
+        tail = None
+        with fail_open("input_wait.for_loop"):
+            if _wanted(args[0]):
+                tail = timed_dataset(args[0])
+        if tail is not None:
+            args = (tail,) + tuple(args[1:])
+    return wrapped(*args, **kwargs)
+
+
+def _data_function_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    _tracing.data_functions += 1
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _tracing.data_functions -= 1
+
+
 _eager: List[Callable[[], bool]] = []
+_inside_function: List[Callable[[], bool]] = [lambda: False]
 
 
 def _eager_now() -> bool:
@@ -112,7 +229,8 @@ class InputWaitHook(StepHook):
         wait_ns, elements = (int(v) for v in totals.numpy())
         last_wait, last_elements = _state["last"]
         _state["last"] = (wait_ns, elements)
-        wait = max(0, wait_ns - last_wait)
+        # less the tail's own reading of each element (measured: _calibrate)
+        wait = max(0, wait_ns - last_wait - floor_ns() * (elements - last_elements))
         # every step, sampled or not: the input wait histogram (pipeline.step_metrics)
         handle.flags[FLAG_INPUT_WAIT] = wait
         if not handle.sampled:
@@ -150,9 +268,32 @@ hook = InputWaitHook()
 
 def _patch(module: Any) -> None:
     from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
 
     _eager[:] = [context.executing_eagerly]
+    _inside_function[:] = [ops.inside_function]
     _wrap(module.DatasetV2, "__iter__", _iter_wrapper)
+    with fail_open("input_wait.autograph"):
+        _patch_autograph(module)
+
+
+def _patch_autograph(module: Any) -> None:
+    """``for x in dataset`` in a tf.function: AutoGraph looks the loop up in a type registry
+    that holds the function itself; the entry becomes a trampoline to the module attribute,
+    which is wrapped (and unwrapped by uninstrument) like any other."""
+    from tensorflow.python.autograph.operators import control_flow
+    from tensorflow.python.data.ops import dataset_autograph, structured_function
+
+    _wrap(structured_function.StructuredFunctionWrapper, "__init__", _data_function_wrapper)
+    registry = control_flow.for_loop_registry._registry
+    if registry.get(module.DatasetV2) is not dataset_autograph._tf_ag_dataset_for_stmt:
+        return  # another TF, or already done
+
+    def dataset_for_stmt(*args: Any, **kwargs: Any) -> Any:
+        return dataset_autograph._tf_ag_dataset_for_stmt(*args, **kwargs)
+
+    registry[module.DatasetV2] = dataset_for_stmt
+    _wrap(dataset_autograph, "_tf_ag_dataset_for_stmt", _for_stmt_wrapper)
 
 
 def register(settings: Settings) -> None:
