@@ -22,7 +22,10 @@ TF_OTEL_HOROVOD_PARTS (1: a collective whose rank waited >= 1 ms for the last on
 ``wait`` and ``transfer`` children; 0: one span per collective, its wait in ``horovod.wait_ns``,
 which the analysis reads as well: about half the spans of a detail step; unset: 1 when
 TF_OTEL_HOROVOD_EVERY >= 10, 0 for denser detail, where the children's export costs 4 % of
-MobileNetV2's throughput).
+MobileNetV2's throughput),
+TF_OTEL_HOROVOD_FUSED (1: one collective span per group of tensors that completed together,
+Horovod's fused responses as rank 0's own ends tell them; unset: 1 for detail on 1 step in
+fewer than 10, where span volume is what detail costs; 0: one span per tensor).
 """
 
 from __future__ import annotations
@@ -163,6 +166,9 @@ class Settings:
     # wait / transfer children under a collective that waited >= 1 ms; None: on when detail is
     # on 1 step in PARTS_DENSE_EVERY or fewer, off for denser detail (half the spans)
     horovod_parts: Optional[bool] = None
+    # one collective span per group of tensors that completed together (Horovod's fused
+    # responses); None: on when detail is on 1 step in fewer than PARTS_DENSE_EVERY
+    horovod_fused: Optional[bool] = None
     # authenticates rank <-> rank 0 (tf_otel.job.job_secret); never in a repr or a log line
     job_secret: Optional[str] = field(default=None, repr=False)
     file_max_mb: float = 1024.0  # TF_OTEL_FILE rotates past this size; 0: no cap
@@ -223,6 +229,7 @@ class Settings:
             analyze_workers=read(env, "TF_OTEL_ANALYZE_WORKERS", _non_negative_int, 0),
             horovod_source=read(env, "TF_OTEL_HOROVOD_SOURCE", _horovod_source, "stamps"),
             horovod_parts=read(env, "TF_OTEL_HOROVOD_PARTS", _bool, None),
+            horovod_fused=read(env, "TF_OTEL_HOROVOD_FUSED", _bool, None),
         )
 
 
@@ -251,6 +258,7 @@ VARIABLES = (
     "TF_OTEL_HOROVOD_EVERY",
     "TF_OTEL_HOROVOD_SOURCE",
     "TF_OTEL_HOROVOD_PARTS",
+    "TF_OTEL_HOROVOD_FUSED",
     "TF_OTEL_CLOCK_INTERVAL_S",
     "TF_OTEL_GPU_METRICS_INTERVAL_S",
     "TF_OTEL_INPUT_WAIT",

@@ -67,7 +67,9 @@ def test_collectives_only_on_the_detail_steps_of_every_rank(receiver, tmp_path, 
     for c in (s for s in spans if s.category == "collective"):
         parent = by_id[c.parent_id]
         assert parent.rank == c.rank and parent.start_ns <= c.start_ns <= c.end_ns <= parent.end_ns
-        assert c.attributes["horovod.bytes"] == 32 * 32 * 4
+        # dense detail (1 in 3): a span may hold a group of tensors that completed together
+        tensors = c.attributes.get("horovod.fused_tensors", 1)
+        assert c.attributes["horovod.bytes"] == tensors * 32 * 32 * 4
         assert c.attributes["horovod.op"] == "allreduce"
         got[parent.attributes["tf_otel.step"]].add(c.rank)
     if mode == "off":
@@ -134,3 +136,52 @@ def test_every_rank_knows_its_arrival_with_the_cache_on_3_ranks(receiver, tmp_pa
         for c in items
     ]
     assert max(others) < min(waits), (max(others), min(waits))
+
+
+@pytest.mark.parametrize("fused", ["", "0"], ids=["fused_default", "per_tensor"])
+def test_dense_detail_one_span_per_group_that_completed_together(receiver, tmp_path, fused):
+    """Detail on every step (dense): by default one collective span per group of tensors that
+    came back together on rank 0 (Horovod's fused responses), the same groups on every rank,
+    every tensor of the step in exactly one span; TF_OTEL_HOROVOD_FUSED=0: one span a tensor."""
+    layers, steps_n = 6, 8
+    env = base_env(
+        **receiver.env("grpc"),
+        TF_OTEL_ENABLED="1",
+        STEPS=str(steps_n),
+        LAYERS=str(layers),
+        TMPDIR=str(tmp_path),
+        TF_OTEL_HOROVOD_EVERY="1",
+    )
+    if fused:
+        env["TF_OTEL_HOROVOD_FUSED"] = fused
+    result = horovodrun(env)
+    assert "rank 1 done" in result.stdout
+    spans = spans_of(receiver)
+    by_id = {s.span_id: s for s in spans}
+    per_rank_step = defaultdict(list)
+    for c in (s for s in spans if s.category == "collective"):
+        per_rank_step[(by_id[c.parent_id].attributes["tf_otel.step"], c.rank)].append(c)
+    assert {step for step, _ in per_rank_step} == set(range(steps_n))
+    shapes = {}
+    for (step, rank), items in per_rank_step.items():
+        covered = sum(c.attributes.get("horovod.fused_tensors", 1) for c in items)
+        assert covered == layers, (step, rank, covered)  # every tensor once
+        assert sum(c.attributes["horovod.bytes"] for c in items) == layers * 32 * 32 * 4
+        shape = sorted(
+            (c.attributes["tf_otel.collective.key"], c.attributes.get("horovod.fused_tensors", 1))
+            for c in items
+        )
+        shapes.setdefault(step, []).append(shape)
+    for step, both in shapes.items():
+        assert len(both) == 2 and both[0] == both[1], (step, both)  # rank 0's groups on both
+    fused_spans = [
+        c
+        for items in per_rank_step.values()
+        for c in items
+        if "horovod.fused_tensors" in c.attributes
+    ]
+    if fused == "0":
+        assert not fused_spans
+    else:
+        # a 6-tensor tape's gradients are ready within a cycle: Horovod fuses them
+        assert fused_spans, "no group in 8 steps"

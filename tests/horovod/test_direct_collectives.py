@@ -67,6 +67,7 @@ def test_own_collectives_timed_in_a_twin_without_order(receiver, tmp_path, every
         every = HOROVOD_EVERY_DEFAULT
     else:
         env["TF_OTEL_HOROVOD_EVERY"] = str(every)
+        env["TF_OTEL_HOROVOD_FUSED"] = "0"  # dense detail: one span a call, to check each
     if every > 1:
         env["TF_OTEL_JOB_ID"] = job_with_detail(steps_n, every)
     result = horovodrun(env)

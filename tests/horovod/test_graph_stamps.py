@@ -45,6 +45,7 @@ def test_tf1_collectives_timed_on_detail_steps(receiver, tmp_path, script, tenso
         STEPS=str(steps_n),
         TMPDIR=str(tmp_path),
         TF_OTEL_HOROVOD_EVERY=str(every),
+        TF_OTEL_HOROVOD_FUSED="0",  # one span a tensor, to check each
     )
     result = horovodrun(script, env)
     assert "rank 0 done" in result.stdout and "rank 1 done" in result.stdout, result.stdout

@@ -89,3 +89,41 @@ def test_parts_by_default_only_where_detail_is_sparse():
     assert parts_wanted(None, 100) and parts_wanted(None, 10)
     assert not parts_wanted(None, 1) and not parts_wanted(None, 9)
     assert parts_wanted(True, 1) and not parts_wanted(False, 100)
+
+
+def test_tensors_that_completed_together_form_one_group_per_response():
+    us = 1_000
+    ends = {
+        "g0": ("allreduce", "float32", 10_000 * us),
+        "g1": ("allreduce", "float32", 10_000 * us + 20 * us),  # same response as g0
+        "g2": ("allreduce", "float32", 10_000 * us + 60 * us),  # chained within the gap
+        "g3": ("allreduce", "float32", 12_000 * us),  # the next response, 2 ms later
+        "g4": ("allreduce", "float32", 12_000 * us + 10 * us),
+        "h0": ("allreduce", "float16", 12_000 * us + 30 * us),  # another dtype: not fused
+        "b0": ("broadcast", "float32", 20_000 * us),  # alone: no group
+    }
+    assert hs.completed_together(ends) == [["g0", "g1", "g2"], ["g3", "g4"]]
+    assert hs.completed_together(ends, gap_ns=10 * us) == [["g3", "g4"]]
+    assert hs.completed_together({}) == []
+
+
+def test_a_group_arrives_with_its_last_member_and_waits_for_the_latest_rank():
+    a = hs.Stamp("g0", "allreduce", "float32", "[4]", 16)
+    b = hs.Stamp("g1", "allreduce", "float32", "[8]", 32)
+    stamp, arrival, end, last = hs.fused(
+        [(a, 1_000, 9_000), (b, 3_000, 9_100)], [(5_000, 2), (7_000, 1)]
+    )
+    assert (stamp.tensor, stamp.nbytes, stamp.op, stamp.dtype) == ("g0", 48, "allreduce", "float32")
+    assert (arrival, end, last) == (3_000, 9_100, (7_000, 1))
+    unknown = hs.fused([(a, 1_000, 9_000), (b, 3_000, 9_100)], [(5_000, 2), None])
+    assert unknown[3] is None, "one member's last arrival unknown: the group's is unknown"
+    no_size = hs.fused([(a, 1, 2), (hs.Stamp("g2", "allreduce"), 1, 2)], [None, None])
+    assert no_size[0].nbytes is None
+
+
+def test_fused_spans_only_where_detail_is_dense_unless_set():
+    from tf_otel.instrument.horovod.stamps import fused_wanted
+
+    assert fused_wanted(None, 1) and fused_wanted(None, 9)
+    assert not fused_wanted(None, 10) and not fused_wanted(None, 20) and not fused_wanted(None, 0)
+    assert fused_wanted(True, 20) and not fused_wanted(False, 1)

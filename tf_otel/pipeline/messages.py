@@ -110,13 +110,15 @@ class HorovodArrivals(TypedDict):
     a: Dict[str, int]
 
 
-class HorovodLast(TypedDict):
-    """Rank 0's answer: per collective, the last rank to arrive and when, in "l"."""
+class HorovodLast(TypedDict, total=False):
+    """Rank 0's answer: per collective, the last rank to arrive and when, in "l"; "g": groups of
+    tensors that completed together (one span each), where asked for."""
 
     t: str
     k: str
     s: int
     l: Dict[str, List[int]]  # noqa: E741 - the wire's key
+    g: List[List[str]]
 
 
 def extent(key: str, step: int, start_ns: int, end_ns: int) -> Extent:

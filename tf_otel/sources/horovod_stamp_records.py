@@ -10,6 +10,8 @@ Usage::
 
     last = last_arrivals({rank: {tensor: arrival_ref_ns, ...}, ...})   # tensor -> (ns, rank)
     records = records_for(stamp, arrival_ns, end_ns, last_ns, last_rank, rank, step, key, group)
+    groups = completed_together({tensor: (op, dtype, end_ns), ...})      # rank 0's own ends
+    stamp, arrival_ns, end_ns, last = fused(members, lasts)               # one span per group
 
 Times in Records are LOCAL (the caller maps the reference last arrival to its own clock).
 """
@@ -27,6 +29,11 @@ HOW = "stamp"  # horovod.arrival: the rank's own timestamp, clock-corrected
 # CPU each in the OTel SDK and a real model has ~160 tensors a step (docs/HOROVOD.md); the wait
 # is on the collective span itself (horovod.wait_ns), which the analyzer reads without a child
 MIN_CHILD_WAIT_NS = 1_000_000
+# one op and dtype, results back within this of the previous tensor's on rank 0: one response
+# of Horovod's (a fused response's tensors come back together; the next response takes at least
+# one more collective's latency)
+FUSE_GAP_NS = 100_000
+ATTR_FUSED_TENSORS = "horovod.fused_tensors"  # tensors in one span (completed together)
 
 
 @dataclass(frozen=True)
@@ -137,3 +144,44 @@ def records_for(
         )
     )
     return out
+
+
+def completed_together(
+    ends: Mapping[str, Tuple[str, Optional[str], int]], gap_ns: int = FUSE_GAP_NS
+) -> List[List[str]]:
+    """Groups of two or more tensors (one op, one dtype) whose results came back one after
+    another within ``gap_ns`` (``ends``: tensor -> (op, dtype, end ns) on one rank): Horovod's
+    fused responses, as far as the ends tell. Sorted by end; each group by end."""
+    groups: List[List[str]] = []
+    current: List[str] = []
+    kind: Optional[Tuple[str, Optional[str]]] = None
+    previous = 0
+    for tensor, (op, dtype, end) in sorted(ends.items(), key=lambda item: item[1][2]):
+        if current and ((op, dtype) != kind or end - previous > gap_ns):
+            if len(current) > 1:
+                groups.append(current)
+            current = []
+        current.append(tensor)
+        kind, previous = (op, dtype), end
+    if len(current) > 1:
+        groups.append(current)
+    return groups
+
+
+def fused(
+    members: List[Tuple[Stamp, int, int]], lasts: List[Optional[Tuple[int, int]]]
+) -> Tuple[Stamp, int, int, Optional[Tuple[int, int]]]:
+    """One span's stamp and times for tensors that completed together on every rank: this
+    rank's arrival is its last member's (a response starts once all its tensors are in), its
+    end the last end; the group's last arrival is its members' latest (None where one is not
+    known). The name is the first member's, which every rank got from rank 0."""
+    stamps = [m[0] for m in members]
+    sizes = [s.nbytes for s in stamps if s.nbytes is not None]
+    first = stamps[0]
+    total = sum(sizes) if len(sizes) == len(stamps) else None
+    stamp = Stamp(tensor=first.tensor, op=first.op, dtype=first.dtype, nbytes=total)
+    arrival = max(m[1] for m in members)
+    end = max(m[2] for m in members)
+    known = [v for v in lasts if v is not None]
+    last = max(known) if len(known) == len(lasts) else None
+    return stamp, arrival, end, last

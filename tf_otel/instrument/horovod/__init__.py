@@ -34,5 +34,5 @@ def register(settings: Settings) -> None:
         return
     _registered = True
     with fail_open("horovod.register"):
-        stamps.hook.register(settings.horovod_every, settings.horovod_parts)
+        stamps.hook.register(settings.horovod_every, settings.horovod_parts, settings.horovod_fused)
         timeline.hook.register()

@@ -77,6 +77,12 @@ def parts_wanted(setting: Optional[bool], every: int) -> bool:
     return setting if setting is not None else every >= PARTS_DENSE_EVERY
 
 
+def fused_wanted(setting: Optional[bool], every: int) -> bool:
+    """One span per group of tensors that completed together (TF_OTEL_HOROVOD_FUSED); unset:
+    only where detail is dense (span volume is what dense detail costs, docs/HOROVOD.md)."""
+    return setting if setting is not None else 0 < every < PARTS_DENSE_EVERY
+
+
 @dataclass(slots=True)
 class _Gather:
     """Rank 0: one detail step's arrivals, {rank: {tensor: reference ns}}, gathered since
@@ -91,6 +97,7 @@ class StampCollector:
 
     def __init__(self) -> None:
         self.parts = True  # wait / transfer children (TF_OTEL_HOROVOD_PARTS)
+        self.fused = False  # one span per group of tensors that completed together
         self.backend: Optional[str] = None
         self.enabled: Callable[[], bool] = lambda: False  # graph stamps here (a twin's trace)
         self.graph_enabled: Callable[[], bool] = lambda: False  # TF1 graph stamps
@@ -390,6 +397,12 @@ class StampCollector:
         last = hs.last_arrivals(per_rank)
         lasts = {n: list(v) for n, v in last.items()}
         reply: messages.HorovodLast = {"t": messages.HVD_LAST, "k": key, "s": step, "l": lasts}
+        if self.fused:  # rank 0 is in every response: its own ends group them for every rank
+            with self._lock:
+                own = dict(self._mine.get((key, step)) or {})
+            groups = hs.completed_together({t: (m[0].op, m[0].dtype, m[2]) for t, m in own.items()})
+            if groups:
+                reply["g"] = groups
         pipeline.broadcast(reply)
         self.on_last(reply)
 
@@ -406,23 +419,52 @@ class StampCollector:
         last = message.get("l") or {}
         records = []
         prefix = f"{key}/{step}/"
+        model = clock.current_model()
+        child_wait = hs.MIN_CHILD_WAIT_NS if self.parts else None
+        done: set = set()
+        for names in message.get("g") or []:  # tensors that completed together: one span
+            members = [(mine[n][0], mine[n][1], mine[n][2]) for n in names if n in mine]
+            if len(members) < 2:
+                continue
+            done.update(n for n in names if n in mine)
+            lasts: List[Optional[Tuple[int, int]]] = [
+                (int(last[n][0]), int(last[n][1])) if n in last else None
+                for n in names
+                if n in mine
+            ]
+            stamp, t0, t1, group_last = hs.fused(members, lasts)
+            out = hs.records_for(
+                stamp,
+                t0,
+                t1,
+                model.to_local(group_last[0]) if group_last else None,
+                group_last[1] if group_last else None,
+                rank,
+                step,
+                tl.collective_key(key, step, stamp.tensor),
+                None,
+                self.backend,
+                child_wait,
+            )
+            out[0].attributes[hs.ATTR_FUSED_TENSORS] = len(members)
+            records.extend(out)
         for tensor, (stamp, t0, t1, group) in mine.items():
+            if tensor in done:
+                continue
             seen = last.get(tensor)
-            last_local = clock.current_model().to_local(int(seen[0])) if seen else None
-            last_rank = int(seen[1]) if seen else None
             records.extend(
                 hs.records_for(
                     stamp,
                     t0,
                     t1,
-                    last_local,
-                    last_rank,
+                    model.to_local(int(seen[0])) if seen else None,
+                    int(seen[1]) if seen else None,
                     rank,
                     step,
                     tl.collective_key(key, step, tensor),
                     prefix + group if group else None,
                     self.backend,
-                    hs.MIN_CHILD_WAIT_NS if self.parts else None,
+                    child_wait,
                 )
             )
         if records:
@@ -563,12 +605,13 @@ class StampsHook(StepHook):
         pipeline.handlers.on_reference(messages.HVD_ARRIVALS, collector.on_arrivals)
         pipeline.handlers.on_rank(messages.HVD_LAST, collector.on_last)
 
-    def register(self, every: int, parts: Optional[bool]) -> None:
+    def register(self, every: int, parts: Optional[bool], fused: Optional[bool] = None) -> None:
         """The step hook, its message handlers and its exit hand-over (once per process)."""
         from tf_otel.pipeline.lifecycle import before_shutdown, with_pipeline
 
         collector.every = every
         collector.parts = parts_wanted(parts, every)
+        collector.fused = fused_wanted(fused, every)
         collector.enabled = self.stamping
         collector.graph_enabled = self.twins_wanted
         twin.wanted_by(self.twins_wanted)
