@@ -25,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
@@ -141,14 +141,15 @@ class StepAggregator:
         self._reaper.start()
 
     def expected_ranks(self) -> int:
-        """How many reports complete a step: every stepping rank at first; once a few steps are
-        out, the ranks that actually report (TF2 ParameterServerStrategy workers never do)."""
+        """How many reports let a step's root go out without waiting: every stepping rank at
+        first; once a few steps are out, the ranks that actually report (TF2
+        ParameterServerStrategy workers never do). Not what makes a root whole: see _emit."""
         if len(self._emitted) < LEARN_STEPS:
             return self.world_size
         return max(1, min(self.world_size, len(self._reporters)))
 
     def add(self, rank: int, key: str, step: int, start_ns: int, end_ns: int) -> None:
-        ready = None
+        ready: List[Tuple[Tuple[str, int], _Pending]] = []
         with self._lock:
             if (key, step) in self._emitted:
                 count("roots_late_extent")  # its root is out: a second one would split the step
@@ -159,24 +160,31 @@ class StepAggregator:
                 entry = _Pending(start_ns, end_ns, time.monotonic())
                 self._pending[(key, step)] = entry
                 while len(self._pending) > MAX_PENDING_STEPS:
-                    old_key, old = self._pending.popitem(last=False)
                     count("roots_forced")
-                    self._emit(old_key, old)
+                    ready.append(self._take(next(iter(self._pending))))
             entry.start = min(entry.start, start_ns)
             entry.end = max(entry.end, end_ns)
             entry.ranks.add(rank)
             if len(entry.ranks) >= self.expected_ranks():
-                ready = self._pending.pop((key, step))
-        if ready is not None:
-            self._emit((key, step), ready)
+                ready.append(self._take((key, step)))
+        for key_step, done in ready:
+            self._emit(key_step, done)
 
-    def _emit(self, key_step: Tuple[str, int], entry: _Pending) -> None:
+    def _take(self, key_step: Tuple[str, int]) -> Tuple[Tuple[str, int], _Pending]:
+        """Take a step out of pending and mark it emitted in one change (under self._lock): an
+        extent that arrives before the step's root is out is then late, never a second root."""
+        entry = self._pending.pop(key_step)
         self._emitted[key_step] = None
         while len(self._emitted) > MAX_EMITTED_STEPS:
             self._emitted.popitem(last=False)
+        return key_step, entry
+
+    def _emit(self, key_step: Tuple[str, int], entry: _Pending) -> None:
+        """Emit the root of a step _take took (outside self._lock: emit_root exports a span)."""
         ranks = entry.ranks
-        # partial: a rank that steps never reported (killed mid-step, or too late)
-        partial = tuple(sorted(ranks)) if len(ranks) < self.expected_ranks() else None
+        # partial: a rank of the job never reported (killed mid-step, too late, never connected);
+        # judged against the job, not the learnt reporters, which may lack a rank that failed
+        partial = tuple(sorted(ranks)) if len(ranks) < self.world_size else None
         if partial is not None:
             count("roots_partial")
         try:
@@ -195,8 +203,8 @@ class StepAggregator:
                     break
             time.sleep(0.02)
         with self._lock:
-            pending, self._pending = self._pending, OrderedDict()
-        for key_step, entry in pending.items():
+            pending = [self._take(key_step) for key_step in list(self._pending)]
+        for key_step, entry in pending:
             self._emit(key_step, entry)
 
     def _reap_loop(self) -> None:
@@ -212,7 +220,7 @@ class StepAggregator:
                     wait_s += self.first_report_grace_s
                 for key_step, entry in list(self._pending.items()):
                     if now - entry.since > wait_s:
-                        late.append((key_step, self._pending.pop(key_step)))
+                        late.append(self._take(key_step))
             for key_step, entry in late:
                 self._emit(key_step, entry)
 

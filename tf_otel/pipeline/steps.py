@@ -123,7 +123,8 @@ class Pipeline:
         self._aggregator: Optional[StepAggregator] = None
         self._client: Optional[CoordinatorClient] = None
         self._clock_sync: Any = None
-        self._clock_settled = False
+        # rank 0 is the clock reference: it runs no rounds, so there is nothing to settle
+        self._clock_settled = topology.is_reference
         self._gpu: Any = None  # GPU metrics sampler (None without NVML / GPU)
         self._system: Any = None  # host/process metrics (tf_otel.pipeline.system_metrics)
         self._clock_deadline = 0.0
@@ -361,7 +362,8 @@ class Pipeline:
 
     def _wait_for_clock(self) -> None:
         """Early steps wait (on this thread, queued) until the clock model has a drift estimate
-        from several rounds; a model from one or two rounds can be off by tens of us a second."""
+        from several rounds; a model from one or two rounds can be off by tens of us a second.
+        Never on rank 0 (settled from the start: its clock is the reference)."""
         sync = self._clock_sync
         if sync is None or self._closed or self._clock_settled:
             return
