@@ -206,10 +206,19 @@ def _os_thread_cpu() -> Dict[str, float]:
 
 # -- in-process A/B (--inprocess): paired blocks in one job, for the 1 % goals on a busy VM -----
 
-INPROCESS = ("untraced", "steps_only", "coll_1in20", "coll_1in10", "coll_every")
+INPROCESS = (
+    "untraced",
+    "steps_only",
+    "coll_1in20",
+    "coll_1in10",
+    "coll_every",
+    "coll_every_per_tensor",
+)
 # one step function for every mode: collective detail runs its twin (instrument/twin.py), every
-# other step the program's own graph; coll_1inN: detail on 1 sampled step in N (trace id)
-EVERY = {"coll_1in20": 20, "coll_1in10": 10, "coll_every": 1}
+# other step the program's own graph; coll_1inN: detail on 1 sampled step in N (trace id), with
+# the defaults' span shape for that N (children, fused groups); coll_every_per_tensor: every
+# step, one span per tensor (TF_OTEL_HOROVOD_FUSED=0) against coll_every's groups
+EVERY = {"coll_1in20": 20, "coll_1in10": 10, "coll_every": 1, "coll_every_per_tensor": 1}
 MODES_INPROCESS = [m for m in os.environ.get("BENCH_INPROCESS_MODES", "").split(",") if m]
 
 
@@ -225,7 +234,7 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
     from tf_otel.instrument.horovod.choice import STAMPS, choice
-    from tf_otel.instrument.horovod.stamps import collector
+    from tf_otel.instrument.horovod.stamps import collector, fused_wanted, parts_wanted
     from tf_otel.pipeline import ids, lifecycle
 
     hvd.init()
@@ -263,6 +272,10 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
             sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
             pipeline._sampler, pipeline._sample_fast = sampler, ids.fast_root_decision(sampler)
             collector.every = EVERY.get(mode, 0)
+            collector.parts = parts_wanted(None, collector.every)
+            collector.fused = (
+                fused_wanted(None, collector.every) and mode != "coll_every_per_tensor"
+            )
             for _ in range(block):
                 t0 = time.perf_counter_ns()
                 train_step().numpy()
@@ -321,7 +334,8 @@ def run_inprocess(args: argparse.Namespace) -> str:
         "In-process A/B: throughput vs untraced (mean step time ratio; one step function; "
         "untraced = steps not sampled; steps_only = sampled, no collective detail; coll_1inN = "
         "collective detail (the function's twin) on 1 sampled step in N; coll_every = on every "
-        "step)"
+        "step, one span per group that completed together; coll_every_per_tensor = one span per "
+        "tensor)"
     )
     return head + "\n" + "\n".join(lines)
 
