@@ -4,7 +4,9 @@
   timeline (``TF_OTEL_HOROVOD_SOURCE=timeline`` or a program's own ``HOROVOD_TIMELINE``);
 - ``patching``: hvd.init(), Horovod's TF op functions, hvd.DistributedOptimizer;
 - ``stamps``: every rank times its own collectives in its graph (its step hook and the
-  ``hvd.a`` / ``hvd.l`` messages);
+  ``hvd.a`` / ``hvd.l`` messages); in a tf.function, on detail steps only, through the
+  function's twin (``instrument.twin``);
+- ``graph_stamps``: the same in TF1 graphs, stamps a detail step's ``Session.run`` fetches;
 - ``timeline``: rank 0 reads Horovod's timeline (its step hook and the ``hvd.c`` messages).
 
 Both hooks are registered; each works only under its own source. See docs/HOROVOD.md.

@@ -12,18 +12,20 @@ while no file is written, and writes every event with two ``lseek`` and one ``wr
 rank 0 writes, and on response-cache hits it has no per-rank arrivals.
 
 Instead, where the program builds a Horovod op (``MPI_LIB.horovod_allreduce`` and the other
-collectives, called by every Python entry point of horovod.tensorflow), the graph gets two
-``tf.timestamp`` ops: one after the op's inputs are ready and before the op (this rank's
-arrival), one after its outputs (this rank's end); both go to a small variable per op. Inside
-the ``tf.cond`` Horovod builds around each gradient's collective that orders nothing else; beside
-the program's own ``hvd.allreduce`` calls in one function, tf.function runs the timestamps in
-program order and so chains those collectives (docs/HOROVOD.md, limits). Eager calls are timed
-in Python.
+collectives, called by every Python entry point of horovod.tensorflow) while a detail twin of
+the step's tf.function is traced (instrument/twin.py: the program's own trace gets no timing op),
+the graph gets two stamps: one after the op's inputs are ready and before the op (this rank's
+arrival), one after its outputs (this rank's end); both go to a small variable per op. Plain
+``tf.timestamp`` ops only as the first stamps of a ``tf.cond`` branch (where Horovod puts each
+gradient's collective); elsewhere a call of a small function writing the op's variable, so the
+stamps add no order between collectives (docs/HOROVOD.md). TF1 graphs: graph_stamps. Eager
+calls are timed in Python.
 
 On a collective-detail step (sampled, and picked by ``TF_OTEL_HOROVOD_EVERY`` from the step
 trace id, so every rank picks the same steps) the training thread reads all stamps with one
 function call; the export thread sends the arrivals (reference clock) to rank 0 (``hvd.a``),
-which broadcasts each tensor's last arrival and its rank (``hvd.l``); every rank then emits its
+which broadcasts each tensor's last arrival and its rank, and on dense detail the groups of
+tensors that completed together (``hvd.l``); every rank then emits its
 own collective / wait / transfer records (sources.horovod_stamp_records).
 """
 
