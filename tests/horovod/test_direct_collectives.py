@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import VENV_BIN, base_env, run  # noqa: E402
+from conftest import base_env, horovodrun  # noqa: E402
 
 from tf_otel.config import HOROVOD_EVERY_DEFAULT  # noqa: E402
 from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
@@ -29,11 +29,6 @@ pytestmark = pytest.mark.integration
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "direct_collectives.py")
 CALLS = 5
 KEY = "tf_function:train_step"  # the step key of the script's tf.function
-
-
-def horovodrun(env):
-    command = [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
-    return run(command + [str(VENV_BIN / "python"), SCRIPT], env, timeout=300)
 
 
 def graphs(stdout: str):
@@ -70,7 +65,7 @@ def test_own_collectives_timed_in_a_twin_without_order(receiver, tmp_path, every
         env["TF_OTEL_HOROVOD_FUSED"] = "0"  # dense detail: one span a call, to check each
     if every > 1:
         env["TF_OTEL_JOB_ID"] = job_with_detail(steps_n, every)
-    result = horovodrun(env)
+    result = horovodrun(SCRIPT, env)  # an absolute path: not under examples/
     for report in graphs(result.stdout):
         assert report["program_timing_ops"] == 0, report  # the program's graph untouched
         assert report["twin_collectives"] == CALLS, report

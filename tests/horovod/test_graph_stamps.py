@@ -19,17 +19,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import VENV_BIN, base_env, example, run  # noqa: E402
+from conftest import base_env, example, horovodrun  # noqa: E402
 
 from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
 
 pytestmark = pytest.mark.integration
 DIRECT = str(Path(__file__).resolve().parent / "scripts" / "tf1_direct.py")
-
-
-def horovodrun(script: str, env):
-    command = [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
-    return run(command + [str(VENV_BIN / "python"), script], env, timeout=300)
 
 
 @pytest.mark.parametrize(
