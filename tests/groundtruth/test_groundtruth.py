@@ -211,6 +211,13 @@ def test_slowlink_raises_communication_by_the_link_cost_and_blames_no_rank(runs)
     hvd.allreduce calls one after another, docs/HOROVOD.md limits) runs a reduce-scatter and
     then an allgather phase, each filling and draining gloo's two-segments-in-flight pipeline
     over 6 segment transfers per link (up to about +2/12). Measured: 1.16-1.22 x (4 runs).
+    That bound is on the step's rise, which is what the link costs the job. The path's
+    communication can rise by more: compute that ran on the control's path (gradients of the
+    early layers) now runs under the longer allreduces, so the path holds less compute and more
+    communication (CI, 2026-11-25: step +373 ms, communication +395 ms, compute on the path
+    34 -> 13 ms). So the communication rise is bounded by the step's rise plus the control's
+    compute on the path, and the share is at least the control's steps' with the link's cost
+    added (less 0.05), never more than 1.
     """
     _, control, _ = runs("none")
     _, slowed, _ = runs("slowlink")
@@ -231,6 +238,7 @@ def test_slowlink_raises_communication_by_the_link_cost_and_blames_no_rank(runs)
         {
             "cost_ms": round(cost_ms, 1),
             "rise_ms": round(rise, 1),
+            "step_rise_ms": round(step["slowlink"] - step["none"], 1),
             "comm_ms": comm,
             "step_ms": step,
             "share": share,
@@ -240,8 +248,10 @@ def test_slowlink_raises_communication_by_the_link_cost_and_blames_no_rank(runs)
         }
     )
     print(context)
-    assert floor_ms - comm["none"] <= rise <= 1.35 * cost_ms, context
-    assert abs(share["slowlink"] - expected_share) <= 0.05, context
+    step_rise = step["slowlink"] - step["none"]
+    assert floor_ms - comm["none"] <= step_rise <= 1.35 * cost_ms, context
+    assert floor_ms - comm["none"] <= rise <= step_rise + (step["none"] - comm["none"]), context
+    assert expected_share - 0.05 <= share["slowlink"] <= 1.0, context
     assert "communication_bound" in rules, context
     # no rank is blamed for the link: no step's straggler is its communication, no rank is
     # late throughout (stragglers of the host's own noise are checked by the test above)
