@@ -7,7 +7,9 @@ Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_FILE, TF_OTEL_ROOT_WAIT_MS,
 TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY, TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTIONS,
 TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by ","; read by
 tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S,
-TF_OTEL_INPUT_WAIT (time every step's wait on tf.data; opt-in, default off),
+TF_OTEL_INPUT_WAIT (every step's wait on tf.data, instrument/input_wait.py; unset, the default:
+on for Keras fit / evaluate / predict and datasets iterated inside a tf.function; 1: also every
+other iterator made from a dataset, which then cannot be checkpointed; 0: off),
 TF_OTEL_SYSTEM_METRICS_INTERVAL_S (host/process metrics with OTel semconv names; 0: off),
 TF_OTEL_RESOURCES_EVERY (peak RSS, per-file I/O and the GPU allocator peak on steps 0, N, 2N ...
 of every step key; 0, the default: off; instrument/step_detail.py),
@@ -154,9 +156,10 @@ class Settings:
     test_clock: Optional[str] = None
     clock_interval_s: float = 60.0
     gpu_metrics_interval_s: float = 10.0  # 0: off
-    # time every step's wait on tf.data (instrument/input_wait.py); opt-in until its cost on a
-    # quiet machine is known (it adds a zip + map tail to every dataset iteration)
-    input_wait: bool = False
+    # every step's wait on tf.data (instrument/input_wait.py): None (unset), on for the
+    # iterators Keras fit / evaluate / predict make and datasets iterated inside a tf.function;
+    # True, also every other iterator (a user's iterator, whose checkpoints then fail); False, off
+    input_wait: Optional[bool] = None
     system_metrics_interval_s: float = 10.0  # host/process semconv metrics; 0: off
     # peak RSS, per-file I/O and the GPU allocator peak on steps 0, N, 2N ...; 0: off
     resources_every: int = 0
@@ -204,7 +207,7 @@ class Settings:
             gpu_metrics_interval_s=read(
                 env, "TF_OTEL_GPU_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
-            input_wait=read(env, "TF_OTEL_INPUT_WAIT", _bool, False),
+            input_wait=read(env, "TF_OTEL_INPUT_WAIT", _bool, None),
             resources_every=read(env, "TF_OTEL_RESOURCES_EVERY", _non_negative_int, 0),
             system_metrics_interval_s=read(
                 env, "TF_OTEL_SYSTEM_METRICS_INTERVAL_S", _non_negative_float, 10.0

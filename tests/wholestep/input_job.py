@@ -2,7 +2,9 @@
 
 Environment: DATA_DIR (where the files go), MODE (``keras`` | ``loop``: next(it) inside a user
 tf.function | ``graphloop``: ``for x, y in ds`` inside a user tf.function, LOOP_BATCHES batches a
-call, each call a step; LOOP_CACHE=1: those batches cached in memory after the first call),
+call, each call a step; LOOP_CACHE=1: those batches cached in memory after the first call |
+``checkpoint``: Keras fit, then a user's iterator checkpointed, restored and fed to 3 steps of a
+custom loop),
 STEPS, SLOW_MS (a decode stage that sleeps this long per batch; 0: none),
 FILES / RECORDS / RECORD_BYTES (the files written), CALLBACK_SLEEP_MS / CALLBACK_EVERY
 (a Keras callback that sleeps every Nth batch), SAVE_EVERY (checkpoint writes in the loop).
@@ -96,6 +98,25 @@ def main() -> None:
     elif MODE == "readonce":
         model.compile(optimizer="sgd", loss="mse")
         model.fit(dataset(paths, repeat=False), epochs=1, verbose=0)
+    elif MODE == "checkpoint":  # Keras fit, then a user's iterator saved and restored
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(dataset(paths), steps_per_epoch=STEPS, epochs=1, verbose=0)
+        iterator = iter(dataset(paths, repeat=False))
+        next(iterator)
+        saved = tf.train.Checkpoint(iterator=iterator).save(os.path.join(DATA_DIR, "it"))
+        expected = next(iterator)[0].numpy()
+        restored = iter(dataset(paths, repeat=False))
+        tf.train.Checkpoint(iterator=restored).restore(saved)
+        assert np.array_equal(next(restored)[0].numpy(), expected)
+        print("checkpoint restored the next element", flush=True)
+
+        @tf.function
+        def predict_step(x):  # a custom loop's step on a batch its eager next() took
+            return tf.reduce_sum(model(x))
+
+        for _ in range(3):
+            x, _ = next(restored)
+            predict_step(x)
     elif MODE == "graphloop":
         optimizer = tf.keras.optimizers.SGD()
         batches = dataset(paths).take(LOOP_BATCHES)

@@ -11,7 +11,8 @@ A path category whose source was off for a step has no spans in it, so the path 
 and its time as ``compute`` (the residual). The reports must say "not measured" instead, so:
 
 - ``input`` is measured when every rank's step span carries ``tf_otel.input.wait_ns`` (the
-  input-wait hook, ``TF_OTEL_INPUT_WAIT=1``; 0 counts) or the step has ``input`` spans (eager
+  input-wait hook: by default Keras fit and datasets iterated in a tf.function,
+  ``TF_OTEL_INPUT_WAIT=1`` every iterator; 0 counts) or the step has ``input`` spans (eager
   ``next()``, op detail);
 - ``communication`` and ``straggler_wait`` (both come from the same spans) are measured when
   the step has a collective or transfer span (``TF_OTEL_HOROVOD_EVERY=N``; RecvTensor on

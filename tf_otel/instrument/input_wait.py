@@ -1,39 +1,49 @@
-"""Input wait of every step, whatever consumes the dataset: Keras ``fit`` / ``evaluate`` /
-``predict`` (whose ``get_next`` runs inside the compiled train function), ``next(it)`` inside a
-user ``tf.function``, ``for x in dataset`` inside a user ``tf.function`` (AutoGraph), or eager
-``next()`` / ``for`` in a custom loop.
+"""Input wait of every step: the time the consumer of a tf.data pipeline was blocked on it,
+measured inside tf.data.
 
-Every iterator made from a ``tf.data.Dataset`` (``DatasetV2.__iter__``, which Keras 3, tf_keras
-and custom loops all call), and every AutoGraph ``for`` loop over a dataset, iterates the dataset
-with a short timing tail appended:
+Where (``TF_OTEL_INPUT_WAIT`` unset, the default): the iterators Keras ``fit`` / ``evaluate`` /
+``predict`` make (tf_keras and Keras 3; their ``get_next`` runs inside the compiled train
+function, where Python cannot time it), and datasets iterated inside a ``tf.function`` traced
+during a step: AutoGraph's ``for x in dataset`` (a scan + reduce in the graph; the dataset is
+never ``__iter__``-ed eagerly) and ``iter(dataset)``. With ``TF_OTEL_INPUT_WAIT=1`` also every
+other iterator made from a dataset (``DatasetV2.__iter__``: custom loops, ``next(it)`` inside a
+user tf.function). Not by default because the tail makes the iterator's dataset stateful, and
+tf.data refuses to checkpoint such an iterator (``tf.train.Checkpoint(iterator=it)``: "...
+is stateful"), and an iterator checkpoint written with the tail cannot be restored without it
+(nor the reverse): Keras's own iterators and the graph's are never checkpointed by a user. Eager
+``next()`` in a custom loop is timed in Python anyway (instrument/data.py). ``0``: off.
+
+How: the dataset is iterated with a short timing tail appended:
 
     zip(timestamp(), user_dataset) -> map(wait += timestamp() - t0; count += 1; return element)
 
 ``zip`` pulls its inputs in order, so ``t0`` is taken when the consumer asks for an element and
 the map runs when the user pipeline hands it over: the difference is the time the consumer was
-blocked on the input pipeline, measured inside tf.data with no Python and no GIL. Both tail
-functions run inline on the consumer's thread (``use_inter_op_parallelism=False``: TF's
-single-threaded executor, no hop to the inter-op thread pool; the hop was most of the tail's
-former ~0.2 ms a batch, and a consumer descheduled during it read as waiting), and the tail
-itself is synchronous (``inject_prefetch`` off for it, the user's own prefetch untouched).
+blocked on the input pipeline, with no Python and no GIL. Both tail functions run inline on the
+consumer's thread (``use_inter_op_parallelism=False``: TF's single-threaded executor, no hop to
+the inter-op thread pool; the hop was most of the first version's ~0.2 ms a batch, and a
+consumer descheduled during it read as waiting), and the tail itself is synchronous
+(``inject_prefetch`` off for it, the user's own prefetch untouched). A dataset iterated again
+(Keras: every epoch) reuses its tail.
 
-The tail's own share of each reading (the end of the first function, zip, the start of the
-second) is measured once per process, when the first tail is made: 64 elements of a source that
-never blocks go through the same tail and the median reading is the floor. The step hook reads
-the int64 variable [wait_ns, elements] once per step end (one eager read) and puts the delta
-since the previous step end, less floor x elements (never below 0), on the step span
-(``tf_otel.input.wait_ns``, ``tf_otel.input.share``, ``tf_otel.input.elements``) and, for every
-step, sampled or not, into the ``tf_otel.step.input_wait.duration`` histogram
-(pipeline/step_metrics.py); waits between steps (eager ``next()`` before a step) belong to the
-next step. Element values are never read: only the two timestamps.
+The sums live in a hash table of one int64 [wait_ns, elements] that every use finds by its
+shared name (``_table``), never captured: a tf.function that iterates a dataset stays
+exportable (a variable would be a capture its SavedModel cannot restore). The tail's own share
+of each reading (the end of the first function, zip, the start of the second) is measured once
+per process, when the first tail is made: 64 elements of a source that never blocks go through
+the same tail and the median reading is the floor. The step hook reads the sums once per step
+end (one eager op) and puts the delta since the previous step end, less floor x elements (never
+below 0), on the step span (``tf_otel.input.wait_ns``, ``tf_otel.input.share``,
+``tf_otel.input.elements``) and, for every step, sampled or not, into the
+``tf_otel.step.input_wait.duration`` histogram (pipeline/step_metrics.py). Element values are
+never read: only the two timestamps.
 
-Inside a ``tf.function`` (``for x in ds``, ``iter(ds)``) the tail is added while the function
-is traced during a step (the first call of a step function), not inside tf.data's own functions
-(a dataset iterated inside ``map``'s function is part of the producer, not the consumer), and
-not for a dataset already placed off the CPU (``prefetch_to_device`` must stay last).
+Inside a ``tf.function`` the tail is added while the function is traced during a step (the
+first call of a step function), not inside tf.data's own functions (a dataset iterated inside
+``map``'s function is part of the producer, not the consumer). Never for a dataset already
+placed off the CPU (``prefetch_to_device`` must stay last).
 
-Cost: docs/WHOLE_STEP.md, docs/BENCHMARKS.md and bench/bench_input_wait.py. On by default;
-``TF_OTEL_INPUT_WAIT=0`` turns it off.
+Cost: docs/WHOLE_STEP.md, docs/BENCHMARKS.md and bench/bench_input_wait.py.
 """
 
 from __future__ import annotations
@@ -58,7 +68,10 @@ SPAN_MIN_SHARE = 0.05
 SPAN_MIN_NS = 100_000
 CALIBRATION_ELEMENTS = 64  # elements of a never-blocking source timed once: the tail's floor
 
-# "totals": the ResourceVariable, "last": its previous read, "floor_ns": the tail's own reading
+TABLE = "tf_otel_input_wait"  # the totals' shared name (_table)
+
+# "reader": the totals' eager handle, key and default; "last": their previous read;
+# "floor_ns": the tail's own reading an element; "clock": the eager timestamp dataset
 _state: Dict[str, Any] = {}
 
 
@@ -120,24 +133,56 @@ def _calibrate(tf: Any) -> int:
     return max(0, int(np.median(next(iter(readings)).numpy())))
 
 
-def _totals(tf: Any) -> Any:
-    totals = _state.get("totals")
-    if totals is None:
-        from tensorflow.python.ops import resource_variable_ops
+def _table(tf: Any) -> Any:
+    """The totals' handle: a hash table of one int64 [wait_ns, elements] found (or made) by its
+    shared name in this process's CPU resources. Looked up by name where it is used, never
+    captured: a tf.function that iterates a dataset can still be exported and loaded elsewhere
+    (where the op makes an unread table of its own); a variable would be a capture there."""
+    from tensorflow.python.ops import gen_lookup_ops
 
-        # a plain ResourceVariable, made outside any function or distribution strategy scope:
-        # strategies' variable creators must not mirror it, Keras must not track it
-        with tf.init_scope(), tf.device("/cpu:0"):
-            totals = resource_variable_ops.ResourceVariable(
-                tf.zeros([2], tf.int64), trainable=False, name="tf_otel_input_wait"
-            )
-            floor = 0
-            with fail_open("input_wait.calibrate"):
-                floor = _calibrate(tf)
-        _state["floor_ns"] = floor
-        _state["totals"] = totals
-        _state["last"] = (0, 0)
-    return totals
+    return gen_lookup_ops.mutable_hash_table_of_tensors_v2(
+        key_dtype=tf.int64,
+        value_dtype=tf.int64,
+        value_shape=[2],
+        shared_name=TABLE,
+        use_node_name_sharing=False,
+    )
+
+
+def _add(tf: Any, waited: Any) -> Any:
+    from tensorflow.python.ops import gen_lookup_ops
+
+    table = _table(tf)
+    key = tf.constant(0, tf.int64)
+    totals = gen_lookup_ops.lookup_table_find_v2(table, key, tf.zeros([2], tf.int64))
+    added = totals + tf.stack([waited, tf.constant(1, tf.int64)])
+    return gen_lookup_ops.lookup_table_insert_v2(table, key, added)
+
+
+def _prepare(tf: Any) -> None:
+    """Once per process, eagerly: the reader's handle and the tail's floor."""
+    if "reader" in _state:
+        return
+    with tf.init_scope(), tf.device("/cpu:0"):
+        reader = (_table(tf), tf.constant(0, tf.int64), tf.constant([0, 0], tf.int64))
+        floor = 0
+        with fail_open("input_wait.calibrate"):
+            floor = _calibrate(tf)
+    _state["floor_ns"] = floor
+    _state["last"] = (0, 0)
+    _state["reader"] = reader
+
+
+def read_totals() -> Optional[tuple]:
+    """(wait_ns, elements) summed over every timed element so far; None before the first tail."""
+    reader = _state.get("reader")
+    if reader is None:
+        return None
+    from tensorflow.python.ops import gen_lookup_ops
+
+    # one eager op (~20 us); the key and default are made once (an eager tf.zeros is ~0.1 ms)
+    wait_ns, elements = gen_lookup_ops.lookup_table_find_v2(*reader).numpy()
+    return int(wait_ns), int(elements)
 
 
 def floor_ns() -> int:
@@ -149,10 +194,10 @@ def timed_dataset(dataset: Any) -> Any:
     """``dataset`` with the timing tail; the same element structure and cardinality."""
     import tensorflow as tf
 
-    totals = _totals(tf)
+    _prepare(tf)
 
     def arrived(waited: Any, element: Any) -> Any:
-        with tf.control_dependencies([totals.assign_add(tf.stack([waited, 1]))]):
+        with tf.control_dependencies([_add(tf, waited)]):
             return tf.nest.map_structure(tf.identity, element, expand_composites=True)
 
     tail = _tail(tf, dataset, arrived)
@@ -169,9 +214,11 @@ def _wanted(dataset: Any) -> bool:
     """Whether iterating ``dataset`` here should be timed (see the module docstring)."""
     if getattr(dataset, "_tf_otel_timed", False) or not _eager:
         return False
-    if not _eager[0]():  # tracing a function: a user tf.function traced during a step only
-        if _tracing.data_functions or not state.depth or not _inside_function[0]():
+    if _eager[0]():  # Keras fit / evaluate / predict; any iterator with TF_OTEL_INPUT_WAIT=1
+        if not (state.keras_loop or _scope["every_iterator"]):
             return False
+    elif _tracing.data_functions or not state.depth or not _inside_function[0]():
+        return False  # tracing a function: a user tf.function traced during a step only
     return _on_cpu(dataset)
 
 
@@ -180,7 +227,7 @@ def _iter_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -
     with fail_open("input_wait.dataset"):
         if _wanted(instance):
             eager = _eager[0]()
-            # a dataset iterated again (Keras: every epoch) reuses its tail: no new trace
+            # a dataset iterated again (Keras: every epoch) reuses its tail: no new traces
             tail = getattr(instance, "_tf_otel_tail", None) if eager else None
             if tail is None:
                 tail = timed_dataset(instance)
@@ -213,6 +260,7 @@ def _data_function_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs
 
 _eager: List[Callable[[], bool]] = []
 _inside_function: List[Callable[[], bool]] = [lambda: False]
+_scope: Dict[str, bool] = {"every_iterator": False}
 
 
 def _eager_now() -> bool:
@@ -223,12 +271,18 @@ class InputWaitHook(StepHook):
     """Reads the totals once per step end; the delta since the last read is this step's."""
 
     def on_step_end(self, handle: Any, call: StepCall, error: Optional[BaseException]) -> None:
-        totals = _state.get("totals")
-        if totals is None or not _eager_now():
+        if "reader" not in _state or not _eager_now():
             return
-        wait_ns, elements = (int(v) for v in totals.numpy())
+        totals = read_totals()
+        if totals is None:
+            return
+        wait_ns, elements = totals
         last_wait, last_elements = _state["last"]
         _state["last"] = (wait_ns, elements)
+        if elements == last_elements:
+            # no timed element in this step (a custom loop's own iterator, whose eager next()
+            # instrument/data.py times): not measured here, not 0
+            return
         # less the tail's own reading of each element (measured: _calibrate)
         wait = max(0, wait_ns - last_wait - floor_ns() * (elements - last_elements))
         # every step, sampled or not: the input wait histogram (pipeline.step_metrics)
@@ -297,7 +351,8 @@ def _patch_autograph(module: Any) -> None:
 
 
 def register(settings: Settings) -> None:
-    if not settings.input_wait:
+    if settings.input_wait is False:
         return
+    _scope["every_iterator"] = settings.input_wait is True
     add_step_hook(hook)
     when_imported("tensorflow.python.data.ops.dataset_ops", _patch)
