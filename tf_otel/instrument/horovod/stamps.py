@@ -240,7 +240,8 @@ class StampCollector:
         choice.every = value
 
     def wanted(self, handle: Any) -> bool:
-        return choice.wanted(handle)
+        # and the step after a new twin trace, so the twin's first (slow) run is in the warm-up
+        return choice.wanted(handle) or twin.warm_pending()
 
     def begin(self, handle: Any) -> bool:
         """A sampled step starts: True (and collect) when it is a collective-detail step."""
