@@ -21,6 +21,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 
 from tf_otel.instrument import (
     _patching,
+    cluster,
     data,
     function,
     horovod,
@@ -100,6 +101,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         _patching.activate()
         _patching.when_imported("tensorflow", check_tensorflow_version)
         for module in (
+            cluster,
             session,
             keras,
             function,
