@@ -21,6 +21,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 
 from tf_otel.instrument import (
     _patching,
+    cluster,
     data,
     function,
     horovod,
@@ -89,6 +90,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
                     max_bytes=int(settings.file_max_mb * 1024 * 1024),
                     keep=settings.file_keep,
                     provider=tracer_provider,
+                    template=settings.file if sdk.rank_known_later(settings.file) else None,
                 )
         with fail_open("delivery.watch"):  # after every span processor is in place
             from opentelemetry import trace
@@ -100,6 +102,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         _patching.activate()
         _patching.when_imported("tensorflow", check_tensorflow_version)
         for module in (
+            cluster,
             session,
             keras,
             function,

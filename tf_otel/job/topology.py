@@ -16,12 +16,24 @@ overrides all of these):
   ``tf_otel``) and the other ranks read it back there; both happen on tf_otel's background
   threads (``resolve_address``), never on the training thread.
 - TF_CONFIG: the first task of the cluster spec (chief, else worker 0).
+- The program's own cluster (a ``tf.distribute.Server`` / ``tf.compat.v1.train.Server`` built
+  from a ``ClusterSpec``, e.g. tf_cnn_benchmarks' ``--ps_hosts --worker_hosts --job_name
+  --task_index``): the same as TF_CONFIG, since it is the same cluster.
+
+Precedence, first found wins: launcher environment (Horovod, Open MPI, PMI, PMIx, SLURM), then
+TF_CONFIG, then the cluster the program gave its ``tf.distribute.Server`` (learned by
+tf_otel/instrument/cluster.py through ``learn_cluster``, before the first step), else a lone
+process with a random job id. ``TF_OTEL_JOB_ID`` replaces the job id of any of them.
 
 Usage::
 
     topo = detect()
     topo.rank, topo.world_size, topo.job_id, topo.reference_host
     host, port = resolve_address(topo.coordinator_address())   # background threads only
+
+    cluster_topology({"ps": [...], "worker": [...]}, "worker", 1, host)   # rank 1 of 3
+    learn_cluster(program_cluster(cluster, "worker", 1))   # the program's own Server: detect()
+                                                            # uses it (pipeline/lifecycle.py)
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from tf_otel.health import log_once
 
@@ -228,17 +240,66 @@ def _tf_config(env: Mapping[str, str]) -> Optional[Dict]:
 
 
 _TASK_ORDER = ("chief", "master", "worker", "ps", "evaluator")
+STEPPING_TASKS = ("chief", "master", "worker")  # the others (ps, evaluator) run no steps
+TF_SERVER = "tf_server"  # launcher of an identity learned from the program's own Server
 
 
-def _from_tf_config(config: Dict, host: str) -> Topology:
-    cluster: Dict[str, List[str]] = config["cluster"]
+def normalise_cluster(cluster: Mapping[str, Any]) -> Dict[str, Any]:
+    """A cluster spec as TF_CONFIG writes it: job name -> addresses in task order; a sparse job
+    (task indices other than 0..n-1, as ``ClusterSpec`` allows) stays ``{"index": address}``.
+    The same cluster gives the same value whether it came from TF_CONFIG, a ``ClusterSpec`` or
+    a ``ClusterDef``. Raises ValueError / TypeError when it is not a cluster spec."""
+    out: Dict[str, Any] = {}
+    for job, tasks in cluster.items():
+        if isinstance(tasks, Mapping):
+            indexed = {int(index): str(address) for index, address in tasks.items()}
+            if sorted(indexed) == list(range(len(indexed))):
+                out[str(job)] = [indexed[i] for i in range(len(indexed))]
+            else:
+                out[str(job)] = {str(i): indexed[i] for i in sorted(indexed)}
+        elif isinstance(tasks, (list, tuple)):
+            out[str(job)] = [str(address) for address in tasks]
+        else:
+            raise TypeError(f"job {job!r}: tasks are a {type(tasks).__name__}")
+    return out
+
+
+def _cluster_tasks(cluster: Mapping[str, Any]) -> List[Tuple[str, int, str]]:
+    """(job, task index, address) in rank order: chief, master, worker, ps, evaluator, then other
+    jobs by name; tasks by index."""
     tasks: List[Tuple[str, int, str]] = []
     for kind in sorted(
         cluster, key=lambda k: (_TASK_ORDER.index(k) if k in _TASK_ORDER else 99, k)
     ):
-        for index, address in enumerate(cluster[kind]):
+        members = cluster[kind]
+        pairs = (
+            sorted((int(i), a) for i, a in members.items())
+            if isinstance(members, Mapping)
+            else list(enumerate(members))
+        )
+        for index, address in pairs:
             tasks.append((kind, index, address))
-    me = (config["task"]["type"], int(config["task"]["index"]))
+    return tasks
+
+
+def cluster_topology(
+    cluster: Mapping[str, Any],
+    task_type: str,
+    task_index: int,
+    host: str,
+    launcher: str = "tf_config",
+) -> Topology:
+    """Task (``task_type``, ``task_index``) of a TensorFlow cluster spec: one rank per task in
+    ``_cluster_tasks`` order (so the chief, else worker 0, is rank 0 and hosts the
+    coordinator), world size = every task, parameter servers and evaluators are members that
+    run no steps (``stepping_ranks``), and the job id hashes the sorted cluster spec, so every
+    task computes the same id alone. TF_CONFIG and the program's own Server both come here: the
+    same cluster gives the same topology (only ``launcher`` says where it was read)."""
+    cluster = normalise_cluster(cluster)
+    tasks = _cluster_tasks(cluster)
+    if not tasks:
+        raise ValueError("the cluster has no tasks")
+    me = (task_type, int(task_index))
     rank = next((i for i, t in enumerate(tasks) if (t[0], t[1]) == me), 0)
     my_host = tasks[rank][2].rpartition(":")[0]
     hosts = [t[2].rpartition(":")[0] for t in tasks]
@@ -250,24 +311,91 @@ def _from_tf_config(config: Dict, host: str) -> Topology:
         local_size=len(local),
         host=host,
         job_id=_hash("tf_config", json.dumps(cluster, sort_keys=True)),
-        launcher="tf_config",
+        launcher=launcher,
         reference_host=hosts[0] or "127.0.0.1",
         task=f"{me[0]}:{me[1]}",
-        stepping_ranks=sum(1 for t in tasks if t[0] in ("chief", "master", "worker")),
+        stepping_ranks=sum(1 for t in tasks if t[0] in STEPPING_TASKS),
     )
 
 
+def _from_tf_config(config: Dict, host: str) -> Topology:
+    return cluster_topology(
+        config["cluster"], config["task"]["type"], int(config["task"]["index"]), host
+    )
+
+
+# -- the cluster the program gave its own tf.distribute.Server (instrument/cluster.py) ---------
+
+
+@dataclass(frozen=True)
+class ProgramCluster:
+    """This process's task in the cluster its program built (normalised cluster spec)."""
+
+    cluster: Dict[str, Any]
+    task_type: str
+    task_index: int
+
+    def topology(self, host: str) -> Topology:
+        return cluster_topology(self.cluster, self.task_type, self.task_index, host, TF_SERVER)
+
+
+_program: Optional[ProgramCluster] = None
+
+
+def program_cluster(
+    cluster: Mapping[str, Any], task_type: str, task_index: int
+) -> Optional[ProgramCluster]:
+    """The program's cluster as an identity, or None when it cannot be one: a cluster of one
+    task (``Server.create_local_server()``: nothing to join) or one that does not hold the
+    task (said once)."""
+    try:
+        normal = normalise_cluster(cluster)
+        tasks = _cluster_tasks(normal)
+        index = int(task_index)
+    except (ValueError, TypeError, AttributeError) as exc:
+        log_once("topology:program_cluster", "tf_otel: ignoring the Server's cluster (%s)", exc)
+        return None
+    if len(tasks) <= 1:
+        return None
+    if not any((t[0], t[1]) == (task_type, index) for t in tasks):
+        log_once(
+            "topology:program_task",
+            "tf_otel: the Server's task %s:%d is not in its cluster %s; ignored",
+            task_type,
+            index,
+            sorted(normal),
+        )
+        return None
+    return ProgramCluster(normal, str(task_type), index)
+
+
+def learned_cluster() -> Optional[ProgramCluster]:
+    """The program's cluster detect() uses when the environment names no launcher."""
+    return _program
+
+
+def learn_cluster(found: Optional[ProgramCluster]) -> None:
+    """Set (None: forget) the program's cluster; pipeline/lifecycle.py decides when (before the
+    first step only)."""
+    global _program
+    _program = found
+
+
 def detect(env: Optional[Mapping[str, str]] = None, job_id: Optional[str] = None) -> Topology:
-    """Read the topology from ``env`` (default: os.environ)."""
+    """Read the topology from ``env`` (default: os.environ; for os.environ, the cluster the
+    program gave its ``tf.distribute.Server`` comes after the environment, see learn_cluster)."""
+    own = env is None or env is os.environ  # this process: what its program said counts too
     env = os.environ if env is None else env
     host = socket.gethostname()
-    topo = _detect(env, host)
+    topo = _detect(env, host, _program if own else None)
     if job_id:
         topo = Topology(**{**topo.__dict__, "job_id": job_id})
     return topo
 
 
-def _detect(env: Mapping[str, str], host: str) -> Topology:
+def _detect(
+    env: Mapping[str, str], host: str, program: Optional[ProgramCluster] = None
+) -> Topology:
     launchers = (
         ("horovod", ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")),
         (
@@ -303,7 +431,12 @@ def _detect(env: Mapping[str, str], host: str) -> Topology:
         )
     config = _tf_config(env)
     if config is not None:
-        return _from_tf_config(config, host)
+        try:
+            return _from_tf_config(config, host)
+        except (ValueError, TypeError, AttributeError) as exc:
+            log_once("topology:TF_CONFIG.cluster", "tf_otel: ignoring TF_CONFIG (%s)", exc)
+    if program is not None:
+        return program.topology(host)
     return Topology(host=host, job_id=uuid.uuid4().hex[:16], launcher="none")
 
 

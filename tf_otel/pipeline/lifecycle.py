@@ -5,6 +5,7 @@ Usage::
     from tf_otel.pipeline.lifecycle import before_shutdown, current_pipeline, get_pipeline
 
     get_pipeline().begin_step(...)      # creates it from the environment on first use
+    learn_cluster(cluster, "worker", 1)  # the program's own Server, before the first step
     current_pipeline()                  # the pipeline if one exists, else None (no side effect)
     with_pipeline(lambda p: p.handlers.on_rank(kind, handler))  # set up once it exists
     before_shutdown(timeline.flush)     # sources that still hold records hand them over first
@@ -24,6 +25,7 @@ _pipeline: Optional[Pipeline] = None
 _pipeline_lock = threading.Lock()
 _setups: List[Callable[[Pipeline], None]] = []  # run on the pipeline when it is created
 _tracer_provider: Any = None  # instrument(tracer_provider=...): else the global one
+_in_process_cluster = False  # Servers of several tasks built in this process (learn_cluster)
 
 
 def given_tracer_provider() -> Any:
@@ -52,6 +54,64 @@ def get_pipeline() -> Pipeline:
                         setup(pipeline)
                 _pipeline = pipeline
     return _pipeline
+
+
+def learn_cluster(cluster: Any, task_type: str, task_index: int) -> bool:
+    """The program built a ``tf.distribute.Server`` for task (``task_type``, ``task_index``) of
+    ``cluster`` (instrument/cluster.py): where the environment names no launcher and no
+    TF_CONFIG, that cluster is this process's identity (rank, world size, job id; see
+    job/topology.py). Taken only before the first step: the pipeline, if it exists already, is
+    re-identified while it has begun no step; after one, the process keeps the identity it
+    started with (said once). A second Server of another task in the same process (an
+    in-process cluster) makes the process no single task: the identity is forgotten again.
+    True if the process's identity changed."""
+    from tf_otel.health import log_once
+    from tf_otel.job import topology
+
+    found = topology.program_cluster(cluster, task_type, task_index)
+    if found is None:
+        return False
+    global _in_process_cluster
+    with _pipeline_lock:
+        known = topology.learned_cluster()
+        if known == found or _in_process_cluster:
+            return False
+        new: Optional[topology.ProgramCluster] = found
+        if known is not None:  # several tasks' Servers in one process
+            new = None
+            _in_process_cluster = True
+            log_once(
+                "cluster:in_process",
+                "tf_otel: this process built Servers for %s:%d and %s:%d of one cluster (an "
+                "in-process cluster); it is traced as one process, not as a task of the cluster",
+                known.task_type,
+                known.task_index,
+                found.task_type,
+                found.task_index,
+            )
+        pipeline = _pipeline
+        if pipeline is None or not pipeline.started:
+            topology.learn_cluster(new)
+            if pipeline is None:  # the usual case: get_pipeline() will detect() it
+                return True
+            adopted = topology.detect(job_id=config.current().job_id)
+            if adopted.launcher not in (topology.TF_SERVER, "none"):
+                return False  # the launcher's environment or TF_CONFIG identify the process
+            if pipeline.adopt(adopted):
+                return True
+            topology.learn_cluster(known)  # a step began meanwhile: keep what it started with
+        log_once(
+            "cluster:after_first_step",
+            "tf_otel: the program built its tf.distribute.Server (task %s:%d) after its first "
+            "traced step; this process keeps rank %d of %d and job id %s. Create the Server "
+            "before the first Session.run, or set TF_CONFIG, so its steps join the other tasks'",
+            found.task_type,
+            found.task_index,
+            pipeline.topology.rank,
+            pipeline.topology.world_size,
+            pipeline.job_id,
+        )
+        return False
 
 
 def with_pipeline(setup: Callable[[Pipeline], None]) -> None:

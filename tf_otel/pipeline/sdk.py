@@ -12,11 +12,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
 import threading
-from typing import IO, Any, Dict, Optional, Sequence, cast
+from typing import IO, Any, Callable, Dict, Optional, Sequence, cast
 
 from tf_otel.health import count, fail_open, first_time, log_once
 from tf_otel.notices import EXPORTER_LOGGERS
@@ -186,8 +187,17 @@ class OtlpJsonFileExporter:
     A file that cannot be opened is reported at start; a full disk stops writing (the partial
     line is cut off), is counted and said once — training goes on."""
 
-    def __init__(self, path: str, max_bytes: int = 0, keep: int = 0) -> None:
+    def __init__(
+        self,
+        path: str,
+        max_bytes: int = 0,
+        keep: int = 0,
+        path_of: Optional[Callable[[], str]] = None,
+    ) -> None:
         self.path = path
+        # names the file at its first spans instead (the rank may be learned after start-up,
+        # from the program's own tf.distribute.Server); until then ``path`` is only checked
+        self._path_of = path_of
         self.max_bytes = max_bytes  # 0: no cap
         self.keep = keep
         self._lock = threading.Lock()
@@ -196,12 +206,33 @@ class OtlpJsonFileExporter:
         self._stopped = False
 
     def open(self) -> bool:
-        """Open (create) the file now; False with one clear message if it cannot be written."""
+        """Open (create) the file now; False with one clear message if it cannot be written.
+        A file named at its first spans (``path_of``): its directory is checked now."""
         with self._lock:
+            if self._path_of is not None:
+                return self._check_directory()
             return self._open()
+
+    def _check_directory(self) -> bool:
+        try:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(directory, exist_ok=True)
+            if not os.access(directory, os.W_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), directory)
+            return True
+        except OSError as exc:
+            self._stop(
+                "file_open_errors",
+                "tf_otel: TF_OTEL_FILE=%r cannot be written (%s); no spans go to a file, "
+                "other exporters are unaffected",
+                exc,
+            )
+            return False
 
     def _open(self) -> bool:
         try:
+            if self._path_of is not None:
+                self.path, self._path_of = self._path_of(), None
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
             self._file = open(self.path, "ab")  # noqa: SIM115
@@ -309,10 +340,29 @@ def file_path_for_rank(template: str) -> str:
         return template
 
 
-def add_file_exporter(path: str, max_bytes: int = 0, keep: int = 0, provider: Any = None) -> bool:
+def rank_known_later(template: str) -> bool:
+    """``{rank}`` in TF_OTEL_FILE while the environment names no launcher and no TF_CONFIG: the
+    rank may still come from the cluster the program gives its tf.distribute.Server
+    (job/topology.py), so the file is named at its first spans (after the first step)."""
+    if "{rank" not in template:
+        return False
+    from tf_otel.job.topology import detect
+
+    return detect().launcher == "none"
+
+
+def add_file_exporter(
+    path: str,
+    max_bytes: int = 0,
+    keep: int = 0,
+    provider: Any = None,
+    template: Optional[str] = None,
+) -> bool:
     """Add a batch processor writing OTLP-JSON to ``path`` on ``provider`` (default: the global
     SDK TracerProvider); the file is opened now, so a path that cannot be written is said at
-    start."""
+    start. With ``template`` (TF_OTEL_FILE whose ``{rank}`` may be learned later,
+    ``rank_known_later``) the file is named from it at its first spans; ``path`` (the template
+    as it reads now) has its directory checked at start."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
@@ -320,7 +370,8 @@ def add_file_exporter(path: str, max_bytes: int = 0, keep: int = 0, provider: An
     if not hasattr(provider, "add_span_processor"):
         log_once("file_export_provider", "tf_otel: TF_OTEL_FILE needs the OpenTelemetry SDK")
         return False
-    exporter = OtlpJsonFileExporter(path, max_bytes=max_bytes, keep=keep)
+    path_of = None if template is None else functools.partial(file_path_for_rank, template)
+    exporter = OtlpJsonFileExporter(path, max_bytes=max_bytes, keep=keep, path_of=path_of)
     if not exporter.open():
         return False
     # duck-typed SpanExporter (export / shutdown / force_flush): the SDK is imported lazily

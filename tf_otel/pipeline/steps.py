@@ -68,6 +68,17 @@ class StepHandle:
     error: Optional[str] = None
 
 
+def _metrics_resource(topology: Topology) -> Dict[str, Any]:
+    """What tf_otel's health metrics add to the MeterProvider's resource."""
+    return {
+        "host.name": topology.host,
+        "process.pid": os.getpid(),
+        record.ATTR_RANK: topology.rank,
+        record.ATTR_WORLD_SIZE: topology.world_size,
+        record.ATTR_JOB_ID: topology.job_id,
+    }
+
+
 class Pipeline:
     """The per-process tracing state: step counters, sampling, the export thread, rank 0's roots."""
 
@@ -79,6 +90,7 @@ class Pipeline:
         self.settings = settings
         self.topology = topology
         self.job_id = topology.job_id
+        self._tracer_provider = tracer_provider
         with fail_open("resource"):  # on the tracer and the logger provider (OTLP logs)
             from tf_otel.pipeline.sdk import merge_topology_resource
 
@@ -87,16 +99,7 @@ class Pipeline:
         with fail_open("health_metrics"):
             from tf_otel.pipeline import health_metrics
 
-            health_metrics.register(
-                {
-                    "host.name": topology.host,
-                    "process.pid": os.getpid(),
-                    record.ATTR_RANK: topology.rank,
-                    record.ATTR_WORLD_SIZE: topology.world_size,
-                    record.ATTR_JOB_ID: topology.job_id,
-                },
-                step_queue_depth=self._queue.qsize,
-            )
+            health_metrics.register(_metrics_resource(topology), step_queue_depth=self._queue.qsize)
         self._metrics: Any = None  # step histograms (pipeline.step_metrics); None: no metrics
         with fail_open("step_metrics"):
             from tf_otel.pipeline.step_metrics import StepMetrics
@@ -133,6 +136,33 @@ class Pipeline:
         self._start_lock = threading.Lock()
         self._worker = threading.Thread(target=self._work, name="tf_otel-export", daemon=True)
         self._wake = threading.Event()  # no pause before the next batch (wake, shutdown)
+
+    @property
+    def started(self) -> bool:
+        """True once a step has begun (the services and the export thread run)."""
+        return self._started
+
+    def adopt(self, topology: Topology) -> bool:
+        """Take another identity (the cluster the program gave its tf.distribute.Server,
+        pipeline/lifecycle.learn_cluster) while no step has begun: nothing that carries the
+        identity exists before the first step (services start there, resources are merged
+        again here). False, and nothing changes, once a step has begun."""
+        with self._start_lock:
+            if self._started:
+                return False
+            self.topology = topology
+            self.job_id = topology.job_id
+            self._clock_settled = topology.is_reference
+            if self._metrics is not None:
+                self._metrics.rank = topology.rank
+            with fail_open("resource"):
+                from tf_otel.pipeline.sdk import merge_topology_resource, sdk_meter_provider
+
+                merge_topology_resource(topology, self._tracer_provider)
+                from tf_otel.pipeline import health_metrics
+
+                health_metrics.merge_resource(sdk_meter_provider(), _metrics_resource(topology))
+            return True
 
     # -- training-thread side -------------------------------------------------------------
 
