@@ -47,6 +47,18 @@ def test_defaults_meet_the_promises() -> None:
             assert worst <= 30, (median_ms, worst)
 
 
+def test_a_step_that_traces_is_told_from_one_that_waits() -> None:
+    tf = "/venv/lib/python3.11/site-packages/tensorflow/python"
+    tracing = [
+        ["converted_call", f"{tf}/autograph/impl/api.py", 439],
+        ["func_graph_from_py_func", f"{tf}/framework/func_graph.py", 1059],
+        ["_create_concrete_function", f"{tf}/eager/polymorphic_function/tracing_compilation.py", 9],
+        ["<module>", "/job/train.py", 70],
+    ]
+    assert stall.is_tracing(tracing)
+    assert not stall.is_tracing(WAITING_STACK) and not stall.is_tracing([])
+
+
 def test_reports_back_off() -> None:
     t = 10 * S
     assert [stall.report_due_ns(t, k) // S for k in (1, 2, 3, 4)] == [10, 20, 40, 80]

@@ -70,6 +70,18 @@ class Policy:
         return max(self.floor_ns, int(self.factor * statistics.median(durations)))
 
 
+_TRACING_FILES = (  # TensorFlow builds a graph here: a (re)trace, legitimately slow
+    os.path.join("tensorflow", "python", "framework", "func_graph.py"),
+    os.path.join("tensorflow", "python", "eager", "polymorphic_function", "tracing_compilation.py"),
+)
+
+
+def is_tracing(stack: Sequence[Sequence[Any]]) -> bool:
+    """A stack inside TensorFlow's tracing of a function (a first call, a new input signature,
+    the first call of a detail twin): such a step gets the warm-up threshold."""
+    return any(str(frame[1]).endswith(_TRACING_FILES) for frame in stack)
+
+
 def report_due_ns(threshold_ns: int, report: int) -> int:
     """The age of a stalled step at which its report number ``report`` (1, 2, ...) is due:
     threshold, 2 x threshold, 4 x ... (BACKOFF), two reports at most MAX_REPORT_GAP_S apart."""
@@ -457,6 +469,10 @@ class StallWatch:
             threshold = self.policy.threshold_ns(tracker.recent(handle.key))
             if age < threshold:
                 return
+            if is_tracing(stack_of(handle.thread)):  # rank 0 itself traces: not waiting
+                threshold = max(threshold, self.policy.floor_ns * WARMUP_FLOOR_FACTOR)
+                if age < threshold:
+                    return
             stall = self._stall = _Stall(handle, threshold)
         if age >= report_due_ns(stall.threshold_ns, stall.reports + 1):
             stall.reports += 1
