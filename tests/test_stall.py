@@ -57,6 +57,12 @@ def test_a_step_that_traces_is_told_from_one_that_waits() -> None:
     ]
     assert stall.is_tracing(tracing)
     assert not stall.is_tracing(WAITING_STACK) and not stall.is_tracing([])
+    calling = [  # every tf.function call passes through tracing_compilation: not a trace
+        ["quick_execute", f"{tf}/eager/execute.py", 53],
+        ["call_function", f"{tf}/eager/polymorphic_function/tracing_compilation.py", 139],
+        ["<module>", "/job/train.py", 70],
+    ]
+    assert not stall.is_tracing(calling)
 
 
 def test_reports_back_off() -> None:

@@ -150,7 +150,9 @@ def test_a_rank_that_hangs_forever_is_named_while_the_job_runs(receiver, tmp_pat
     assert "hang_forever (stall_train.py:" in stack3, stack3
     line3 = next(s for s in attrs[record.ATTR_STALL_RANKS] if s.startswith("rank 3:"))
     assert f"last completed step {HANG_STEP - 1}" in line3, line3
-    assert attrs[record.ATTR_STALL_BLOCKED_IN], attrs
+    (blocked,) = attrs[record.ATTR_STALL_BLOCKED_IN]  # one place: TF's execute, from the loop
+    assert blocked.startswith("ranks 0-2: quick_execute (execute.py:"), blocked
+    assert "called from <module> (stall_train.py:" in blocked, blocked
     # detection: within the threshold + 10 s of the hang
     threshold_s = attrs[record.ATTR_STALL_THRESHOLD] / 1e9
     latency = received_at - hang_at

@@ -70,16 +70,27 @@ class Policy:
         return max(self.floor_ns, int(self.factor * statistics.median(durations)))
 
 
-_TRACING_FILES = (  # TensorFlow builds a graph here: a (re)trace, legitimately slow
-    os.path.join("tensorflow", "python", "framework", "func_graph.py"),
-    os.path.join("tensorflow", "python", "eager", "polymorphic_function", "tracing_compilation.py"),
+# (file, function) where TensorFlow builds a graph: a (re)trace, legitimately slow. Not the file
+# alone: tracing_compilation.call_function is on the stack of every tf.function call
+_TRACING = (
+    (os.path.join("tensorflow", "python", "framework", "func_graph.py"), "func_graph_from_py_func"),
+    (
+        os.path.join(
+            "tensorflow", "python", "eager", "polymorphic_function", "tracing_compilation.py"
+        ),
+        "_create_concrete_function",
+    ),
 )
 
 
 def is_tracing(stack: Sequence[Sequence[Any]]) -> bool:
     """A stack inside TensorFlow's tracing of a function (a first call, a new input signature,
     the first call of a detail twin): such a step gets the warm-up threshold."""
-    return any(str(frame[1]).endswith(_TRACING_FILES) for frame in stack)
+    return any(
+        frame[0] == function and str(frame[1]).endswith(path)
+        for frame in stack
+        for path, function in _TRACING
+    )
 
 
 def report_due_ns(threshold_ns: int, report: int) -> int:
