@@ -171,6 +171,8 @@ def test_a_rank_that_hangs_forever_is_named_while_the_job_runs(receiver, tmp_pat
     assert stall_logs, [x.body for x in logs][-5:]
     assert stall_logs[0].trace_id == trace_id and stall_logs[0].severity in ("WARN", "WARNING")
     assert "rank 3: has not reached step 6" in str(stall_logs[0].body)
+    assert list(stall_logs[0].attributes[record.ATTR_STALL_MISSING]) == [3]
+    assert stall_logs[0].attributes[record.ATTR_STEP] == HANG_STEP
     assert output.count(f"tf_otel: step {HANG_STEP} of {KEY} stalls") >= 1, output[-3000:]
     assert "Exception in thread" not in output and "tracing of this part" not in output
     early = [s.attributes[record.ATTR_STEP] for s in _stalls(spans) if s is not stall]

@@ -548,12 +548,26 @@ class StallWatch:
                 handle, f"stall {handle.key} step {handle.step}", start_ns, end_ns, built.attributes
             )
         with fail_open("stall.log"):
-            _log(built.summary, context)
+            _log(built, context)
         flush_soon(self.pipeline.tracer_provider)
 
 
-def _log(summary: str, span_context: Any) -> None:
-    """One WARNING of logger tf_otel, in the stall span's trace (OTLP logs) and on stderr."""
+_LOG_ATTRIBUTES = (
+    record.ATTR_STEP,
+    record.ATTR_STEP_KEY,
+    record.ATTR_STALL_STATE,
+    record.ATTR_STALL_DURATION,
+    record.ATTR_STALL_THRESHOLD,
+    record.ATTR_STALL_REPORT,
+    record.ATTR_STALL_MISSING,
+    record.ATTR_STALL_WAITING,
+    record.ATTR_STALL_SILENT,
+)
+
+
+def _log(built: StallRecord, span_context: Any) -> None:
+    """One WARNING of logger tf_otel, in the stall span's trace (OTLP logs: the record's main
+    attributes ride along, so a log backend can query them) and on stderr (the text only)."""
     from opentelemetry import context as otel_context
     from opentelemetry import trace
 
@@ -561,7 +575,10 @@ def _log(summary: str, span_context: Any) -> None:
     if span_context is not None:
         token = otel_context.attach(trace.set_span_in_context(trace.NonRecordingSpan(span_context)))
     try:
-        logger.log(logging.WARNING, "%s", summary)
+        extra = {
+            name: built.attributes[name] for name in _LOG_ATTRIBUTES if name in built.attributes
+        }
+        logger.log(logging.WARNING, "%s", built.summary, extra=extra)
     finally:
         if token is not None:
             otel_context.detach(token)
