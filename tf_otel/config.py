@@ -27,7 +27,11 @@ TF_OTEL_HOROVOD_EVERY >= 10, 0 for denser detail, where the children's export co
 MobileNetV2's throughput),
 TF_OTEL_HOROVOD_FUSED (1: one collective span per group of tensors that completed together,
 Horovod's fused responses as rank 0's own ends tell them; unset: 1 for detail on 1 step in
-fewer than 10, where span volume is what detail costs; 0: one span per tensor).
+fewer than 10, where span volume is what detail costs; 0: one span per tensor),
+TF_OTEL_STALL (rank 0's stall watch, pipeline/stall.py; default 1; 0: off),
+TF_OTEL_STALL_FLOOR_S and TF_OTEL_STALL_FACTOR (a step of rank 0 in flight longer than
+max(floor, factor x the median of the key's recent steps) is a stall; defaults 20 s and 10,
+docs/RELIABILITY.md "Stalls" says why).
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ T = TypeVar("T")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 HOROVOD_EVERY_DEFAULT = 20  # detail-step twin: ~7 % on a detail step, so ~0.4 % a step
+# a step < 1 s is named stalled <= 20 s + 1 s (check) + 2 s (answers) after it began: within the
+# 30 s the issue asks; 10x the median keeps a legitimately slow step (3x, 5x) from ever raising
+STALL_FLOOR_S_DEFAULT = 20.0
+STALL_FACTOR_DEFAULT = 10.0
 
 
 class ConfigError(ValueError):
@@ -188,6 +196,11 @@ class Settings:
     nccl_profiler: bool = False  # point NCCL_PROFILER_PLUGIN at tf_otel's plugin
     nccl_ring_dir: str = "/dev/shm"
     analyze_workers: int = 0  # tf-otel analyze processes; 0: one per usable CPU
+    # rank 0's stall watch (pipeline/stall.py): a step in flight longer than
+    # max(stall_floor_s, stall_factor x median of the key's recent steps) is reported
+    stall: bool = True
+    stall_floor_s: float = STALL_FLOOR_S_DEFAULT
+    stall_factor: float = STALL_FACTOR_DEFAULT
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Settings:
@@ -233,6 +246,11 @@ class Settings:
             horovod_source=read(env, "TF_OTEL_HOROVOD_SOURCE", _horovod_source, "stamps"),
             horovod_parts=read(env, "TF_OTEL_HOROVOD_PARTS", _bool, None),
             horovod_fused=read(env, "TF_OTEL_HOROVOD_FUSED", _bool, None),
+            stall=read(env, "TF_OTEL_STALL", _bool, True),
+            stall_floor_s=read(
+                env, "TF_OTEL_STALL_FLOOR_S", _positive_float, STALL_FLOOR_S_DEFAULT
+            ),
+            stall_factor=read(env, "TF_OTEL_STALL_FACTOR", _positive_float, STALL_FACTOR_DEFAULT),
         )
 
 
@@ -270,6 +288,9 @@ VARIABLES = (
     "TF_OTEL_NCCL_PROFILER",
     "TF_OTEL_NCCL_RING_DIR",
     "TF_OTEL_ANALYZE_WORKERS",
+    "TF_OTEL_STALL",
+    "TF_OTEL_STALL_FLOOR_S",
+    "TF_OTEL_STALL_FACTOR",
     "TF_OTEL_TEST_CLOCK",
 )
 # read elsewhere, never by this package: the install/build scripts, the NCCL profiler plugin (C),

@@ -22,6 +22,7 @@ COLLECTIVE_TRANSFER = "collective.transfer"
 TRANSFER = "transfer"
 KERNEL = "kernel"
 FRAMEWORK = "framework"
+STALL = "stall"  # rank 0's stall record in a step's trace (pipeline/stall.py)
 
 # attribute keys
 ATTR_CATEGORY = "tf_otel.category"
@@ -64,6 +65,25 @@ ATTR_CPUS = "tf_otel.process.cpus"
 ATTR_MEMORY = "process.memory.usage"  # semantic conventions
 ATTR_HW_GPU_UTILIZATION = "hw.gpu.utilization"  # semantic conventions (ratio 0..1)
 ATTR_BATCH_SIZE = "tf_otel.batch.size"  # instrument.keras
+
+# a rank's step span exported while the step still runs (a stall, SIGTERM or exit mid-step)
+ATTR_STEP_IN_FLIGHT = "tf_otel.step.in_flight"
+ATTR_STEP_IN_FLIGHT_REASON = "tf_otel.step.in_flight_reason"  # "stall" or "exit"
+ATTR_STEP_STACK = "tf_otel.step.stack"  # its training thread's frames then, innermost first
+# the stall record (category STALL, pipeline/stall.py): a span in the step's trace + a log record
+ATTR_STEP_KEY = "tf_otel.step.key"
+ATTR_STALL_STATE = "tf_otel.stall.state"  # STALLED while it lasts, RESOLVED once the step ended
+ATTR_STALL_DURATION = "tf_otel.stall.duration_ns"  # rank 0's step in flight so far / in all
+ATTR_STALL_THRESHOLD = "tf_otel.stall.threshold_ns"
+ATTR_STALL_REPORT = "tf_otel.stall.report"  # 1, 2, 3 ... (repeated with back-off)
+ATTR_STALL_MISSING = "tf_otel.stall.ranks_missing"  # ranks that have not reached the step
+ATTR_STALL_WAITING = "tf_otel.stall.ranks_waiting"  # ranks inside the step (waiting)
+ATTR_STALL_SILENT = "tf_otel.stall.ranks_silent"  # ranks that did not answer rank 0
+ATTR_STALL_BLOCKED_IN = "tf_otel.stall.blocked_in"  # where the waiting ranks are, by place
+ATTR_STALL_RANKS = "tf_otel.stall.ranks"  # one line per rank: where it is, since when
+ATTR_STALL_STACKS = "tf_otel.stall.stacks"  # one entry per answering rank: its training stack
+STALLED = "stalled"
+RESOLVED = "resolved"
 
 # tf_otel.step.kind values
 SESSION_RUN = "session_run"

@@ -147,6 +147,15 @@ GOOD = {
     messages.HVD_DONE: {"t": "hvd.done"},
     messages.HVD_ARRIVALS: {"t": "hvd.a", "k": "k", "s": 1, "a": {"grad_0": 123}},
     messages.HVD_LAST: {"t": "hvd.l", "k": "k", "s": 1, "l": {"grad_0": [123, 1]}},
+    messages.STALL_ASK: dict(messages.stall_ask(3, "keras_train", 8)),
+    messages.STALL_WHERE: {
+        "t": messages.STALL_WHERE,
+        "q": 3,
+        "f": ["keras_train", 8, 21_000_000_000],
+        "d": ["keras_train", 7, 21_000_000_000],
+        "n": "keras.train_function",
+        "s": [["hang", "/job/train.py", 40], ["<module>", "/job/train.py", 66]],
+    },
 }
 # per type, a wrong value for each of its fields (None: the field removed)
 WRONG = [None, "x", 1.5, True, -1, 2**63, [], {}, {"a": "b"}, [1, 2, 3]]
@@ -160,6 +169,8 @@ def test_every_known_type_is_checked() -> None:
         messages.HVD_DONE,
         messages.HVD_ARRIVALS,
         messages.HVD_LAST,
+        messages.STALL_ASK,
+        messages.STALL_WHERE,
     }
     assert set(GOOD) == known
 

@@ -20,6 +20,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.model import Span
 from tf_otel.record import (
+    ATTR_STEP_IN_FLIGHT,
     ATTR_WORLD_SIZE,
     COLLECTIVE,
     COLLECTIVE_TRANSFER,
@@ -27,6 +28,7 @@ from tf_otel.record import (
     COMPUTE,
     INPUT,
     JOB,
+    STALL,
     STEP,
     STEP_ROOT,
     TRANSFER,
@@ -97,13 +99,20 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
     spans = list(by_id.values())
     roots = []
     step_spans: Dict[int, List[Span]] = defaultdict(list)
+    in_flight: Dict[int, List[Span]] = defaultdict(list)
     for span in spans:
         category = span.category
         if category == STEP:
             if span.rank is not None:
-                step_spans[span.rank].append(span)
+                if span.attributes.get(ATTR_STEP_IN_FLIGHT):
+                    in_flight[span.rank].append(span)
+                else:
+                    step_spans[span.rank].append(span)
         elif category == STEP_ROOT:
             roots.append(span)
+    for owner, flights in in_flight.items():  # a step span exported mid-step (a stall, an
+        if owner not in step_spans:  # exit): the rank's step only where it never ended
+            step_spans[owner] = flights
     root = min(roots, key=lambda s: (s.start_ns, s.span_id)) if roots else None
     if root is None and not step_spans:
         return None  # the job span's trace, or foreign spans
@@ -124,7 +133,7 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
     extent_from_spans = False
     for span in spans:
         category = span.category
-        if category == STEP_ROOT or category == JOB:
+        if category == STEP_ROOT or category == JOB or category == STALL:
             continue
         rank = span.rank
         if rank is None:

@@ -7,8 +7,9 @@ them to reference time and emits spans; rank 0's coordinator emits each step's c
 Rooms: ``steps`` (Pipeline: step queue, span building), ``ids`` (cross-rank step ids),
 ``lifecycle`` (the singleton, ``with_pipeline``, shutdown), ``signals`` (exit / SIGTERM),
 ``messages`` (cross-rank message types, encode / decode, handlers), ``coordinator`` (rank 0's
-step service), ``record`` (the Record type), ``sdk``, ``delivery``, ``span_builder`` and
-``otlp_json`` (SDK set-up, export accounting, spans and the OTLP-JSON file), ``health_metrics``,
-``system_metrics``, ``gpu_metrics`` and ``step_metrics`` (metrics producers). Who and where the
-process is in the job: ``tf_otel.job``.
+step service), ``stall`` (steps in flight, rank 0's stall watch and record), ``record`` (the
+Record type), ``sdk``, ``delivery``, ``span_builder`` and ``otlp_json`` (SDK set-up, export
+accounting, spans and the OTLP-JSON file), ``health_metrics``, ``system_metrics``,
+``gpu_metrics`` and ``step_metrics`` (metrics producers). Who and where the process is in the
+job: ``tf_otel.job``.
 """

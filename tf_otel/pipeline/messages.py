@@ -49,6 +49,8 @@ HVD_RECORDS = "hvd.c"  # 0 -> rank: HorovodRecords
 HVD_DONE = "hvd.done"  # 0 -> ranks: rank 0 has sent every step's records
 HVD_ARRIVALS = "hvd.a"  # rank -> 0: HorovodArrivals
 HVD_LAST = "hvd.l"  # 0 -> ranks: HorovodLast
+STALL_ASK = "tf_otel.stall.ask"  # 0 -> ranks: StallAsk ("where are you")
+STALL_WHERE = "tf_otel.stall.where"  # rank -> 0: StallWhere (the answer)
 
 
 class Extent(TypedDict):
@@ -121,6 +123,33 @@ class HorovodLast(TypedDict, total=False):
     g: List[List[str]]
 
 
+class StallAsk(TypedDict):
+    """Rank 0's question "where are you" (query "q"), about its step "s" of key "k" that stalls."""
+
+    t: str
+    q: int
+    k: str
+    s: int
+
+
+class StallWhere(TypedDict):
+    """A rank's answer to query "q": its step in flight "f" and its last completed step of the
+    asked key "d", each [key, step, ns since it began / ended] or null; the in-flight step's
+    name "n" ("" if none); its training thread's stack "s", innermost first, [function, file,
+    line] per frame (never a value)."""
+
+    t: str
+    q: int
+    f: Optional[List[Any]]
+    d: Optional[List[Any]]
+    n: str
+    s: List[List[Any]]
+
+
+MAX_STACK_FRAMES = 48  # frames of a rank's training stack in a StallWhere
+MAX_FRAME_TEXT = 512  # a frame's function or file name
+
+
 def extent(key: str, step: int, start_ns: int, end_ns: int) -> Extent:
     return {"t": EXTENT, "k": key, "s": step, "a": start_ns, "b": end_ns}
 
@@ -131,6 +160,10 @@ def ops_window(starts: Dict[str, int], steps: int) -> OpsWindow:
 
 def ops_request(steps: int) -> OpsRequest:
     return {"t": OPS_REQUEST, "n": int(steps)}
+
+
+def stall_ask(query: int, key: str, step: int) -> StallAsk:
+    return {"t": STALL_ASK, "q": int(query), "k": key, "s": int(step)}
 
 
 def encode(message: Outgoing) -> bytes:
@@ -307,6 +340,50 @@ def _check_last(message: Message) -> None:
         raise _bad(message, "l", "an object of [ns, rank] pairs")
 
 
+def _check_stall_ask(message: Message) -> None:
+    _need_int(message, "q", 0)
+    _need_key_step(message)
+
+
+def _where_ok(value: Any) -> bool:
+    """null, or [key, step, ns]: a short key, a step >= 0, ns >= 0."""
+    if value is None:
+        return True
+    return (
+        type(value) is list
+        and len(value) == 3
+        and isinstance(value[0], str)
+        and len(value[0]) <= MAX_KEY_LEN
+        and _int(value[1])
+        and _int(value[2])
+        and value[1] >= 0
+        and value[2] >= 0
+    )
+
+
+def _frame_ok(frame: Any) -> bool:
+    return (
+        type(frame) is list
+        and len(frame) == 3
+        and isinstance(frame[0], str)
+        and isinstance(frame[1], str)
+        and len(frame[0]) <= MAX_FRAME_TEXT
+        and len(frame[1]) <= MAX_FRAME_TEXT
+        and _int(frame[2])
+    )
+
+
+def _check_stall_where(message: Message) -> None:
+    _need_int(message, "q", 0)
+    for name in ("f", "d"):
+        if name not in message or not _where_ok(message[name]):
+            raise _bad(message, name, "null or [key, step >= 0, ns >= 0]")
+    _need_text(message, "n", MAX_KEY_LEN)
+    stack = message.get("s")
+    if type(stack) is not list or len(stack) > MAX_STACK_FRAMES or not all(map(_frame_ok, stack)):
+        raise _bad(message, "s", f"at most {MAX_STACK_FRAMES} [function, file, line] frames")
+
+
 _CHECKS: Dict[str, Callable[[Message], None]] = {
     HELLO: _check_hello,
     CHALLENGE: lambda m: _need_text(m, "n", MAX_TEXT_LEN),
@@ -319,6 +396,8 @@ _CHECKS: Dict[str, Callable[[Message], None]] = {
     HVD_DONE: lambda m: None,
     HVD_ARRIVALS: _check_arrivals,
     HVD_LAST: _check_last,
+    STALL_ASK: _check_stall_ask,
+    STALL_WHERE: _check_stall_where,
 }
 
 

@@ -38,8 +38,10 @@ from tf_otel.pipeline.ids import (
 )
 from tf_otel.pipeline.messages import Handlers, Outgoing
 from tf_otel.pipeline.span_builder import SpanBuilder
+from tf_otel.pipeline.stall import StepTracker, frame_lines, stack_of
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
+_IN_FLIGHT_EXPORTED = 64  # (key, step) of in-flight step spans already exported, kept
 _US = 1000
 ATTR_TEST_CLOCK_ERROR = "tf_otel.clock.test_error_ns"
 CLOCK_SETTLED_ROUNDS = 6  # warm-up rounds at 10, 20, 40 ... ms: a drift baseline of ~0.3 s
@@ -66,6 +68,7 @@ class StepHandle:
     # free-form per-step state for StepHooks (e.g. "ops": True on op-traced steps)
     flags: Dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
+    thread: int = 0  # the thread it runs on (pipeline.stall: whose stack to read)
 
 
 def _metrics_resource(topology: Topology) -> Dict[str, Any]:
@@ -120,6 +123,17 @@ class Pipeline:
                 "cannot get their cross-rank ids",
             )
         self.handlers = Handlers()  # extension messages between ranks (pipeline.messages)
+        self.tracer_provider = tracer_provider  # None: the global one
+        # steps in flight and last completed (pipeline.stall); rank 0 keeps recent durations
+        self.tracker = StepTracker(durations=topology.is_reference and settings.stall)
+        self._in_flight_exported: Dict[tuple, None] = {}
+        self._in_flight_lock = threading.Lock()
+        self._stall_watch: Any = None
+        if settings.stall:  # before the coordinator link exists: no question goes unanswered
+            with fail_open("stall.register"):
+                from tf_otel.pipeline import stall
+
+                stall.register(self)
         self._counters: Dict[str, Any] = {}  # step key -> itertools.count
         self._steps: Dict[tuple, Any] = {}  # (key, step) -> (span context, start, end), bounded
         self._job_span: Any = None
@@ -174,7 +188,7 @@ class Pipeline:
             counter = self._counters.setdefault(key, itertools.count())
         step = next(counter)
         trace_id = step_trace_id(self.job_id, key, step)
-        return StepHandle(
+        handle = StepHandle(
             key=key,
             step=step,
             name=name,
@@ -184,9 +198,12 @@ class Pipeline:
             start_ns=clock.now_ns(),
             attributes=attributes,
         )
+        self.tracker.begin(handle)
+        return handle
 
     def end_step(self, handle: StepHandle, error: Optional[BaseException] = None) -> None:
         handle.end_ns = clock.now_ns()
+        self.tracker.end(handle)
         if not handle.sampled or self._closed:
             if self._metrics is not None:  # one append; the export thread records it
                 self._metrics.add(handle)
@@ -224,6 +241,75 @@ class Pipeline:
         """From rank 0: send an extension message to every connected rank."""
         return self._aggregator.broadcast(message) if self._aggregator is not None else 0
 
+    def connected_ranks(self) -> set:
+        """From rank 0: the ranks connected to its coordinator now."""
+        return self._aggregator.connected_ranks() if self._aggregator is not None else set()
+
+    # -- steps in flight (pipeline.stall; SIGTERM / exit mid-step) ---------------------------
+
+    def export_in_flight(self, reason: str) -> int:
+        """Export this rank's steps in flight as step spans marked ``tf_otel.step.in_flight``,
+        ended now (each (key, step) once); from any thread but the training thread's own
+        steps. Returns how many were exported."""
+        exported = 0
+        for handle in self.tracker.flights():
+            with self._in_flight_lock:
+                if (handle.key, handle.step) in self._in_flight_exported:
+                    continue
+                self._in_flight_exported[(handle.key, handle.step)] = None
+                while len(self._in_flight_exported) > _IN_FLIGHT_EXPORTED:
+                    self._in_flight_exported.pop(next(iter(self._in_flight_exported)))
+            with fail_open("export.in_flight"):
+                model = clock.current_model()
+                attributes = {
+                    record.ATTR_CATEGORY: record.STEP,
+                    record.ATTR_RANK: self.topology.rank,
+                    record.ATTR_STEP: handle.step,
+                    record.ATTR_STEP_KIND: handle.kind,
+                    record.ATTR_CLOCK_OFFSET: model.offset_at(handle.start_ns),
+                    record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
+                    **dict(handle.attributes),
+                    record.ATTR_STEP_IN_FLIGHT: True,
+                    record.ATTR_STEP_IN_FLIGHT_REASON: reason,
+                    record.ATTR_STEP_STACK: frame_lines(stack_of(handle.thread)),
+                }
+                name = f"rank {self.topology.rank} {handle.name}"
+                self.export_in_step(handle, name, handle.start_ns, clock.now_ns(), attributes)
+                count("steps_exported_in_flight")
+                exported += 1
+        return exported
+
+    def export_in_step(
+        self, handle: StepHandle, name: str, start_ns: int, end_ns: int, attributes: Dict
+    ) -> Any:
+        """A span in the step's trace, child of the step's root span id (a remote parent,
+        recorded whatever the step's sampling: stall records and in-flight steps are rare),
+        from local times; returns its span context."""
+        from opentelemetry.trace import (
+            NonRecordingSpan,
+            SpanContext,
+            TraceFlags,
+            set_span_in_context,
+        )
+
+        model = clock.current_model()
+        start = model.to_reference(start_ns)
+        end = max(start, model.to_reference(end_ns))
+        root = SpanContext(
+            trace_id=handle.trace_id,
+            span_id=step_root_span_id(self.job_id, handle.key, handle.step),
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        span = self._tracer.start_span(
+            name,
+            context=set_span_in_context(NonRecordingSpan(root)),
+            start_time=start,
+            attributes=attributes,
+        )
+        span.end(end_time=end)
+        return span.get_span_context()
+
     def _is_sampled(self, trace_id: int, name: str) -> bool:
         if self._sample_fast is not None:
             return self._sample_fast(trace_id)
@@ -249,6 +335,11 @@ class Pipeline:
             with fail_open("pipeline.start"):
                 self._start_services()
             self._worker.start()
+            if self.topology.is_reference and self.settings.stall:
+                with fail_open("stall.start"):
+                    from tf_otel.pipeline import stall
+
+                    self._stall_watch = stall.start_watch(self)
 
     def _start_services(self) -> None:
         topo = self.topology
@@ -332,6 +423,10 @@ class Pipeline:
             self._closed = True
             return
         self._closed = True
+        if self._stall_watch is not None:
+            self._stall_watch.stop()
+        with fail_open("shutdown.in_flight"):  # SIGTERM / exit in the middle of a step
+            self.export_in_flight(reason="exit")
         self._queue.put(None)
         self._wake.set()
         self._worker.join(timeout_s)

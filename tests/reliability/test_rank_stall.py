@@ -1,0 +1,221 @@
+"""Stall detection under a real ``horovodrun -np 4 --gloo`` with the real OTLP receiver: rank 3
+stops forever before a step and rank 0 names it while the job runs; a control job with one step
+3x the median on one rank raises nothing.
+
+Each test prints one ``FIGURES`` line for docs/RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+import pytest
+from conftest import REPO, VENV_BIN, base_env
+
+from tf_otel import record
+from tf_otel.pipeline.ids import step_trace_id
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = str(REPO / "tests" / "reliability" / "scripts" / "stall_train.py")
+KEY = "tf_function:train_step"
+HANG_STEP = 6
+FLOOR_S = 3.0  # TF_OTEL_STALL_FLOOR_S for these jobs: CI stays fast
+
+
+def _command(np_: int) -> List[str]:
+    return [
+        str(VENV_BIN / "horovodrun"),
+        "-np",
+        str(np_),
+        "-H",
+        f"localhost:{np_}",
+        "--gloo",
+        str(VENV_BIN / "python"),
+        SCRIPT,
+    ]
+
+
+def _env(receiver, **extra: str) -> Dict[str, str]:
+    settings = {
+        "TF_OTEL_ENABLED": "1",
+        "TF_OTEL_ROOT_WAIT_MS": "1000",
+        "TF_OTEL_STALL_FLOOR_S": str(FLOOR_S),
+        "OTEL_LOGS_EXPORTER": "otlp",
+    }
+    return base_env(**receiver.env("grpc"), **{**settings, **extra})
+
+
+def _descendants(pid: int) -> List[int]:
+    """Every process below ``pid`` (from /proc), deepest last."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every rank it started, each by its pid."""
+    for pid in [proc.pid] + _descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(30)
+
+
+def _stalls(spans, state: str = record.STALLED):
+    return [
+        s
+        for s in spans
+        if s.category == record.STALL and s.attributes.get(record.ATTR_STALL_STATE) == state
+    ]
+
+
+def _in_flight(spans) -> Dict[int, object]:
+    return {
+        s.rank: s
+        for s in spans
+        if s.category == record.STEP and s.attributes.get(record.ATTR_STEP_IN_FLIGHT)
+    }
+
+
+def _figures(name: str, **values: object) -> None:
+    print(f"FIGURES {name} " + " ".join(f"{k}={v}" for k, v in values.items()), file=sys.stderr)
+
+
+def test_a_rank_that_hangs_forever_is_named_while_the_job_runs(receiver, tmp_path) -> None:
+    hang_file = tmp_path / "hang"
+    log = (tmp_path / "job.log").open("w+")
+    env = _env(
+        receiver,
+        STEPS="40",
+        HANG_RANK="3",
+        HANG_STEP=str(HANG_STEP),
+        HANG_FILE=str(hang_file),
+    )
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        _command(4), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 150
+        stall = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = [
+                s for s in _stalls(receiver.spans()) if s.attributes[record.ATTR_STEP] == HANG_STEP
+            ]
+            if found:
+                stall = found[0]
+                break
+            time.sleep(0.1)
+        received_at = time.time()
+        log.seek(0)
+        assert stall is not None, f"no stall record; job output:\n{log.read()[-4000:]}"
+        hang_at = float(hang_file.read_text())
+        spans = receiver.wait_for(lambda s: {0, 1, 2} <= set(_in_flight(s)), 10)
+        logs = receiver.wait_for_logs(lambda got: any("stalls" in str(x.body) for x in got), 10)
+    finally:
+        _kill_job(proc)
+    log.seek(0)
+    output = log.read()
+    attrs = stall.attributes
+    # the record names the hung rank and the step, in the step's own trace
+    assert attrs[record.ATTR_STEP] == HANG_STEP and attrs[record.ATTR_STEP_KEY] == KEY
+    assert list(attrs[record.ATTR_STALL_MISSING]) == [3], attrs
+    assert list(attrs[record.ATTR_STALL_WAITING]) == [0, 1, 2], attrs
+    assert list(attrs[record.ATTR_STALL_SILENT]) == [], attrs
+    job_id = stall.resource[record.ATTR_JOB_ID]
+    trace_id = f"{step_trace_id(job_id, KEY, HANG_STEP):032x}"
+    assert stall.trace_id == trace_id
+    # the hung rank's stack shows where it stopped; the others wait inside the step
+    stack3 = next(s for s in attrs[record.ATTR_STALL_STACKS] if s.startswith("rank 3 "))
+    assert "hang_forever (stall_train.py:" in stack3, stack3
+    line3 = next(s for s in attrs[record.ATTR_STALL_RANKS] if s.startswith("rank 3:"))
+    assert f"last completed step {HANG_STEP - 1}" in line3, line3
+    (blocked,) = attrs[record.ATTR_STALL_BLOCKED_IN]  # one place: TF's execute, from the loop
+    assert blocked.startswith("ranks 0-2: quick_execute (execute.py:"), blocked
+    assert "called from <module> (stall_train.py:" in blocked, blocked
+    # detection: within the threshold + 10 s of the hang
+    threshold_s = attrs[record.ATTR_STALL_THRESHOLD] / 1e9
+    latency = received_at - hang_at
+    assert threshold_s >= FLOOR_S
+    assert latency <= threshold_s + 10, (latency, threshold_s)
+    # the live ranks' step spans arrived, marked in flight, in the same trace
+    flights = _in_flight(spans)
+    for rank in (0, 1, 2):
+        span = flights[rank]
+        assert span.attributes[record.ATTR_STEP] == HANG_STEP
+        assert span.trace_id == trace_id
+        assert span.attributes[record.ATTR_STEP_IN_FLIGHT_REASON] == "stall"
+    assert 3 not in flights
+    # the log record: the same summary, in the step's trace, once on stderr
+    stall_logs = [x for x in logs if "stalls" in str(x.body)]
+    assert stall_logs, [x.body for x in logs][-5:]
+    assert stall_logs[0].trace_id == trace_id and stall_logs[0].severity in ("WARN", "WARNING")
+    assert "rank 3: has not reached step 6" in str(stall_logs[0].body)
+    assert list(stall_logs[0].attributes[record.ATTR_STALL_MISSING]) == [3]
+    assert stall_logs[0].attributes[record.ATTR_STEP] == HANG_STEP
+    assert output.count(f"tf_otel: step {HANG_STEP} of {KEY} stalls") >= 1, output[-3000:]
+    assert "Exception in thread" not in output and "tracing of this part" not in output
+    early = [s.attributes[record.ATTR_STEP] for s in _stalls(spans) if s is not stall]
+    assert not [step for step in early if step != HANG_STEP], early  # no false stall before
+    _figures(
+        "stall_hang",
+        threshold_s=round(threshold_s, 2),
+        detection_latency_s=round(latency, 1),
+        in_flight_ranks=sorted(flights),
+        wall_s=round(time.monotonic() - started, 1),
+    )
+
+
+def test_one_slow_step_raises_no_stall(receiver) -> None:
+    """Control: rank 2's step 7 takes 3x the others (STEP_SLEEP_S 1.1 s: the slow step passes
+    the 3 s floor, so only the factor x median keeps it from being a stall)."""
+    env = _env(
+        receiver, STEPS="9", STEP_SLEEP_S="1.1", SLOW_RANK="2", SLOW_STEP="7", SLOW_FACTOR="3"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        _command(4), env=env, cwd=REPO, capture_output=True, text=True, timeout=150
+    )
+    wall = time.monotonic() - started
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    spans = receiver.wait_for(lambda s: False, 2)
+    steps = {
+        s.attributes[record.ATTR_STEP]: s
+        for s in spans
+        if s.category == record.STEP and s.rank == 0 and "train_step" in s.name
+    }
+    assert sorted(steps) == list(range(9)), sorted(steps)
+    durations = {n: (s.end_ns - s.start_ns) / 1e9 for n, s in steps.items()}
+    median = sorted(durations[n] for n in range(1, 7))[3]
+    assert durations[7] > FLOOR_S, durations  # past the floor: the factor is what holds
+    assert durations[7] >= 2.5 * median, durations
+    assert not [s for s in spans if s.category == record.STALL]
+    assert not _in_flight(spans)
+    assert f"of {KEY} stalls" not in output
+    _figures(
+        "stall_control",
+        slow_step_s=round(durations[7], 2),
+        median_s=round(median, 2),
+        wall_s=round(wall, 1),
+    )

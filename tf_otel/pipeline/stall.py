@@ -1,0 +1,594 @@
+"""Stalls: rank 0 names the rank that holds a step, while the job still runs.
+
+Every rank knows its step in flight and its last completed step per key (``StepTracker``: the
+training thread only stores a field at step begin and end). On rank 0 a watch thread
+(``tf_otel-stall``, never the training thread) looks once a second at rank 0's own step in
+flight; past the threshold, max(``TF_OTEL_STALL_FLOOR_S``, ``TF_OTEL_STALL_FACTOR`` x the median
+of the key's recent steps), it asks every rank "where are you" over the authenticated
+coordinator channel (``messages.STALL_ASK``). Each rank answers from its coordinator reader
+thread (``messages.STALL_WHERE``: its step in flight, its last completed step, its training
+thread's Python stack: function, file, line, never a value) and exports its step in flight as a
+span marked ``tf_otel.step.in_flight``, ended now, flushed at once. Rank 0 waits up to
+ANSWER_WAIT_S, then exports the stall record: a span of category ``stall`` in the step's trace
+(child of the step's root span id) and a WARNING log record of logger ``tf_otel`` in that trace
+(once on stderr, notices.py), naming the ranks that have not reached the step, where the ranks
+inside it wait, and who did not answer. Repeated at threshold x 2, x 4 ... while the step stays
+in flight; when it ends, one ``resolved`` record says how long the step took (a slow step).
+
+Usage (done by pipeline.steps.Pipeline)::
+
+    tracker = StepTracker(durations=True)            # begin(handle) / end(handle): training thread
+    register(pipeline)                               # every rank: answers rank 0's question
+    watch = StallWatch(pipeline, Policy(20.0, 10.0)); watch.start()   # rank 0
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from tf_otel import clock, record
+from tf_otel.health import count, fail_open, logger
+from tf_otel.pipeline import messages
+
+WARMUP_STEPS = 3  # until this many steps of a key completed, the threshold is the warm-up one
+WARMUP_FLOOR_FACTOR = 6  # warm-up threshold = 6 x the floor (first steps trace and compile)
+DURATIONS_KEPT = 64  # recent step durations per key, for the median
+MAX_KEYS = 64  # step keys remembered (last completed step, durations)
+CHECK_INTERVAL_S = 1.0
+ANSWER_WAIT_S = 2.0
+BACKOFF = 2.0  # report k is due at threshold x BACKOFF**(k-1) of the step's age
+MAX_REPORT_GAP_S = 1800.0
+MAX_DETAIL_RANKS = 32  # ranks with their own line and stack in one record
+MAX_STACK_LINES = 24  # frames rendered per rank in the record
+MAX_LINE_CHARS = 240
+SILENT = "did not answer within {:.0f} s (stuck in C++ holding the GIL, or dead)"
+UNCONNECTED = "not connected to rank 0 (dead, or never reached rank 0)"
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tf_otel/
+
+
+class Policy:
+    """The stall threshold of a step, from the recent completed steps of its key."""
+
+    def __init__(self, floor_s: float, factor: float) -> None:
+        self.floor_ns = int(floor_s * 1e9)
+        self.factor = factor
+
+    def threshold_ns(self, durations: Sequence[int]) -> int:
+        """max(floor, factor x median); before WARMUP_STEPS steps of the key completed, the
+        warm-up threshold WARMUP_FLOOR_FACTOR x floor (the first steps trace and compile)."""
+        if len(durations) < WARMUP_STEPS:
+            return self.floor_ns * WARMUP_FLOOR_FACTOR
+        return max(self.floor_ns, int(self.factor * statistics.median(durations)))
+
+
+# (file, function) where TensorFlow builds a graph: a (re)trace, legitimately slow. Not the file
+# alone: tracing_compilation.call_function is on the stack of every tf.function call
+_TRACING = (
+    (os.path.join("tensorflow", "python", "framework", "func_graph.py"), "func_graph_from_py_func"),
+    (
+        os.path.join(
+            "tensorflow", "python", "eager", "polymorphic_function", "tracing_compilation.py"
+        ),
+        "_create_concrete_function",
+    ),
+)
+
+
+def is_tracing(stack: Sequence[Sequence[Any]]) -> bool:
+    """A stack inside TensorFlow's tracing of a function (a first call, a new input signature,
+    the first call of a detail twin): such a step gets the warm-up threshold."""
+    return any(
+        frame[0] == function and str(frame[1]).endswith(path)
+        for frame in stack
+        for path, function in _TRACING
+    )
+
+
+def report_due_ns(threshold_ns: int, report: int) -> int:
+    """The age of a stalled step at which its report number ``report`` (1, 2, ...) is due:
+    threshold, 2 x threshold, 4 x ... (BACKOFF), two reports at most MAX_REPORT_GAP_S apart."""
+    due = threshold_ns
+    cap = int(MAX_REPORT_GAP_S * 1e9)
+    for _ in range(report - 1):
+        due += max(1, min(cap, int(due * (BACKOFF - 1))))
+    return due
+
+
+class StepTracker:
+    """A rank's steps in flight (by thread) and last completed step (by key). ``begin`` and
+    ``end`` run on the training thread and only store references; the readers (the stall
+    watch, the answer to rank 0, the exit) copy what they read."""
+
+    def __init__(self, durations: bool = False) -> None:
+        self.in_flight: Dict[int, Any] = {}  # thread ident -> StepHandle
+        self.done: Dict[str, Any] = {}  # step key -> its last completed StepHandle
+        self.last: Any = None  # the last completed StepHandle of any key
+        self.durations: Optional[Dict[str, deque]] = {} if durations else None
+
+    def begin(self, handle: Any) -> None:
+        handle.thread = threading.get_ident()
+        self.in_flight[handle.thread] = handle
+
+    def end(self, handle: Any) -> None:
+        self.in_flight.pop(handle.thread, None)
+        done = self.done
+        if handle.key in done or len(done) < MAX_KEYS:
+            done[handle.key] = handle
+        self.last = handle
+        durations = self.durations
+        if durations is not None:
+            kept = durations.get(handle.key)
+            if kept is None:
+                if len(durations) >= MAX_KEYS:
+                    return
+                kept = durations.setdefault(handle.key, deque(maxlen=DURATIONS_KEPT))
+            kept.append(handle.end_ns - handle.start_ns)
+
+    def flights(self) -> List[Any]:
+        """The steps in flight now, oldest first."""
+        for _ in range(3):
+            try:
+                return sorted(self.in_flight.values(), key=lambda h: h.start_ns)
+            except RuntimeError:  # changed while copied (another stepping thread): again
+                continue
+        return []
+
+    def oldest(self) -> Any:
+        flights = self.flights()
+        return flights[0] if flights else None
+
+    def recent(self, key: str) -> List[int]:
+        kept = (self.durations or {}).get(key)
+        return list(kept) if kept is not None else []
+
+
+def stack_of(thread: Optional[int]) -> List[List[Any]]:
+    """A thread's Python stack, innermost first: [function, file, line] per frame, never a
+    value or a local (bounded: messages.MAX_STACK_FRAMES)."""
+    if thread is None:
+        thread = threading.main_thread().ident or 0
+    frame = sys._current_frames().get(thread)  # noqa: SLF001 - the one way to see another thread
+    frames: List[List[Any]] = []
+    limit = messages.MAX_FRAME_TEXT
+    while frame is not None and len(frames) < messages.MAX_STACK_FRAMES:
+        code = frame.f_code
+        frames.append([code.co_name[:limit], code.co_filename[-limit:], frame.f_lineno or 0])
+        frame = frame.f_back
+    del frame
+    return frames
+
+
+def frame_lines(stack: Sequence[Sequence[Any]]) -> List[str]:
+    """A stack as "function (file.py:line)" lines, innermost first."""
+    return [_frame_text(frame)[:MAX_LINE_CHARS] for frame in stack]
+
+
+def where(tracker: StepTracker, query: int, key: str) -> messages.Message:
+    """This rank's answer to rank 0's question about a step of ``key`` (a
+    ``messages.StallWhere``)."""
+    now = clock.now_ns()
+    flight = tracker.oldest()
+    done = tracker.done.get(key) or tracker.last
+    thread = flight.thread if flight is not None else getattr(done, "thread", None)
+    return {
+        "t": messages.STALL_WHERE,
+        "q": query,
+        "f": None if flight is None else [flight.key, flight.step, max(0, now - flight.start_ns)],
+        "d": None if done is None else [done.key, done.step, max(0, now - done.end_ns)],
+        "n": "" if flight is None else flight.name[: messages.MAX_KEY_LEN],
+        "s": stack_of(thread),
+    }
+
+
+# -- the record ---------------------------------------------------------------------------------
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """0,1,2,3,7 -> "0-3,7"."""
+    parts: List[str] = []
+    run: List[int] = []
+    for rank in sorted(ranks):
+        if run and rank == run[-1] + 1:
+            run.append(rank)
+            continue
+        if run:
+            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [rank]
+    if run:
+        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(parts) or "none"
+
+
+def _frame_text(frame: Sequence[Any]) -> str:
+    return f"{frame[0]} ({os.path.basename(str(frame[1]))}:{frame[2]})"
+
+
+def _is_program(frame: Sequence[Any]) -> bool:
+    """A frame of the program's own code: not a library's, not tf_otel's, not the interpreter's."""
+    path = str(frame[1])
+    if path.startswith("<") or path.startswith(_OWN_DIR + os.sep):
+        return False
+    return not any(part in path for part in ("site-packages", "dist-packages", "/lib/python"))
+
+
+def place(stack: Sequence[Sequence[Any]]) -> str:
+    """Where a stack stands: its innermost frame, the Horovod function it is in where one is on
+    the stack, and the program's own frame that called it."""
+    if not stack:
+        return "no Python stack"
+    text = _frame_text(stack[0])
+    horovod = next((f for f in stack if f"{os.sep}horovod{os.sep}" in str(f[1])), None)
+    if horovod is not None:
+        text = f"horovod {horovod[0]}: {text}"
+    program = next((f for f in stack[1:] if _is_program(f)), None)
+    if program is not None:
+        text += f" called from {_frame_text(program)}"
+    return text
+
+
+def _seconds(ns: int) -> str:
+    return f"{ns / 1e9:.1f} s"
+
+
+@dataclass
+class StallRecord:
+    """What rank 0 exports for one report: span attributes and the log line's text."""
+
+    attributes: Dict[str, Any]
+    summary: str
+    missing: List[int] = field(default_factory=list)
+    waiting: List[int] = field(default_factory=list)
+    silent: List[int] = field(default_factory=list)
+
+
+def build_record(
+    key: str,
+    step: int,
+    world_size: int,
+    age_ns: int,
+    threshold_ns: int,
+    report: int,
+    answers: Dict[int, messages.Message],
+    connected: Set[int],
+    answer_wait_s: float = ANSWER_WAIT_S,
+) -> StallRecord:
+    """Classify every rank against step ``step`` of ``key`` (rank 0's step in flight):
+    waiting (inside that step), missing (not reached it: its in-flight step is another one and
+    its last completed step of the key is before it), done (finished it), silent (no answer)."""
+    missing: List[int] = []
+    waiting: List[int] = []
+    done: List[int] = []
+    idle: List[int] = []
+    silent: List[int] = []
+    lines: Dict[int, str] = {}
+    for rank in range(world_size):
+        answer = answers.get(rank)
+        if answer is None:
+            silent.append(rank)
+            why = SILENT.format(answer_wait_s) if rank in connected else UNCONNECTED
+            lines[rank] = f"rank {rank}: {why}"
+            continue
+        flight, last = answer.get("f"), answer.get("d")
+        here = place(answer.get("s") or [])
+        if flight is not None and flight[0] == key and flight[1] == step:
+            waiting.append(rank)
+            lines[rank] = f"rank {rank}: in step {step} for {_seconds(flight[2])}, at {here}"
+        elif last is not None and last[0] == key and last[1] >= step and flight is None:
+            done.append(rank)
+            lines[rank] = f"rank {rank}: finished step {last[1]}, at {here}"
+        elif flight is None and last is None and step > 0:
+            # never began any step while the others did `step` of them: not a stepping rank
+            # (a parameter server), since a collective partner would have held step 0
+            idle.append(rank)
+            lines[rank] = f"rank {rank}: has never stepped (not a stepping rank?), at {here}"
+        else:
+            missing.append(rank)
+            if last is not None and last[0] == key:
+                had = f"last completed step {last[1]} {_seconds(last[2])} ago"
+            elif last is not None:
+                had = f"last completed step {last[1]} of {last[0]} {_seconds(last[2])} ago"
+            else:
+                had = "no step of it completed"
+            inside = "" if flight is None else f", in step {flight[1]} of {flight[0]}"
+            lines[rank] = f"rank {rank}: has not reached step {step} ({had}{inside}), at {here}"
+    by_place: Dict[str, List[int]] = OrderedDict()
+    for rank in waiting:
+        by_place.setdefault(place(answers[rank].get("s") or []), []).append(rank)
+    blocked = [f"ranks {ranks_text(ranks)}: {where_}" for where_, ranks in by_place.items()]
+    detail = (missing + silent + waiting + done + idle)[:MAX_DETAIL_RANKS]
+    stacks = []
+    for rank in detail:
+        answer = answers.get(rank)
+        if answer is None:
+            continue
+        frames = answer.get("s") or []
+        shown = [f"  {_frame_text(f)}"[:MAX_LINE_CHARS] for f in frames[:MAX_STACK_LINES]]
+        more = len(frames) - len(shown)
+        tail = [f"  ... {more} outer frames"] if more > 0 else []
+        stacks.append("\n".join([f"rank {rank} (innermost first):"] + shown + tail))
+    attributes: Dict[str, Any] = {
+        record.ATTR_CATEGORY: record.STALL,
+        record.ATTR_RANK: 0,
+        record.ATTR_STEP: step,
+        record.ATTR_STEP_KEY: key,
+        record.ATTR_STALL_STATE: record.STALLED,
+        record.ATTR_STALL_DURATION: age_ns,
+        record.ATTR_STALL_THRESHOLD: threshold_ns,
+        record.ATTR_STALL_REPORT: report,
+        record.ATTR_STALL_MISSING: missing,
+        record.ATTR_STALL_WAITING: waiting,
+        record.ATTR_STALL_SILENT: silent,
+        record.ATTR_STALL_BLOCKED_IN: blocked,
+        record.ATTR_STALL_RANKS: [lines[rank][: MAX_LINE_CHARS * 2] for rank in detail],
+        record.ATTR_STALL_STACKS: stacks,
+    }
+    named = [lines[rank] for rank in missing[:MAX_DETAIL_RANKS]]
+    summary = (
+        f"tf_otel: step {step} of {key} stalls: rank 0 has been in it {_seconds(age_ns)} "
+        f"(threshold {_seconds(threshold_ns)}, report {report}). "
+        f"Not in the step: {'; '.join(named) if named else 'no rank'}. "
+        f"Waiting in it: {'; '.join(blocked) if blocked else 'no rank'}. "
+        f"Did not answer: {ranks_text(silent)}."
+    )
+    return StallRecord(attributes, summary, missing, waiting, silent)
+
+
+def resolved_record(
+    key: str, step: int, duration_ns: int, threshold_ns: int, reports: int, error: Optional[str]
+) -> StallRecord:
+    """The record that closes a stall whose step ended: a slow step, with its duration."""
+    attributes: Dict[str, Any] = {
+        record.ATTR_CATEGORY: record.STALL,
+        record.ATTR_RANK: 0,
+        record.ATTR_STEP: step,
+        record.ATTR_STEP_KEY: key,
+        record.ATTR_STALL_STATE: record.RESOLVED,
+        record.ATTR_STALL_DURATION: duration_ns,
+        record.ATTR_STALL_THRESHOLD: threshold_ns,
+        record.ATTR_STALL_REPORT: reports,
+    }
+    ended = f"ended with {error}" if error else "ended"
+    summary = (
+        f"tf_otel: step {step} of {key} is no longer stalled: it {ended} after "
+        f"{_seconds(duration_ns)} on rank 0 (threshold {_seconds(threshold_ns)}): a slow step"
+    )
+    return StallRecord(attributes, summary)
+
+
+# -- every rank: the answer --------------------------------------------------------------------
+
+
+def register(pipeline: Any) -> None:
+    """Answer rank 0's question on this rank (the coordinator reader thread, never the training
+    thread): the answer first, then this rank's step in flight as a span, flushed."""
+
+    def on_ask(message: messages.Message) -> None:
+        answer = where(pipeline.tracker, message["q"], message["k"])
+        pipeline.send_to_reference(answer)
+        count("stall_answers")
+        if pipeline.export_in_flight(reason="stall"):
+            flush_soon(pipeline.tracer_provider)
+
+    pipeline.handlers.on_rank(messages.STALL_ASK, on_ask)
+
+
+_flushing = threading.Lock()
+
+
+def flush_soon(tracer_provider: Any = None, timeout_s: float = 3.0) -> None:
+    """Hand what was just exported to the exporters now (spans and log records), on a daemon
+    thread; one at a time (an exporter that hangs never piles up threads)."""
+    if not _flushing.acquire(blocking=False):
+        return
+
+    def flush() -> None:
+        try:
+            from opentelemetry import trace
+
+            provider = tracer_provider or trace.get_tracer_provider()
+            with fail_open("stall.flush"):
+                if hasattr(provider, "force_flush"):
+                    provider.force_flush(int(timeout_s * 1000))
+            with fail_open("stall.flush_logs"):
+                from opentelemetry._logs import get_logger_provider
+
+                logs = get_logger_provider()
+                if hasattr(logs, "force_flush"):
+                    logs.force_flush(int(timeout_s * 1000))
+        finally:
+            _flushing.release()
+
+    threading.Thread(target=flush, name="tf_otel-stall-flush", daemon=True).start()
+
+
+# -- rank 0: the watch -------------------------------------------------------------------------
+
+
+@dataclass
+class _Stall:
+    """Rank 0's step that stalls: the handle, its threshold, the reports made so far."""
+
+    handle: Any
+    threshold_ns: int
+    reports: int = 0
+
+
+class StallWatch:
+    """Rank 0's watch thread: checks its step in flight every ``interval_s``."""
+
+    def __init__(
+        self,
+        pipeline: Any,
+        policy: Policy,
+        interval_s: float = CHECK_INTERVAL_S,
+        answer_wait_s: float = ANSWER_WAIT_S,
+    ) -> None:
+        self.pipeline = pipeline
+        self.policy = policy
+        self.interval_s = interval_s
+        self.answer_wait_s = answer_wait_s
+        self._stall: Optional[_Stall] = None
+        self._queries = itertools.count(1)
+        self._query = 0
+        self._answers: Dict[int, messages.Message] = {}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tf_otel-stall", daemon=True)
+        pipeline.handlers.on_reference(messages.STALL_WHERE, self._on_where)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with fail_open("stall.check"):
+                self.check()
+
+    def _on_where(self, rank: int, message: messages.Message) -> None:
+        with self._cond:
+            if message["q"] == self._query:
+                self._answers[rank] = message
+                self._cond.notify_all()
+            else:
+                count("stall_answers_late")
+
+    def check(self) -> None:
+        tracker = self.pipeline.tracker
+        handle = tracker.oldest()
+        stall = self._stall
+        if stall is not None and stall.handle is not handle:
+            self._stall = None
+            if stall.reports:
+                self._resolve(stall)
+        if handle is None:
+            return
+        age = clock.now_ns() - handle.start_ns
+        stall = self._stall
+        if stall is None:
+            threshold = self.policy.threshold_ns(tracker.recent(handle.key))
+            if age < threshold:
+                return
+            if is_tracing(stack_of(handle.thread)):  # rank 0 itself traces: not waiting
+                threshold = max(threshold, self.policy.floor_ns * WARMUP_FLOOR_FACTOR)
+                if age < threshold:
+                    return
+            stall = self._stall = _Stall(handle, threshold)
+        if age >= report_due_ns(stall.threshold_ns, stall.reports + 1):
+            stall.reports += 1
+            self._report(stall)
+
+    def _ask(self, key: str, step: int) -> Tuple[Dict[int, messages.Message], Set[int]]:
+        """Ask every connected rank where it is; their answers within answer_wait_s."""
+        with self._cond:
+            self._query = query = next(self._queries)
+            self._answers = {}
+        connected = self.pipeline.connected_ranks()
+        self.pipeline.broadcast(messages.stall_ask(query, key, step))
+        deadline = time.monotonic() + self.answer_wait_s
+        with self._cond:
+            while not connected <= set(self._answers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            answers = dict(self._answers)
+            self._query = 0
+        answers[0] = where(self.pipeline.tracker, query, key)
+        return answers, connected
+
+    def _report(self, stall: _Stall) -> None:
+        handle = stall.handle
+        self.pipeline.export_in_flight(reason="stall")
+        answers, connected = self._ask(handle.key, handle.step)
+        now = clock.now_ns()
+        built = build_record(
+            handle.key,
+            handle.step,
+            self.pipeline.topology.world_size,
+            now - handle.start_ns,
+            stall.threshold_ns,
+            stall.reports,
+            answers,
+            connected,
+            self.answer_wait_s,
+        )
+        count("stalls_reported")
+        self._export(handle, built, handle.start_ns, now)
+
+    def _resolve(self, stall: _Stall) -> None:
+        handle = stall.handle
+        end = handle.end_ns or clock.now_ns()
+        built = resolved_record(
+            handle.key,
+            handle.step,
+            end - handle.start_ns,
+            stall.threshold_ns,
+            stall.reports,
+            handle.error,
+        )
+        count("stalls_resolved")
+        self._export(handle, built, handle.start_ns, end)
+
+    def _export(self, handle: Any, built: StallRecord, start_ns: int, end_ns: int) -> None:
+        context = None
+        with fail_open("stall.span"):
+            context = self.pipeline.export_in_step(
+                handle, f"stall {handle.key} step {handle.step}", start_ns, end_ns, built.attributes
+            )
+        with fail_open("stall.log"):
+            _log(built, context)
+        flush_soon(self.pipeline.tracer_provider)
+
+
+_LOG_ATTRIBUTES = (
+    record.ATTR_STEP,
+    record.ATTR_STEP_KEY,
+    record.ATTR_STALL_STATE,
+    record.ATTR_STALL_DURATION,
+    record.ATTR_STALL_THRESHOLD,
+    record.ATTR_STALL_REPORT,
+    record.ATTR_STALL_MISSING,
+    record.ATTR_STALL_WAITING,
+    record.ATTR_STALL_SILENT,
+)
+
+
+def _log(built: StallRecord, span_context: Any) -> None:
+    """One WARNING of logger tf_otel, in the stall span's trace (OTLP logs: the record's main
+    attributes ride along, so a log backend can query them) and on stderr (the text only)."""
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
+    token = None
+    if span_context is not None:
+        token = otel_context.attach(trace.set_span_in_context(trace.NonRecordingSpan(span_context)))
+    try:
+        extra = {
+            name: built.attributes[name] for name in _LOG_ATTRIBUTES if name in built.attributes
+        }
+        logger.log(logging.WARNING, "%s", built.summary, extra=extra)
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+
+
+def start_watch(pipeline: Any) -> Optional[StallWatch]:
+    """Rank 0 of a job of several ranks: the watch thread (None elsewhere or when off)."""
+    settings = pipeline.settings
+    if not settings.stall or pipeline.topology.world_size < 2:
+        return None
+    watch = StallWatch(pipeline, Policy(settings.stall_floor_s, settings.stall_factor))
+    watch.start()
+    return watch
