@@ -6,6 +6,7 @@ One ``horovodrun -np 2 --gloo`` job per (mode, model, round); the modes of a rou
 rotated order, so slow and fast windows of a shared machine fall on every mode. Modes:
 
   untraced      no tf_otel
+  untraced_aa   no tf_otel again: the A/A control (its ratio to untraced is the run's noise)
   defaults      TF_OTEL_ENABLED=1 (zero-code defaults, always-on sampler)
   steps_only    TF_OTEL_HOROVOD=0: step spans only
   coll_every    collective detail on every step (TF_OTEL_HOROVOD_EVERY=1)
@@ -56,6 +57,7 @@ DOC = REPO / "docs" / "BENCHMARKS_real_model.md"
 
 MODES: Dict[str, Dict[str, str]] = {
     "untraced": {},
+    "untraced_aa": {},  # the A/A control: untraced again, its ratio is the run's noise
     "defaults": {"TF_OTEL_ENABLED": "1"},
     "steps_only": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD": "0"},
     "coll_every": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "1"},
