@@ -142,6 +142,22 @@ def test_record_done_idle_and_other_step_and_bounds() -> None:
     assert big.attributes[record.ATTR_STALL_BLOCKED_IN][0].startswith("ranks 0-511: ")
 
 
+def test_ranks_past_the_step_are_done_and_rank_0_named_as_the_holder() -> None:
+    """Rank 0 stuck in its own work after the collectives (or a ps worker behind the others):
+    ranks already in a later step finished this one; they are not 'not reached'."""
+    answers = {
+        0: _answer([KEY, 8, 21 * S], [KEY, 7, 21 * S], HUNG_STACK),
+        1: _answer([KEY, 9, 20 * S], [KEY, 8, 20 * S], WAITING_STACK),
+        2: _answer([KEY, 12, S], [KEY, 11, S], WAITING_STACK),
+    }
+    built = stall.build_record(KEY, 8, 3, 21 * S, 20 * S, 1, answers, connected={1, 2})
+    assert built.missing == [] and built.waiting == [0] and built.silent == []
+    lines = built.attributes[record.ATTR_STALL_RANKS]
+    assert any(x.startswith("rank 1: finished step 8, in step 9 of") for x in lines), lines
+    assert any(x.startswith("rank 2: finished step 11, in step 12 of") for x in lines), lines
+    assert "rank 0 itself holds it" in built.summary
+
+
 def test_resolved_record_says_a_slow_step() -> None:
     built = stall.resolved_record(KEY, 8, 31 * S, 20 * S, 1, None)
     assert built.attributes[record.ATTR_STALL_STATE] == record.RESOLVED
@@ -269,8 +285,11 @@ def test_three_ranks_over_tcp_rank0_names_the_stopped_rank_then_closes_the_stall
         stack2 = next(s for s in attrs[record.ATTR_STALL_STACKS] if s.startswith("rank 2 "))
         assert "hang_here (test_stall.py:" in stack2 and "rank2 (test_stall.py:" in stack2
         threshold_s = attrs[record.ATTR_STALL_THRESHOLD] / 1e9
-        assert threshold_s == 0.3  # the floor: 10 x the ~10 ms median is below it
-        assert detected < threshold_s + stall.CHECK_INTERVAL_S + 1.0, detected
+        # the floor, unless a loaded host stretched the ~10 ms steps past 30 ms (10 x median)
+        assert threshold_s >= 0.3
+        # a tick, the answers' wait at most, and slack for a loaded host
+        limit = threshold_s + stall.CHECK_INTERVAL_S + stall.ANSWER_WAIT_S + 2.0
+        assert detected < limit, (detected, threshold_s)
         # every rank inside the step exported it, marked in flight, in the step's trace
         for rank in (0, 1):
             assert _wait(

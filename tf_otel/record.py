@@ -28,6 +28,8 @@ STALL = "stall"  # rank 0's stall record in a step's trace (pipeline/stall.py)
 ATTR_CATEGORY = "tf_otel.category"
 ATTR_RANK = "tf_otel.rank"
 ATTR_WORLD_SIZE = "tf_otel.world_size"
+# the ranks that run steps, where not all do (a parameter-server job: its ps tasks run none)
+ATTR_STEP_WORLD_SIZE = "tf_otel.step_world_size"
 ATTR_LOCAL_RANK = "tf_otel.local_rank"
 ATTR_JOB_ID = "tf_otel.job.id"
 ATTR_LAUNCHER = "tf_otel.launcher"

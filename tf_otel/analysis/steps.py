@@ -21,6 +21,7 @@ from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.model import Span
 from tf_otel.record import (
     ATTR_STEP_IN_FLIGHT,
+    ATTR_STEP_WORLD_SIZE,
     ATTR_WORLD_SIZE,
     COLLECTIVE,
     COLLECTIVE_TRANSFER,
@@ -83,14 +84,17 @@ class StepTrace:
 
 
 def _world_size(root: Optional[Span], spans: List[Span]) -> Optional[int]:
-    for span in ([root] if root else []) + spans[:64]:
-        for source in (span.attributes, span.resource):
-            value = source.get(ATTR_WORLD_SIZE)
-            if value is not None:
-                try:
-                    return int(value)
-                except (TypeError, ValueError):
-                    continue
+    """How many ranks should have spans in a step: the ranks that run steps where the runtime
+    says (a parameter-server job's ps tasks run none), else the job's world size."""
+    for name in (ATTR_STEP_WORLD_SIZE, ATTR_WORLD_SIZE):
+        for span in ([root] if root else []) + spans[:64]:
+            for source in (span.attributes, span.resource):
+                value = source.get(name)
+                if value is not None:
+                    try:
+                        return int(value)
+                    except (TypeError, ValueError):
+                        continue
     return None
 
 

@@ -413,6 +413,7 @@ def topology_resource(topology: Any) -> Dict[str, Any]:
         "process.pid": os.getpid(),
         record.ATTR_RANK: topology.rank,
         record.ATTR_WORLD_SIZE: topology.world_size,
+        record.ATTR_STEP_WORLD_SIZE: topology.step_world_size,
         record.ATTR_LOCAL_RANK: topology.local_rank,
         record.ATTR_JOB_ID: topology.job_id,
         record.ATTR_LAUNCHER: topology.launcher,

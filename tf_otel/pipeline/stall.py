@@ -33,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from tf_otel import clock, record
 from tf_otel.health import count, fail_open, logger
@@ -103,6 +103,15 @@ def report_due_ns(threshold_ns: int, report: int) -> int:
     return due
 
 
+class _Done(NamedTuple):
+    """A completed step, as the stall readers see it."""
+
+    key: str
+    step: int
+    end_ns: int
+    thread: int  # the training thread: its stack is where a rank between steps is
+
+
 class StepTracker:
     """A rank's steps in flight (by thread) and last completed step (by key). ``begin`` and
     ``end`` run on the training thread and only store references; the readers (the stall
@@ -121,9 +130,11 @@ class StepTracker:
     def end(self, handle: Any) -> None:
         self.in_flight.pop(handle.thread, None)
         done = self.done
+        # what the readers need, not the handle (its records, op traces and deferred work)
+        finished = _Done(handle.key, handle.step, handle.end_ns, handle.thread)
         if handle.key in done or len(done) < MAX_KEYS:
-            done[handle.key] = handle
-        self.last = handle
+            done[handle.key] = finished
+        self.last = finished
         durations = self.durations
         if durations is not None:
             kept = durations.get(handle.key)
@@ -178,7 +189,7 @@ def where(tracker: StepTracker, query: int, key: str) -> messages.Message:
     now = clock.now_ns()
     flight = tracker.oldest()
     done = tracker.done.get(key) or tracker.last
-    thread = flight.thread if flight is not None else getattr(done, "thread", None)
+    thread = flight.thread if flight is not None else None if done is None else done.thread
     return {
         "t": messages.STALL_WHERE,
         "q": query,
@@ -282,9 +293,13 @@ def build_record(
         if flight is not None and flight[0] == key and flight[1] == step:
             waiting.append(rank)
             lines[rank] = f"rank {rank}: in step {step} for {_seconds(flight[2])}, at {here}"
-        elif last is not None and last[0] == key and last[1] >= step and flight is None:
+        elif (last is not None and last[0] == key and last[1] >= step) or (
+            flight is not None and flight[0] == key and flight[1] > step
+        ):  # finished it (and maybe in a later one: rank 0 itself may hold the step)
             done.append(rank)
-            lines[rank] = f"rank {rank}: finished step {last[1]}, at {here}"
+            now = "" if flight is None else f", in step {flight[1]} of {flight[0]}"
+            finished = step if last is None or last[0] != key else last[1]
+            lines[rank] = f"rank {rank}: finished step {finished}{now}, at {here}"
         elif flight is None and last is None and step > 0:
             # never began any step while the others did `step` of them: not a stepping rank
             # (a parameter server), since a collective partner would have held step 0
@@ -339,6 +354,11 @@ def build_record(
         f"Waiting in it: {'; '.join(blocked) if blocked else 'no rank'}. "
         f"Did not answer: {ranks_text(silent)}."
     )
+    if done and not missing and not silent and waiting == [0]:
+        summary += (
+            " Every other rank finished the step: rank 0 itself holds it "
+            f"(ranks {ranks_text(done)} are past it)."
+        )
     return StallRecord(attributes, summary, missing, waiting, silent)
 
 
@@ -437,6 +457,7 @@ class StallWatch:
         self.interval_s = interval_s
         self.answer_wait_s = answer_wait_s
         self._stall: Optional[_Stall] = None
+        self._traced: Any = None  # the step in flight in which rank 0 was seen tracing
         self._queries = itertools.count(1)
         self._query = 0
         self._answers: Dict[int, messages.Message] = {}
@@ -478,12 +499,15 @@ class StallWatch:
         stall = self._stall
         if stall is None:
             threshold = self.policy.threshold_ns(tracker.recent(handle.key))
+            # rank 0 itself traced in this step (seen from half the threshold on): it compiles,
+            # and goes on compiling in C++ after the trace (grappler, XLA), not waiting
+            if self._traced is not handle and age >= threshold // 2:
+                if is_tracing(stack_of(handle.thread)):
+                    self._traced = handle
+            if self._traced is handle:
+                threshold = max(threshold, self.policy.floor_ns * WARMUP_FLOOR_FACTOR)
             if age < threshold:
                 return
-            if is_tracing(stack_of(handle.thread)):  # rank 0 itself traces: not waiting
-                threshold = max(threshold, self.policy.floor_ns * WARMUP_FLOOR_FACTOR)
-                if age < threshold:
-                    return
             stall = self._stall = _Stall(handle, threshold)
         if age >= report_due_ns(stall.threshold_ns, stall.reports + 1):
             stall.reports += 1
@@ -516,7 +540,7 @@ class StallWatch:
         built = build_record(
             handle.key,
             handle.step,
-            self.pipeline.topology.world_size,
+            self.pipeline.topology.step_world_size,  # ranks that run steps (not a ps)
             now - handle.start_ns,
             stall.threshold_ns,
             stall.reports,
@@ -587,7 +611,7 @@ def _log(built: StallRecord, span_context: Any) -> None:
 def start_watch(pipeline: Any) -> Optional[StallWatch]:
     """Rank 0 of a job of several ranks: the watch thread (None elsewhere or when off)."""
     settings = pipeline.settings
-    if not settings.stall or pipeline.topology.world_size < 2:
+    if not settings.stall or pipeline.topology.step_world_size < 2:
         return None
     watch = StallWatch(pipeline, Policy(settings.stall_floor_s, settings.stall_factor))
     watch.start()

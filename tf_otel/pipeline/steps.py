@@ -665,6 +665,7 @@ class Pipeline:
                 record.ATTR_JOB_ID: self.job_id,
                 record.ATTR_STEP_RANKS: ranks,
                 record.ATTR_WORLD_SIZE: self.topology.world_size,
+                record.ATTR_STEP_WORLD_SIZE: self.topology.step_world_size,
             },
         )
         if reported is not None:

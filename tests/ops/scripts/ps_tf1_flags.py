@@ -8,8 +8,9 @@ tensorflow/benchmarks' tf_cnn_benchmarks is run (no TF_CONFIG, no launcher)::
 It builds its ``tf.train.ClusterSpec`` and ``tf.compat.v1.train.Server`` itself. Between-graph
 replication: variables on the ps (replica_device_setter), worker 0 initialises them, every
 worker runs ``--steps`` training ``Session.run`` calls. The workers meet in ``--sync_dir``
-(files, no Session.run) before their first step and after their last, so their steps overlap
-and worker 0 (rank 0, the coordinator) outlives worker 1's last step. Each task prints the
+(files, no Session.run) before their first step and after their last, so their steps overlap,
+and once more after worker 1 has flushed tf_otel, so worker 0 (rank 0, the coordinator) has
+every extent of worker 1 before it ends. Each task prints the
 identity tf_otel took once its Server exists (``identity {...}``); a ps serves until killed.
 """
 
@@ -85,4 +86,9 @@ with tf.compat.v1.Session(server.target, config=session_config) as sess:
     for _ in range(flags.steps):
         value, _ = sess.run([loss, train_op], {x: features, y: labels})
     meet("end")
+if index != 0:  # its last steps' extents reach rank 0 before rank 0 ends and emits the roots
+    from tf_otel.pipeline import lifecycle  # noqa: E402
+
+    lifecycle.shutdown()
+meet("flushed")
 print(f"worker {index} done steps={flags.steps} loss={value:.6f}", flush=True)
