@@ -29,25 +29,34 @@ OPS = ("compute", "input")
 
 
 def _op_steps(spans, step_filter):
-    """rank -> sorted steps whose step span (matching step_filter) has op-level children."""
+    """rank -> sorted steps whose step span (matching step_filter) has op-level children (op
+    spans name their op: a step's input-wait span, on by default, is not one)."""
     steps = {s.span_id: s for s in spans if s.category == "step" and step_filter(s)}
     found = defaultdict(set)
     for span in spans:
-        if span.category in OPS and span.parent_id in steps:
+        op = "tensorflow.op.name" in span.attributes
+        if span.category in OPS and span.parent_id in steps and op:
             found[span.rank].add(steps[span.parent_id].attributes["tf_otel.step"])
     return {rank: sorted(v) for rank, v in found.items()}, steps
 
 
 @pytest.mark.parametrize(
-    "script, kind",
-    [("keras_fit.py", "keras_train"), ("horovod_tape.py", "tf_function")],
-    ids=["keras3-fit", "custom-loop"],
+    "script, kind, every",
+    [
+        ("keras_fit.py", "keras_train", None),
+        ("horovod_tape.py", "tf_function", None),
+        # collective detail on every step: op steps still show exactly the program's ops
+        ("keras_fit.py", "keras_train", "1"),
+    ],
+    ids=["keras3-fit", "custom-loop", "keras3-fit-detail-every-step"],
 )
-def test_ops_every_10_on_both_ranks(receiver, tmp_path: Path, script, kind):
+def test_ops_every_10_on_both_ranks(receiver, tmp_path: Path, script, kind, every):
     env = base_env(
         **receiver.env("grpc"), TF_OTEL_ENABLED="1", TF_OTEL_OPS_EVERY="10", STEPS="25",
         EVALUATE="0", REFERENCE_FILE=str(tmp_path / "reference-{rank}.json"),
     )  # fmt: skip
+    if every is not None:  # the default picks 1 step in 20 by trace id: maybe an op step
+        env["TF_OTEL_HOROVOD_EVERY"] = every
     command = [
         str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
         str(VENV_BIN / "python"), str(REFERENCE), example(script),
