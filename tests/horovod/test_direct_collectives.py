@@ -20,11 +20,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import base_env, horovodrun  # noqa: E402
-from detail_steps import detailed_steps  # noqa: E402
+from detail_steps import detailed_steps, job_with_detail  # noqa: E402
 
 from tf_otel.config import HOROVOD_EVERY_DEFAULT  # noqa: E402
 from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
-from tf_otel.pipeline.ids import step_trace_id  # noqa: E402
 
 pytestmark = pytest.mark.integration
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "direct_collectives.py")
@@ -37,17 +36,6 @@ def graphs(stdout: str):
     reports = [json.loads(line.split("GRAPHS ", 1)[1]) for line in lines]
     assert sorted(r["rank"] for r in reports) == [0, 1], stdout[-2000:]
     return reports
-
-
-def job_with_detail(steps_n: int, every: int) -> str:
-    """A job id whose step trace ids (deterministic: job, step key, step) put collective detail
-    on some but not all of the first ``steps_n`` steps: the default policy, checked exactly."""
-    for i in range(1000):
-        job = f"direct-{i}"
-        picked = sum(detail_wanted(step_trace_id(job, KEY, n), every) for n in range(steps_n))
-        if 0 < picked < steps_n:
-            return job
-    raise AssertionError("no job id found")
 
 
 @pytest.mark.parametrize("every", [1, 2, None], ids=["every1", "every2", "default"])
@@ -65,7 +53,7 @@ def test_own_collectives_timed_in_a_twin_without_order(receiver, tmp_path, every
         env["TF_OTEL_HOROVOD_EVERY"] = str(every)
         env["TF_OTEL_HOROVOD_FUSED"] = "0"  # dense detail: one span a call, to check each
     if every > 1:
-        env["TF_OTEL_JOB_ID"] = job_with_detail(steps_n, every)
+        env["TF_OTEL_JOB_ID"] = job_with_detail(KEY, range(steps_n), every, "direct")
     result = horovodrun(SCRIPT, env)  # an absolute path: not under examples/
     for report in graphs(result.stdout):
         assert report["program_timing_ops"] == 0, report  # the program's graph untouched
