@@ -221,12 +221,7 @@ class OtlpJsonFileExporter:
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), directory)
             return True
         except OSError as exc:
-            self._stop(
-                "file_open_errors",
-                "tf_otel: TF_OTEL_FILE=%r cannot be written (%s); no spans go to a file, "
-                "other exporters are unaffected",
-                exc,
-            )
+            self._cannot_write(exc)
             return False
 
     def _open(self) -> bool:
@@ -239,13 +234,16 @@ class OtlpJsonFileExporter:
             self._size = self._file.tell()
             return True
         except OSError as exc:
-            self._stop(
-                "file_open_errors",
-                "tf_otel: TF_OTEL_FILE=%r cannot be written (%s); no spans go to a file, "
-                "other exporters are unaffected",
-                exc,
-            )
+            self._cannot_write(exc)
             return False
+
+    def _cannot_write(self, exc: OSError) -> None:
+        self._stop(
+            "file_open_errors",
+            "tf_otel: TF_OTEL_FILE=%r cannot be written (%s); no spans go to a file, "
+            "other exporters are unaffected",
+            exc,
+        )
 
     def _stop(self, key: str, message: str, exc: OSError) -> None:
         self._stopped = True

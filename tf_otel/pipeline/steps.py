@@ -260,15 +260,8 @@ class Pipeline:
                 while len(self._in_flight_exported) > _IN_FLIGHT_EXPORTED:
                     self._in_flight_exported.pop(next(iter(self._in_flight_exported)))
             with fail_open("export.in_flight"):
-                model = clock.current_model()
                 attributes = {
-                    record.ATTR_CATEGORY: record.STEP,
-                    record.ATTR_RANK: self.topology.rank,
-                    record.ATTR_STEP: handle.step,
-                    record.ATTR_STEP_KIND: handle.kind,
-                    record.ATTR_CLOCK_OFFSET: model.offset_at(handle.start_ns),
-                    record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
-                    **dict(handle.attributes),
+                    **self._step_attributes(handle, clock.current_model()),
                     record.ATTR_STEP_IN_FLIGHT: True,
                     record.ATTR_STEP_IN_FLIGHT_REASON: reason,
                     record.ATTR_STEP_STACK: frame_lines(stack_of(handle.thread)),
@@ -504,6 +497,19 @@ class Pipeline:
             )
             self._clock_settled = True
 
+    def _step_attributes(self, handle: StepHandle, model: Any) -> Dict[str, Any]:
+        """A step span's attributes (a copy: the training thread may still add to the
+        handle's own while an in-flight step is exported)."""
+        return {
+            record.ATTR_CATEGORY: record.STEP,
+            record.ATTR_RANK: self.topology.rank,
+            record.ATTR_STEP: handle.step,
+            record.ATTR_STEP_KIND: handle.kind,
+            record.ATTR_CLOCK_OFFSET: model.offset_at(handle.start_ns),
+            record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
+            **dict(handle.attributes),
+        }
+
     def _export_step(self, handle: StepHandle) -> None:
         from opentelemetry.trace import (
             NonRecordingSpan,
@@ -523,15 +529,7 @@ class Pipeline:
             is_remote=True,
             trace_flags=TraceFlags(TraceFlags.SAMPLED),
         )
-        attributes = {
-            record.ATTR_CATEGORY: record.STEP,
-            record.ATTR_RANK: self.topology.rank,
-            record.ATTR_STEP: handle.step,
-            record.ATTR_STEP_KIND: handle.kind,
-            record.ATTR_CLOCK_OFFSET: model.offset_at(handle.start_ns),
-            record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
-            **handle.attributes,
-        }
+        attributes = self._step_attributes(handle, model)
         if self._gpu is not None:  # the step's GPU summary from the sampler's ring, no NVML call
             with fail_open("gpu_metrics.step_summary"):
                 attributes.update(
