@@ -238,3 +238,67 @@ def test_the_env_read_check_finds_a_call(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("x = Settings.from_env()\ny = Settings.from_env({'A': '1'})\n")
     assert _reads_env(module) == [1]
+
+
+HOOK_METHODS = ("on_step_start", "on_step_end")
+
+
+def _untyped_handles(path: Path) -> List[str]:
+    """Functions of ``path`` that take a step ``handle`` typed ``Any`` (or not typed at all),
+    and step-hook methods whose first argument is not a ``StepHandle``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        arguments = [a for a in node.args.args if a.arg not in ("self", "cls")]
+        for argument in arguments:
+            if argument.arg != "handle":
+                continue
+            typed = ast.unparse(argument.annotation) if argument.annotation else ""
+            if typed in ("", "Any", "Optional[Any]"):
+                found.append(f"{node.name}:{node.lineno}")
+        if node.name in HOOK_METHODS and arguments:
+            typed = ast.unparse(arguments[0].annotation) if arguments[0].annotation else ""
+            if typed != "StepHandle":
+                found.append(f"{node.name}:{node.lineno} ({arguments[0].arg}: {typed or '?'})")
+    return found
+
+
+def test_step_hooks_take_a_typed_step_handle():
+    """The hook contract is typed (instrument/_patching.StepHook): the type checker sees what a
+    hook reads from the step, and hooks share state through StepHandle's named fields."""
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found = _untyped_handles(path)
+        if found:
+            offenders[path.relative_to(PACKAGE).as_posix()] = found
+    assert not offenders, f"step handles typed Any: {offenders}"
+    assert "flags" not in _step_handle_fields(), "StepHandle.flags: share through named fields"
+
+
+def _step_handle_fields() -> List[str]:
+    tree = ast.parse((PACKAGE / "pipeline" / "step_handle.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "StepHandle":
+            return [
+                n.target.id
+                for n in node.body
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            ]
+    raise AssertionError("no StepHandle in pipeline/step_handle.py")
+
+
+def test_the_handle_check_finds_an_untyped_hook(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "class H:\n"
+        "    def on_step_start(self, handle: Any, call): ...\n"
+        "    def on_step_end(self, step: StepHandle, call, error, kept): ...\n"
+        "def f(handle): ...\n"
+        "def g(handle: StepHandle): ...\n"
+    )
+    assert sorted(_untyped_handles(module)) == [
+        "f:4",
+        "on_step_start:2",
+        "on_step_start:2 (handle: Any)",
+    ]

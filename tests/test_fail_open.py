@@ -16,7 +16,7 @@ class _BrokenHook(_patching.StepHook):
     def on_step_start(self, handle, call):
         raise RuntimeError("hook exploded")
 
-    def on_step_end(self, handle, call, error):
+    def on_step_end(self, handle, call, error, kept):
         raise RuntimeError("hook exploded again")
 
 
@@ -27,7 +27,7 @@ def broken_hook():
     was_active = _patching.is_active()
     _patching.activate()
     yield hook
-    _patching.step_hooks.remove(hook)
+    _patching.remove_step_hook(hook)
     if not was_active:
         _patching._active = False
 

@@ -16,7 +16,8 @@ from tf_otel.config import Settings
 from tf_otel.health import counters
 from tf_otel.job.topology import Topology
 from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
-from tf_otel.pipeline.steps import CLOCK_SETTLE_MAX_S, Pipeline
+from tf_otel.clock.sync import SETTLE_MAX_S
+from tf_otel.pipeline.steps import Pipeline
 
 
 def _wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
@@ -37,14 +38,14 @@ def test_rank0_exports_its_first_steps_without_waiting_for_its_own_clock() -> No
     unsettled = counters["clock_unsettled"]
     try:
         pipeline.end_step(pipeline.begin_step("k", "n", record.TF_FUNCTION))
-        assert pipeline._clock_sync is not None, "rank 0 serves the clock"
+        assert pipeline.exporter.services.clock_sync is not None, "rank 0 serves the clock"
         steps = lambda: [  # noqa: E731
             s
             for s in exporter.get_finished_spans()
             if s.attributes.get(record.ATTR_CATEGORY) == record.STEP
         ]
         # a third of the settling bound: the export batch interval is 0.5 s
-        assert _wait_until(lambda: len(steps()) == 1, CLOCK_SETTLE_MAX_S / 3)
+        assert _wait_until(lambda: len(steps()) == 1, SETTLE_MAX_S / 3)
         assert counters["clock_unsettled"] == unsettled
     finally:
         pipeline.shutdown(timeout_s=1.0)
@@ -52,7 +53,7 @@ def test_rank0_exports_its_first_steps_without_waiting_for_its_own_clock() -> No
 
 def test_other_ranks_still_wait_for_their_clock_to_settle() -> None:
     pipeline = Pipeline(Settings(), Topology(rank=1, world_size=2, job_id="r1c"), TracerProvider())
-    assert not pipeline._clock_settled
+    assert not pipeline.exporter.clock_settled
 
 
 def _recording() -> Tuple[List[Tuple[Any, ...]], Callable[..., None]]:

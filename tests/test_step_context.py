@@ -246,7 +246,7 @@ def test_the_step_wrapper_makes_the_step_current(monkeypatch) -> None:
     """Through _patching.run_step and the hook list, as the Keras / tf.function wrappers do."""
     run = Run("ctx-8")
     monkeypatch.setattr(_patching, "_get_pipeline", lambda: run.pipeline)
-    monkeypatch.setattr(_patching, "step_hooks", [run.hook])
+    monkeypatch.setattr(_patching, "step_hooks", (run.hook,))
     monkeypatch.setattr(_patching, "_active", True)
     seen = []
 

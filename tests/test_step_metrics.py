@@ -3,8 +3,7 @@ once, exemplars only from sampled steps' spans, the collective wait as the union
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -17,10 +16,10 @@ from opentelemetry.trace import (
 )
 
 from tf_otel import record
+from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.pipeline.step_metrics import (
     BOUNDARIES,
     COLLECTIVE_WAIT_DURATION,
-    FLAG_INPUT_WAIT,
     INPUT_WAIT_DURATION,
     MAX_PENDING,
     STEP_DURATION,
@@ -39,15 +38,13 @@ def metrics():
     provider.shutdown()
 
 
-def _handle(step: int, duration_ms: float, kind: str = "keras_train", **flags: Any):
-    return SimpleNamespace(
-        key=kind,
-        step=step,
-        kind=kind,
-        start_ns=1_000 * MS,
-        end_ns=1_000 * MS + int(duration_ms * MS),
-        flags=dict(flags),
-    )
+def _handle(
+    step: int, duration_ms: float, kind: str = "keras_train", input_wait_ns: Optional[int] = None
+) -> StepHandle:
+    start = 1_000 * MS
+    handle = StepHandle(kind, step, kind, kind, 0, True, start, start + int(duration_ms * MS))
+    handle.input_wait_ns = input_wait_ns
+    return handle
 
 
 def _points(reader) -> Dict[str, List[Any]]:
@@ -94,11 +91,11 @@ def test_unsampled_span_context_gives_no_exemplar(metrics):
 
 def test_input_wait_where_measured_and_per_kind_points(metrics):
     m, reader = metrics
-    m.add(_handle(0, 10.0, **{FLAG_INPUT_WAIT: 4 * MS}))
+    m.add(_handle(0, 10.0, input_wait_ns=4 * MS))
     m.add(_handle(1, 10.0))  # not measured: no input wait point
     m.add(_handle(0, 1.5, kind="tf_function"))
     m.drain()
-    m.record_step(_handle(2, 10.0, **{FLAG_INPUT_WAIT: 0}), _span(7, 8))
+    m.record_step(_handle(2, 10.0, input_wait_ns=0), _span(7, 8))
     points = _points(reader)
     (wait,) = points[INPUT_WAIT_DURATION]
     assert wait.count == 2 and wait.sum == pytest.approx(0.004)
@@ -154,15 +151,15 @@ def test_eager_next_waits_are_every_steps_input_wait():
     # and stretch its start, as a sampled step's span does
     from tf_otel.instrument import data
 
-    handle = SimpleNamespace(sampled=False, start_ns=100 * MS, flags={}, records=[], step=0)
+    handle = StepHandle("k", 0, "k", "keras_train", 0, False, 100 * MS)
     data.local.pending = [(10 * MS, 14 * MS), (20 * MS, 21 * MS)]
     data.hook.on_step_start(handle, None)
     try:
-        assert handle.flags[FLAG_INPUT_WAIT] == 5 * MS
+        assert handle.input_wait_ns == 5 * MS
         assert handle.start_ns == 10 * MS
         assert handle.records == []  # no spans for an unsampled step
     finally:
-        data.hook.on_step_end(handle, None, None)
+        data.hook.on_step_end(handle, None, None, None)
 
 
 def test_always_on_exemplar_filter_still_names_no_unsampled_trace():

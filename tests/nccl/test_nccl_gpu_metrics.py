@@ -199,7 +199,7 @@ def test_no_gpu_means_no_gpu_attribute_on_steps():
     pipeline = Pipeline(Settings(), Topology(job_id="cpu-job"), provider)
     pipeline.end_step(pipeline.begin_step("k", "n", "tf_function"))
     pipeline.shutdown()
-    assert pipeline._gpu is None
+    assert pipeline.exporter.services.gpu is None
     assert not [s for s in exporter.get_finished_spans() if any("gpu" in k for k in s.attributes)]
 
 

@@ -39,6 +39,10 @@ from tf_otel.job.topology import Topology
 
 CLOCK_PORT_DELTA = 1  # the clock service listens on the coordinator port + 1
 QUIET_START_S = 3.0  # connection failures this soon after start-up are not logged
+# a rank's exports wait for this many warm-up rounds (at 10, 20, 40 ... ms: a drift baseline of
+# ~0.3 s), at most SETTLE_MAX_S after start; rank 0's first roots wait as long for its ranks
+SETTLED_ROUNDS = 6
+SETTLE_MAX_S = 15.0
 
 
 @dataclass

@@ -116,7 +116,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
             nccl_ring,
         ):
             module.register(settings)
-        step_context.register(settings)  # last: its hook runs after the capture hooks of a step
+        step_context.register(settings)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         _patching.deactivate()

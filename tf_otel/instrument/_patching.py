@@ -5,13 +5,15 @@ and the step wrapper that times one training step on the calling thread.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Optional, Tuple
+from enum import IntEnum
+from typing import Any, Callable, ClassVar, Generic, List, Optional, Tuple, TypeVar
 
 import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
 from tf_otel.health import fail_open, log_once, report_failure
 from tf_otel.pipeline.lifecycle import get_pipeline as _get_pipeline
+from tf_otel.pipeline.step_handle import StepHandle
 
 _active = False
 _wrapped: List[Tuple[Any, str]] = []
@@ -92,24 +94,64 @@ class StepCall:
         self.result: Any = None
 
 
-class StepHook:
-    """Extension point for per-step capture (op tracing, Horovod timeline...). Both methods run
-    on the training thread for every step: keep them cheap, and defer conversion work with
-    ``handle.deferred.append(fn)`` (fn() -> list of Records, run on the export thread)."""
+class HookOrder(IntEnum):
+    """Where a step hook runs among a step's hooks, at the step's start and at its end alike
+    (ties: registration order)."""
 
-    def on_step_start(self, handle: Any, call: StepCall) -> None:
+    OPS = 10  # op tracing: sets Session.run's RunOptions / starts the profiler session
+    INPUT = 20  # eager next() waits: a wait just before the step moves the step's start
+    INPUT_WAIT = 30  # the tf.data timing tail's totals, read at the step's end
+    RESOURCES = 40  # CPU / I/O / time between steps
+    DETAIL = 50  # memory and files of detail steps
+    HOROVOD = 60  # collective detail: stamps (a TF1 run fetches them) or the timeline window
+    NCCL = 70  # NCCL profiler ring
+    OTHER = 80  # a hook that names no place (a test's, a user's)
+    CONTEXT = 100  # the step becomes the thread's current context: after every capture hook
+
+
+S = TypeVar("S")
+Error = Optional[BaseException]  # what the step raised, None: it returned
+
+
+class StepHook(Generic[S]):
+    """Extension point for per-step capture (op tracing, Horovod collectives...). Both methods
+    run on the training thread for every step: keep them cheap, and defer conversion work with
+    ``handle.deferred.append(fn)`` (fn() -> list of Records, run on the export thread).
+
+    What a hook keeps for itself between a step's start and end (``S``): whatever
+    ``on_step_start`` returns comes back to ``on_step_end`` as ``kept`` (None: nothing). What
+    hooks share with each other or the pipeline is a named field of ``StepHandle`` (e.g.
+    ``input_wait_ns``).
+    """
+
+    order: ClassVar[int] = HookOrder.OTHER
+
+    def on_step_start(self, handle: StepHandle, call: StepCall) -> Optional[S]:
+        return None
+
+    def on_step_end(
+        self, handle: StepHandle, call: StepCall, error: Error, kept: Optional[S]
+    ) -> None:
         pass
 
-    def on_step_end(self, handle: Any, call: StepCall, error: Optional[BaseException]) -> None:
-        pass
+
+# a tuple, replaced whole: a step's start and end run the same hooks even if one registers
+# meanwhile (Horovod's at hvd.init)
+step_hooks: Tuple[StepHook[Any], ...] = ()
 
 
-step_hooks: List[StepHook] = []
+def add_step_hook(hook: StepHook[Any]) -> None:
+    """Run ``hook`` on every step, in ``hook.order`` among the others."""
+    global step_hooks
+    with _lock:
+        if hook not in step_hooks:
+            step_hooks = tuple(sorted(step_hooks + (hook,), key=lambda h: h.order))
 
 
-def add_step_hook(hook: StepHook) -> None:
-    if hook not in step_hooks:
-        step_hooks.append(hook)
+def remove_step_hook(hook: StepHook[Any]) -> None:
+    global step_hooks
+    with _lock:
+        step_hooks = tuple(h for h in step_hooks if h is not hook)
 
 
 def run_step(
@@ -126,16 +168,21 @@ def run_step(
     if state.depth or not _active:
         return wrapped(*args, **kwargs)
     try:
-        handle = _get_pipeline().begin_step(key, name, kind, **(attributes or {}))
+        handle: Optional[StepHandle] = _get_pipeline().begin_step(
+            key, name, kind, **(attributes or {})
+        )
     except Exception as exc:  # noqa: BLE001
         handle = None
         report_failure("step.begin", exc)
     call = StepCall(instance, args, kwargs, kind)
+    hooks = step_hooks
+    kept_by_hook: List[Any] = []
     if handle is not None:
-        for hook in step_hooks:
+        for hook in hooks:
             try:
-                hook.on_step_start(handle, call)
+                kept_by_hook.append(hook.on_step_start(handle, call))
             except Exception as exc:  # noqa: BLE001
+                kept_by_hook.append(None)
                 report_failure(f"{type(hook).__name__}.on_step_start", exc)
     state.depth += 1
     error: Optional[BaseException] = None
@@ -147,9 +194,9 @@ def run_step(
     finally:
         state.depth -= 1
         if handle is not None:
-            for hook in step_hooks:
+            for hook, kept in zip(hooks, kept_by_hook):
                 try:
-                    hook.on_step_end(handle, call, error)
+                    hook.on_step_end(handle, call, error, kept)
                 except Exception as exc:  # noqa: BLE001
                     report_failure(f"{type(hook).__name__}.on_step_end", exc)
             try:

@@ -20,9 +20,10 @@ from typing import Any, Callable, List, Optional
 
 from tf_otel import clock
 from tf_otel.config import Settings
-from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, state, when_imported
+from tf_otel.instrument._patching import HookOrder, StepCall, StepHook, add_step_hook, when_imported
+from tf_otel.instrument._patching import state as _thread
 from tf_otel.instrument._patching import wrap as _wrap
-from tf_otel.pipeline.step_metrics import FLAG_INPUT_WAIT
+from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.record import INPUT, Record
 
 _MAX_PENDING = 16
@@ -31,7 +32,7 @@ NAME = "IteratorGetNext (tf.data)"
 
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.handle: Any = None  # the step running on this thread
+        self.handle: Optional[StepHandle] = None  # the step running on this thread
         self.pending: List[tuple] = []  # (start_ns, end_ns) of waits since the last step
 
 
@@ -48,30 +49,34 @@ def _next_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -
     finally:
         end = clock.now_ns()
         handle = local.handle
-        if state.depth and handle is not None:
-            flags = handle.flags  # every step: the input wait histogram (step_metrics)
-            flags[FLAG_INPUT_WAIT] = flags.get(FLAG_INPUT_WAIT, 0) + end - start
+        if _thread.depth and handle is not None:
+            # every step: the input wait histogram (step_metrics)
+            handle.input_wait_ns = (handle.input_wait_ns or 0) + end - start
             if handle.sampled and len(handle.records) < 10_000:
                 handle.records.append(Record(NAME, start, end, INPUT, handle.step))
         elif len(local.pending) < _MAX_PENDING:
             local.pending.append((start, end))
 
 
-class InputHook(StepHook):
-    def on_step_start(self, handle: Any, call: StepCall) -> None:
+class InputHook(StepHook[None]):
+    order = HookOrder.INPUT
+
+    def on_step_start(self, handle: StepHandle, call: StepCall) -> None:
         local.handle = handle
         pending, local.pending = local.pending, []
         if not pending:
             return
         # sampled or not, so that the step duration histogram measures what the span shows
         handle.start_ns = min(handle.start_ns, pending[0][0])
-        handle.flags[FLAG_INPUT_WAIT] = sum(end - start for start, end in pending)
+        handle.input_wait_ns = sum(end - start for start, end in pending)
         if not handle.sampled:
             return
         for start, end in pending:
             handle.records.append(Record(NAME, start, end, INPUT, handle.step))
 
-    def on_step_end(self, handle: Any, call: StepCall, error: Optional[BaseException]) -> None:
+    def on_step_end(
+        self, handle: StepHandle, call: StepCall, error: Optional[BaseException], kept: None
+    ) -> None:
         local.handle = None
         local.pending = []
 

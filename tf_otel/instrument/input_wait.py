@@ -54,9 +54,17 @@ from typing import Any, Callable, Dict, List, Optional
 from tf_otel import clock, record
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open
-from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, state, when_imported
+from tf_otel.instrument._patching import (
+    Error,
+    HookOrder,
+    StepCall,
+    StepHook,
+    add_step_hook,
+    state,
+    when_imported,
+)
 from tf_otel.instrument._patching import wrap as _wrap
-from tf_otel.pipeline.step_metrics import FLAG_INPUT_WAIT
+from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.record import INPUT, Record
 
 ATTR_WAIT = record.ATTR_INPUT_WAIT
@@ -267,10 +275,12 @@ def _eager_now() -> bool:
     return bool(_eager) and _eager[0]()
 
 
-class InputWaitHook(StepHook):
+class InputWaitHook(StepHook[None]):
     """Reads the totals once per step end; the delta since the last read is this step's."""
 
-    def on_step_end(self, handle: Any, call: StepCall, error: Optional[BaseException]) -> None:
+    order = HookOrder.INPUT_WAIT
+
+    def on_step_end(self, handle: StepHandle, call: StepCall, error: Error, kept: None) -> None:
         if "reader" not in _state or not _eager_now():
             return
         totals = read_totals()
@@ -286,7 +296,7 @@ class InputWaitHook(StepHook):
         # less the tail's own reading of each element (measured: _calibrate)
         wait = max(0, wait_ns - last_wait - floor_ns() * (elements - last_elements))
         # every step, sampled or not: the input wait histogram (pipeline.step_metrics)
-        handle.flags[FLAG_INPUT_WAIT] = wait
+        handle.input_wait_ns = wait
         if not handle.sampled:
             return
         end = clock.now_ns()

@@ -25,7 +25,9 @@ from typing import Any, List, MutableMapping, Optional
 
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
-from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
+from tf_otel.instrument._patching import HookOrder, StepCall, StepHook, add_step_hook
+from tf_otel.pipeline.lifecycle import get_pipeline
+from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.record import Record
 
 log = logging.getLogger(__name__)
@@ -92,18 +94,18 @@ class RingSteps:
         return self._reader
 
 
-class NcclRingHook(StepHook):
+class NcclRingHook(StepHook[None]):
+    order = HookOrder.NCCL
+
     def __init__(self) -> None:
         self.active = False
         self.ring = RingSteps()
 
-    def on_step_start(self, handle: Any, call: StepCall) -> None:
+    def on_step_start(self, handle: StepHandle, call: StepCall) -> None:
         if self.active and handle.sampled:
             handle.deferred.append(lambda: self._records(handle))
 
-    def _records(self, handle: Any) -> List[Record]:
-        from tf_otel.pipeline.lifecycle import get_pipeline
-
+    def _records(self, handle: StepHandle) -> List[Record]:
         rank = get_pipeline().topology.rank
         return self.ring.records_for(handle.start_ns, handle.end_ns, rank, handle.step)
 

@@ -47,9 +47,11 @@ from opentelemetry.trace import (
 from tf_otel import clock, record
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
-from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
+from tf_otel.instrument._patching import HookOrder, StepCall, StepHook, add_step_hook
 from tf_otel.pipeline.ids import step_rank_span_id
 from tf_otel.pipeline.lifecycle import before_shutdown, current_pipeline, given_tracer_provider
+from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.pipeline.steps import Pipeline
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -62,7 +64,7 @@ class ThreadSteps:
     __slots__ = ("handle", "active", "job_id", "rank", "_cached", "attached", "__weakref__")
 
     def __init__(self, job_id: str, rank: int) -> None:
-        self.handle: Any = None
+        self.handle: Optional[StepHandle] = None
         self.active = True
         self.job_id = job_id
         self.rank = rank
@@ -107,17 +109,19 @@ class StepSpan(NonRecordingSpan):
         return f"StepSpan({self.get_span_context()!r})"
 
 
-class StepContextHook(StepHook):
+class StepContextHook(StepHook[None]):
     """Makes each step the current context of the thread that runs it."""
 
-    def __init__(self, pipeline_of: Callable[[], Any] = current_pipeline) -> None:
+    order = HookOrder.CONTEXT
+
+    def __init__(self, pipeline_of: Callable[[], Optional[Pipeline]] = current_pipeline) -> None:
         self.pipeline_of = pipeline_of  # the pipeline whose steps these are (job id, rank)
         self.local = threading.local()
         self.all: weakref.WeakSet[ThreadSteps] = weakref.WeakSet()
         self._lock = threading.Lock()
         self.released = False  # after shutdown, steps that still run leave the context alone
 
-    def on_step_start(self, handle: Any, call: Optional[StepCall] = None) -> None:
+    def on_step_start(self, handle: StepHandle, call: Optional[StepCall] = None) -> None:
         if self.released:
             return
         steps: Optional[ThreadSteps] = getattr(self.local, "steps", None)

@@ -35,11 +35,13 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
 
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open
-from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
+from tf_otel.instrument._patching import Error, HookOrder, StepCall, StepHook, add_step_hook
+from tf_otel.pipeline.step_handle import StepHandle
 
 ATTR_PEAK_RSS = "tf_otel.memory.peak_rss"
 ATTR_FILES = "tf_otel.io.files"
@@ -273,31 +275,44 @@ def _max_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-class DetailHook(StepHook):
+@dataclass
+class _Detail:
+    """A detail step from its start to its end."""
+
+    max_rss_before: int  # the process's peak RSS so far
+    sampling: bool = False  # the RSS / file sampler runs for this step
+    gpu: Optional[str] = None  # the device whose memory stats were reset
+
+
+class DetailHook(StepHook[_Detail]):
+    order = HookOrder.DETAIL
+
     def __init__(self, every: int) -> None:
         self.every = every
 
-    def on_step_start(self, handle: Any, call: StepCall) -> None:
+    def on_step_start(self, handle: StepHandle, call: StepCall) -> Optional[_Detail]:
         if not handle.sampled or handle.step % self.every:
-            return
-        handle.flags["detail"] = _max_rss()
+            return None
+        detail = _Detail(_max_rss())
         with fail_open("step_detail.begin"):
             sampler.begin(handle.key, handle.step)
-            handle.flags["detail_rss"] = True
+            detail.sampling = True
         with fail_open("step_detail.gpu"):
             device = _gpu_device()
             if device is not None:
                 import tensorflow as tf
 
                 tf.config.experimental.reset_memory_stats(device)
-                handle.flags["detail_gpu"] = device
+                detail.gpu = device
+        return detail
 
-    def on_step_end(self, handle: Any, call: StepCall, error: Optional[BaseException]) -> None:
-        max_before = handle.flags.get("detail")
-        if max_before is None:
+    def on_step_end(
+        self, handle: StepHandle, call: StepCall, error: Error, kept: Optional[_Detail]
+    ) -> None:
+        if kept is None:
             return
         attributes = handle.attributes
-        device = handle.flags.get("detail_gpu")
+        device = kept.gpu
         if device is not None:
             with fail_open("step_detail.gpu"):
                 import tensorflow as tf
@@ -305,11 +320,11 @@ class DetailHook(StepHook):
                 info = tf.config.experimental.get_memory_info(device)
                 attributes[ATTR_GPU_PEAK] = int(info["peak"])
                 attributes[ATTR_GPU_USAGE] = int(info["current"])
-        if not handle.flags.get("detail_rss"):
+        if not kept.sampling:
             return
         peak, moved, unmoved = sampler.end(handle.key, handle.step)
         max_after = _max_rss()
-        if max_after > max_before:  # the step set the process's record: that is its peak
+        if max_after > kept.max_rss_before:  # the step set the process's record: that is its peak
             peak = max(peak, max_after)
         attributes[ATTR_PEAK_RSS] = peak
         moved.sort(key=lambda m: m[2], reverse=True)

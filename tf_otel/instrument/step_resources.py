@@ -37,7 +37,16 @@ from typing import Any, Callable, List, Optional, Tuple
 from tf_otel import clock, record
 from tf_otel.config import Settings
 from tf_otel.health import fail_open
-from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook, when_imported, wrap
+from tf_otel.instrument._patching import (
+    Error,
+    HookOrder,
+    StepCall,
+    StepHook,
+    add_step_hook,
+    when_imported,
+    wrap,
+)
+from tf_otel.pipeline.step_handle import StepHandle
 
 ATTR_BETWEEN = record.ATTR_BETWEEN
 ATTR_CALLBACK = record.ATTR_CALLBACK
@@ -123,8 +132,10 @@ def timed(kind: str, name: str, fn: Callable) -> Callable:
     return call
 
 
-class ResourceHook(StepHook):
-    def on_step_start(self, handle: Any, call: StepCall) -> None:
+class ResourceHook(StepHook[None]):
+    order = HookOrder.RESOURCES
+
+    def on_step_start(self, handle: StepHandle, call: StepCall) -> None:
         if not _proc:  # opened at the first step; I/O is counted from its begin
             _proc.append(_Proc())
             _proc[0].last_io = _proc[0].read_io()
@@ -145,7 +156,7 @@ class ResourceHook(StepHook):
         if top:
             attributes[ATTR_TOP] = [f"{name}={ns / 1e6:.1f}ms" for ns, name in reversed(top)]
 
-    def on_step_end(self, handle: Any, call: StepCall, error: Optional[BaseException]) -> None:
+    def on_step_end(self, handle: StepHandle, call: StepCall, error: Error, kept: None) -> None:
         local.last_end = clock.now_ns()
         local.pending = []  # callbacks run INSIDE a step (custom code) are the step's own time
         if not _proc:

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
+from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
 from tf_otel.job.topology import resolve_address
@@ -44,7 +45,6 @@ MAX_HELD_MESSAGES = 1024
 MAX_HELD_BYTES = 16 << 20  # per rank: messages held for a rank that has not connected yet
 MAX_EMITTED_STEPS = 8192
 LEARN_STEPS = 3
-FIRST_REPORT_GRACE_S = 15.0  # = steps.CLOCK_SETTLE_MAX_S (not imported: steps imports us)
 SERVICE = "coordinator"
 MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
 MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)
@@ -116,7 +116,7 @@ class StepAggregator:
         wait_s: float,
         emit_root: EmitRoot,
         secret: Optional[job_secret.JobKey] = None,
-        first_report_grace_s: float = FIRST_REPORT_GRACE_S,
+        first_report_grace_s: float = SETTLE_MAX_S,
         handlers: Optional[Handlers] = None,
     ) -> None:
         self.world_size = world_size
@@ -215,8 +215,8 @@ class StepAggregator:
                 wait_s = self.wait_s
                 unheard = self.world_size - len(self._reporters | self._finished)
                 if unheard > 0 and len(self._emitted) < LEARN_STEPS:
-                    # a rank's first reports wait for its clock to settle (pipeline/steps.py, up to
-                    # CLOCK_SETTLE_MAX_S): the first roots wait for it rather than go out partial
+                    # a rank's first reports wait for its clock to settle (pipeline/exporter.py, up
+                    # to clock.sync.SETTLE_MAX_S): the first roots wait rather than go out partial
                     wait_s += self.first_report_grace_s
                 for key_step, entry in list(self._pending.items()):
                     if now - entry.since > wait_s:

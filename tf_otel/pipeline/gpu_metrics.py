@@ -80,10 +80,10 @@ class GpuSampler:
         self._instruments: List[Any] = []
         self._device_attrs = [self._describe(i, h) for i, h in enumerate(handles)]
 
-    def _describe(self, index: int, handle: Any) -> Dict[str, Any]:
+    def _describe(self, index: int, device: Any) -> Dict[str, Any]:
         attrs: Dict[str, Any] = {"hw.id": f"gpu{index}", "hw.type": "gpu", "hw.vendor": "NVIDIA"}
         try:
-            name = self._nvml.nvmlDeviceGetName(handle)
+            name = self._nvml.nvmlDeviceGetName(device)
             attrs["hw.name"] = name.decode() if isinstance(name, bytes) else str(name)
         except Exception:  # older pynvml, or a board that does not say: the name is optional
             pass

@@ -38,6 +38,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 from tf_otel import clock, record
 from tf_otel.health import count, fail_open, logger
 from tf_otel.pipeline import messages
+from tf_otel.pipeline.step_handle import StepHandle
 
 WARMUP_STEPS = 3  # until this many steps of a key completed, the threshold is the warm-up one
 WARMUP_FLOOR_FACTOR = 6  # warm-up threshold = 6 x the floor (first steps trace and compile)
@@ -123,11 +124,11 @@ class StepTracker:
         self.last: Any = None  # the last completed StepHandle of any key
         self.durations: Optional[Dict[str, deque]] = {} if durations else None
 
-    def begin(self, handle: Any) -> None:
+    def begin(self, handle: StepHandle) -> None:
         handle.thread = threading.get_ident()
         self.in_flight[handle.thread] = handle
 
-    def end(self, handle: Any) -> None:
+    def end(self, handle: StepHandle) -> None:
         self.in_flight.pop(handle.thread, None)
         done = self.done
         # what the readers need, not the handle (its records, op traces and deferred work)
@@ -437,7 +438,7 @@ def flush_soon(tracer_provider: Any = None, timeout_s: float = 3.0) -> None:
 class _Stall:
     """Rank 0's step that stalls: the handle, its threshold, the reports made so far."""
 
-    handle: Any
+    handle: StepHandle
     threshold_ns: int
     reports: int = 0
 
@@ -565,7 +566,7 @@ class StallWatch:
         count("stalls_resolved")
         self._export(handle, built, handle.start_ns, end)
 
-    def _export(self, handle: Any, built: StallRecord, start_ns: int, end_ns: int) -> None:
+    def _export(self, handle: StepHandle, built: StallRecord, start_ns: int, end_ns: int) -> None:
         context = None
         with fail_open("stall.span"):
             context = self.pipeline.export_in_step(

@@ -39,6 +39,7 @@ from typing import Any, Deque, Dict, Iterable, Optional, Tuple
 from tf_otel import record
 from tf_otel.health import count, log_once
 from tf_otel.pipeline.sdk import sdk_meter_provider
+from tf_otel.pipeline.step_handle import StepHandle
 
 STEP_DURATION = "tf_otel.step.duration"
 INPUT_WAIT_DURATION = "tf_otel.step.input_wait.duration"
@@ -63,8 +64,6 @@ BOUNDARIES = (
     20.0,
     60.0,
 )
-# the flag step hooks set on a StepHandle when they measured the step's input wait (ns)
-FLAG_INPUT_WAIT = "input_wait_ns"
 # unsampled steps waiting for the export thread (~2 per second drains): far more than it needs
 MAX_PENDING = 16384
 _KINDS_KEPT = 256  # step key/number -> kind, for collective records that arrive after the step
@@ -143,15 +142,13 @@ class StepMetrics:
 
     # -- training thread ------------------------------------------------------------------
 
-    def add(self, handle: Any) -> None:
+    def add(self, handle: StepHandle) -> None:
         """An unsampled (or dropped) step: one append, recorded later by ``drain``."""
         if len(self.pending) >= MAX_PENDING:
             count("step_metrics_dropped")
             log_once("step_metrics_full", "tf_otel: step metrics buffer full; points dropped")
             return
-        self.pending.append(
-            (handle.kind, handle.end_ns - handle.start_ns, handle.flags.get(FLAG_INPUT_WAIT))
-        )
+        self.pending.append((handle.kind, handle.end_ns - handle.start_ns, handle.input_wait_ns))
 
     # -- export thread --------------------------------------------------------------------
 
@@ -167,7 +164,7 @@ class StepMetrics:
             self._record(kind, duration_ns, wait_ns, self._no_trace)
             done += 1
 
-    def record_step(self, handle: Any, span_context: Any) -> None:
+    def record_step(self, handle: StepHandle, span_context: Any) -> None:
         """A sampled step whose span (``span_context``, this rank's step span) now exists."""
         from opentelemetry.trace import NonRecordingSpan, set_span_in_context
 
@@ -175,7 +172,7 @@ class StepMetrics:
         self._record(
             handle.kind,
             handle.end_ns - handle.start_ns,
-            handle.flags.get(FLAG_INPUT_WAIT),
+            handle.input_wait_ns,
             context,
         )
         self._kinds[(handle.key, handle.step)] = handle.kind

@@ -25,23 +25,17 @@ import os
 import sys
 from typing import Any, Optional
 
+from tf_otel.config import Settings, current
 from tf_otel.health import log_once
+from tf_otel.pipeline.step_handle import StepHandle
 
 MANAGED, USER_FILE, OFF, STAMPS = "managed", "user_file", "off", "stamps"
 TIMELINE_MODES = (MANAGED, USER_FILE)
 
 
-def settings() -> Any:
+def settings() -> Settings:
     """The settings instrument() read (config.use); the environment is not read again."""
-    from tf_otel.config import current
-
     return current()
-
-
-def pipeline() -> Any:
-    from tf_otel.pipeline.lifecycle import current_pipeline
-
-    return current_pipeline()  # created by the first step; None before
 
 
 def detail_wanted(trace_id: int, every: int) -> bool:
@@ -59,7 +53,7 @@ class SourceChoice:
         self.basics: Any = None  # horovod.common.basics.HorovodBasics of hvd.init
         self.every = 0  # TF_OTEL_HOROVOD_EVERY: collective detail on 1 sampled step in N
 
-    def wanted(self, handle: Any) -> bool:
+    def wanted(self, handle: StepHandle) -> bool:
         """Is this sampled step a collective-detail step (the same steps on every rank)?"""
         return detail_wanted(handle.trace_id, self.every)
 

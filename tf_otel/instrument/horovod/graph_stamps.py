@@ -6,8 +6,8 @@ Usage (by ``stamps``; nothing here is called by the program)::
     from tf_otel.instrument.horovod import graph_stamps
     out = graph_stamps.around_op(tf, wrapped, args, kwargs, op, grouped)      # MPI_LIB op
     out = graph_stamps.around_cond(tf, wrapped, args, kwargs, op, grouped)    # Horovod's cond
-    graph_stamps.add_fetches(call)          # detail step's start: fetch this run's stamps too
-    found = graph_stamps.take_values(call)  # its end: [(Stamp, t0_ns, t1_ns, group)]
+    entries = graph_stamps.add_fetches(call)         # detail step's start: fetch its stamps too
+    found = graph_stamps.take_values(entries, call)  # its end: [(Stamp, t0_ns, t1_ns, group)]
 
 A TF1 graph runs only what a run fetches. Where the program builds a Horovod op in a plain TF1
 graph, the graph gets ``stack([timestamp after the op's inputs, timestamp after its outputs])``,
@@ -30,16 +30,18 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from tf_otel import record
 from tf_otel.health import count, fail_open
 from tf_otel.sources import horovod_stamp_records as hs
 
+if TYPE_CHECKING:
+    from tf_otel.instrument._patching import StepCall
+
 _MAX_ENTRIES = 20_000  # stamped collectives per graph
 _MAX_SIGNATURES = 256  # fetch signatures per graph whose stamp set is remembered
 _MAX_WALK = 500_000  # ops visited finding what a run depends on
-_FLAG = "hvd_graph_stamps"
 
 
 @dataclass(slots=True)
@@ -183,35 +185,34 @@ def _needed_by(graph: Any, fetches: Any, tf: Any) -> List[Entry]:
     return found
 
 
-def add_fetches(handle: Any, call: Any) -> None:
-    """A detail step's ``Session.run``: fetch the stamps of the collectives it runs as well."""
+def add_fetches(call: StepCall) -> Optional[List[Entry]]:
+    """A detail step's ``Session.run``: fetch the stamps of the collectives it runs as well; the
+    entries fetched (for ``take_values``), None where none."""
     import sys
 
     tf = sys.modules.get("tensorflow")
     if tf is None or call.kind != record.SESSION_RUN or not _graphs:
-        return
+        return None
     graph = getattr(call.instance, "graph", None)
     in_args = bool(call.args)
     fetches = call.args[0] if in_args else call.kwargs.get("fetches")
     if graph is None or fetches is None:
-        return
+        return None
     entries = _needed_by(graph, fetches, tf)
     if not entries:
-        return
+        return None
     both = (fetches, [e.pair for e in entries])
     if in_args:
         call.args = (both,) + tuple(call.args[1:])
     else:
         call.kwargs = {**call.kwargs, "fetches": both}
-    handle.flags[_FLAG] = entries
+    return entries
 
 
-def take_values(handle: Any, call: Any) -> Optional[List[Tuple[hs.Stamp, int, int, Optional[str]]]]:
-    """The step's end: give the program its own result back; this step's stamps (None where this
-    step fetched none)."""
-    entries = handle.flags.pop(_FLAG, None)
-    if entries is None:
-        return None
+def take_values(
+    entries: List[Entry], call: StepCall
+) -> List[Tuple[hs.Stamp, int, int, Optional[str]]]:
+    """The step's end: give the program its own result back; this step's stamps."""
     result = call.result
     if not isinstance(result, tuple) or len(result) != 2:
         return []  # the run failed: call.result is not ours to change

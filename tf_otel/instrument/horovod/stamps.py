@@ -36,17 +36,27 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tf_otel import clock
 from tf_otel.health import count, fail_open
 from tf_otel.instrument import twin
-from tf_otel.instrument._patching import StepHook, add_step_hook, is_active
+from tf_otel.instrument._patching import (
+    Error,
+    HookOrder,
+    StepCall,
+    StepHook,
+    add_step_hook,
+    is_active,
+)
 from tf_otel.instrument.horovod import graph_stamps
 from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice
-from tf_otel.instrument.horovod.choice import pipeline as _pipeline
 from tf_otel.pipeline import messages
+from tf_otel.pipeline.gather import Gather, to_every_rank, to_reference
+from tf_otel.pipeline.lifecycle import current_pipeline
+from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.pipeline.steps import Pipeline
 from tf_otel.sources import horovod_stamp_records as hs
 from tf_otel.sources import horovod_timeline as tl
 
@@ -85,13 +95,9 @@ def fused_wanted(setting: Optional[bool], every: int) -> bool:
     return setting if setting is not None else 0 < every < PARTS_DENSE_EVERY
 
 
-@dataclass(slots=True)
-class _Gather:
-    """Rank 0: one detail step's arrivals, {rank: {tensor: reference ns}}, gathered since
-    ``since`` (monotonic s; answered with the ranks it has after _GATHER_WAIT_S)."""
-
-    since: float
-    per_rank: Dict[int, Dict[str, int]] = field(default_factory=dict)
+def _world_size() -> int:
+    pipeline = current_pipeline()
+    return pipeline.topology.world_size if pipeline is not None else 1
 
 
 class StampCollector:
@@ -109,7 +115,10 @@ class StampCollector:
         self._eager: Optional[List[Tuple[hs.Stamp, int, int, Optional[str]]]] = None
         self._lock = threading.Lock()
         self._mine: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
-        self._gather: OrderedDict[Tuple[str, int], _Gather] = OrderedDict()
+        # rank 0: each detail step's arrivals, {rank: {tensor: reference ns}}
+        self._gather: Gather[Tuple[str, int], Dict[str, int]] = Gather(
+            _world_size, self._answer, _GATHER_WAIT_S, _MAX_STEPS, "horovod_stamp_gathers_dropped"
+        )
         self._branches: weakref.WeakSet[Any] = weakref.WeakSet()  # cond branches stamped
         self._outstanding: Dict[Tuple[str, int], None] = {}  # detail steps not emitted yet
         self._unshared: OrderedDict[Tuple[str, int], list] = OrderedDict()  # read, not sent
@@ -239,21 +248,26 @@ class StampCollector:
     def every(self, value: int) -> None:
         choice.every = value
 
-    def wanted(self, handle: Any) -> bool:
+    def wanted(self, handle: StepHandle) -> bool:
         # and the step after a new twin trace, so the twin's first (slow) run is in the warm-up
         return choice.wanted(handle) or twin.warm_pending()
 
-    def begin(self, handle: Any) -> bool:
-        """A sampled step starts: True (and collect) when it is a collective-detail step."""
+    def begin(self, handle: StepHandle) -> Optional[int]:
+        """A sampled step starts: when it is a collective-detail step, its start (wall clock,
+        ns) and collect; else None."""
         if not self.wanted(handle):
-            return False
-        handle.flags["hvd_stamps"] = time.time_ns()
+            return None
         self._eager = []
-        return True
+        return time.time_ns()
 
-    def end(self, handle: Any, fetched: Optional[List[Found]] = None) -> None:
-        """A sampled step ended; ``fetched``: its TF1 graph stamps (graph_stamps), if any."""
-        started = handle.flags.get("hvd_stamps")
+    def end(
+        self,
+        handle: StepHandle,
+        started: Optional[int],
+        fetched: Optional[List[Found]] = None,
+    ) -> None:
+        """A sampled step ended; ``started``: what ``begin`` gave; ``fetched``: its TF1 graph
+        stamps (graph_stamps), if any."""
         if started is None:
             if self.every > 0:
                 self._prepare_reader()
@@ -337,7 +351,7 @@ class StampCollector:
     # -- export thread: share arrivals, emit ------------------------------------------------------
 
     def _share(self, key: str, step: int, found: list) -> list:
-        pipeline = _pipeline()
+        pipeline = current_pipeline()
         if pipeline is None or not found:
             with self._lock:
                 self._outstanding.pop((key, step), None)
@@ -361,37 +375,18 @@ class StampCollector:
             "s": step,
             "a": arrivals,
         }
-        if pipeline.topology.rank == 0:
-            self.on_arrivals(0, message)
-        else:
-            pipeline.send_to_reference(message)
+        to_reference(pipeline, message, self.on_arrivals)
         return []
 
     def on_arrivals(self, rank: int, message: Mapping[str, Any]) -> None:
         """Rank 0 (coordinator thread): one rank's arrivals for one step."""
-        pipeline = _pipeline()
-        if pipeline is None:
-            return
-        key, step = str(message["k"]), int(message["s"])
-        world = pipeline.topology.world_size
-        ready = []
-        with self._lock:
-            entry = self._gather.get((key, step))
-            if entry is None:
-                entry = self._gather[(key, step)] = _Gather(time.monotonic())
-            entry.per_rank[rank] = {str(k): int(v) for k, v in message["a"].items()}
-            now = time.monotonic()
-            for k, e in list(self._gather.items()):
-                if len(e.per_rank) >= world or now - e.since > _GATHER_WAIT_S:
-                    ready.append((k, self._gather.pop(k)))
-            while len(self._gather) > _MAX_STEPS:
-                self._gather.popitem(last=False)
-                count("horovod_stamp_gathers_dropped")
-        for (k, s), e in ready:  # type: ignore[assignment]  # k: a (key, step) tuple above
-            self._answer(k, s, e.per_rank)  # type: ignore[arg-type]
+        arrivals = {str(k): int(v) for k, v in message["a"].items()}
+        self._gather.add((str(message["k"]), int(message["s"])), rank, arrivals)
 
-    def _answer(self, key: str, step: int, per_rank: Dict[int, Dict[str, int]]) -> None:
-        pipeline = _pipeline()
+    def _answer(self, round_id: Tuple[str, int], per_rank: Dict[int, Dict[str, int]]) -> None:
+        """Rank 0: a step's last arrival per tensor, to every rank (and itself)."""
+        key, step = round_id
+        pipeline = current_pipeline()
         if pipeline is None:
             return
         missing = pipeline.topology.world_size - len(per_rank)
@@ -406,8 +401,7 @@ class StampCollector:
             groups = hs.completed_together({t: (m[0].op, m[0].dtype, m[2]) for t, m in own.items()})
             if groups:
                 reply["g"] = groups
-        pipeline.broadcast(reply)
-        self.on_last(reply)
+        to_every_rank(pipeline, reply, self.on_last)
 
     def on_last(self, message: Mapping[str, Any]) -> None:
         """Every rank: the last arrivals of one step -> this rank's records."""
@@ -415,7 +409,7 @@ class StampCollector:
         with self._lock:
             mine = self._mine.pop((key, step), None)
             self._outstanding.pop((key, step), None)
-        pipeline = _pipeline()
+        pipeline = current_pipeline()
         if not mine or pipeline is None:
             return
         rank = pipeline.topology.rank
@@ -490,12 +484,8 @@ class StampCollector:
 
     def flush(self) -> None:
         """Rank 0 at exit: answer the steps some rank never reported, with the ranks it has."""
-        with self._lock:
-            pending = list(self._gather.items())
-            self._gather.clear()
-        for (key, step), entry in pending:
-            with fail_open("horovod.stamp_flush"):
-                self._answer(key, step, entry.per_rank)
+        with fail_open("horovod.stamp_flush"):
+            self._gather.flush()
 
 
 _STAMP_FUNCTIONS: List[Any] = []
@@ -552,32 +542,50 @@ def _stamps_of(
 collector = StampCollector()
 
 
-class StampsHook(StepHook):
+@dataclass
+class _DetailStep:
+    """A collective-detail step from its start to its end."""
+
+    started: int  # wall clock, ns: stamps older than this belong to earlier steps
+    fetches: Optional[List[graph_stamps.Entry]] = None  # a TF1 run's stamp fetches
+
+
+class StampsHook(StepHook[_DetailStep]):
     """The stamps' step hook: collects on detail steps, decides whether graphs get stamps."""
+
+    order = HookOrder.HOROVOD
 
     def __init__(self) -> None:
         self._finished = False
 
-    def on_step_start(self, handle: Any, call: Any) -> None:
+    def on_step_start(self, handle: StepHandle, call: StepCall) -> Optional[_DetailStep]:
         if not handle.sampled or choice.mode == OFF or self._finished:
-            return
-        pipeline = _pipeline()
+            return None
+        pipeline = current_pipeline()
         if pipeline is None or pipeline.topology.world_size < 2:
-            return
+            return None
         if choice.current() != STAMPS:
-            return
+            return None
         if collector.backend is None:
             collector.backend = choice.backend()
-        if collector.begin(handle):
-            twin.want(True)  # this step runs the twin of its function, with the stamps
-            with fail_open("horovod.graph_stamp_fetches"):
-                graph_stamps.add_fetches(handle, call)  # a TF1 run fetches its stamps too
+        started = collector.begin(handle)
+        if started is None:
+            return None
+        detail = _DetailStep(started)
+        twin.want(True)  # this step runs the twin of its function, with the stamps
+        with fail_open("horovod.graph_stamp_fetches"):
+            detail.fetches = graph_stamps.add_fetches(call)  # a TF1 run fetches its stamps too
+        return detail
 
-    def on_step_end(self, handle: Any, call: Any, error: Optional[BaseException]) -> None:
+    def on_step_end(
+        self, handle: StepHandle, call: StepCall, error: Error, kept: Optional[_DetailStep]
+    ) -> None:
         twin.want(False)
-        fetched = graph_stamps.take_values(handle, call)  # the program's result back first
+        fetched = None
+        if kept is not None and kept.fetches is not None:  # the program's result back first
+            fetched = graph_stamps.take_values(kept.fetches, call)
         if handle.sampled and choice.mode == STAMPS:
-            collector.end(handle, fetched)
+            collector.end(handle, kept.started if kept is not None else None, fetched)
 
     def stamping(self) -> bool:
         """Graph construction inside a detail twin's trace (instrument/twin.py): time Horovod
@@ -600,11 +608,11 @@ class StampsHook(StepHook):
         if self._finished or choice.mode != STAMPS:
             return
         self._finished = True
-        pipeline = _pipeline()
+        pipeline = current_pipeline()
         if pipeline is not None:
             collector.finish(pipeline.topology.rank == 0, _EXIT_WAIT_S)
 
-    def _handle_messages(self, pipeline: Any) -> None:
+    def _handle_messages(self, pipeline: Pipeline) -> None:
         pipeline.handlers.on_reference(messages.HVD_ARRIVALS, collector.on_arrivals)
         pipeline.handlers.on_rank(messages.HVD_LAST, collector.on_last)
 

@@ -36,10 +36,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel import clock
 from tf_otel.health import count, fail_open, log_once
-from tf_otel.instrument._patching import StepHook, add_step_hook
+from tf_otel.instrument._patching import Error, HookOrder, StepCall, StepHook, add_step_hook
 from tf_otel.instrument.horovod.choice import MANAGED, OFF, TIMELINE_MODES, USER_FILE, choice
-from tf_otel.instrument.horovod.choice import pipeline as _pipeline
 from tf_otel.pipeline import messages
+from tf_otel.pipeline.lifecycle import current_pipeline
+from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.pipeline.steps import Pipeline
 from tf_otel.sources import horovod_timeline as tl
 
 _POLL_S = 0.2
@@ -87,8 +89,10 @@ class _Window:
     items: List[tl.Collective] = field(default_factory=list)
 
 
-class TimelineHook(StepHook):
+class TimelineHook(StepHook[None]):
     """Rank 0: timeline management and parsing; other ranks: receive and emit their records."""
+
+    order = HookOrder.HOROVOD
 
     def __init__(self) -> None:
         self.running: Optional[_Source] = None  # managed file being written
@@ -105,14 +109,14 @@ class TimelineHook(StepHook):
 
     # -- step hook (training thread) ---------------------------------------------------------
 
-    def on_step_start(self, handle: Any, call: Any) -> None:
+    def on_step_start(self, handle: StepHandle, call: StepCall) -> None:
         if not handle.sampled:
             if self.running is not None:
                 self._stop_managed()
             return
         if choice.mode == OFF or self._finished:
             return
-        pipeline = _pipeline()
+        pipeline = current_pipeline()
         if pipeline is None or pipeline.topology.world_size < 2:
             return
         mode = choice.current()
@@ -134,7 +138,7 @@ class TimelineHook(StepHook):
                 count("horovod_windows_dropped")
         self._ensure_thread()
 
-    def on_step_end(self, handle: Any, call: Any, error: Optional[BaseException]) -> None:
+    def on_step_end(self, handle: StepHandle, call: StepCall, error: Error, kept: None) -> None:
         if not handle.sampled or choice.mode not in TIMELINE_MODES:
             return
         with self._lock:
@@ -251,7 +255,7 @@ class TimelineHook(StepHook):
                 self._emit(key, step, window.items, shift)  # type: ignore[arg-type]
 
     def _emit(self, key: str, step: int, items: List[tl.Collective], shift: int) -> None:
-        pipeline = _pipeline()
+        pipeline = current_pipeline()
         if pipeline is None:
             return
         world = pipeline.topology.world_size
@@ -314,7 +318,7 @@ class TimelineHook(StepHook):
             c, view = _decode(item)
             ckey = tl.collective_key(key, step, c.tensor)
             records.extend(tl.records_for(c, view, step, ckey, to_local, f"{key}/{step}/"))
-        pipeline = _pipeline()
+        pipeline = current_pipeline()
         if records and pipeline is not None:
             pipeline.add_records(key, step, records)
 
@@ -325,7 +329,7 @@ class TimelineHook(StepHook):
         if self._finished or choice.mode not in TIMELINE_MODES:
             return
         self._finished = True
-        pipeline = _pipeline()
+        pipeline = current_pipeline()
         if pipeline is None:
             return
         if pipeline.topology.rank == 0:
@@ -350,7 +354,7 @@ class TimelineHook(StepHook):
 
     # -- registration ------------------------------------------------------------------------
 
-    def _handle_messages(self, pipeline: Any) -> None:
+    def _handle_messages(self, pipeline: Pipeline) -> None:
         pipeline.handlers.on_rank(messages.HVD_RECORDS, self.on_message)
         pipeline.handlers.on_rank(messages.HVD_DONE, self.on_done)
 

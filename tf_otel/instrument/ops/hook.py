@@ -29,8 +29,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
-from tf_otel.instrument._patching import StepCall, StepHook, add_step_hook
+from tf_otel.instrument._patching import Error, HookOrder, StepCall, StepHook, add_step_hook
 from tf_otel.pipeline import messages
+from tf_otel.pipeline.gather import to_every_rank, to_reference
+from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.pipeline.steps import Pipeline
 from tf_otel.record import INPUT, SESSION_RUN, Record
 
 # set by register() from the settings instrument() read (the defaults until then)
@@ -103,11 +106,10 @@ def request(steps: int) -> Dict[str, int]:
 
     pipeline = get_pipeline()
     if not pipeline.topology.is_reference:
-        pipeline.send_to_reference(messages.ops_request(steps))
+        to_reference(pipeline, messages.ops_request(steps), _on_request)
         return {}
     starts = controller.decide(steps)
-    controller.apply(starts, steps)
-    pipeline.broadcast(messages.ops_window(starts, steps))
+    to_every_rank(pipeline, messages.ops_window(starts, steps), _on_window)
     log_once(
         "ops_request", "tf_otel: op tracing of %d steps from %s on every rank", steps, starts,
         level=20,
@@ -121,7 +123,7 @@ def status() -> Dict[str, Any]:
     return {"every": controller.every, "windows": windows}
 
 
-def _handle_messages(pipeline: Any) -> None:
+def _handle_messages(pipeline: Pipeline) -> None:
     pipeline.handlers.on_rank(messages.OPS_WINDOW, _on_window)
     pipeline.handlers.on_reference(messages.OPS_REQUEST, _on_request)
 
@@ -147,7 +149,12 @@ def _session_args(call: StepCall) -> Tuple[Any, Any]:
     return call.kwargs.get("options"), call.kwargs.get("run_metadata")
 
 
-def _tf1_start(handle: Any, call: StepCall) -> None:
+# what an op-traced step keeps from its start to its end: ("tf1", ours, theirs, user_traced)
+# (RunMetadata objects) or ("tf2", profiler session, logdir, base_ns)
+Capture = Tuple[str, Any, Any, Any]
+
+
+def _tf1_start(call: StepCall) -> Capture:
     from tensorflow.core.protobuf import config_pb2
 
     options, theirs = _session_args(call)
@@ -159,11 +166,11 @@ def _tf1_start(handle: Any, call: StepCall) -> None:
     ours = config_pb2.RunMetadata()
     call.kwargs["options"] = merged
     call.kwargs["run_metadata"] = ours
-    handle.flags["ops"] = ("tf1", ours, theirs, user_traced)
+    return ("tf1", ours, theirs, user_traced)
 
 
-def _tf1_end(handle: Any) -> None:
-    _, ours, theirs, user_traced = handle.flags["ops"]
+def _tf1_end(handle: StepHandle, capture: Capture) -> None:
+    _, ours, theirs, user_traced = capture
     if theirs is not None:
         for field, value in ours.ListFields():
             if field.name == "step_stats" and not user_traced:
@@ -195,7 +202,7 @@ def _user_profiler_active() -> bool:
     return _profiler_module[0]._profiler is not None
 
 
-def _tf2_start(handle: Any) -> None:
+def _tf2_start() -> Optional[Capture]:
     if _user_profiler_active():
         count("ops_backoff")
         log_once(
@@ -203,7 +210,7 @@ def _tf2_start(handle: Any) -> None:
             "tf_otel: a TF profiler session of the program is running; TF2 op tracing is "
             "skipped while it runs (step spans continue)",
         )
-        return
+        return None
     from tensorflow.python.profiler.internal import _pywrap_profiler
 
     logdir = tempfile.mkdtemp(prefix="tf_otel_ops_")
@@ -220,12 +227,12 @@ def _tf2_start(handle: Any) -> None:
             "or a profiler server) is probably active. TF2 op tracing skipped while it runs",
             exc,
         )
-        return
-    handle.flags["ops"] = ("tf2", session, logdir, base_ns)
+        return None
+    return ("tf2", session, logdir, base_ns)
 
 
-def _tf2_end(handle: Any) -> None:
-    _, session, logdir, base_ns = handle.flags["ops"]
+def _tf2_end(handle: StepHandle, capture: Capture) -> None:
+    _, session, logdir, base_ns = capture
     try:
         session.export_to_tb()  # stops the session; writes <logdir>/plugins/profile/*/*.xplane.pb
     except Exception:
@@ -273,10 +280,11 @@ def xspace_records(logdir: str, step: Optional[int], limit: int, base_ns: int) -
 # -- the hook -------------------------------------------------------------------------------
 
 
-class OpsHook(StepHook):
+class OpsHook(StepHook[Capture]):
+    order = HookOrder.OPS
     endpoint_started = False
 
-    def on_step_start(self, handle: Any, call: StepCall) -> None:
+    def on_step_start(self, handle: StepHandle, call: StepCall) -> Optional[Capture]:
         if not self.endpoint_started:
             self.endpoint_started = True
             from tf_otel.instrument.ops import admin
@@ -286,23 +294,24 @@ class OpsHook(StepHook):
             ).start()
         controller.seen(handle.key, handle.step)
         if not handle.sampled or not controller.wanted(handle.key, handle.step):
-            return
+            return None
         if handle.key.startswith("ps_closure:"):
-            return  # TF2 PS closures: the ops run in the remote worker processes
+            return None  # TF2 PS closures: the ops run in the remote worker processes
         if call.kind == SESSION_RUN:
             if handle.name == "Session.run":  # make_callable's options are fixed at creation
-                _tf1_start(handle, call)
-        else:
-            _tf2_start(handle)
+                return _tf1_start(call)
+            return None
+        return _tf2_start()
 
-    def on_step_end(self, handle: Any, call: StepCall, error: Optional[BaseException]) -> None:
-        state = handle.flags.get("ops")
-        if state is None:
+    def on_step_end(
+        self, handle: StepHandle, call: StepCall, error: Error, kept: Optional[Capture]
+    ) -> None:
+        if kept is None:
             return
-        if state[0] == "tf1":
-            _tf1_end(handle)
+        if kept[0] == "tf1":
+            _tf1_end(handle, kept)
         else:
-            _tf2_end(handle)
+            _tf2_end(handle, kept)
 
 
 hook = OpsHook()

@@ -1,0 +1,312 @@
+"""The export thread: a rank's queued steps and late Records -> spans, and rank 0's step roots.
+
+Usage (the Pipeline owns one; nothing else calls it)::
+
+    exporter = StepExporter(topology, tracer, ids, metrics, queue)
+    exporter.services = start_services(..., emit_root=exporter.emit_root, ...)
+    threading.Thread(target=exporter.run).start()   # until a None comes off the queue
+
+The training thread only puts ``StepHandle`` objects (ended steps) and ``(key, step, records)``
+tuples (records after their step) on the queue; every span is built here.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+from tf_otel import clock, record
+from tf_otel.clock.sync import SETTLED_ROUNDS
+from tf_otel.health import count, fail_open, log_once
+from tf_otel.job.topology import Topology
+from tf_otel.pipeline.ids import (
+    PrimedIdGenerator,
+    step_rank_span_id,
+    step_root_span_id,
+    step_trace_id,
+)
+from tf_otel.pipeline.services import Services
+from tf_otel.pipeline.span_builder import SpanBuilder
+from tf_otel.pipeline.step_handle import StepHandle
+
+_STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
+_US = 1000
+ATTR_TEST_CLOCK_ERROR = "tf_otel.clock.test_error_ns"
+EXPORT_INTERVAL_S = 0.5
+
+
+class StepExporter:
+    """Records -> spans under this rank's step spans; rank 0's roots over every rank."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        tracer: Any,
+        ids: Optional[PrimedIdGenerator],
+        metrics: Any,
+        steps: queue.SimpleQueue[Any],
+    ) -> None:
+        self.topology = topology  # Pipeline.adopt may replace it before the first step
+        self.tracer = tracer
+        self.ids = ids  # None: a foreign TracerProvider (no cross-rank ids, no roots)
+        self.metrics = metrics  # step histograms (pipeline.step_metrics); None: no metrics
+        self.queue = steps
+        self.services = Services()  # the started ones from the first step
+        self.spans = SpanBuilder(tracer)  # records' spans, direct where equivalent
+        self.closed = False
+        # rank 0 is the clock reference: it runs no rounds, so there is nothing to settle
+        self.clock_settled = topology.is_reference
+        self._wake = threading.Event()  # no pause before the next batch (wake, shutdown)
+        self._steps: Dict[tuple, Any] = {}  # (key, step) -> (span context, start, end), bounded
+
+    @property
+    def job_id(self) -> str:
+        return self.topology.job_id
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def run(self) -> None:
+        """Convert queued steps in batches, EXPORT_INTERVAL_S apart: every wake-up of this thread
+        may hold the GIL just when the training thread comes back from TF's C++ and then costs
+        it up to the interpreter's switch interval (5 ms), so fewer, larger bursts are cheaper
+        for training than one burst per step (measured: bench/bench_steps_inprocess.py)."""
+        metrics = self.metrics
+        while True:
+            try:  # with step metrics, wake up now and then to record the unsampled steps
+                batch = [self.queue.get(timeout=EXPORT_INTERVAL_S if metrics else None)]
+            except queue.Empty:
+                batch = []
+            while True:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            if metrics is not None:
+                with fail_open("step_metrics.drain"):
+                    metrics.drain()
+            for item in batch:
+                if item is None:
+                    return
+                self._wait_for_clock()
+                with fail_open("export.step"):
+                    if isinstance(item, StepHandle):
+                        self.export_step(item)
+                    else:
+                        self.export_late(*item)
+            if self._wake.wait(EXPORT_INTERVAL_S) and not self.closed:
+                self._wake.clear()  # a one-off wake(); at shutdown it stays set
+
+    def _wait_for_clock(self) -> None:
+        """Early steps wait (on this thread, queued) until the clock model has a drift estimate
+        from several rounds; a model from one or two rounds can be off by tens of us a second.
+        Never on rank 0 (settled from the start: its clock is the reference)."""
+        sync = self.services.clock_sync
+        if sync is None or self.closed or self.clock_settled:
+            return
+        while not self.closed and time.monotonic() < self.services.clock_deadline:
+            if sync.wait_rounds(SETTLED_ROUNDS, 0.05):
+                self.clock_settled = True
+                return
+        if not self.closed:
+            log_once(
+                "clock_unsettled",
+                "tf_otel: clock sync with rank 0 has not settled; "
+                "exporting with the offsets known so far",
+            )
+            self.clock_settled = True
+
+    def step_attributes(self, handle: StepHandle, model: Any) -> Dict[str, Any]:
+        """A step span's attributes (a copy: the training thread may still add to the
+        handle's own while an in-flight step is exported)."""
+        return {
+            record.ATTR_CATEGORY: record.STEP,
+            record.ATTR_RANK: self.topology.rank,
+            record.ATTR_STEP: handle.step,
+            record.ATTR_STEP_KIND: handle.kind,
+            record.ATTR_CLOCK_OFFSET: model.offset_at(handle.start_ns),
+            record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
+            **dict(handle.attributes),
+        }
+
+    def _root_context(self, handle: StepHandle) -> Any:
+        """The step root's span context as a remote parent (sampled: rank 0 records it)."""
+        from opentelemetry.trace import (
+            NonRecordingSpan,
+            SpanContext,
+            TraceFlags,
+            set_span_in_context,
+        )
+
+        root = SpanContext(
+            trace_id=handle.trace_id,
+            span_id=step_root_span_id(self.job_id, handle.key, handle.step),
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        return set_span_in_context(NonRecordingSpan(root))
+
+    def export_step(self, handle: StepHandle) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        model = clock.current_model()
+        start = model.to_reference(handle.start_ns)
+        end = max(start, model.to_reference(handle.end_ns))
+        attributes = self.step_attributes(handle, model)
+        gpu = self.services.gpu
+        if gpu is not None:  # the step's GPU summary from the sampler's ring, no NVML call
+            with fail_open("gpu_metrics.step_summary"):
+                attributes.update(
+                    gpu.step_summary(self.topology.local_rank, handle.start_ns, handle.end_ns)
+                )
+        injected = clock.test_clock()
+        if injected is not None:  # TF_OTEL_TEST_CLOCK (tests only): the error we should undo
+            attributes[ATTR_TEST_CLOCK_ERROR] = injected.error_at_local(handle.start_ns)
+        if self.ids is not None:  # the id the step context announced at step begin
+            self.ids.prime(
+                handle.trace_id,
+                step_rank_span_id(self.job_id, handle.key, handle.step, self.topology.rank),
+            )
+        span = self.tracer.start_span(
+            f"rank {self.topology.rank} {handle.name}",
+            context=self._root_context(handle),
+            start_time=start,
+            attributes=attributes,
+        )
+        if handle.error:
+            span.set_status(Status(StatusCode.ERROR, handle.error))
+        span.end(end_time=end)
+        self._remember(handle.key, handle.step, (span.get_span_context(), start, end))
+        if self.metrics is not None:  # exemplars point at this rank's step span
+            with fail_open("step_metrics.record"):
+                self.metrics.record_step(handle, span.get_span_context())
+        records = list(handle.records)
+        for produce in handle.deferred:
+            with fail_open("export.deferred"):
+                records.extend(produce() or ())
+        self.export_records(handle.step, records, span.get_span_context(), start, end)
+        self._record_collective_wait(handle.key, handle.step, records, span.get_span_context())
+        self.services.report(self.topology.rank, handle.key, handle.step, start, end)
+
+    def export_in_step(
+        self, handle: StepHandle, name: str, start_ns: int, end_ns: int, attributes: Dict
+    ) -> Any:
+        """A span in the step's trace, child of the step's root span id (a remote parent,
+        recorded whatever the step's sampling: stall records and in-flight steps are rare),
+        from local times; returns its span context."""
+        model = clock.current_model()
+        start = model.to_reference(start_ns)
+        end = max(start, model.to_reference(end_ns))
+        span = self.tracer.start_span(
+            name, context=self._root_context(handle), start_time=start, attributes=attributes
+        )
+        span.end(end_time=end)
+        return span.get_span_context()
+
+    def _remember(self, key: str, step: int, value: Any) -> None:
+        self._steps[(key, step)] = value
+        while len(self._steps) > _STEP_CACHE:
+            self._steps.pop(next(iter(self._steps)))
+
+    def export_late(self, key: str, step: int, records: List[record.Record]) -> None:
+        known = self._steps.get((key, step))
+        if known is None:
+            count("records_orphaned")
+            return
+        self.export_records(step, records, *known)
+        self._record_collective_wait(key, step, records, known[0])
+
+    def _record_collective_wait(
+        self, key: str, step: int, records: List[record.Record], step_ctx: Any
+    ) -> None:
+        if self.metrics is not None and records:
+            with fail_open("step_metrics.record"):
+                self.metrics.record_collective_wait(key, step, records, step_ctx)
+
+    def export_records(
+        self, step: int, records: List[record.Record], step_ctx: Any, lo: int, hi: int
+    ) -> None:
+        """Records -> spans under the step span; every child clamped inside its parent."""
+        if not records:
+            return
+        model = clock.current_model()
+        by_id = {r.record_id: r for r in records}
+        done: Dict[int, Any] = {}
+
+        def emit(rec: record.Record) -> Any:
+            if rec.record_id in done:
+                return done[rec.record_id]
+            done[rec.record_id] = None  # cycle guard
+            parent_ctx, p_lo, p_hi = step_ctx, lo, hi
+            if rec.parent_id is not None and rec.parent_id in by_id:
+                parent = emit(by_id[rec.parent_id])
+                if parent is not None:
+                    parent_ctx, p_lo, p_hi = parent
+            start = model.to_reference(rec.start_ns)
+            end = model.to_reference(rec.end_ns)
+            if start < p_lo or end > p_hi:
+                count("spans_clamped")
+            # Backends that keep microseconds (Jaeger) truncate start and duration separately:
+            # a child must end a microsecond before its parent to stay inside it there too.
+            limit = p_hi - _US if p_hi - p_lo > 2 * _US else p_hi
+            start = min(max(start, p_lo), limit)
+            end = min(max(end, start), limit)
+            attributes = {
+                record.ATTR_CATEGORY: rec.category,
+                record.ATTR_RANK: self.topology.rank,
+                record.ATTR_STEP: step,
+                record.ATTR_CLOCK_OFFSET: model.offset_at(rec.start_ns),
+                record.ATTR_CLOCK_UNCERTAINTY: model.uncertainty_ns,
+                **rec.attributes,
+            }
+            ctx = self.spans.finished(rec.name, parent_ctx, start, end, attributes)
+            done[rec.record_id] = (ctx, start, end)
+            return done[rec.record_id]
+
+        for rec in records:
+            emit(rec)
+
+    def emit_root(
+        self,
+        key: str,
+        step: int,
+        start_ns: int,
+        end_ns: int,
+        ranks: int,
+        reported: Optional[tuple] = None,
+    ) -> None:
+        """Rank 0 (the coordinator's thread): the step's root over every rank; ``reported``:
+        the ranks heard from when some rank never reported the step (killed mid-step, or
+        later than the wait) -> marked partial."""
+        from opentelemetry.context import Context
+        from opentelemetry.trace import Link
+
+        if self.ids is None:
+            return
+        links = []
+        job_span = self.services.job_span
+        if job_span is not None and job_span.get_span_context().is_valid:
+            links.append(Link(job_span.get_span_context()))
+        self.ids.prime(
+            step_trace_id(self.job_id, key, step), step_root_span_id(self.job_id, key, step)
+        )
+        span = self.tracer.start_span(
+            f"{key} step {step}",
+            context=Context(),
+            links=links,
+            start_time=start_ns,
+            attributes={
+                record.ATTR_CATEGORY: record.STEP_ROOT,
+                record.ATTR_STEP: step,
+                record.ATTR_JOB_ID: self.job_id,
+                record.ATTR_STEP_RANKS: ranks,
+                record.ATTR_WORLD_SIZE: self.topology.world_size,
+                record.ATTR_STEP_WORLD_SIZE: self.topology.step_world_size,
+            },
+        )
+        if reported is not None:
+            span.set_attribute("tf_otel.step.partial", True)
+            span.set_attribute("tf_otel.step.ranks_reported", list(reported))
+        span.end(end_time=end_ns)
