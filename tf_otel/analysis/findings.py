@@ -21,7 +21,8 @@ In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constan
   rank's p95 < 70%;
 - the whole-step rules (input source, CPU, time between steps, memory growth, batch size) from
   step span attributes: ``step_rules``.
-Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else low.
+Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else low
+(``finding_figures.severity``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tf_otel.analysis.critical_path import (
     PATH_INPUT,
     PATH_STRAGGLER_WAIT,
 )
+from tf_otel.analysis.finding_figures import ms, severity
 from tf_otel.analysis.measured import holds_text
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.analysis.step_rules import has_input_wait, whole_step_findings
@@ -46,14 +48,6 @@ INPUT_BOUND_SHARE = 0.15
 COMMUNICATION_BOUND_SHARE = 0.30
 LOW_GPU_P95_PERCENT = 70.0
 MAX_LISTED_STEPS = 20
-
-
-def _severity(share: float) -> str:
-    return "high" if share >= 0.10 else "medium" if share >= 0.03 else "low"
-
-
-def _ms(ns: float) -> float:
-    return round(ns / 1e6, 3)
 
 
 def _ordered(settings: Dict[str, str]) -> Dict[str, str]:
@@ -85,22 +79,22 @@ def straggler_findings(result: AnalysisResult) -> List[Finding]:
         findings.append(
             Finding(
                 rule="straggler",
-                severity=_severity(saving_share),
+                severity=severity(saving_share),
                 summary=(
                     f"rank {stats.rank} is the straggler in {count} of "
                     f"{len(result.steady_steps)} steady steps,"
-                    f" {_ms(stats.excess_ns / count)} ms behind the median rank on average"
+                    f" {ms(stats.excess_ns / count)} ms behind the median rank on average"
                     f" (cause: {cause})"
                 ),
                 evidence={
                     "rank": stats.rank,
                     "steps": numbers[:MAX_LISTED_STEPS],
                     "step_count": count,
-                    "mean_excess_ms": _ms(stats.excess_ns / count),
-                    "what_if_saving_ms": _ms(stats.saving_ns),
+                    "mean_excess_ms": ms(stats.excess_ns / count),
+                    "what_if_saving_ms": ms(stats.saving_ns),
                     "what_if_saving_share": round(saving_share, 4),
                     "causes": dict(sorted(causes.items())),
-                    "threshold_ms": _ms(result.stragglers.noise.threshold_for(stats.rank)),
+                    "threshold_ms": ms(result.stragglers.noise.threshold_for(stats.rank)),
                     "last_arrivals": stats.last_arrivals,
                     "collectives": stats.collectives,
                     "last_to_end": stats.last_to_end,
@@ -124,16 +118,16 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
         findings.append(
             Finding(
                 rule="persistent_lateness",
-                severity=_severity(usual * len(result.steady_steps) / (result.total_ns or 1)),
+                severity=severity(usual * len(result.steady_steps) / (result.total_ns or 1)),
                 summary=(
-                    f"rank {rank} is late in most steps: median {_ms(usual)} ms behind the "
+                    f"rank {rank} is late in most steps: median {ms(usual)} ms behind the "
                     f"other ranks"
                 ),
                 evidence={
                     "rank": rank,
-                    "median_lateness_ms": _ms(usual),
-                    "threshold_ms": _ms(noise.threshold_ns),
-                    "noise_sigma_ms": _ms(noise.sigma_ns),
+                    "median_lateness_ms": ms(usual),
+                    "threshold_ms": ms(noise.threshold_ns),
+                    "noise_sigma_ms": ms(noise.sigma_ns),
                 },
                 suggestion=(
                     "Something this rank does every step and the others do not: rank-0 duties "
@@ -178,13 +172,13 @@ def _share_finding(
     return [
         Finding(
             rule=rule,
-            severity=_severity(share),
+            severity=severity(share),
             summary=summary,
             evidence={
                 "share": round(share, 4),
                 "threshold": threshold,
-                "critical_path_ms": {c: _ms(by_category[c]) for c in categories},
-                "total_critical_path_ms": _ms(measured.path_ns),
+                "critical_path_ms": {c: ms(by_category[c]) for c in categories},
+                "total_critical_path_ms": ms(measured.path_ns),
                 "measured_steps": measured.measured_steps,
                 "steps": measured.steps,
             },
@@ -214,19 +208,19 @@ def outlier_findings(result: AnalysisResult) -> List[Finding]:
     return [
         Finding(
             rule="step_outliers",
-            severity=_severity(extra / (result.total_ns or 1)),
+            severity=severity(extra / (result.total_ns or 1)),
             summary=(
-                f"{len(durations)} steps take longer than {_ms(stats.threshold_ns)} ms "
-                f"(median {_ms(stats.median_ns)} ms); worst: step {result.step_label(worst)} "
-                f"({_ms(durations[worst])} ms)"
+                f"{len(durations)} steps take longer than {ms(stats.threshold_ns)} ms "
+                f"(median {ms(stats.median_ns)} ms); worst: step {result.step_label(worst)} "
+                f"({ms(durations[worst])} ms)"
             ),
             evidence={
                 "steps": [result.step_number(k) for k in stats.outliers][:MAX_LISTED_STEPS],
                 "step_count": len(durations),
-                "median_ms": _ms(stats.median_ns),
-                "mad_ms": _ms(stats.mad_ns),
-                "threshold_ms": _ms(stats.threshold_ns),
-                "extra_ms": _ms(extra),
+                "median_ms": ms(stats.median_ns),
+                "mad_ms": ms(stats.mad_ns),
+                "threshold_ms": ms(stats.threshold_ns),
+                "extra_ms": ms(extra),
             },
             suggestion=(
                 "Compare an outlier step's critical path with a typical one (--html): the first "
