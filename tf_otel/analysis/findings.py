@@ -9,9 +9,9 @@ In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constan
   total step time or it straggles in >= 10% of the steps;
 - input_bound: where step spans carry input wait (``tf_otel.input.wait_ns``), graded as the TF
   profiler does (``step_rules``); otherwise input wait is >= 15% of the time on the critical path
-  over the steps where input was measured (``measured``; measured on none: no finding);
+  over the steps where input was measured (``path_share``; measured on none: no finding);
 - communication_bound: communication + straggler wait >= 30% of the critical path over the
-  steps where communication was measured (none: no finding);
+  steps where communication was measured (none: no finding; ``path_share``);
 - a straggler's cause ``compute`` on a step that did not measure input or communication holds
   them too: the finding says so (no claim of pure compute);
 - persistent_lateness: a rank whose median lateness (over the steady steps) stands out from
@@ -38,6 +38,7 @@ from tf_otel.analysis.critical_path import (
 )
 from tf_otel.analysis.finding_figures import ms, severity
 from tf_otel.analysis.measured import holds_text
+from tf_otel.analysis.path_share import path_share_findings
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.analysis.step_rules import has_input_wait, whole_step_findings
 from tf_otel.analysis.whole_step import step_samples
@@ -139,63 +140,34 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
     return findings
 
 
-def _share_finding(
-    result: AnalysisResult, rule: str, categories: List[str], threshold: float
-) -> List[Finding]:
-    """Over the steady steps where every one of ``categories`` was measured: none, no finding
-    (a category that was not measured is not 0 %)."""
-    measured = result.group_share(categories)
-    share = measured.share
-    if not result.steps or share is None or share < threshold:
-        return []
-    over = (
-        ""
-        if measured.measured_steps == measured.steps
-        else f" (over the {measured.measured_steps} of {measured.steps} steady steps where it "
-        "was measured)"
-    )
-    if rule == "input_bound":
-        summary = f"input wait is {share:.0%} of the critical path{over}"
-        suggestion = (
+def input_path_findings(result: AnalysisResult) -> List[Finding]:
+    return path_share_findings(
+        result,
+        "input_bound",
+        [PATH_INPUT],
+        INPUT_BOUND_SHARE,
+        what="input wait",
+        suggestion=(
             "Overlap input with compute: dataset.prefetch(tf.data.AUTOTUNE), "
             "map(num_parallel_calls=AUTOTUNE), interleave for file reads, cache() small "
             "datasets, move decoding off the host's critical cores."
-        )
-    else:
-        summary = f"communication is {share:.0%} of the critical path{over}"
-        suggestion = (
+        ),
+    )
+
+
+def communication_findings(result: AnalysisResult) -> List[Finding]:
+    return path_share_findings(
+        result,
+        "communication_bound",
+        [PATH_COMMUNICATION, PATH_STRAGGLER_WAIT],
+        COMMUNICATION_BOUND_SHARE,
+        what="communication",
+        suggestion=(
             "Reduce or hide communication: larger HOROVOD_FUSION_THRESHOLD, fp16 gradient "
             "compression (hvd.Compression.fp16), gradient accumulation / larger batches, "
             "hierarchical allreduce; check the interconnect (NCCL over InfiniBand, not TCP)."
-        )
-    by_category = _measured_by_category(result, categories)
-    return [
-        Finding(
-            rule=rule,
-            severity=severity(share),
-            summary=summary,
-            evidence={
-                "share": round(share, 4),
-                "threshold": threshold,
-                "critical_path_ms": {c: ms(by_category[c]) for c in categories},
-                "total_critical_path_ms": ms(measured.path_ns),
-                "measured_steps": measured.measured_steps,
-                "steps": measured.steps,
-            },
-            suggestion=suggestion,
-        )
-    ]
-
-
-def _measured_by_category(result: AnalysisResult, categories: List[str]) -> Dict[str, int]:
-    """Path time by category over the steady steps that measured all of ``categories``."""
-    totals = dict.fromkeys(categories, 0)
-    for step in result.steady_steps:
-        if all(c in step.measured for c in categories):
-            split = step.path.by_category()
-            for category in categories:
-                totals[category] += split[category]
-    return totals
+        ),
+    )
 
 
 def outlier_findings(result: AnalysisResult) -> List[Finding]:
@@ -261,13 +233,8 @@ def evaluate_rules(result: AnalysisResult) -> List[Finding]:
     findings += persistent_findings(result)
     samples = step_samples(result)
     if not has_input_wait(samples):  # else the step spans' own input wait grades it
-        findings += _share_finding(result, "input_bound", [PATH_INPUT], INPUT_BOUND_SHARE)
-    findings += _share_finding(
-        result,
-        "communication_bound",
-        [PATH_COMMUNICATION, PATH_STRAGGLER_WAIT],
-        COMMUNICATION_BOUND_SHARE,
-    )
+        findings += input_path_findings(result)
+    findings += communication_findings(result)
     findings += outlier_findings(result)
     # one GPU rule: the step spans' per-step means when they carry them, else older spans' samples
     step_gpu = any(s.gpu_percent is not None for s in samples)
