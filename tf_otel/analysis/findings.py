@@ -7,18 +7,18 @@ Usage::
 In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constants):
 - straggler: a rank is the step straggler in >= 1 step and its what-if saving is >= 2% of the
   total step time or it straggles in >= 10% of the steps;
-- input_bound: where step spans carry input wait (``tf_otel.input.wait_ns``), graded as the TF
-  profiler does (``step_rules``); otherwise input wait is >= 15% of the time on the critical path
-  over the steps where input was measured (``path_share``; measured on none: no finding);
 - communication_bound: communication + straggler wait >= 30% of the critical path over the
   steps where communication was measured (none: no finding; ``path_share``);
 - a straggler's cause ``compute`` on a step that did not measure input or communication holds
   them too: the finding says so (no claim of pure compute);
 - persistent_lateness: a rank whose median lateness (over the steady steps) stands out from
   the ranks' step-to-step variation: late in most steps, so measured against itself per step;
-- step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``);
-- low_gpu_utilization: only when spans carry ``gpu.utilization`` / ``hw.gpu.utilization``: a
-  rank's p95 < 70%;
+- step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``).
+The other rules live where their data is read, one module a rule or a family:
+- input_bound (``input_rule``): the step spans' input wait graded as the TF profiler does, or
+  where step spans carry none, input wait >= 15% of the critical path;
+- low_gpu_utilization (``gpu_rule``): a rank's GPU utilisation p95 < 70%, from step spans or
+  else other spans;
 - the whole-step rules (input source, CPU, time between steps, memory growth, batch size) from
   step span attributes: ``step_rules``.
 Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else low
@@ -33,21 +33,20 @@ from tf_otel.analysis.critical_path import (
     PATH_CATEGORIES,
     PATH_COMMUNICATION,
     PATH_COMPUTE,
-    PATH_INPUT,
     PATH_STRAGGLER_WAIT,
 )
 from tf_otel.analysis.finding_figures import ms, severity
+from tf_otel.analysis.gpu_rule import low_gpu_findings
+from tf_otel.analysis.input_rule import input_bound_findings
 from tf_otel.analysis.measured import holds_text
 from tf_otel.analysis.path_share import path_share_findings
 from tf_otel.analysis.result import AnalysisResult, Finding
-from tf_otel.analysis.step_rules import has_input_wait, whole_step_findings
+from tf_otel.analysis.step_rules import whole_step_findings
 from tf_otel.analysis.whole_step import step_samples
 
 STRAGGLER_MIN_SAVING_SHARE = 0.02
 STRAGGLER_MIN_STEP_SHARE = 0.10
-INPUT_BOUND_SHARE = 0.15
 COMMUNICATION_BOUND_SHARE = 0.30
-LOW_GPU_P95_PERCENT = 70.0
 MAX_LISTED_STEPS = 20
 
 
@@ -140,21 +139,6 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
     return findings
 
 
-def input_path_findings(result: AnalysisResult) -> List[Finding]:
-    return path_share_findings(
-        result,
-        "input_bound",
-        [PATH_INPUT],
-        INPUT_BOUND_SHARE,
-        what="input wait",
-        suggestion=(
-            "Overlap input with compute: dataset.prefetch(tf.data.AUTOTUNE), "
-            "map(num_parallel_calls=AUTOTUNE), interleave for file reads, cache() small "
-            "datasets, move decoding off the host's critical cores."
-        ),
-    )
-
-
 def communication_findings(result: AnalysisResult) -> List[Finding]:
     return path_share_findings(
         result,
@@ -203,43 +187,15 @@ def outlier_findings(result: AnalysisResult) -> List[Finding]:
     ]
 
 
-def gpu_findings(result: AnalysisResult) -> List[Finding]:
-    low = {}
-    for rank, samples in result.gpu_utilization.items():
-        ordered = sorted(samples)
-        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-        if p95 < LOW_GPU_P95_PERCENT:
-            low[rank] = round(p95, 1)
-    if not low:
-        return []
-    return [
-        Finding(
-            rule="low_gpu_utilization",
-            severity="medium",
-            summary=f"GPU utilisation p95 below {LOW_GPU_P95_PERCENT:.0f}% on ranks "
-            + ", ".join(str(r) for r in low),
-            evidence={"p95_percent_by_rank": {str(r): v for r, v in low.items()}},
-            suggestion=(
-                "Give the GPU more work per launch: a larger batch, mixed precision, XLA "
-                "(jit_compile=True); if the critical path shows input or communication, fix that "
-                "first."
-            ),
-        )
-    ]
-
-
 def evaluate_rules(result: AnalysisResult) -> List[Finding]:
+    """Every rule, ordered by severity (stable: equal severities keep this order)."""
+    samples = step_samples(result)  # one pass over the step spans for every rule that reads them
     findings = straggler_findings(result)
     findings += persistent_findings(result)
-    samples = step_samples(result)
-    if not has_input_wait(samples):  # else the step spans' own input wait grades it
-        findings += input_path_findings(result)
     findings += communication_findings(result)
     findings += outlier_findings(result)
-    # one GPU rule: the step spans' per-step means when they carry them, else older spans' samples
-    step_gpu = any(s.gpu_percent is not None for s in samples)
-    if not step_gpu:
-        findings += gpu_findings(result)
-    findings += whole_step_findings(samples, gpu=step_gpu or not result.gpu_utilization)
+    findings += input_bound_findings(result, samples)
+    findings += low_gpu_findings(result, samples)
+    findings += whole_step_findings(samples)
     order = {"high": 0, "medium": 1, "low": 2}
     return sorted(findings, key=lambda f: order[f.severity])

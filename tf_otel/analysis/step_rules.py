@@ -1,5 +1,5 @@
-"""Findings from the whole-step attributes of step spans: input-bound (and whether I/O or
-decoding), CPU-bound, time lost between steps, memory growth, a batch too small.
+"""Findings from the whole-step attributes of step spans: whether an input-bound rank's wait
+goes to I/O or decoding, CPU-bound, time lost between steps, memory growth, a batch too small.
 
 Usage::
 
@@ -10,20 +10,20 @@ Each rule is one function, plain ``StepSample`` lists in, ``Finding`` lists out;
 attributes are absent finds nothing. Thresholds are module constants, documented with their
 anchors in docs/WHOLE_STEP.md ("Findings"):
 
-- input_bound: input wait >= 5 % of step time (moderately), >= 20 % (highly): the TF profiler's
-  grading, over the steps that are not step outliers; and >= 0.2 ms a batch in the median step
-  (the timing tail's own floor is ~0.05 ms a batch) or >= 1 ms a batch on average.
-- io_bound_input / decode_bound_input: for an input-bound rank, the bytes it read per second of
-  input wait (>= 10 MiB/s: the reads can account for the wait) and its CPU use (>= 50 % of its
-  cores: the pipeline computes).
+- io_bound_input / decode_bound_input: for a rank that ``input_rule`` grades input-bound from its
+  step spans' input wait, the bytes it read per second of input wait (>= 10 MiB/s: the reads can
+  account for the wait) and its CPU use (>= 50 % of its cores: the pipeline computes).
 - cpu_bound: process CPU time >= 85 % of (cores x wall time): every core busy.
 - time_between_steps: time between steps >= 5 % of wall time and >= 1 ms a step, at least half
   of it callbacks / checkpoint writes (named) or >= 1 ms unnamed in >= 3 steps (recurring).
 - memory_growth: RSS grows (Theil-Sen slope) >= 1 MiB / 100 steps, by >= 5 % over the run, and
   each third of the run sits higher than the one before.
-- low_gpu_utilization: ``hw.gpu.utilization`` on step spans, a rank's p95 < 70 %.
 - small_batch: batch size known, framework time between steps (not callbacks, not checkpoints)
   >= 25 % of wall time, and the step itself short (median <= 20 ms).
+
+``input_bound`` and ``low_gpu_utilization`` read step span attributes too, but fall back on
+other spans where step spans lack them: each is one rule in a module of its own
+(``input_rule``, ``gpu_rule``).
 """
 
 from __future__ import annotations
@@ -31,13 +31,10 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tf_otel.analysis.finding_figures import median, mib, ms, ranks_text
+from tf_otel.analysis.input_rule import input_bound_ranks
 from tf_otel.analysis.result import Finding
 from tf_otel.analysis.whole_step import MIN_STEPS, StepSample, by_rank
 
-INPUT_MODERATE_SHARE = 0.05  # the TF profiler: "moderately input-bound"
-INPUT_HIGH_SHARE = 0.20  # "highly input-bound"
-INPUT_MIN_WAIT_NS = 200_000  # a batch, median step: the timing tail's floor (docs/WHOLE_STEP.md)
-INPUT_MIN_MEAN_WAIT_NS = 1_000_000  # a batch on average, where the median step waits less
 IO_MIN_READ_RATE = 10 * 2**20  # bytes read per second of input wait for reads to explain it
 DECODE_CPU_SHARE = 0.50  # CPU use (of the cores) at which the input pipeline is computing
 CPU_BOUND_SHARE = 0.85  # CPU time / (cores x wall)
@@ -49,109 +46,12 @@ BETWEEN_MIN_RECURRING = 3  # steps with >= 1 ms between them nobody is named for
 MEMORY_MIN_STEPS = 20
 MEMORY_MIN_SLOPE = 2**20 / 100  # bytes per step: 1 MiB / 100 steps
 MEMORY_MIN_GROWTH = 0.05  # of the first third's RSS
-LOW_GPU_P95_PERCENT = 70.0
 SMALL_BATCH_OVERHEAD_SHARE = 0.25
 SMALL_BATCH_MAX_STEP_NS = 20_000_000
 _THEIL_SEN_POINTS = 200  # pairwise slopes are O(n^2): thin longer runs evenly
 
 
-# -- input ------------------------------------------------------------------------------------
-
-
-def _input_stats(samples: Sequence[StepSample]) -> Optional[Dict[str, float]]:
-    # outlier steps (a stalled host, a checkpoint) are the step_outliers finding's; one 1 s
-    # stall would otherwise halve the share of a run of 30 ms steps
-    timed = [s for s in samples if s.input_wait_ns is not None and not s.outlier]
-    if len(timed) < MIN_STEPS:
-        return None
-    wait = sum(s.input_wait_ns or 0 for s in timed)
-    duration = sum(s.duration_ns for s in timed) or 1
-    elements = sum(s.input_elements or 0 for s in timed)
-    return {
-        "steps": len(timed),
-        "share": wait / duration,
-        "wait_ns": wait,
-        "wait_per_step_ns": wait / len(timed),
-        # the typical step: a step the scheduler stalled lets the wait run long (or the
-        # prefetch buffer fill), which moves the mean but not this
-        "median_wait_per_step_ns": median([s.input_wait_ns or 0 for s in timed]),
-        "median_wait_per_batch_ns": median(
-            [(s.input_wait_ns or 0) / max(1, s.input_elements or 1) for s in timed]
-        ),
-        "wait_per_batch_ns": wait / elements if elements else wait / len(timed),
-        "step_ns": duration / len(timed),
-    }
-
-
-def input_bound_ranks(samples: Sequence[StepSample]) -> Dict[int, Dict[str, float]]:
-    """Ranks whose input wait passes the moderate grade and the noise floor, with their figures."""
-    found = {}
-    for rank, own in by_rank(samples).items():
-        stats = _input_stats(own)
-        if stats is None:
-            continue
-        # above the timing tail's floor in the typical step, or well above it on average (waits
-        # in some steps only: file boundaries, a refilling shuffle buffer); a loaded host's
-        # scheduler hiccups lift the mean of a prefetched pipeline (0.26 ms a batch measured at
-        # load 16 on 2 cores), not its median
-        typical = stats["median_wait_per_batch_ns"] >= INPUT_MIN_WAIT_NS
-        sporadic = stats["wait_per_batch_ns"] >= INPUT_MIN_MEAN_WAIT_NS
-        if stats["share"] >= INPUT_MODERATE_SHARE and (typical or sporadic):
-            found[rank] = stats
-    return found
-
-
-def has_input_wait(samples: Sequence[StepSample]) -> bool:
-    """Whether the steps carry input wait at all (then it, not the critical path, grades)."""
-    return any(s.input_wait_ns is not None for s in samples)
-
-
-def input_bound_findings(samples: Sequence[StepSample]) -> List[Finding]:
-    ranks = input_bound_ranks(samples)
-    if not ranks:
-        return []
-    worst = max(ranks, key=lambda r: (ranks[r]["share"], -r))
-    share = ranks[worst]["share"]
-    grade = "highly" if share >= INPUT_HIGH_SHARE else "moderately"
-    return [
-        Finding(
-            rule="input_bound",
-            severity="high" if grade == "highly" else "medium",
-            summary=(
-                f"{grade} input-bound: waiting for input is {share:.0%} of the step time on "
-                f"{ranks_text(list(ranks))} ({ms(ranks[worst]['wait_per_step_ns'])} ms a step)"
-            ),
-            evidence={
-                "grade": grade,
-                "share": round(share, 4),
-                "thresholds": {
-                    "moderately": INPUT_MODERATE_SHARE,
-                    "highly": INPUT_HIGH_SHARE,
-                    "min_median_wait_per_batch_ms": ms(INPUT_MIN_WAIT_NS),
-                    "min_mean_wait_per_batch_ms": ms(INPUT_MIN_MEAN_WAIT_NS),
-                },
-                "by_rank": {
-                    str(rank): {
-                        "share": round(stats["share"], 4),
-                        "wait_per_step_ms": ms(stats["wait_per_step_ns"]),
-                        "median_wait_per_step_ms": ms(stats["median_wait_per_step_ns"]),
-                        "wait_per_batch_ms": ms(stats["wait_per_batch_ns"]),
-                        "median_wait_per_batch_ms": ms(stats["median_wait_per_batch_ns"]),
-                        "step_ms": ms(stats["step_ns"]),
-                        "steps": int(stats["steps"]),
-                    }
-                    for rank, stats in ranks.items()
-                },
-                "source": "step span attributes tf_otel.input.wait_ns / tf_otel.input.elements",
-            },
-            suggestion=(
-                "Overlap input with compute: dataset.prefetch(tf.data.AUTOTUNE), "
-                "map(num_parallel_calls=tf.data.AUTOTUNE), interleave for file reads, cache() "
-                "what fits in memory, decode once offline; see the io_bound_input / "
-                "decode_bound_input finding for which part of the pipeline to look at."
-            ),
-        )
-    ]
+# -- where the input wait goes ----------------------------------------------------------------
 
 
 def _cpu_share(samples: Sequence[StepSample]) -> Optional[float]:
@@ -425,42 +325,6 @@ def memory_growth_findings(samples: Sequence[StepSample]) -> List[Finding]:
     ]
 
 
-# -- GPU ------------------------------------------------------------------------------------
-
-
-def low_gpu_findings(samples: Sequence[StepSample]) -> List[Finding]:
-    """Step spans with ``hw.gpu.utilization`` (semconv, a ratio): a rank's p95 below 70 %.
-    (Spans with the older ``gpu.utilization`` are judged by ``findings.gpu_findings``.)"""
-    low = {}
-    for rank, own in by_rank(samples).items():
-        values = sorted(s.gpu_percent for s in own if s.gpu_percent is not None)
-        if len(values) < MIN_STEPS:
-            continue
-        p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
-        if p95 < LOW_GPU_P95_PERCENT:
-            low[rank] = {"p95_percent": round(p95, 1), "median_percent": round(median(values), 1)}
-    if not low:
-        return []
-    return [
-        Finding(
-            rule="low_gpu_utilization",
-            severity="medium",
-            summary=f"GPU utilisation p95 below {LOW_GPU_P95_PERCENT:.0f}% on "
-            + ranks_text(list(low)),
-            evidence={
-                "by_rank": {str(r): v for r, v in low.items()},
-                "threshold_p95_percent": LOW_GPU_P95_PERCENT,
-                "source": "hw.gpu.utilization on the step spans (NVML, mean over the step)",
-            },
-            suggestion=(
-                "Give the GPU more work per launch: a larger batch, mixed precision, XLA "
-                "(jit_compile=True); if input_bound, cpu_bound or time_between_steps is "
-                "raised too, fix that first: the GPU waits for the host."
-            ),
-        )
-    ]
-
-
 # -- batch size -------------------------------------------------------------------------------
 
 
@@ -508,13 +372,9 @@ def small_batch_findings(samples: Sequence[StepSample]) -> List[Finding]:
     ]
 
 
-def whole_step_findings(samples: Sequence[StepSample], gpu: bool = True) -> List[Finding]:
-    """Every whole-step rule over the samples (``whole_step.step_samples``); ``gpu=False``
-    where the older ``gpu.utilization`` samples are judged elsewhere."""
-    findings = input_bound_findings(samples)
-    if gpu:
-        findings += low_gpu_findings(samples)
-    findings += input_source_findings(samples)
+def whole_step_findings(samples: Sequence[StepSample]) -> List[Finding]:
+    """Every rule of this module over the samples (``whole_step.step_samples``)."""
+    findings = input_source_findings(samples)
     findings += cpu_bound_findings(samples)
     findings += between_steps_findings(samples)
     findings += memory_growth_findings(samples)

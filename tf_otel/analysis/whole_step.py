@@ -1,5 +1,6 @@
 """The whole-step attributes of step spans (input wait, time between steps, I/O, CPU, memory,
-GPU, batch size) as plain per-step samples for the findings in ``step_rules``.
+GPU, batch size) as plain per-step samples for the rules that read them (``step_rules``,
+``input_rule``, ``gpu_rule``).
 
 Usage::
 
