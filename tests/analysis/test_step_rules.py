@@ -12,22 +12,27 @@ from analysis_builders import JobBuilder, decoded_spans
 
 from tf_otel.analysis import step_rules
 from tf_otel.analysis.analyze import analyze_spans
+from tf_otel.analysis.gpu_rule import low_gpu_findings
+from tf_otel.analysis.input_rule import input_bound_findings
 from tf_otel.analysis.load.files import load_paths
+from tf_otel.analysis.outliers import OutlierStats
 from tf_otel.analysis.report.json_report import to_json
+from tf_otel.analysis.result import AnalysisResult
 from tf_otel.analysis.step_rules import (
     between_steps_findings,
     cpu_bound_findings,
-    input_bound_findings,
     input_source_findings,
-    low_gpu_findings,
     memory_growth_findings,
     small_batch_findings,
     theil_sen_slope,
 )
+from tf_otel.analysis.stragglers import StragglerSummary
 from tf_otel.analysis.whole_step import StepSample
 
 MS = 1_000_000
 MIB = 2**20
+# the samples alone: a result with no steps, so a rule's critical-path / span source has nothing
+NO_PATH = AnalysisResult("samples", None, [], StragglerSummary(), OutlierStats())
 
 
 def samples(count: int = 20, rank: int = 0, **fields: Any) -> List[StepSample]:
@@ -52,7 +57,9 @@ def rules(findings) -> List[str]:
     [(0.49, None), (0.5, "moderately"), (1.99, "moderately"), (2.0, "highly"), (8.0, "highly")],
 )
 def test_input_bound_grades_at_5_and_20_percent(wait_ms, expected):
-    found = input_bound_findings(samples(input_wait_ns=round(wait_ms * MS), input_elements=1))
+    found = input_bound_findings(
+        NO_PATH, samples(input_wait_ns=round(wait_ms * MS), input_elements=1)
+    )
     if expected is None:
         assert found == []
         return
@@ -66,22 +73,22 @@ def test_input_bound_grades_at_5_and_20_percent(wait_ms, expected):
 def test_input_wait_below_the_floor_per_batch_is_noise():
     # 0.15 ms a batch on 1 ms steps is 15 %: the timing tail's own cost, not the pipeline's
     tiny = samples(duration_ns=MS, input_wait_ns=150_000, input_elements=1)
-    assert input_bound_findings(tiny) == []
+    assert input_bound_findings(NO_PATH, tiny) == []
     # the same wait spread over 4 batches a call (steps_per_execution) is even more so
-    assert input_bound_findings(samples(input_wait_ns=760_000, input_elements=4)) == []
-    assert input_bound_findings(samples(input_wait_ns=800_000, input_elements=1)) != []
+    assert input_bound_findings(NO_PATH, samples(input_wait_ns=760_000, input_elements=4)) == []
+    assert input_bound_findings(NO_PATH, samples(input_wait_ns=800_000, input_elements=1)) != []
 
 
 def test_input_bound_names_only_the_waiting_rank():
     run = samples(rank=0, input_wait_ns=0, input_elements=1)
     run += samples(rank=1, input_wait_ns=5 * MS, input_elements=1)
-    (finding,) = input_bound_findings(run)
+    (finding,) = input_bound_findings(NO_PATH, run)
     assert list(finding.evidence["by_rank"]) == ["1"]
     assert "rank 1" in finding.summary
 
 
 def test_no_input_attributes_no_finding():
-    assert input_bound_findings(samples()) == []
+    assert input_bound_findings(NO_PATH, samples()) == []
 
 
 # -- I/O-bound vs decode-bound -----------------------------------------------------------------
@@ -222,9 +229,9 @@ def test_theil_sen_ignores_outliers():
 
 
 def test_low_gpu_utilisation_from_hw_gpu_attribute():
-    assert rules(low_gpu_findings(samples(gpu_percent=35.0))) == ["low_gpu_utilization"]
-    assert low_gpu_findings(samples(gpu_percent=92.0)) == []
-    assert low_gpu_findings(samples()) == []
+    assert rules(low_gpu_findings(NO_PATH, samples(gpu_percent=35.0))) == ["low_gpu_utilization"]
+    assert low_gpu_findings(NO_PATH, samples(gpu_percent=92.0)) == []
+    assert low_gpu_findings(NO_PATH, samples()) == []
 
 
 def test_small_batch_when_per_step_overhead_dominates():
@@ -310,6 +317,35 @@ def test_step_attributes_grade_input_not_the_critical_path():
     assert "input_bound" not in rules(result.findings)
 
 
+def test_step_spans_gpu_utilisation_decides_over_other_spans():
+    # one rule, two sources: the step spans' own means where they carry them (30 % here, the
+    # kernels' older samples say 95 %), else the other spans' samples
+    def kernels(job: JobBuilder, percent: float) -> JobBuilder:
+        for number, step in enumerate(job.steps):
+            step.span(
+                0,
+                "kernel",
+                "gemm",
+                12.0 * number,
+                12.0 * number + 1,
+                **{"gpu.utilization": percent},
+            )
+        return job
+
+    both = kernels(whole_step_job(lambda n: {"hw.gpu.utilization": 0.3}), 95.0)
+    (finding,) = [
+        f for f in analyze_spans(decoded_spans(both)).findings if f.rule == "low_gpu_utilization"
+    ]
+    assert finding.evidence["by_rank"]["0"]["p95_percent"] == 30.0
+    spans_only = kernels(whole_step_job(lambda n: {}), 35.0)
+    (finding,) = [
+        f
+        for f in analyze_spans(decoded_spans(spans_only)).findings
+        if f.rule == "low_gpu_utilization"
+    ]
+    assert finding.evidence["p95_percent_by_rank"] == {"0": 35.0}
+
+
 def test_attributes_survive_both_file_decoders(tmp_path):
     job = whole_step_job(input_bound_attributes)
     job.write_otlp(tmp_path / "spans.jsonl")
@@ -358,7 +394,7 @@ def test_one_unnamed_stall_is_not_a_habit():
 def test_outlier_steps_stay_out_of_the_input_share():
     run = samples(20, input_wait_ns=9 * MS, input_elements=1)
     stalled = [StepSample(rank=0, step=20, duration_ns=1000 * MS, input_wait_ns=0, outlier=True)]
-    (finding,) = input_bound_findings(run + stalled)
+    (finding,) = input_bound_findings(NO_PATH, run + stalled)
     assert finding.evidence["share"] == pytest.approx(0.9)
 
 
@@ -371,16 +407,16 @@ def test_hiccups_on_a_loaded_host_are_not_input_bound():
         input_elements=1,
         input_wait_ns=lambda n: 2_250_000 if n in (3, 11) else 65_000,
     )
-    assert input_bound_findings(run) == []
+    assert input_bound_findings(NO_PATH, run) == []
 
 
 def test_waits_in_some_steps_only_count_from_1_ms_on_average():
     # every 5th step waits: the median step does not, the mean passes the sporadic floor
     waits = {"input_elements": 1, "duration_ns": 20 * MS}
     run = samples(20, input_wait_ns=lambda n: 6 * MS if n % 5 == 0 else 0, **waits)
-    (finding,) = input_bound_findings(run)  # 1.2 ms a batch on average, 6 % of step time
+    (finding,) = input_bound_findings(NO_PATH, run)  # 1.2 ms a batch on average, 6 % of step time
     assert finding.evidence["by_rank"]["0"]["median_wait_per_batch_ms"] == 0
     assert finding.evidence["grade"] == "moderately"
     # 0.8 ms a batch on average, 8 % of 10 ms steps: below both floors
     under = samples(20, input_wait_ns=lambda n: 4 * MS if n % 5 == 0 else 0, input_elements=1)
-    assert input_bound_findings(under) == []
+    assert input_bound_findings(NO_PATH, under) == []

@@ -7,21 +7,22 @@ Usage::
 In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constants):
 - straggler: a rank is the step straggler in >= 1 step and its what-if saving is >= 2% of the
   total step time or it straggles in >= 10% of the steps;
-- input_bound: where step spans carry input wait (``tf_otel.input.wait_ns``), graded as the TF
-  profiler does (``step_rules``); otherwise input wait is >= 15% of the time on the critical path
-  over the steps where input was measured (``measured``; measured on none: no finding);
 - communication_bound: communication + straggler wait >= 30% of the critical path over the
-  steps where communication was measured (none: no finding);
+  steps where communication was measured (none: no finding; ``path_share``);
 - a straggler's cause ``compute`` on a step that did not measure input or communication holds
   them too: the finding says so (no claim of pure compute);
 - persistent_lateness: a rank whose median lateness (over the steady steps) stands out from
   the ranks' step-to-step variation: late in most steps, so measured against itself per step;
-- step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``);
-- low_gpu_utilization: only when spans carry ``gpu.utilization`` / ``hw.gpu.utilization``: a
-  rank's p95 < 70%;
+- step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``).
+The other rules live where their data is read, one module a rule or a family:
+- input_bound (``input_rule``): the step spans' input wait graded as the TF profiler does, or
+  where step spans carry none, input wait >= 15% of the critical path;
+- low_gpu_utilization (``gpu_rule``): a rank's GPU utilisation p95 < 70%, from step spans or
+  else other spans;
 - the whole-step rules (input source, CPU, time between steps, memory growth, batch size) from
   step span attributes: ``step_rules``.
-Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else low.
+Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else low
+(``finding_figures.severity``).
 """
 
 from __future__ import annotations
@@ -32,28 +33,21 @@ from tf_otel.analysis.critical_path import (
     PATH_CATEGORIES,
     PATH_COMMUNICATION,
     PATH_COMPUTE,
-    PATH_INPUT,
     PATH_STRAGGLER_WAIT,
 )
+from tf_otel.analysis.finding_figures import ms, severity
+from tf_otel.analysis.gpu_rule import low_gpu_findings
+from tf_otel.analysis.input_rule import input_bound_findings
 from tf_otel.analysis.measured import holds_text
+from tf_otel.analysis.path_share import path_share_findings
 from tf_otel.analysis.result import AnalysisResult, Finding
-from tf_otel.analysis.step_rules import has_input_wait, whole_step_findings
+from tf_otel.analysis.step_rules import whole_step_findings
 from tf_otel.analysis.whole_step import step_samples
 
 STRAGGLER_MIN_SAVING_SHARE = 0.02
 STRAGGLER_MIN_STEP_SHARE = 0.10
-INPUT_BOUND_SHARE = 0.15
 COMMUNICATION_BOUND_SHARE = 0.30
-LOW_GPU_P95_PERCENT = 70.0
 MAX_LISTED_STEPS = 20
-
-
-def _severity(share: float) -> str:
-    return "high" if share >= 0.10 else "medium" if share >= 0.03 else "low"
-
-
-def _ms(ns: float) -> float:
-    return round(ns / 1e6, 3)
 
 
 def _ordered(settings: Dict[str, str]) -> Dict[str, str]:
@@ -85,22 +79,22 @@ def straggler_findings(result: AnalysisResult) -> List[Finding]:
         findings.append(
             Finding(
                 rule="straggler",
-                severity=_severity(saving_share),
+                severity=severity(saving_share),
                 summary=(
                     f"rank {stats.rank} is the straggler in {count} of "
                     f"{len(result.steady_steps)} steady steps,"
-                    f" {_ms(stats.excess_ns / count)} ms behind the median rank on average"
+                    f" {ms(stats.excess_ns / count)} ms behind the median rank on average"
                     f" (cause: {cause})"
                 ),
                 evidence={
                     "rank": stats.rank,
                     "steps": numbers[:MAX_LISTED_STEPS],
                     "step_count": count,
-                    "mean_excess_ms": _ms(stats.excess_ns / count),
-                    "what_if_saving_ms": _ms(stats.saving_ns),
+                    "mean_excess_ms": ms(stats.excess_ns / count),
+                    "what_if_saving_ms": ms(stats.saving_ns),
                     "what_if_saving_share": round(saving_share, 4),
                     "causes": dict(sorted(causes.items())),
-                    "threshold_ms": _ms(result.stragglers.noise.threshold_for(stats.rank)),
+                    "threshold_ms": ms(result.stragglers.noise.threshold_for(stats.rank)),
                     "last_arrivals": stats.last_arrivals,
                     "collectives": stats.collectives,
                     "last_to_end": stats.last_to_end,
@@ -124,16 +118,16 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
         findings.append(
             Finding(
                 rule="persistent_lateness",
-                severity=_severity(usual * len(result.steady_steps) / (result.total_ns or 1)),
+                severity=severity(usual * len(result.steady_steps) / (result.total_ns or 1)),
                 summary=(
-                    f"rank {rank} is late in most steps: median {_ms(usual)} ms behind the "
+                    f"rank {rank} is late in most steps: median {ms(usual)} ms behind the "
                     f"other ranks"
                 ),
                 evidence={
                     "rank": rank,
-                    "median_lateness_ms": _ms(usual),
-                    "threshold_ms": _ms(noise.threshold_ns),
-                    "noise_sigma_ms": _ms(noise.sigma_ns),
+                    "median_lateness_ms": ms(usual),
+                    "threshold_ms": ms(noise.threshold_ns),
+                    "noise_sigma_ms": ms(noise.sigma_ns),
                 },
                 suggestion=(
                     "Something this rank does every step and the others do not: rank-0 duties "
@@ -145,63 +139,19 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
     return findings
 
 
-def _share_finding(
-    result: AnalysisResult, rule: str, categories: List[str], threshold: float
-) -> List[Finding]:
-    """Over the steady steps where every one of ``categories`` was measured: none, no finding
-    (a category that was not measured is not 0 %)."""
-    measured = result.group_share(categories)
-    share = measured.share
-    if not result.steps or share is None or share < threshold:
-        return []
-    over = (
-        ""
-        if measured.measured_steps == measured.steps
-        else f" (over the {measured.measured_steps} of {measured.steps} steady steps where it "
-        "was measured)"
-    )
-    if rule == "input_bound":
-        summary = f"input wait is {share:.0%} of the critical path{over}"
-        suggestion = (
-            "Overlap input with compute: dataset.prefetch(tf.data.AUTOTUNE), "
-            "map(num_parallel_calls=AUTOTUNE), interleave for file reads, cache() small "
-            "datasets, move decoding off the host's critical cores."
-        )
-    else:
-        summary = f"communication is {share:.0%} of the critical path{over}"
-        suggestion = (
+def communication_findings(result: AnalysisResult) -> List[Finding]:
+    return path_share_findings(
+        result,
+        "communication_bound",
+        [PATH_COMMUNICATION, PATH_STRAGGLER_WAIT],
+        COMMUNICATION_BOUND_SHARE,
+        what="communication",
+        suggestion=(
             "Reduce or hide communication: larger HOROVOD_FUSION_THRESHOLD, fp16 gradient "
             "compression (hvd.Compression.fp16), gradient accumulation / larger batches, "
             "hierarchical allreduce; check the interconnect (NCCL over InfiniBand, not TCP)."
-        )
-    by_category = _measured_by_category(result, categories)
-    return [
-        Finding(
-            rule=rule,
-            severity=_severity(share),
-            summary=summary,
-            evidence={
-                "share": round(share, 4),
-                "threshold": threshold,
-                "critical_path_ms": {c: _ms(by_category[c]) for c in categories},
-                "total_critical_path_ms": _ms(measured.path_ns),
-                "measured_steps": measured.measured_steps,
-                "steps": measured.steps,
-            },
-            suggestion=suggestion,
-        )
-    ]
-
-
-def _measured_by_category(result: AnalysisResult, categories: List[str]) -> Dict[str, int]:
-    """Path time by category over the steady steps that measured all of ``categories``."""
-    totals = dict.fromkeys(categories, 0)
-    for step in result.steady_steps:
-        if all(c in step.measured for c in categories):
-            split = step.path.by_category()
-            for category in categories:
-                totals[category] += split[category]
-    return totals
+        ),
+    )
 
 
 def outlier_findings(result: AnalysisResult) -> List[Finding]:
@@ -214,19 +164,19 @@ def outlier_findings(result: AnalysisResult) -> List[Finding]:
     return [
         Finding(
             rule="step_outliers",
-            severity=_severity(extra / (result.total_ns or 1)),
+            severity=severity(extra / (result.total_ns or 1)),
             summary=(
-                f"{len(durations)} steps take longer than {_ms(stats.threshold_ns)} ms "
-                f"(median {_ms(stats.median_ns)} ms); worst: step {result.step_label(worst)} "
-                f"({_ms(durations[worst])} ms)"
+                f"{len(durations)} steps take longer than {ms(stats.threshold_ns)} ms "
+                f"(median {ms(stats.median_ns)} ms); worst: step {result.step_label(worst)} "
+                f"({ms(durations[worst])} ms)"
             ),
             evidence={
                 "steps": [result.step_number(k) for k in stats.outliers][:MAX_LISTED_STEPS],
                 "step_count": len(durations),
-                "median_ms": _ms(stats.median_ns),
-                "mad_ms": _ms(stats.mad_ns),
-                "threshold_ms": _ms(stats.threshold_ns),
-                "extra_ms": _ms(extra),
+                "median_ms": ms(stats.median_ns),
+                "mad_ms": ms(stats.mad_ns),
+                "threshold_ms": ms(stats.threshold_ns),
+                "extra_ms": ms(extra),
             },
             suggestion=(
                 "Compare an outlier step's critical path with a typical one (--html): the first "
@@ -237,48 +187,15 @@ def outlier_findings(result: AnalysisResult) -> List[Finding]:
     ]
 
 
-def gpu_findings(result: AnalysisResult) -> List[Finding]:
-    low = {}
-    for rank, samples in result.gpu_utilization.items():
-        ordered = sorted(samples)
-        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-        if p95 < LOW_GPU_P95_PERCENT:
-            low[rank] = round(p95, 1)
-    if not low:
-        return []
-    return [
-        Finding(
-            rule="low_gpu_utilization",
-            severity="medium",
-            summary=f"GPU utilisation p95 below {LOW_GPU_P95_PERCENT:.0f}% on ranks "
-            + ", ".join(str(r) for r in low),
-            evidence={"p95_percent_by_rank": {str(r): v for r, v in low.items()}},
-            suggestion=(
-                "Give the GPU more work per launch: a larger batch, mixed precision, XLA "
-                "(jit_compile=True); if the critical path shows input or communication, fix that "
-                "first."
-            ),
-        )
-    ]
-
-
 def evaluate_rules(result: AnalysisResult) -> List[Finding]:
+    """Every rule, ordered by severity (stable: equal severities keep this order)."""
+    samples = step_samples(result)  # one pass over the step spans for every rule that reads them
     findings = straggler_findings(result)
     findings += persistent_findings(result)
-    samples = step_samples(result)
-    if not has_input_wait(samples):  # else the step spans' own input wait grades it
-        findings += _share_finding(result, "input_bound", [PATH_INPUT], INPUT_BOUND_SHARE)
-    findings += _share_finding(
-        result,
-        "communication_bound",
-        [PATH_COMMUNICATION, PATH_STRAGGLER_WAIT],
-        COMMUNICATION_BOUND_SHARE,
-    )
+    findings += communication_findings(result)
     findings += outlier_findings(result)
-    # one GPU rule: the step spans' per-step means when they carry them, else older spans' samples
-    step_gpu = any(s.gpu_percent is not None for s in samples)
-    if not step_gpu:
-        findings += gpu_findings(result)
-    findings += whole_step_findings(samples, gpu=step_gpu or not result.gpu_utilization)
+    findings += input_bound_findings(result, samples)
+    findings += low_gpu_findings(result, samples)
+    findings += whole_step_findings(samples)
     order = {"high": 0, "medium": 1, "low": 2}
     return sorted(findings, key=lambda f: order[f.severity])

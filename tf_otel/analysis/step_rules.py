@@ -1,5 +1,5 @@
-"""Findings from the whole-step attributes of step spans: input-bound (and whether I/O or
-decoding), CPU-bound, time lost between steps, memory growth, a batch too small.
+"""Findings from the whole-step attributes of step spans: whether an input-bound rank's wait
+goes to I/O or decoding, CPU-bound, time lost between steps, memory growth, a batch too small.
 
 Usage::
 
@@ -10,33 +10,31 @@ Each rule is one function, plain ``StepSample`` lists in, ``Finding`` lists out;
 attributes are absent finds nothing. Thresholds are module constants, documented with their
 anchors in docs/WHOLE_STEP.md ("Findings"):
 
-- input_bound: input wait >= 5 % of step time (moderately), >= 20 % (highly): the TF profiler's
-  grading, over the steps that are not step outliers; and >= 0.2 ms a batch in the median step
-  (the timing tail's own floor is ~0.05 ms a batch) or >= 1 ms a batch on average.
-- io_bound_input / decode_bound_input: for an input-bound rank, the bytes it read per second of
-  input wait (>= 10 MiB/s: the reads can account for the wait) and its CPU use (>= 50 % of its
-  cores: the pipeline computes).
+- io_bound_input / decode_bound_input: for a rank that ``input_rule`` grades input-bound from its
+  step spans' input wait, the bytes it read per second of input wait (>= 10 MiB/s: the reads can
+  account for the wait) and its CPU use (>= 50 % of its cores: the pipeline computes).
 - cpu_bound: process CPU time >= 85 % of (cores x wall time): every core busy.
 - time_between_steps: time between steps >= 5 % of wall time and >= 1 ms a step, at least half
   of it callbacks / checkpoint writes (named) or >= 1 ms unnamed in >= 3 steps (recurring).
 - memory_growth: RSS grows (Theil-Sen slope) >= 1 MiB / 100 steps, by >= 5 % over the run, and
   each third of the run sits higher than the one before.
-- low_gpu_utilization: ``hw.gpu.utilization`` on step spans, a rank's p95 < 70 %.
 - small_batch: batch size known, framework time between steps (not callbacks, not checkpoints)
   >= 25 % of wall time, and the step itself short (median <= 20 ms).
+
+``input_bound`` and ``low_gpu_utilization`` read step span attributes too, but fall back on
+other spans where step spans lack them: each is one rule in a module of its own
+(``input_rule``, ``gpu_rule``).
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tf_otel.analysis.finding_figures import median, mib, ms, ranks_text
+from tf_otel.analysis.input_rule import input_bound_ranks
 from tf_otel.analysis.result import Finding
-from tf_otel.analysis.whole_step import StepSample
+from tf_otel.analysis.whole_step import MIN_STEPS, StepSample, by_rank
 
-INPUT_MODERATE_SHARE = 0.05  # the TF profiler: "moderately input-bound"
-INPUT_HIGH_SHARE = 0.20  # "highly input-bound"
-INPUT_MIN_WAIT_NS = 200_000  # a batch, median step: the timing tail's floor (docs/WHOLE_STEP.md)
-INPUT_MIN_MEAN_WAIT_NS = 1_000_000  # a batch on average, where the median step waits less
 IO_MIN_READ_RATE = 10 * 2**20  # bytes read per second of input wait for reads to explain it
 DECODE_CPU_SHARE = 0.50  # CPU use (of the cores) at which the input pipeline is computing
 CPU_BOUND_SHARE = 0.85  # CPU time / (cores x wall)
@@ -48,137 +46,12 @@ BETWEEN_MIN_RECURRING = 3  # steps with >= 1 ms between them nobody is named for
 MEMORY_MIN_STEPS = 20
 MEMORY_MIN_SLOPE = 2**20 / 100  # bytes per step: 1 MiB / 100 steps
 MEMORY_MIN_GROWTH = 0.05  # of the first third's RSS
-LOW_GPU_P95_PERCENT = 70.0
 SMALL_BATCH_OVERHEAD_SHARE = 0.25
 SMALL_BATCH_MAX_STEP_NS = 20_000_000
-MIN_STEPS = 5  # per rank, for any rule
 _THEIL_SEN_POINTS = 200  # pairwise slopes are O(n^2): thin longer runs evenly
 
 
-def _ms(ns: float) -> float:
-    return round(ns / 1e6, 3)
-
-
-def _mib(value: float) -> float:
-    return round(value / 2**20, 3)
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2
-
-
-def _by_rank(samples: Sequence[StepSample]) -> Dict[int, List[StepSample]]:
-    ranks: Dict[int, List[StepSample]] = {}
-    for sample in samples:
-        ranks.setdefault(sample.rank, []).append(sample)
-    return dict(sorted(ranks.items()))
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
-# -- input ------------------------------------------------------------------------------------
-
-
-def _input_stats(samples: Sequence[StepSample]) -> Optional[Dict[str, float]]:
-    # outlier steps (a stalled host, a checkpoint) are the step_outliers finding's; one 1 s
-    # stall would otherwise halve the share of a run of 30 ms steps
-    timed = [s for s in samples if s.input_wait_ns is not None and not s.outlier]
-    if len(timed) < MIN_STEPS:
-        return None
-    wait = sum(s.input_wait_ns or 0 for s in timed)
-    duration = sum(s.duration_ns for s in timed) or 1
-    elements = sum(s.input_elements or 0 for s in timed)
-    return {
-        "steps": len(timed),
-        "share": wait / duration,
-        "wait_ns": wait,
-        "wait_per_step_ns": wait / len(timed),
-        # the typical step: a step the scheduler stalled lets the wait run long (or the
-        # prefetch buffer fill), which moves the mean but not this
-        "median_wait_per_step_ns": _median([s.input_wait_ns or 0 for s in timed]),
-        "median_wait_per_batch_ns": _median(
-            [(s.input_wait_ns or 0) / max(1, s.input_elements or 1) for s in timed]
-        ),
-        "wait_per_batch_ns": wait / elements if elements else wait / len(timed),
-        "step_ns": duration / len(timed),
-    }
-
-
-def input_bound_ranks(samples: Sequence[StepSample]) -> Dict[int, Dict[str, float]]:
-    """Ranks whose input wait passes the moderate grade and the noise floor, with their figures."""
-    found = {}
-    for rank, own in _by_rank(samples).items():
-        stats = _input_stats(own)
-        if stats is None:
-            continue
-        # above the timing tail's floor in the typical step, or well above it on average (waits
-        # in some steps only: file boundaries, a refilling shuffle buffer); a loaded host's
-        # scheduler hiccups lift the mean of a prefetched pipeline (0.26 ms a batch measured at
-        # load 16 on 2 cores), not its median
-        typical = stats["median_wait_per_batch_ns"] >= INPUT_MIN_WAIT_NS
-        sporadic = stats["wait_per_batch_ns"] >= INPUT_MIN_MEAN_WAIT_NS
-        if stats["share"] >= INPUT_MODERATE_SHARE and (typical or sporadic):
-            found[rank] = stats
-    return found
-
-
-def has_input_wait(samples: Sequence[StepSample]) -> bool:
-    """Whether the steps carry input wait at all (then it, not the critical path, grades)."""
-    return any(s.input_wait_ns is not None for s in samples)
-
-
-def input_bound_findings(samples: Sequence[StepSample]) -> List[Finding]:
-    ranks = input_bound_ranks(samples)
-    if not ranks:
-        return []
-    worst = max(ranks, key=lambda r: (ranks[r]["share"], -r))
-    share = ranks[worst]["share"]
-    grade = "highly" if share >= INPUT_HIGH_SHARE else "moderately"
-    return [
-        Finding(
-            rule="input_bound",
-            severity="high" if grade == "highly" else "medium",
-            summary=(
-                f"{grade} input-bound: waiting for input is {share:.0%} of the step time on "
-                f"{_ranks_text(list(ranks))} ({_ms(ranks[worst]['wait_per_step_ns'])} ms a step)"
-            ),
-            evidence={
-                "grade": grade,
-                "share": round(share, 4),
-                "thresholds": {
-                    "moderately": INPUT_MODERATE_SHARE,
-                    "highly": INPUT_HIGH_SHARE,
-                    "min_median_wait_per_batch_ms": _ms(INPUT_MIN_WAIT_NS),
-                    "min_mean_wait_per_batch_ms": _ms(INPUT_MIN_MEAN_WAIT_NS),
-                },
-                "by_rank": {
-                    str(rank): {
-                        "share": round(stats["share"], 4),
-                        "wait_per_step_ms": _ms(stats["wait_per_step_ns"]),
-                        "median_wait_per_step_ms": _ms(stats["median_wait_per_step_ns"]),
-                        "wait_per_batch_ms": _ms(stats["wait_per_batch_ns"]),
-                        "median_wait_per_batch_ms": _ms(stats["median_wait_per_batch_ns"]),
-                        "step_ms": _ms(stats["step_ns"]),
-                        "steps": int(stats["steps"]),
-                    }
-                    for rank, stats in ranks.items()
-                },
-                "source": "step span attributes tf_otel.input.wait_ns / tf_otel.input.elements",
-            },
-            suggestion=(
-                "Overlap input with compute: dataset.prefetch(tf.data.AUTOTUNE), "
-                "map(num_parallel_calls=tf.data.AUTOTUNE), interleave for file reads, cache() "
-                "what fits in memory, decode once offline; see the io_bound_input / "
-                "decode_bound_input finding for which part of the pipeline to look at."
-            ),
-        )
-    ]
+# -- where the input wait goes ----------------------------------------------------------------
 
 
 def _cpu_share(samples: Sequence[StepSample]) -> Optional[float]:
@@ -193,10 +66,10 @@ def _cpu_share(samples: Sequence[StepSample]) -> Optional[float]:
 def input_source_findings(samples: Sequence[StepSample]) -> List[Finding]:
     """For the input-bound ranks: is the wait spent reading (I/O) or after the read (decode)?"""
     bound = input_bound_ranks(samples)
-    by_rank = _by_rank(samples)
+    per_rank = by_rank(samples)
     verdicts: Dict[str, Dict[int, Dict[str, object]]] = {"io": {}, "decode": {}}
     for rank, stats in bound.items():
-        own = [s for s in by_rank[rank] if s.input_wait_ns is not None]
+        own = [s for s in per_rank[rank] if s.input_wait_ns is not None]
         read = [s.read_bytes for s in own if s.read_bytes is not None]
         if len(read) < MIN_STEPS:
             continue  # no I/O attributes (not Linux, older runtime): nothing to decide on
@@ -206,15 +79,15 @@ def input_source_findings(samples: Sequence[StepSample]) -> List[Finding]:
         busy = cpu is not None and cpu >= DECODE_CPU_SHARE
         kind = "io" if rate >= IO_MIN_READ_RATE and not busy else "decode"
         verdicts[kind][rank] = {
-            "read_per_step_mib": _mib(read_bytes / len(read)),
+            "read_per_step_mib": mib(read_bytes / len(read)),
             "read_ops_per_step": round(sum(s.read_ops or 0 for s in own) / len(own), 1),
-            "read_rate_during_wait_mib_s": _mib(rate),
+            "read_rate_during_wait_mib_s": mib(rate),
             "cpu_share": None if cpu is None else round(cpu, 4),
             "input_share": round(stats["share"], 4),
         }
     findings = []
     thresholds = {
-        "io_min_read_rate_mib_s": _mib(IO_MIN_READ_RATE),
+        "io_min_read_rate_mib_s": mib(IO_MIN_READ_RATE),
         "decode_cpu_share": DECODE_CPU_SHARE,
     }
     io = verdicts["io"]
@@ -224,7 +97,7 @@ def input_source_findings(samples: Sequence[StepSample]) -> List[Finding]:
                 rule="io_bound_input",
                 severity="medium",
                 summary=(
-                    f"the input wait on {_ranks_text(list(verdicts['io']))} goes to reading: "
+                    f"the input wait on {ranks_text(list(verdicts['io']))} goes to reading: "
                     f"{max(float(str(v['read_rate_during_wait_mib_s'])) for v in io.values())} "
                     "MiB read per second of wait, CPU not busy"
                 ),
@@ -243,7 +116,7 @@ def input_source_findings(samples: Sequence[StepSample]) -> List[Finding]:
                 rule="decode_bound_input",
                 severity="medium",
                 summary=(
-                    f"the input wait on {_ranks_text(list(verdicts['decode']))} is not reading:"
+                    f"the input wait on {ranks_text(list(verdicts['decode']))} is not reading:"
                     " little is read for the time waited, so the stages after the read (parse, "
                     "decode, augment, py_function) hold the batches back"
                 ),
@@ -269,7 +142,7 @@ def input_source_findings(samples: Sequence[StepSample]) -> List[Finding]:
 def cpu_bound_findings(samples: Sequence[StepSample]) -> List[Finding]:
     busy = {}
     cores = {}
-    for rank, own in _by_rank(samples).items():
+    for rank, own in by_rank(samples).items():
         share = _cpu_share(own)
         if share is not None and share >= CPU_BOUND_SHARE:
             busy[rank] = round(share, 4)
@@ -282,7 +155,7 @@ def cpu_bound_findings(samples: Sequence[StepSample]) -> List[Finding]:
             rule="cpu_bound",
             severity="high" if worst >= CPU_HIGH_SHARE else "medium",
             summary=(
-                f"every core is busy on {_ranks_text(list(busy))}: the process uses "
+                f"every core is busy on {ranks_text(list(busy))}: the process uses "
                 f"{worst:.0%} of its {cores[max(busy, key=busy.__getitem__)]} cores' time"
             ),
             evidence={
@@ -326,37 +199,38 @@ def between_steps_findings(samples: Sequence[StepSample]) -> List[Finding]:
         return []
     named: Dict[str, Tuple[float, int]] = {}  # name -> (ms, steps)
     for sample in timed:
-        for name, ms in sample.top:
+        for name, spent in sample.top:
             total, steps = named.get(name, (0.0, 0))
-            named[name] = (total + ms, steps + 1)
+            named[name] = (total + spent, steps + 1)
     top = sorted(named.items(), key=lambda item: (-item[1][0], item[0]))[:5]
     ranks = sorted({s.rank for s in timed})
-    what = ", ".join(f"{name} ({ms:.0f} ms in {steps} steps)" for name, (ms, steps) in top)
+    what = ", ".join(f"{name} ({spent:.0f} ms in {steps} steps)" for name, (spent, steps) in top)
     return [
         Finding(
             rule="time_between_steps",
             severity="high" if share >= BETWEEN_HIGH_SHARE else "medium",
             summary=(
                 f"{share:.0%} of the wall time passes between steps "
-                f"({_ms(per_step)} ms a step on average)"
+                f"({ms(per_step)} ms a step on average)"
                 + (f"; there: {what}" if what else "; no callback or checkpoint named")
             ),
             evidence={
                 "share": round(share, 4),
-                "between_ms": _ms(between),
-                "per_step_ms": _ms(per_step),
-                "callbacks_ms": _ms(callbacks),
-                "checkpoints_ms": _ms(checkpoints),
-                "other_ms": _ms(max(0, between - callbacks - checkpoints)),
+                "between_ms": ms(between),
+                "per_step_ms": ms(per_step),
+                "callbacks_ms": ms(callbacks),
+                "checkpoints_ms": ms(checkpoints),
+                "other_ms": ms(max(0, between - callbacks - checkpoints)),
                 "named": [
-                    {"name": name, "ms": round(ms, 1), "steps": steps} for name, (ms, steps) in top
+                    {"name": name, "ms": round(spent, 1), "steps": steps}
+                    for name, (spent, steps) in top
                 ],
                 "ranks": ranks,
                 "unnamed_steps": unnamed_steps,
                 "thresholds": {
                     "share": BETWEEN_SHARE,
                     "highly": BETWEEN_HIGH_SHARE,
-                    "min_per_step_ms": _ms(BETWEEN_MIN_NS),
+                    "min_per_step_ms": ms(BETWEEN_MIN_NS),
                     "min_unnamed_steps": BETWEEN_MIN_RECURRING,
                 },
             },
@@ -385,12 +259,12 @@ def theil_sen_slope(points: Sequence[Tuple[float, float]]) -> float:
         for x2, y2 in points[i + 1 :]
         if x2 != x1
     ]
-    return _median(slopes) if slopes else 0.0
+    return median(slopes) if slopes else 0.0
 
 
 def memory_growth_findings(samples: Sequence[StepSample]) -> List[Finding]:
     growing = {}
-    for rank, own in _by_rank(samples).items():
+    for rank, own in by_rank(samples).items():
         points = [
             (float(s.step), float(s.rss_bytes))
             for s in own
@@ -401,9 +275,9 @@ def memory_growth_findings(samples: Sequence[StepSample]) -> List[Finding]:
         slope = theil_sen_slope(points)
         third = len(points) // 3
         thirds = [
-            _median([y for _, y in points[:third]]),
-            _median([y for _, y in points[third : 2 * third]]),
-            _median([y for _, y in points[2 * third :]]),
+            median([y for _, y in points[:third]]),
+            median([y for _, y in points[third : 2 * third]]),
+            median([y for _, y in points[2 * third :]]),
         ]
         span = points[-1][0] - points[0][0]
         growth = slope * span
@@ -414,11 +288,11 @@ def memory_growth_findings(samples: Sequence[StepSample]) -> List[Finding]:
             and thirds[0] < thirds[1] < thirds[2]
         ):
             growing[rank] = {
-                "mib_per_100_steps": _mib(slope * 100),
-                "growth_mib": _mib(growth),
+                "mib_per_100_steps": mib(slope * 100),
+                "growth_mib": mib(growth),
                 "growth_share": round(growth / thirds[0], 4),
-                "rss_first_third_mib": _mib(thirds[0]),
-                "rss_last_third_mib": _mib(thirds[2]),
+                "rss_first_third_mib": mib(thirds[0]),
+                "rss_last_third_mib": mib(thirds[2]),
                 "steps": len(points),
             }
     if not growing:
@@ -429,14 +303,14 @@ def memory_growth_findings(samples: Sequence[StepSample]) -> List[Finding]:
             rule="memory_growth",
             severity="medium",
             summary=(
-                f"resident memory grows through the run on {_ranks_text(list(growing))}: "
+                f"resident memory grows through the run on {ranks_text(list(growing))}: "
                 f"{growing[worst]['mib_per_100_steps']} MiB per 100 steps "
                 f"(+{growing[worst]['growth_share']:.0%} over the steps analysed)"
             ),
             evidence={
                 "by_rank": {str(r): v for r, v in growing.items()},
                 "thresholds": {
-                    "mib_per_100_steps": _mib(MEMORY_MIN_SLOPE * 100),
+                    "mib_per_100_steps": mib(MEMORY_MIN_SLOPE * 100),
                     "growth_share": MEMORY_MIN_GROWTH,
                 },
                 "method": "Theil-Sen slope of process.memory.usage over the steady steps",
@@ -446,42 +320,6 @@ def memory_growth_findings(samples: Sequence[StepSample]) -> List[Finding]:
                 "(append loss.numpy() instead), tf.function retracing on new shapes or Python "
                 "values (each trace keeps a graph), unbounded dataset cache() or shuffle buffers, "
                 "growing metrics / summaries; a host OOM at this rate ends the job."
-            ),
-        )
-    ]
-
-
-# -- GPU ------------------------------------------------------------------------------------
-
-
-def low_gpu_findings(samples: Sequence[StepSample]) -> List[Finding]:
-    """Step spans with ``hw.gpu.utilization`` (semconv, a ratio): a rank's p95 below 70 %.
-    (Spans with the older ``gpu.utilization`` are judged by ``findings.gpu_findings``.)"""
-    low = {}
-    for rank, own in _by_rank(samples).items():
-        values = sorted(s.gpu_percent for s in own if s.gpu_percent is not None)
-        if len(values) < MIN_STEPS:
-            continue
-        p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
-        if p95 < LOW_GPU_P95_PERCENT:
-            low[rank] = {"p95_percent": round(p95, 1), "median_percent": round(_median(values), 1)}
-    if not low:
-        return []
-    return [
-        Finding(
-            rule="low_gpu_utilization",
-            severity="medium",
-            summary=f"GPU utilisation p95 below {LOW_GPU_P95_PERCENT:.0f}% on "
-            + _ranks_text(list(low)),
-            evidence={
-                "by_rank": {str(r): v for r, v in low.items()},
-                "threshold_p95_percent": LOW_GPU_P95_PERCENT,
-                "source": "hw.gpu.utilization on the step spans (NVML, mean over the step)",
-            },
-            suggestion=(
-                "Give the GPU more work per launch: a larger batch, mixed precision, XLA "
-                "(jit_compile=True); if input_bound, cpu_bound or time_between_steps is "
-                "raised too, fix that first: the GPU waits for the host."
             ),
         )
     ]
@@ -499,7 +337,7 @@ def small_batch_findings(samples: Sequence[StepSample]) -> List[Finding]:
         max(0, (s.between_ns or 0) - (s.callback_ns or 0) - (s.checkpoint_ns or 0)) for s in known
     )
     share = overhead / wall
-    median_step = _median([s.duration_ns for s in known])
+    median_step = median([s.duration_ns for s in known])
     if share < SMALL_BATCH_OVERHEAD_SHARE or median_step > SMALL_BATCH_MAX_STEP_NS:
         return []
     sizes = sorted({s.batch_size for s in known if s.batch_size})
@@ -507,15 +345,15 @@ def small_batch_findings(samples: Sequence[StepSample]) -> List[Finding]:
     evidence = {
         "batch_sizes": sizes,
         "framework_between_share": round(share, 4),
-        "median_step_ms": _ms(median_step),
-        "framework_between_per_step_ms": _ms(overhead / len(known)),
+        "median_step_ms": ms(median_step),
+        "framework_between_per_step_ms": ms(overhead / len(known)),
         "thresholds": {
             "framework_between_share": SMALL_BATCH_OVERHEAD_SHARE,
-            "max_median_step_ms": _ms(SMALL_BATCH_MAX_STEP_NS),
+            "max_median_step_ms": ms(SMALL_BATCH_MAX_STEP_NS),
         },
     }
     if gpu:
-        evidence["gpu_utilization_median_percent"] = round(_median(gpu), 1)
+        evidence["gpu_utilization_median_percent"] = round(median(gpu), 1)
     return [
         Finding(
             rule="small_batch",
@@ -523,7 +361,7 @@ def small_batch_findings(samples: Sequence[StepSample]) -> List[Finding]:
             summary=(
                 f"batch {', '.join(map(str, sizes))} is small for this device: the framework's "
                 f"own work between steps is {share:.0%} of the wall time and a step takes "
-                f"{_ms(median_step)} ms"
+                f"{ms(median_step)} ms"
             ),
             evidence=evidence,
             suggestion=(
@@ -534,13 +372,9 @@ def small_batch_findings(samples: Sequence[StepSample]) -> List[Finding]:
     ]
 
 
-def whole_step_findings(samples: Sequence[StepSample], gpu: bool = True) -> List[Finding]:
-    """Every whole-step rule over the samples (``whole_step.step_samples``); ``gpu=False``
-    where the older ``gpu.utilization`` samples are judged elsewhere."""
-    findings = input_bound_findings(samples)
-    if gpu:
-        findings += low_gpu_findings(samples)
-    findings += input_source_findings(samples)
+def whole_step_findings(samples: Sequence[StepSample]) -> List[Finding]:
+    """Every rule of this module over the samples (``whole_step.step_samples``)."""
+    findings = input_source_findings(samples)
     findings += cpu_bound_findings(samples)
     findings += between_steps_findings(samples)
     findings += memory_growth_findings(samples)

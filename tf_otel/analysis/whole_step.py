@@ -1,10 +1,12 @@
 """The whole-step attributes of step spans (input wait, time between steps, I/O, CPU, memory,
-GPU, batch size) as plain per-step samples for the findings in ``step_rules``.
+GPU, batch size) as plain per-step samples for the rules that read them (``step_rules``,
+``input_rule``, ``gpu_rule``).
 
 Usage::
 
     samples = step_samples(result)          # steady steps only, one sample per rank and step
     samples = [sample_of(span, rank) ...]   # or from step spans directly
+    for rank, own in by_rank(samples).items(): ...   # a rank judged on >= MIN_STEPS of them
 
 The attributes' names are in ``step_attributes``. A missing attribute is None: traces from older
 versions, other OSes or with input wait off simply give the rules less to judge.
@@ -13,7 +15,7 @@ versions, other OSes or with input wait off simply give the rules less to judge.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tf_otel.analysis.model import Span, as_int
 from tf_otel.record import (
@@ -31,6 +33,8 @@ from tf_otel.record import (
     ATTR_READ_OPS,
     ATTR_TOP,
 )
+
+MIN_STEPS = 5  # per rank: the fewest samples any rule judges a rank on
 
 
 @dataclass(frozen=True)
@@ -127,3 +131,11 @@ def step_samples(result: Any) -> List[StepSample]:
                 samples.append(sample_of(timeline.step_span, rank, step.outlier))
     samples.sort(key=lambda s: (s.rank, s.step if s.step is not None else -1))
     return samples
+
+
+def by_rank(samples: Sequence[StepSample]) -> Dict[int, List[StepSample]]:
+    """The samples of each rank, ranks in order (each rank's samples in the order given)."""
+    ranks: Dict[int, List[StepSample]] = {}
+    for sample in samples:
+        ranks.setdefault(sample.rank, []).append(sample)
+    return dict(sorted(ranks.items()))

@@ -1,0 +1,43 @@
+"""The figures findings state, written one way by every rule: milliseconds, MiB, a median, a
+severity, a list of ranks.
+
+Usage::
+
+    ms(1_234_567)              # 1.235 (ns -> ms, 3 decimals: exact to the microsecond)
+    mib(3 * 2**20)             # 3.0
+    median([3.0, 1.0, 2.0])    # 2.0
+    severity(0.05)             # "medium": the share of the total time at stake
+    ranks_text([0, 2])         # "ranks 0, 2"
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+HIGH_SHARE = 0.10  # of the total time at stake: high
+MEDIUM_SHARE = 0.03  # medium; below it, low
+
+
+def ms(ns: float) -> float:
+    return round(ns / 1e6, 3)
+
+
+def mib(value: float) -> float:
+    return round(value / 2**20, 3)
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def severity(share: float) -> str:
+    """high when the time at stake is >= 10 % of the total, medium >= 3 %, else low."""
+    return "high" if share >= HIGH_SHARE else "medium" if share >= MEDIUM_SHARE else "low"
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
