@@ -12,11 +12,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ports import free_port_pair
 
 from tf_otel import record
+from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.config import Settings
 from tf_otel.health import counters
 from tf_otel.job.topology import Topology
 from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
-from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.pipeline.steps import Pipeline
 
 
