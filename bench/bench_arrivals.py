@@ -17,14 +17,13 @@ Prints a markdown table and writes docs/BENCHMARKS_arrivals.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import harness
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("untraced", "steps", "arrivals")
@@ -35,47 +34,26 @@ def worker(rounds: int, block: int, layers: int) -> None:
 
     tf_otel.instrument()
     import horovod.tensorflow as hvd
-    import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
     from tf_otel.instrument.horovod.stamps import collector
     from tf_otel.pipeline import ids, lifecycle
 
     hvd.init()
-    width = 256
-    variables = [
-        tf.Variable(tf.random.stateless_normal([width, width], seed=(i, 1)) * 0.05)
-        for i in range(layers)
-    ]
-    x = tf.random.stateless_normal([32, width], seed=(9, hvd.rank()))
-
-    @tf.function
-    def train_step():
-        with tf.GradientTape() as tape:
-            h = x
-            for v in variables:
-                h = tf.nn.relu(tf.matmul(h, v))
-            loss = tf.reduce_mean(h)
-        grads = hvd.DistributedGradientTape(tape).gradient(loss, variables)
-        for v, g in zip(variables, grads):
-            v.assign_sub(0.01 * g)
-        return loss
+    train_step = harness.dense_allreduce_step(layers, data_seed=hvd.rank())
 
     for _ in range(10):
         train_step()
     pipeline = lifecycle.get_pipeline()
-    times = {m: [] for m in MODES}
-    for round_no in range(rounds):
-        shift = round_no % len(MODES)  # rotated: no mode always follows the same one
-        for mode in MODES[shift:] + MODES[:shift]:
-            pipeline._sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
-            pipeline._sample_fast = ids.fast_root_decision(pipeline._sampler)
-            collector.every = 1 if mode == "arrivals" else 0
-            for _ in range(block):
-                t0 = time.perf_counter_ns()
-                train_step()
-                times[mode].append(time.perf_counter_ns() - t0)
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "times": times}), flush=True)
+
+    def switch(mode: str) -> None:
+        pipeline._sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
+        pipeline._sample_fast = ids.fast_root_decision(pipeline._sampler)
+        collector.every = 1 if mode == "arrivals" else 0
+
+    # rotated: no mode always follows the same one
+    times = harness.step_times(MODES, rounds, block, switch, train_step)
+    harness.emit_result({"rank": hvd.rank(), "times": times})
 
 
 def summarise(results: list, args: argparse.Namespace, load: float, spans: dict) -> str:
@@ -87,15 +65,7 @@ def summarise(results: list, args: argparse.Namespace, load: float, spans: dict)
         "| rank | mode | median | p90 | median vs steps (arrivals off) |",
         "|---|---|---|---|---|",
     ]
-    for result in sorted(results, key=lambda r: r["rank"]):
-        base = statistics.median(result["times"]["steps"])
-        for mode in MODES:
-            values = sorted(result["times"][mode])
-            median = statistics.median(values)
-            lines.append(
-                f"| {result['rank']} | {mode} | {median / 1e6:.3f} | "
-                f"{values[int(len(values) * 0.9)] / 1e6:.3f} | {median / base:.3f} |"
-            )
+    lines += harness.per_rank_rows(results, MODES, "steps")
     lines += ["", f"spans written: {spans}"]
     return "\n".join(lines)
 
@@ -112,41 +82,20 @@ def main() -> None:
     if args.worker:
         worker(args.rounds, args.block, args.layers)
         return
-    venv = Path(sys.executable).parent
     tmp = tempfile.mkdtemp(prefix="bench_arrivals")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
-    env.update(
-        PATH=f"{venv}{os.pathsep}{env.get('PATH', '')}",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OTEL_TRACES_EXPORTER="none",
-        TF_OTEL_FILE=os.path.join(tmp, "spans-{rank}.jsonl"),
-        TMPDIR=tmp,
-        TF_OTEL_HOROVOD_EVERY="1",  # timing ops built; detail switched per block
-    )
-    command = [str(venv / "horovodrun"), "-np", str(args.np), "-H", f"localhost:{args.np}"]
-    command += ["--gloo", sys.executable, __file__, "--worker", f"--rounds={args.rounds}"]
-    command += [f"--block={args.block}", f"--layers={args.layers}"]
+    # timing ops built; detail switched per block
+    env = harness.horovod_env(tmp, TF_OTEL_HOROVOD_EVERY="1")
+    argv = [__file__, "--worker", f"--rounds={args.rounds}", f"--block={args.block}"]
+    argv += [f"--layers={args.layers}"]
     load = os.getloadavg()[0]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    results = [
-        json.loads(line.split("RESULT ", 1)[1])
-        for line in out.stdout.splitlines()
-        if "RESULT " in line
-    ]
-    if len(results) != args.np:
-        sys.exit(f"bench failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    job = harness.launch(harness.horovodrun(args.np, argv), env, timeout=900)
+    results = harness.rank_results(job, args.np)
     spans: dict = {}
-    for path in Path(tmp).glob("spans-*.jsonl"):
-        for line in open(path):
-            for rs in json.loads(line).get("resourceSpans", []):
-                for ss in rs.get("scopeSpans", []):
-                    for span in ss.get("spans", []):
-                        for a in span.get("attributes", []):
-                            if a["key"] in ("tf_otel.category", "horovod.arrival"):
-                                value = a["value"].get("stringValue")
-                                spans[value] = spans.get(value, 0) + 1
+    for span in harness.written_spans(Path(tmp)):
+        for a in span.get("attributes", []):
+            if a["key"] in ("tf_otel.category", "horovod.arrival"):
+                value = a["value"].get("stringValue")
+                spans[value] = spans.get(value, 0) + 1
     table = summarise(results, args, load, spans)
     print(table)
     Path(args.doc).write_text(

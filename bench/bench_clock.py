@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the helpers import tests/ports.py as ``ports``
 
+import harness  # noqa: E402
+
 from tests.clock.helpers import env_with_path, free_port_pair, percentile, run_pair  # noqa: E402
 
 SKEW = "1:2000000000:200"
@@ -71,13 +73,13 @@ def run_mpi(exchanges: int, duration: float) -> Dict:
     cmd = ["mpirun", "-np", "2", "--oversubscribe", "-x", "TF_OTEL_TEST_CLOCK", "-x", "PYTHONPATH"]
     cmd += [sys.executable, "-m", "tf_otel.clock.pair", "--transport", "mpi"]
     cmd += ["--exchanges", str(exchanges), "--duration", str(duration), "--interval", "0.5"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stdout + proc.stderr)
-    for line in proc.stdout.splitlines():
+    job = harness.launch(cmd, env, timeout=120)
+    if job.returncode != 0:
+        raise RuntimeError(job.stdout + job.stderr)
+    for line in job.stdout.splitlines():
         if line.startswith("{") and '"errors_ns"' in line:
             return json.loads(line)
-    raise RuntimeError(proc.stdout)
+    raise RuntimeError(job.stdout)
 
 
 def spinners(n: int) -> List[subprocess.Popen]:

@@ -13,14 +13,10 @@ Prints a markdown table (median / p90 step time per mode on rank 0 and rank 1, r
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+import harness
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("untraced", "steps", "collectives")
@@ -31,47 +27,27 @@ def worker(rounds: int, block: int, layers: int) -> None:
 
     tf_otel.instrument()
     import horovod.tensorflow as hvd
-    import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
     from tf_otel.instrument.horovod.choice import OFF, choice
     from tf_otel.pipeline import lifecycle
 
     hvd.init()
-    width = 256
-    variables = [
-        tf.Variable(tf.random.stateless_normal([width, width], seed=(i, 1)) * 0.05)
-        for i in range(layers)
-    ]
-    x = tf.random.stateless_normal([32, width], seed=(9, 9))
-
-    @tf.function
-    def train_step():
-        with tf.GradientTape() as tape:
-            h = x
-            for v in variables:
-                h = tf.nn.relu(tf.matmul(h, v))
-            loss = tf.reduce_mean(h)
-        grads = hvd.DistributedGradientTape(tape).gradient(loss, variables)
-        for v, g in zip(variables, grads):
-            v.assign_sub(0.01 * g)
-        return loss
+    train_step = harness.dense_allreduce_step(layers, data_seed=9)
 
     for _ in range(10):  # warm-up: tracing, cache fill
         train_step()
     pipeline = lifecycle.get_pipeline()
     managed = choice.mode
-    times = {m: [] for m in MODES}
-    for _ in range(rounds):
-        for mode in MODES:
-            pipeline._sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
-            choice.mode = managed if mode == "collectives" else OFF
-            for _ in range(block):
-                t0 = time.perf_counter_ns()
-                train_step()
-                times[mode].append(time.perf_counter_ns() - t0)
+
+    def switch(mode: str) -> None:
+        pipeline._sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
+        choice.mode = managed if mode == "collectives" else OFF
+
+    # the same order every round, as the docstring says (not rotated as the other benches)
+    times = harness.step_times(MODES, rounds, block, switch, train_step, rotate=False)
     choice.mode = managed
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "mode": managed, "times": times}))
+    harness.emit_result({"rank": hvd.rank(), "mode": managed, "times": times})
 
 
 def summarise(results: list, backend: str, rounds: int, block: int, layers: int) -> str:
@@ -82,16 +58,7 @@ def summarise(results: list, backend: str, rounds: int, block: int, layers: int)
         "| rank | mode | median | p90 | median vs untraced |",
         "|---|---|---|---|---|",
     ]
-    for result in sorted(results, key=lambda r: r["rank"]):
-        base = statistics.median(result["times"]["untraced"])
-        for mode in MODES:
-            values = sorted(result["times"][mode])
-            median = statistics.median(values)
-            p90 = values[int(len(values) * 0.9)]
-            lines.append(
-                f"| {result['rank']} | {mode} | {median / 1e6:.3f} | {p90 / 1e6:.3f} | "
-                f"{median / base:.3f} |"
-            )
+    lines += harness.per_rank_rows(results, MODES, "untraced")
     return "\n".join(lines)
 
 
@@ -106,39 +73,12 @@ def main() -> None:
     if args.worker:
         worker(args.rounds, args.block, args.layers)
         return
-    venv = Path(sys.executable).parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
     tmp = tempfile.mkdtemp(prefix="bench_collectives")
-    env.update(
-        PATH=f"{venv}{os.pathsep}{env.get('PATH', '')}",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OTEL_TRACES_EXPORTER="none",
-        TF_OTEL_FILE=os.path.join(tmp, "spans-{rank}.jsonl"),  # spans are really built/written
-        TMPDIR=tmp,
-    )
-    command = [
-        str(venv / "horovodrun"),
-        "-np",
-        "2",
-        "-H",
-        "localhost:2",
-        f"--{args.backend}",
-        sys.executable,
-        __file__,
-        "--worker",
-        f"--rounds={args.rounds}",
-        f"--block={args.block}",
-        f"--layers={args.layers}",
-    ]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    results = []
-    for line in out.stdout.splitlines():
-        if "RESULT " in line:
-            results.append(json.loads(line.split("RESULT ", 1)[1]))
-    if len(results) != 2:
-        sys.exit(f"bench failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    env = harness.horovod_env(tmp)  # spans are really built/written
+    argv = [__file__, "--worker", f"--rounds={args.rounds}", f"--block={args.block}"]
+    argv += [f"--layers={args.layers}"]
+    job = harness.launch(harness.horovodrun(2, argv, args.backend), env, timeout=900)
+    results = harness.rank_results(job, 2)
     print(summarise(results, args.backend, args.rounds, args.block, args.layers))
     spans = sum(1 for p in Path(tmp).glob("spans-*.jsonl") for _ in open(p))
     print(f"\n(span batches written: {spans}; timeline mode on rank 0: {results[0]['mode']})")

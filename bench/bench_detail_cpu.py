@@ -31,13 +31,14 @@ import os
 import pstats
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, List, Tuple
+
+import harness
 
 MOBILENETV2_TENSORS = 158
 
@@ -147,13 +148,7 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
         profiler.disable()
     cpu = time.process_time() - cpu0 - main_cpu
     wall = time.monotonic() - wall0
-    spans = 0
-    if os.path.exists(spans_path):
-        with open(spans_path) as f:
-            for line in f:
-                for rs in json.loads(line).get("resourceSpans", []):
-                    for ss in rs.get("scopeSpans", []):
-                        spans += len(ss.get("spans", []))
+    spans = sum(1 for _ in harness.written_spans(Path(tmp), "spans.jsonl"))
     size = os.path.getsize(spans_path) if os.path.exists(spans_path) else 0
     result = {
         "steps": steps,
@@ -198,15 +193,15 @@ def main() -> None:
     if args.path != "both":
         print(json.dumps(run(args.steps, args.tensors, args.profile, args.exporter, args.path)))
         return
-    results: Dict[str, List[float]] = {"sdk": [], "direct": []}
-    for round_no in range(args.rounds):
-        for path in ("sdk", "direct") if round_no % 2 == 0 else ("direct", "sdk"):
-            command = [sys.executable, __file__, f"--steps={args.steps}", f"--path={path}"]
-            command += [f"--tensors={args.tensors}", f"--exporter={args.exporter}"]
-            out = subprocess.run(command, capture_output=True, text=True, timeout=600)
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-            results[path].append(row["cpu_ms_per_detail_step"])
-            print(json.dumps(row), flush=True)
+
+    def one_process(_: int, path: str) -> float:
+        command = [sys.executable, __file__, f"--steps={args.steps}", f"--path={path}"]
+        command += [f"--tensors={args.tensors}", f"--exporter={args.exporter}"]
+        row = json.loads(harness.launch(command, timeout=600).stdout.strip().splitlines()[-1])
+        print(json.dumps(row), flush=True)
+        return row["cpu_ms_per_detail_step"]
+
+    results = harness.interleaved(["sdk", "direct"], args.rounds, one_process)
     load = os.getloadavg()[0]
     sdk_ms, direct_ms = statistics.median(results["sdk"]), statistics.median(results["direct"])
     print(

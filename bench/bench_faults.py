@@ -25,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
+import harness
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from otlp_receiver import OtlpReceiver  # noqa: E402
@@ -78,18 +80,10 @@ def _hanging() -> socket.socket:
 
 def run_job(extra: Dict[str, str], steps: int) -> Tuple[float, float, str]:
     """(wall s, peak RSS MB, the exit line's loss text or '')."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_OTEL_ENABLED="1", STEPS=str(steps), **extra)
-    command = [sys.executable, str(REPO / "examples" / "custom_loop.py")]
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        _, _, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS
-        wall = time.perf_counter() - t0
-        proc.returncode = 0
-        err.seek(0)
-        lost = LOST.search(err.read().decode(errors="replace"))
-    return wall, usage.ru_maxrss / 1024, lost.group(1) if lost else ""
+    env = harness.job_env(TF_OTEL_ENABLED="1", STEPS=str(steps), **extra)
+    job = harness.launch([sys.executable, str(REPO / "examples" / "custom_loop.py")], env)
+    lost = LOST.search(job.stderr)
+    return job.wall_s, job.peak_rss_mb, lost.group(1) if lost else ""
 
 
 def main() -> int:
@@ -120,16 +114,17 @@ def main() -> int:
             "TF_OTEL_FILE": os.path.join(disk, f"spans-{time.monotonic_ns()}.jsonl"),
         },
     }
-    results: Dict[str, List[Tuple[float, float, str]]] = {name: [] for name in modes}
     names = list(modes)
+
+    def run(r: int, name: str) -> Tuple[float, float, str]:
+        for f in Path(disk).iterdir():
+            f.unlink()
+        result = run_job(modes[name](), args.steps)
+        print(f"round {r + 1} {name}: {result[0]:.1f} s", flush=True)
+        return result
+
     try:
-        for r in range(args.rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for name in order:
-                for f in Path(disk).iterdir():
-                    f.unlink()
-                results[name].append(run_job(modes[name](), args.steps))
-                print(f"round {r + 1} {name}: {results[name][-1][0]:.1f} s", flush=True)
+        results = harness.interleaved(names, args.rounds, run)
     finally:
         subprocess.run(["umount", "-l", disk], check=False)
         os.rmdir(disk)

@@ -46,6 +46,8 @@ import tempfile
 import time
 from typing import Any, Dict, List, Tuple
 
+import harness
+
 
 def _load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
@@ -163,25 +165,26 @@ def real(args: argparse.Namespace) -> None:
     cpu: Dict[str, List[float]] = {"on": [], "off": []}
     waits: List[float] = []
     steps = args.steps + args.warmup + 1
-    for r in range(args.rounds):
-        order = ("on", "off") if r % 2 == 0 else ("off", "on")
-        line = []
-        for mode in order:
-            before = input_wait.read_totals()
-            intervals = fit(mode, steps)
-            after = input_wait.read_totals()
-            medians[mode].append(statistics.median(w for w, _ in intervals) * 1e3)
-            means[mode].append(statistics.mean(w for w, _ in intervals) * 1e3)
-            cpu[mode].append(statistics.median(c for _, c in intervals) * 1e3)
-            if mode == "on":
-                elements = int(after[1] - before[1])
-                raw = int(after[0] - before[0])
-                waits.append(max(0, raw - input_wait.floor_ns() * elements) / max(1, elements))
-            line.append(
-                f"{mode} {medians[mode][-1]:.1f} ms (mean {means[mode][-1]:.1f}, "
-                f"CPU {cpu[mode][-1]:.1f})"
-            )
-        print(f"round {r + 1}/{args.rounds} [{', '.join(line)}] load {_load()}", flush=True)
+
+    def one_fit(_: int, mode: str) -> str:
+        before = input_wait.read_totals()
+        intervals = fit(mode, steps)
+        after = input_wait.read_totals()
+        medians[mode].append(statistics.median(w for w, _ in intervals) * 1e3)
+        means[mode].append(statistics.mean(w for w, _ in intervals) * 1e3)
+        cpu[mode].append(statistics.median(c for _, c in intervals) * 1e3)
+        if mode == "on":
+            elements = int(after[1] - before[1])
+            raw = int(after[0] - before[0])
+            waits.append(max(0, raw - input_wait.floor_ns() * elements) / max(1, elements))
+        return (
+            f"{mode} {medians[mode][-1]:.1f} ms (mean {means[mode][-1]:.1f}, "
+            f"CPU {cpu[mode][-1]:.1f})"
+        )
+
+    for r, shown in harness.each_round(["on", "off"], args.rounds, one_fit):
+        line = ", ".join(shown.values())  # in the order they ran
+        print(f"round {r + 1}/{args.rounds} [{line}] load {_load()}", flush=True)
     ratios = [a / b for a, b in zip(medians["on"], medians["off"])]
     print(f"step ms on  {[f'{t:.1f}' for t in medians['on']]}")
     print(f"step ms off {[f'{t:.1f}' for t in medians['off']]}")
@@ -246,9 +249,10 @@ def _paired(
         block(mode)
     ratios: Dict[str, List[float]] = {"wall": [], "cpu": [], "aa_wall": [], "aa_cpu": []}
     step_off: List[float] = []
-    for i in range(args.pairs):
-        order = ("on", "off", "off2") if i % 2 == 0 else ("off2", "off", "on")
-        result = {mode: block(mode) for mode in order}
+    pairs = harness.each_round(
+        list(iterators), args.pairs, lambda _, mode: block(mode), rotate=False, reverse_odd=True
+    )
+    for i, result in pairs:
         ratios["wall"].append(result["on"][0] / result["off"][0])
         ratios["cpu"].append(result["on"][1] / result["off"][1])
         ratios["aa_wall"].append(result["off2"][0] / result["off"][0])
@@ -264,8 +268,8 @@ def _paired(
         )
 
     def summary(values: List[float]) -> str:
-        q1, _, q3 = statistics.quantiles(values, n=4)
-        return f"{statistics.median(values):.4f} (quartiles {q1:.4f}-{q3:.4f})"
+        median, q1, q3 = harness.median_quartiles(values)
+        return f"{median:.4f} (quartiles {q1:.4f}-{q3:.4f})"
 
     print(
         f"paired blocks of {args.block} steps: on / off wall {summary(ratios['wall'])}, CPU "
@@ -280,15 +284,15 @@ def _paired(
     def get(iterator: Any) -> Any:
         return tf.nest.flatten(next(iterator))[-1][0]
 
-    latency: Dict[str, List[float]] = {"on": [], "off": []}
+    def get_us(_: int, mode: str) -> float:
+        time.sleep(args.gap_ms / 1e3)
+        start = time.perf_counter_ns()
+        get(iterators[mode]).numpy()
+        return (time.perf_counter_ns() - start) / 1e3
+
     for mode in ("on", "off"):
         get(iterators[mode])
-    for i in range(args.gets):
-        for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            time.sleep(args.gap_ms / 1e3)
-            start = time.perf_counter_ns()
-            get(iterators[mode]).numpy()
-            latency[mode].append((time.perf_counter_ns() - start) / 1e3)
+    latency = harness.interleaved(["on", "off"], args.gets, get_us)
     on_us, off_us = (statistics.median(latency[m]) for m in ("on", "off"))
     read_us = _per_call(input_wait.read_totals, 500)
     step_ms = statistics.median(step_off) * 1e3
@@ -345,16 +349,10 @@ def synthetic(args: argparse.Namespace) -> None:
             times.append(time.perf_counter_ns() - start)
         return statistics.median(times) / 1e6
 
-    plain, timed = [], []
-    timed_ds = input_wait.timed_dataset(ds)
+    datasets = {"plain": ds, "timed": input_wait.timed_dataset(ds)}
     print(f"load {_load()}")
-    for r in range(args.rounds):
-        if r % 2 == 0:
-            plain.append(run(ds))
-            timed.append(run(timed_ds))
-        else:
-            timed.append(run(timed_ds))
-            plain.append(run(ds))
+    step_ms = harness.interleaved(list(datasets), args.rounds, lambda _, name: run(datasets[name]))
+    plain, timed = step_ms["plain"], step_ms["timed"]
     ratio = statistics.median(timed) / statistics.median(plain)
     print(f"step ms plain {[f'{t:.2f}' for t in plain]}")
     print(f"step ms timed {[f'{t:.2f}' for t in timed]}")

@@ -15,7 +15,9 @@ import argparse
 import json
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
+
+import harness
 
 
 def unchecked(line: bytes) -> Optional[Dict[str, Any]]:
@@ -79,16 +81,21 @@ def main() -> None:
     }
     print(f"rounds {args.rounds}, block {args.block}; us per message, medians")
     print(f"{'message':26} {'bytes':>6} {'unchecked':>10} {'checked':>9} {'ratio':>6}")
+    decoders: Dict[str, Callable[[bytes], Any]] = {
+        "unchecked": unchecked,
+        "checked": messages.decode,
+    }
     for name, body in bodies.items():
         line = messages.encode(body)
         assert messages.decode(line) == unchecked(line)
-        before: List[float] = []
-        after: List[float] = []
-        for r in range(args.rounds):  # alternate which goes first
-            pair = [(unchecked, before), (messages.decode, after)]
-            for decode, out in pair if r % 2 == 0 else pair[::-1]:
-                out.append(per_message_us(decode, line, args.block))
-        b, a = statistics.median(before), statistics.median(after)
+
+        def timed(_: int, decoder: str, line: bytes = line) -> float:
+            return per_message_us(decoders[decoder], line, args.block)
+
+        times = harness.interleaved(
+            list(decoders), args.rounds, timed
+        )  # alternating which goes first
+        b, a = statistics.median(times["unchecked"]), statistics.median(times["checked"])
         print(f"{name:26} {len(line):6d} {b:10.2f} {a:9.2f} {a / b:6.2f}")
 
 

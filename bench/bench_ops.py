@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -53,17 +55,17 @@ def profiled(fn):
 
 
 def blocks(modes, rounds, block):
-    """{mode: [seconds per step of each block]}, modes interleaved round-robin."""
-    times = {name: [] for name in modes}
-    names = list(modes)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
-            setup, step = modes[name]
-            setup()
-            t0 = time.perf_counter()
-            for _ in range(block):
-                step()
-            times[name].append((time.perf_counter() - t0) / block)
+    """{mode: [seconds per step of each block]}, modes interleaved round-robin (order rotated)."""
+
+    def timed(_, name):
+        setup, step = modes[name]
+        setup()
+        t0 = time.perf_counter()
+        for _ in range(block):
+            step()
+        return (time.perf_counter() - t0) / block
+
+    times = harness.interleaved(list(modes), rounds, timed)
     ops.controller.every = 0
     return times
 
@@ -73,6 +75,17 @@ def every(n):
         ops.controller.every = n
 
     return setup
+
+
+def op_modes(step, name, alone):
+    """Op tracing off / every 100th step / every step of `step`, and `alone` (what the tracing
+    builds on, without tf_otel's conversion) as `name`."""
+    return {
+        "off": (every(0), step),
+        "every 100": (every(100), step),
+        "every step": (every(1), step),
+        name: (every(0), alone),
+    }
 
 
 def tf2_modes():
@@ -94,12 +107,7 @@ def tf2_modes():
 
     for _ in range(20):
         step()
-    return {
-        "off": (every(0), step),
-        "every 100": (every(100), step),
-        "every step": (every(1), step),
-        "TF profiler every step": (every(0), lambda: profiled(step)),
-    }
+    return op_modes(step, "TF profiler every step", lambda: profiled(step))
 
 
 def tf1_modes():
@@ -124,12 +132,7 @@ def tf1_modes():
 
     for _ in range(20):
         step()
-    return {
-        "off": (every(0), step),
-        "every 100": (every(100), step),
-        "every step": (every(1), step),
-        "FULL_TRACE alone every step": (every(0), full_trace),
-    }, sess
+    return op_modes(step, "FULL_TRACE alone every step", full_trace), sess
 
 
 def ten_k_op_artifacts():
@@ -231,14 +234,14 @@ def report(tf2, tf1, conv, total_ops, args):
         ]
         for name, values in times.items():
             med = statistics.median(values)
-            # each round's block against that round's "off" block (same load, minutes apart
-            # at most); quartiles show the spread the load leaves
-            paired = [v / o for v, o in zip(values, times["off"])]
-            q1, q2, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+            # each round's block against that round's "off" block; quartiles show the spread
+            # the load leaves
+            paired = harness.paired_ratios(values, times["off"])
+            ratio, q1, q3 = harness.median_quartiles(paired)
             lo, hi = median_ci(paired)
             rows.append(
                 f"| {name} | {med * 1e3:.3f} | {med / base:.3f}× "
-                f"| {statistics.median(paired):.3f}× [{q1:.3f}, {q3:.3f}] | {lo:.3f}–{hi:.3f} |"
+                f"| {ratio:.3f}× [{q1:.3f}, {q3:.3f}] | {lo:.3f}–{hi:.3f} |"
             )
         per = statistics.median(times["every step"]) - base
         rows += [

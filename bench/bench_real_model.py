@@ -52,6 +52,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import harness
+
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "BENCHMARKS_real_model.md"
 
@@ -170,7 +172,7 @@ def worker(model_name: str, batch: int, warmup: int, steps: int) -> None:
     result = {"rank": hvd.rank(), "img_s": batch * steps / elapsed, "threads": _thread_cpu()}
     if profile:
         result["windows"] = windows
-    print("RESULT " + json.dumps(result), flush=True)
+    harness.emit_result(result)
 
 
 def _thread_cpu() -> Dict[str, float]:
@@ -269,56 +271,37 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     assert choice.mode == STAMPS, choice.mode
     modes = [m for m in INPROCESS if m in MODES_INPROCESS] or list(INPROCESS)
     pipeline = lifecycle.get_pipeline()
-    times: Dict[str, List[int]] = {m: [] for m in modes}
-    for round_no in range(rounds):
-        shift = round_no % len(modes)
-        order = modes[shift:] + modes[:shift]
-        # odd rounds reversed: the export backlog a mode leaves falls on different next modes
-        for mode in order[::-1] if round_no % 2 else order:
-            sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
-            pipeline._sampler, pipeline._sample_fast = sampler, ids.fast_root_decision(sampler)
-            collector.every = EVERY.get(mode, 0)
-            collector.parts = parts_wanted(None, collector.every)
-            collector.fused = (
-                fused_wanted(None, collector.every) and mode != "coll_every_per_tensor"
-            )
-            for _ in range(block):
-                t0 = time.perf_counter_ns()
-                train_step().numpy()
-                times[mode].append(time.perf_counter_ns() - t0)
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "times": times}), flush=True)
+
+    def switch(mode: str) -> None:
+        sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
+        pipeline._sampler, pipeline._sample_fast = sampler, ids.fast_root_decision(sampler)
+        collector.every = EVERY.get(mode, 0)
+        collector.parts = parts_wanted(None, collector.every)
+        collector.fused = fused_wanted(None, collector.every) and mode != "coll_every_per_tensor"
+
+    # odd rounds reversed as well: the export backlog a mode leaves falls on other next modes
+    times = harness.step_times(
+        modes, rounds, block, switch, lambda: train_step().numpy(), reverse_odd=True
+    )
+    harness.emit_result({"rank": hvd.rank(), "times": times})
 
 
 def run_inprocess(args: argparse.Namespace) -> str:
-    venv = Path(sys.executable).parent
     tmp = tempfile.mkdtemp(prefix="bench_real_ip_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
-    env.update(
-        PATH=f"{venv}{os.pathsep}{env.get('PATH', '')}",
-        TF_CPP_MIN_LOG_LEVEL="2",
+    env = harness.horovod_env(
+        tmp,
         TF_USE_LEGACY_KERAS="1",
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OTEL_TRACES_EXPORTER="none",
-        TF_OTEL_FILE=os.path.join(tmp, "spans-{rank}.jsonl"),
-        TMPDIR=tmp,
         TF_OTEL_HOROVOD_EVERY="1",  # timing ops built in the stamped function; switched per block
     )
     lines = []
     for model in args.models:
-        command = [str(venv / "horovodrun"), "-np", str(args.np), "-H", f"localhost:{args.np}"]
-        command += ["--gloo", sys.executable, __file__, "--worker", "--inprocess"]
-        command += [f"--model={model}", f"--batch={args.batch}", f"--rounds={args.rounds}"]
-        command += [f"--block={args.block}"]
+        argv = [__file__, "--worker", "--inprocess", f"--model={model}", f"--batch={args.batch}"]
+        argv += [f"--rounds={args.rounds}", f"--block={args.block}"]
         load = os.getloadavg()[0]
-        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
-        results = [
-            json.loads(line.split("RESULT ", 1)[1])
-            for line in out.stdout.splitlines()
-            if "RESULT " in line
-        ]
+        job = harness.launch(harness.horovodrun(args.np, argv), env, timeout=1200)
+        results = job.results()
         if len(results) != args.np:
-            print(f"{model}: failed rc={out.returncode}\n{out.stderr[-3000:]}", flush=True)
+            print(f"{model}: failed rc={job.returncode}\n{job.stderr[-3000:]}", flush=True)
             continue
         spans = _span_categories(Path(tmp))
         lines.append(
@@ -404,22 +387,12 @@ class TraceSink:
 
 
 def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
-    venv = Path(sys.executable).parent
     tmp = tempfile.mkdtemp(prefix="bench_real_")
     if TRACE_SINK is not None:
         TRACE_SINK.take_categories()  # what a timed-out job's ranks sent late is not this run's
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
-    env.pop("HOROVOD_TIMELINE", None)
-    env.update(
-        PATH=f"{venv}{os.pathsep}{env.get('PATH', '')}",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        TF_USE_LEGACY_KERAS="1",
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OTEL_TRACES_EXPORTER="none",  # spans go to the file below (really built and written)
-        TF_OTEL_FILE=os.path.join(tmp, "spans-{rank}.jsonl"),
-        TMPDIR=tmp,
-    )
+    # spans go to tmp/spans-{rank}.jsonl (really built and written)
+    env = harness.horovod_env(tmp, TF_USE_LEGACY_KERAS="1")
+    env.pop("HOROVOD_TIMELINE", None)  # only the hvd_timeline mode sets it
     if METRICS_ENDPOINT:  # metrics are on by default: they go to a real OTLP receiver
         env.update(
             OTEL_METRICS_EXPORTER="otlp",
@@ -438,34 +411,17 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
         )
     if args.profile:
         env["BENCH_PROFILE"] = "1"
-    command = [
-        str(venv / "horovodrun"),
-        "-np",
-        str(args.np),
-        "-H",
-        f"localhost:{args.np}",
-        "--gloo",
-        sys.executable,
-        __file__,
-        "--worker",
-        f"--model={model}",
-        f"--batch={args.batch}",
-        f"--warmup={args.warmup}",
-        f"--steps={timed_steps(model, args, mode)}",
-    ]
+    argv = [__file__, "--worker", f"--model={model}", f"--batch={args.batch}"]
+    argv += [f"--warmup={args.warmup}", f"--steps={timed_steps(model, args, mode)}"]
     load = os.getloadavg()[0]
     started = time.monotonic()
     try:
-        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        job = harness.launch(harness.horovodrun(args.np, argv), env, timeout=600)
     except subprocess.TimeoutExpired:
         print(f"  {mode} {model}: timed out", flush=True)
         shutil.rmtree(tmp, ignore_errors=True)
         return None
-    results = [
-        json.loads(line.split("RESULT ", 1)[1])
-        for line in out.stdout.splitlines()
-        if "RESULT " in line
-    ]
+    results = job.results()
     categories = _span_categories(Path(tmp))
     if TRACE_SINK is not None:
         categories += TRACE_SINK.take_categories()
@@ -473,7 +429,7 @@ def run_once(mode: str, model: str, args: argparse.Namespace) -> Optional[dict]:
     timeline_mb = sum(p.stat().st_size for p in Path(tmp).glob("horovod_timeline*")) / 1e6
     shutil.rmtree(tmp, ignore_errors=True)
     if len(results) != args.np:
-        print(f"  {mode} {model}: failed rc={out.returncode}\n{out.stderr[-2000:]}", flush=True)
+        print(f"  {mode} {model}: failed rc={job.returncode}\n{job.stderr[-2000:]}", flush=True)
         return None
     img_s = statistics.mean(r["img_s"] for r in results)
     row = {
@@ -519,28 +475,15 @@ def _detail_steps(tmp: Path) -> Dict[str, str]:
     """Which steps got op / collective detail, per rank: the same steps on every rank, and
     op detail on step 100 inside the timed window (steps warmup+1 ...)."""
     steps: Dict[str, Dict[int, set]] = {"ops": {}, "collectives": {}}
-    for path in tmp.glob("spans-*.jsonl"):
-        with open(path) as f:
-            for line in f:
-                try:
-                    data = json.loads(line)
-                except ValueError:
-                    continue
-                for rs in data.get("resourceSpans", []):
-                    for ss in rs.get("scopeSpans", []):
-                        for span in ss.get("spans", []):
-                            attrs = {
-                                a["key"]: a.get("value", {}) for a in span.get("attributes", [])
-                            }
-                            category = attrs.get("tf_otel.category", {}).get("stringValue")
-                            kind = {"compute": "ops", "collective": "collectives"}.get(
-                                category or ""
-                            )
-                            if kind is None:
-                                continue
-                            rank = int(attrs.get("tf_otel.rank", {}).get("intValue", -1))
-                            step = int(attrs.get("tf_otel.step", {}).get("intValue", -1))
-                            steps[kind].setdefault(rank, set()).add(step)
+    for span in harness.written_spans(tmp):
+        attrs = {a["key"]: a.get("value", {}) for a in span.get("attributes", [])}
+        category = attrs.get("tf_otel.category", {}).get("stringValue")
+        kind = {"compute": "ops", "collective": "collectives"}.get(category or "")
+        if kind is None:
+            continue
+        rank = int(attrs.get("tf_otel.rank", {}).get("intValue", -1))
+        step = int(attrs.get("tf_otel.step", {}).get("intValue", -1))
+        steps[kind].setdefault(rank, set()).add(step)
     out = {}
     for kind, per_rank in steps.items():
         if not per_rank:
@@ -558,19 +501,10 @@ def _detail_steps(tmp: Path) -> Dict[str, str]:
 
 def _span_categories(tmp: Path) -> Counter:
     counts: Counter = Counter()
-    for path in tmp.glob("spans-*.jsonl"):
-        with open(path) as f:
-            for line in f:
-                try:
-                    data = json.loads(line)
-                except ValueError:
-                    continue
-                for rs in data.get("resourceSpans", []):
-                    for ss in rs.get("scopeSpans", []):
-                        for span in ss.get("spans", []):
-                            for attr in span.get("attributes", []):
-                                if attr.get("key") == "tf_otel.category":
-                                    counts[attr["value"].get("stringValue", "?")] += 1
+    for span in harness.written_spans(tmp):
+        for attr in span.get("attributes", []):
+            if attr.get("key") == "tf_otel.category":
+                counts[attr["value"].get("stringValue", "?")] += 1
     return counts
 
 
@@ -711,8 +645,7 @@ def main() -> None:
     started = time.monotonic()
     done = 0
     for round_no in range(args.rounds):
-        shift = round_no % len(args.modes)
-        order = args.modes[shift:] + args.modes[:shift]
+        order = harness.round_order(args.modes, round_no)
         print(f"round {round_no + 1}/{args.rounds}: {', '.join(order)}", flush=True)
         for model in args.models:
             for mode in order:

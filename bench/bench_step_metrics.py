@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import harness
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -63,13 +65,10 @@ def main() -> None:
         return elapsed / args.block / 1000
 
     block(True)  # warm up (pipeline start, caches)
-    on, off = [], []
-    for i in range(args.rounds):
-        first_on = i % 2 == 0
-        a = block(first_on)
-        b = block(not first_on)
-        on.append(a if first_on else b)
-        off.append(b if first_on else a)
+    blocks = harness.interleaved(
+        [True, False], args.rounds, lambda _, metrics_on: block(metrics_on)
+    )
+    on, off = blocks[True], blocks[False]
     pipeline._metrics = step_metrics
 
     # export thread: CPU per recorded step

@@ -15,10 +15,10 @@ import argparse
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+import harness
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -28,37 +28,19 @@ from ports import free_ports  # noqa: E402
 PYTHON = sys.executable
 
 
-def env_for(extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TF_OTEL_"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **extra)
-    return env
-
-
 def fit_seconds(extra: dict, steps: int, width: int) -> tuple[float, float]:
     """(fit time, whole process wall time) of one keras_fit.py run."""
-    env = env_for(
-        {
-            "PRINT_TIMING": "1",
-            "EVALUATE": "0",
-            "STEPS": str(steps),
-            "BATCH": "256",
-            "WIDTH": str(width),
-            **extra,
-        }
+    env = harness.job_env(
+        PYTHONUNBUFFERED="1",
+        PRINT_TIMING="1",
+        EVALUATE="0",
+        STEPS=str(steps),
+        BATCH="256",
+        WIDTH=str(width),
+        **extra,
     )
-    t0 = time.perf_counter()
-    out = subprocess.run(
-        [PYTHON, str(REPO / "examples" / "keras_fit.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    wall = time.perf_counter() - t0
-    fit = float(
-        next(line for line in out.splitlines() if line.startswith("fit_seconds=")).split("=")[1]
-    )
-    return fit, wall
+    job = harness.launch([PYTHON, str(REPO / "examples" / "keras_fit.py")], env, check=True)
+    return float(job.after("fit_seconds=")[0]), job.wall_s
 
 
 def _serve_receiver(conn) -> None:
@@ -88,16 +70,16 @@ def main() -> None:
         },
     }
     names = list(variants)
-    results: dict = {name: [] for name in names}
-    for i in range(args.rounds):
-        order = names[i % 3 :] + names[: i % 3]
-        for name in order:
-            results[name].append(fit_seconds(variants[name], args.steps, args.width))
-            fit, wall = results[name][-1]
-            print(
-                f"round {i + 1}/{args.rounds} {name:12s} fit {fit:7.3f} s  wall {wall:6.2f} s",
-                flush=True,
-            )
+
+    def run(i: int, name: str) -> tuple[float, float]:
+        fit, wall = fit_seconds(variants[name], args.steps, args.width)
+        print(
+            f"round {i + 1}/{args.rounds} {name:12s} fit {fit:7.3f} s  wall {wall:6.2f} s",
+            flush=True,
+        )
+        return fit, wall
+
+    results = harness.interleaved(names, args.rounds, run)
     parent.send("done")
     spans = parent.recv()
     server.join(5)
@@ -105,9 +87,9 @@ def main() -> None:
     median_wall = {k: statistics.median(w for _, w in v) for k, v in results.items()}
 
     def paired(name: str, index: int = 0) -> tuple[float, float, float]:
-        ratios = sorted(a[index] / b[index] for a, b in zip(results[name], results["untraced"]))
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        return statistics.median(ratios), q[0], q[2]
+        base = [fit_wall[index] for fit_wall in results["untraced"]]
+        values = [fit_wall[index] for fit_wall in results[name]]
+        return harness.median_quartiles(harness.paired_ratios(values, base))
 
     step_ms = median_fit["untraced"] / args.steps * 1000
     ratio, ratio_q1, ratio_q3 = paired("traced")

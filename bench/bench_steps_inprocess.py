@@ -24,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 from bench_steps import _serve_receiver  # noqa: E402
 
 
@@ -75,11 +76,10 @@ def main() -> None:
         return time.perf_counter() - t0
 
     on, off, ratios = [], [], []
-    for i in range(args.rounds):
-        first_on = i % 2 == 0
-        a = block(first_on)
-        b = block(not first_on)
-        t_on, t_off = (a, b) if first_on else (b, a)
+    for i, blocks in harness.each_round(
+        ["on", "off"], args.rounds, lambda _, mode: block(mode == "on")
+    ):
+        t_on, t_off = blocks["on"], blocks["off"]
         on.append(t_on)
         off.append(t_off)
         ratios.append(t_on / t_off)
@@ -93,7 +93,7 @@ def main() -> None:
     parent.send("done")
     spans = parent.recv()
     server.join(5)
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    ratio, q1, q3 = harness.median_quartiles(ratios)
     step_ms = statistics.median(off) / args.block * 1000
     per_step_us = (statistics.median(on) - statistics.median(off)) / args.block * 1e6
     text = f"""## Step tracing overhead in one process (bench/bench_steps_inprocess.py)
@@ -107,7 +107,7 @@ another process. Load average at the end: {os.getloadavg()[0]:.1f}.
 
 | | value |
 |---|---:|
-| median per-round ratio on / off | **{statistics.median(ratios):.4f}** |
+| median per-round ratio on / off | **{ratio:.4f}** |
 | quartiles of the ratio | {q1:.4f} – {q3:.4f} |
 | median block off / on (s) | {statistics.median(off):.3f} / {statistics.median(on):.3f} |
 | difference of medians per step | {per_step_us:.0f} µs |
