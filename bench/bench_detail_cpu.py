@@ -96,7 +96,7 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
     # thread would (the same calls, minus the socket)
     topology = Topology(rank=0, world_size=2, job_id=f"bench-detail-{os.getpid()}")
     pipeline = Pipeline(Settings(), topology, provider)
-    pipeline._clock_settled = True  # rank 0 is the reference clock; no rank 1 to sync with
+    pipeline.exporter.clock_settled = True  # rank 0 is the reference clock; no rank 1 to sync with
     lifecycle._pipeline = pipeline
     collector.every = 1
     collector.backend = "gloo"
@@ -124,8 +124,9 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
         handle.deferred.append(lambda: collector._share_pending(key, step))
         time.sleep(0.03)  # the step's span covers its collectives
         pipeline.end_step(handle)
-        assert pipeline._aggregator is not None
-        pipeline._aggregator.add(1, key, step, handle.start_ns, handle.end_ns)
+        aggregator = pipeline.exporter.services.aggregator
+        assert aggregator is not None
+        aggregator.add(1, key, step, handle.start_ns, handle.end_ns)
         collector.on_arrivals(1, {"t": "hvd.a", "k": key, "s": step, "a": other})
 
     one_step()

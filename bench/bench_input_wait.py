@@ -148,11 +148,10 @@ def real(args: argparse.Namespace) -> None:
             self.ends.append((time.perf_counter(), time.process_time()))
 
     def fit(mode: str, steps: int) -> List[Tuple[float, float]]:
-        hooks = _patching.step_hooks
-        if mode == "on" and input_wait.hook not in hooks:
-            hooks.append(input_wait.hook)
-        if mode == "off" and input_wait.hook in hooks:
-            hooks.remove(input_wait.hook)
+        if mode == "on":
+            _patching.add_step_hook(input_wait.hook)
+        if mode == "off":
+            _patching.remove_step_hook(input_wait.hook)
         ends = Ends()
         model.fit(datasets[mode], steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[ends])
         pairs = zip(ends.ends, ends.ends[1:])
@@ -232,11 +231,10 @@ def _paired(
     }
 
     def block(mode: str) -> Tuple[float, float]:
-        hooks = patching.step_hooks
-        if mode == "on" and input_wait.hook not in hooks:
-            hooks.append(input_wait.hook)
-        if mode != "on" and input_wait.hook in hooks:
-            hooks.remove(input_wait.hook)
+        if mode == "on":
+            patching.add_step_hook(input_wait.hook)
+        else:
+            patching.remove_step_hook(input_wait.hook)
         train(iterators[mode])  # the buffer the other block left full is not timed
         logs = None
         wall, cpu = time.perf_counter(), time.process_time()

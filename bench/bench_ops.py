@@ -201,7 +201,7 @@ def conversion(step_stats, logdir, base_ns, repeats=5):
                 hi = max(r.end_ns for r in records)
                 step_span = tracer.start_span("step", start_time=lo)
                 step_span.end(end_time=hi)
-                pipeline._export_records(1, records, step_span.get_span_context(), lo, hi)
+                pipeline.exporter.export_records(1, records, step_span.get_span_context(), lo, hi)
                 encoded = encode_spans(exporter.get_finished_spans()).SerializeToString()
                 t2 = time.thread_time_ns()
                 cpu.append((t1 - t0, t2 - t1, len(records), len(encoded)))

@@ -14,16 +14,13 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any, Dict
+from typing import Any
 
 
-class _Handle:
-    def __init__(self, step: int) -> None:
-        self.sampled = True
-        self.step = step
-        self.key = "bench"
-        self.flags: Dict[str, Any] = {}
-        self.attributes: Dict[str, Any] = {}
+def _handle(step: int) -> Any:
+    from tf_otel.pipeline.step_handle import StepHandle
+
+    return StepHandle("bench", step, "bench_step", "tf_function", 0, True, 0)
 
 
 def main() -> None:
@@ -43,24 +40,24 @@ def main() -> None:
     other_us, begin_end_us, cpu_share = [], [], []
     for _ in range(args.rounds):
         n = 20_000
-        handles = [_Handle(step) for step in range(1, n + 1)]
+        handles = [_handle(step) for step in range(1, n + 1)]
         t0 = time.perf_counter_ns()
         for handle in handles:
-            hook.on_step_start(handle, None)  # type: ignore[arg-type]
-            hook.on_step_end(handle, None, None)  # type: ignore[arg-type]
+            kept = hook.on_step_start(handle, None)  # type: ignore[arg-type]
+            hook.on_step_end(handle, None, None, kept)  # type: ignore[arg-type]
         other_us.append((time.perf_counter_ns() - t0) / n / 1e3)
         costs = []
         cpu_over = []
         for step in range(20):
-            handle = _Handle(step * 2)  # never consecutive: a full scan at each begin
+            handle = _handle(step * 2)  # never consecutive: a full scan at each begin
             t0 = time.perf_counter_ns()
-            detail.on_step_start(handle, None)  # type: ignore[arg-type]
+            kept = detail.on_step_start(handle, None)  # type: ignore[arg-type]
             t1 = time.perf_counter_ns()
             c0 = time.process_time_ns()
             time.sleep(args.step_ms / 1e3)
             c1 = time.process_time_ns()
             t2 = time.perf_counter_ns()
-            detail.on_step_end(handle, None, None)  # type: ignore[arg-type]
+            detail.on_step_end(handle, None, None, kept)  # type: ignore[arg-type]
             costs.append(((t1 - t0) + (time.perf_counter_ns() - t2)) / 1e3)
             cpu_over.append((c1 - c0) / (args.step_ms * 1e6))
         begin_end_us.append(statistics.median(costs))

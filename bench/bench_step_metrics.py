@@ -21,7 +21,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import harness
 
@@ -45,6 +44,7 @@ def main() -> None:
 
     from tf_otel.config import Settings
     from tf_otel.job.topology import Topology
+    from tf_otel.pipeline.step_handle import StepHandle
     from tf_otel.pipeline.steps import Pipeline
 
     reader = InMemoryMetricReader()
@@ -55,7 +55,7 @@ def main() -> None:
     assert step_metrics is not None, "no SDK MeterProvider"
 
     def block(on: bool) -> float:
-        pipeline._metrics = step_metrics if on else None
+        pipeline._metrics = pipeline.exporter.metrics = step_metrics if on else None
         begin, end = pipeline.begin_step, pipeline.end_step
         t0 = time.perf_counter_ns()
         for _ in range(args.block):
@@ -69,13 +69,12 @@ def main() -> None:
         [True, False], args.rounds, lambda _, metrics_on: block(metrics_on)
     )
     on, off = blocks[True], blocks[False]
-    pipeline._metrics = step_metrics
+    pipeline._metrics = pipeline.exporter.metrics = step_metrics
 
     # export thread: CPU per recorded step
-    handle = SimpleNamespace(
-        key="bench", step=0, kind="tf_function", start_ns=0, end_ns=12_000_000, flags={}
-    )
-    waited = SimpleNamespace(**{**handle.__dict__, "flags": {"input_wait_ns": 3_000_000}})
+    handle = StepHandle("bench", 0, "bench_step", "tf_function", 0, True, 0, 12_000_000)
+    waited = StepHandle("bench", 0, "bench_step", "tf_function", 0, True, 0, 12_000_000)
+    waited.input_wait_ns = 3_000_000
     drain_us, drain_wait_us, sampled_us = [], [], []
     n = min(args.block, 10_000)
     span = SpanContext(0xABC, 0x123, False, TraceFlags(TraceFlags.SAMPLED))
