@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the Go backends tf_otel tests and `make demo` run against, once per machine.
 #
-# Usage: scripts/build_go_tools.sh [jaeger|collector|prometheus|all]   (default: all)
+# Usage: scripts/build_go_tools.sh [jaeger|collector|prometheus|promtool|all]   (default: all)
 #        (`make demo` builds jaeger only; `make tools`/`make test` build all three)
 #
 #   jaeger     Jaeger v2 (cmd/jaeger, in-memory storage, OTLP in, /api/traces out) from the
@@ -10,10 +10,13 @@
 #              collector-config/builder-manifest.yaml (exactly the components our configs use).
 #   prometheus Prometheus 3 (cmd/prometheus) from the Go module proxy, pinned below: the metrics
 #              store of docker-compose.yml, run by tests/test_dashboard.py (OTLP in, PromQL out).
+#   promtool   Prometheus's rule checker and rule unit tester (cmd/promtool, the same module and
+#              version): tests/test_alerts.py runs `promtool check rules` / `test rules` on
+#              deploy/prometheus-alerts.yaml.
 #
 # Binaries are cached as ${TF_OTEL_CACHE:-~/.cache/tf_otel}/bin/<name>-<version>; a second run
 # with the same versions does nothing. The last lines printed are the binary paths:
-#   JAEGER_BIN=...   COLLECTOR_BIN=...   PROMETHEUS_BIN=...
+#   JAEGER_BIN=...   COLLECTOR_BIN=...   PROMETHEUS_BIN=...   PROMTOOL_BIN=...
 # Needs Go >= 1.26 (GO=/path/to/go to choose one; default: go on PATH, else /usr/local/go/bin/go).
 set -euo pipefail
 
@@ -138,10 +141,26 @@ build_prometheus() {
   echo "PROMETHEUS_BIN=$out"
 }
 
+build_promtool() {
+  local out=$BIN/promtool-$PROMETHEUS_RELEASE
+  if [ -x "$out" ]; then say "promtool: cached $out"; echo "PROMTOOL_BIN=$out"; return; fi
+  say "promtool: building github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
+  local t0=$SECONDS vpkg=github.com/prometheus/common/version
+  rm -rf "$WORK/promtool"
+  GOBIN=$WORK/promtool "$GO" install -tags remove_all_sd -trimpath \
+    -ldflags "-s -w -X $vpkg.Version=${PROMETHEUS_RELEASE#v} -X $vpkg.Revision=$PROMETHEUS_MODULE_VERSION" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
+  mv "$WORK/promtool/promtool" "$out"
+  rm -rf "$WORK/promtool"
+  say "promtool: built in $((SECONDS - t0)) s"
+  echo "PROMTOOL_BIN=$out"
+}
+
 case "${1:-all}" in
   jaeger) build_jaeger ;;
   collector) build_collector ;;
   prometheus) build_prometheus ;;
-  all) build_jaeger; build_collector; build_prometheus ;;
-  *) die "unknown target '$1' (use jaeger, collector, prometheus or all)" ;;
+  promtool) build_promtool ;;
+  all) build_jaeger; build_collector; build_prometheus; build_promtool ;;
+  *) die "unknown target '$1' (use jaeger, collector, prometheus, promtool or all)" ;;
 esac

@@ -87,6 +87,13 @@ def prometheus_binary() -> Path:
     return _find_binary("TF_OTEL_PROMETHEUS_BIN", cache_bin_dir() / name, "Prometheus")
 
 
+def promtool_binary() -> Path:
+    """Prometheus's promtool (rule checks, rule unit tests): $TF_OTEL_PROMTOOL_BIN, else the
+    pinned build in the cache."""
+    name = f"promtool-{_script_default('PROMETHEUS_RELEASE')}"
+    return _find_binary("TF_OTEL_PROMTOOL_BIN", cache_bin_dir() / name, "promtool")
+
+
 def _find_binary(env: str, cached: Path, what: str) -> Path:
     path = Path(os.environ[env]) if os.environ.get(env) else cached
     if not (path.is_file() and os.access(path, os.X_OK)):

@@ -127,14 +127,14 @@ def test_roots_of_fewer_ranks_than_the_job_stay_partial_after_the_first_roots() 
             for r in (0, 1, 2):
                 aggregator.add(r, "k", step, 10, 20)
         assert _wait_until(lambda: len(roots) == LEARN_STEPS, 5.0)
-        assert all(r[4:] == (3, (0, 1, 2)) for r in roots), roots
+        assert all(r[4:6] == (3, (0, 1, 2)) for r in roots), roots
         for r in (0, 1, 2):
             aggregator.add(r, "k", LEARN_STEPS, 10, 20)
         assert roots[-1][1] == LEARN_STEPS, "not waited for: rank 3 was never heard from"
-        assert roots[-1][4:] == (3, (0, 1, 2)), "3 of 4 ranks: partial"
+        assert roots[-1][4:6] == (3, (0, 1, 2)), "3 of 4 ranks: partial"
         for r in (3, 0, 1, 2):  # rank 3 heard from at last: the next root waits for it again
             aggregator.add(r, "k", LEARN_STEPS + 1, 10, 20)
-        assert roots[-1][1:2] + roots[-1][4:] == (LEARN_STEPS + 1, 4, None), "whole: not partial"
+        assert roots[-1][1:2] + roots[-1][4:6] == (LEARN_STEPS + 1, 4, None), "whole: not partial"
     finally:
         aggregator.close()
 
@@ -147,10 +147,10 @@ def test_after_complete_first_roots_a_timed_out_root_is_partial() -> None:
         for step in range(LEARN_STEPS):
             for r in range(4):
                 aggregator.add(r, "k", step, 10, 20)
-        assert [r[4:] for r in roots] == [(4, None)] * LEARN_STEPS
+        assert [r[4:6] for r in roots] == [(4, None)] * LEARN_STEPS
         for r in (0, 1, 2):
             aggregator.add(r, "k", LEARN_STEPS, 10, 20)
         assert _wait_until(lambda: len(roots) == LEARN_STEPS + 1, 5.0)
-        assert roots[-1][1] == LEARN_STEPS and roots[-1][4:] == (3, (0, 1, 2))
+        assert roots[-1][1] == LEARN_STEPS and roots[-1][4:6] == (3, (0, 1, 2))
     finally:
         aggregator.close()

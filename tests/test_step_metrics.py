@@ -21,7 +21,9 @@ from tf_otel.pipeline.step_metrics import (
     BOUNDARIES,
     COLLECTIVE_WAIT_DURATION,
     INPUT_WAIT_DURATION,
+    LATENESS_POINTS,
     MAX_PENDING,
+    RANK_LATENESS,
     STEP_DURATION,
     StepMetrics,
     collective_wait_ns,
@@ -179,3 +181,21 @@ def test_always_on_exemplar_filter_still_names_no_unsampled_trace():
         assert named == [(0, 0.003), (0x77, 0.3)]
     finally:
         provider.shutdown()
+
+
+def test_lateness_every_rank_of_a_small_job_a_window_of_a_big_one(metrics):
+    m, reader = metrics
+    root = _span(0xF00, 0xBA2)
+    m.record_lateness({0: 0, 1: 2 * MS, 2: -MS, 3: 150 * MS}, root, straggler=3)
+    points = {p.attributes[record.ATTR_RANK]: p for p in _points(reader)[RANK_LATENESS]}
+    assert sorted(points) == [0, 1, 2, 3] and points[2].sum == 0.0  # early: 0, not < 0
+    assert points[3].sum == pytest.approx(0.150)
+    exemplars = {r: p.exemplars for r, p in points.items()}
+    assert [e.trace_id for e in exemplars[3]] == [0xF00], "the straggler's opens its root"
+    assert not exemplars[0] and not exemplars[1]
+    # 200 ranks: LATENESS_POINTS a step, a moving window; every rank within ceil(200/64) steps
+    big = {r: r * 1000 for r in range(200)}
+    for _ in range(-(-200 // LATENESS_POINTS)):
+        m.record_lateness(big, root, straggler=199)
+    counts = {p.attributes[record.ATTR_RANK]: p.count for p in _points(reader)[RANK_LATENESS]}
+    assert set(counts) == set(range(200)) and counts[199] >= 4

@@ -31,7 +31,9 @@ fewer than 10, where span volume is what detail costs; 0: one span per tensor),
 TF_OTEL_STALL (rank 0's stall watch, pipeline/stall.py; default 1; 0: off),
 TF_OTEL_STALL_FLOOR_S and TF_OTEL_STALL_FACTOR (a step of rank 0 in flight longer than
 max(floor, factor x the median of the key's recent steps) is a stall; defaults 20 s and 10,
-docs/RELIABILITY.md "Stalls" says why).
+docs/RELIABILITY.md "Stalls" says why),
+TF_OTEL_VERDICTS (rank 0's live verdict on each step root, the per-rank lateness histogram and
+persistent slowdowns, pipeline/verdicts.py; default 1; 0: off).
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ class Settings:
     stall: bool = True
     stall_floor_s: float = STALL_FLOOR_S_DEFAULT
     stall_factor: float = STALL_FACTOR_DEFAULT
+    verdicts: bool = True  # rank 0's live verdicts (pipeline/verdicts.py)
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Settings:
@@ -251,6 +254,7 @@ class Settings:
                 env, "TF_OTEL_STALL_FLOOR_S", _positive_float, STALL_FLOOR_S_DEFAULT
             ),
             stall_factor=read(env, "TF_OTEL_STALL_FACTOR", _positive_float, STALL_FACTOR_DEFAULT),
+            verdicts=read(env, "TF_OTEL_VERDICTS", _bool, True),
         )
 
 

@@ -23,6 +23,7 @@ TRANSFER = "transfer"
 KERNEL = "kernel"
 FRAMEWORK = "framework"
 STALL = "stall"  # rank 0's stall record in a step's trace (pipeline/stall.py)
+SLOWDOWN = "slowdown"  # rank 0's persistent slowdown record (pipeline/verdicts.py)
 
 # attribute keys
 ATTR_CATEGORY = "tf_otel.category"
@@ -86,6 +87,21 @@ ATTR_STALL_RANKS = "tf_otel.stall.ranks"  # one line per rank: where it is, sinc
 ATTR_STALL_STACKS = "tf_otel.stall.stacks"  # one entry per answering rank: its training stack
 STALLED = "stalled"
 RESOLVED = "resolved"
+# rank 0's live verdict on a step root (pipeline/verdicts.py, the offline analysis' noise model)
+ATTR_STRAGGLER_RANK = "tf_otel.straggler.rank"  # the rank that held the step (absent: nobody)
+ATTR_STRAGGLER_LATENESS = "tf_otel.straggler.lateness_ns"
+ATTR_STRAGGLER_CATEGORY = "tf_otel.straggler.category"  # before_step / input / compute
+ATTR_STRAGGLER_THRESHOLD = "tf_otel.straggler.threshold_ns"  # the run's noise, this step
+ATTR_STRAGGLER_MEASURED = "tf_otel.straggler.measured"  # judged from: arrivals / extents
+# a persistent slowdown (category SLOWDOWN): a span + a log record where it began and ended
+ATTR_SLOWDOWN_STATE = "tf_otel.slowdown.state"  # BEGAN / ENDED
+ATTR_SLOWDOWN_RANK = "tf_otel.slowdown.rank"  # absent: the whole step time slowed down
+ATTR_SLOWDOWN_SINCE = "tf_otel.slowdown.since_step"
+ATTR_SLOWDOWN_AT = "tf_otel.slowdown.at_step"  # the step rank 0 raised (or closed) it at
+ATTR_SLOWDOWN_LATENESS = "tf_otel.slowdown.lateness_ns"  # its median while it lasted
+ATTR_SLOWDOWN_THRESHOLD = "tf_otel.slowdown.threshold_ns"
+BEGAN = "began"
+ENDED = "ended"
 
 # tf_otel.step.kind values
 SESSION_RUN = "session_run"

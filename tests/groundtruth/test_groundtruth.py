@@ -42,6 +42,9 @@ from conftest import REPO, VENV_BIN, base_env, run
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
 from sim import Cluster  # noqa: E402
 
+from tf_otel import record  # noqa: E402
+from tf_otel.analysis.otlp_values import attributes_dict  # noqa: E402
+
 pytestmark = pytest.mark.integration
 
 SCRIPT = REPO / "tests" / "groundtruth" / "train_groundtruth.py"
@@ -55,7 +58,8 @@ SLOW_HOST = "hostB"  # ranks 2 and 3
 LINK_RATE = "50mbit"
 WIDTH = 512  # train_groundtruth.py's layers: 64 -> WIDTH -> WIDTH -> 1, float32 gradients
 GRADIENT_BYTES = (64 * WIDTH + WIDTH * WIDTH + WIDTH) * 4
-Run = Tuple[str, Dict[str, Any], Dict[str, Dict[int, Dict[int, float]]]]
+# scenario, the analysis' JSON report, the ranks' in-process truth, the step roots' attributes
+Run = Tuple[str, Dict[str, Any], Dict[str, Dict[int, Dict[int, float]]], Dict[int, Dict[str, Any]]]
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +117,7 @@ def _run(name: str, launch, tmp_path_factory) -> Run:
     analysed = run(
         [str(VENV_BIN / "tf-otel"), "analyze", str(out / "spans"), "--format", "json"], base_env()
     )
-    return name, json.loads(analysed.stdout), _truth(out / "truth")
+    return name, json.loads(analysed.stdout), _truth(out / "truth"), _roots(out / "spans")
 
 
 @pytest.fixture(scope="module", params=["late", "input", "compute", "none", "slowlink"])
@@ -134,12 +138,27 @@ def _truth(folder: Path) -> Dict[str, Dict[int, Dict[int, float]]]:
     return truth
 
 
+def _roots(folder: Path) -> Dict[int, Dict[str, Any]]:
+    """Step number -> the attributes of its root (rank 0 emits them, with its live verdict), read
+    from the OTLP-JSON files as written (every attribute)."""
+    roots = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            for resource_spans in json.loads(line).get("resourceSpans", []) if line else []:
+                for scope_spans in resource_spans.get("scopeSpans", []):
+                    for span in scope_spans.get("spans", []):
+                        attributes = attributes_dict(span.get("attributes"))
+                        if attributes.get(record.ATTR_CATEGORY) == record.STEP_ROOT:
+                            roots[int(attributes[record.ATTR_STEP])] = attributes
+    return roots
+
+
 def _beyond_others(values: Dict[int, float], rank: int) -> float:
     return values[rank] - statistics.median(v for r, v in values.items() if r != rank)
 
 
 def test_analysis_names_the_injected_stragglers_and_only_real_ones(scenario):
-    name, report, truth = scenario
+    name, report, truth, _ = scenario
     steps = {s["step"]: s for s in report["steps"]}
     assert len(steps) == STEPS, sorted(steps)
     assert 0 in report["summary"]["warmup_steps"]  # tracing the step function
@@ -186,6 +205,46 @@ def test_analysis_names_the_injected_stragglers_and_only_real_ones(scenario):
     assert set(SLOW_STEPS) <= set(finding["evidence"]["steps"]), context
 
 
+def test_rank_0_names_the_injected_stragglers_live_on_the_step_roots(scenario):
+    """Issue 27: rank 0's verdict on each root (pipeline/verdicts.py), made while the job runs
+    from what it gathers (every rank's extent and, with collective detail on every step, every
+    rank's first collective arrival), names the slowed rank in exactly the slowed steps with
+    the cause; a root named beyond them is a real straggler (the ranks' own in-process truth),
+    and the control and the slowed link name nobody else."""
+    name, _, truth, roots = scenario
+    assert sorted(roots) == list(range(STEPS))
+    judged = [n for n, a in roots.items() if record.ATTR_STRAGGLER_THRESHOLD in a]
+    assert judged and min(judged) <= min(SLOW_STEPS), sorted(judged)  # judged from step 5 on
+    assert all(roots[n][record.ATTR_STRAGGLER_MEASURED] == "arrivals" for n in judged)
+    named = {n: a for n, a in roots.items() if record.ATTR_STRAGGLER_RANK in a}
+    verdicts = {
+        n: (a[record.ATTR_STRAGGLER_RANK], a[record.ATTR_STRAGGLER_CATEGORY],
+            round(a[record.ATTR_STRAGGLER_LATENESS] / 1e6, 1))
+        for n, a in named.items()
+    }  # fmt: skip
+    context = json.dumps({"verdicts": verdicts, "judged": sorted(judged)})
+    injected = SLOW_STEPS if name in CAUSE else []
+    for number, attributes in named.items():  # the host's own stragglers must be real ones
+        if number not in injected:
+            rank = attributes[record.ATTR_STRAGGLER_RANK]
+            late = _beyond_others(truth["ready"][number], rank)
+            lateness_ms = attributes[record.ATTR_STRAGGLER_LATENESS] / 1e6
+            assert late >= 0.5 * lateness_ms, (number, context)
+    if name not in CAUSE:
+        return
+    assert set(SLOW_STEPS) <= set(named), context
+    for number in SLOW_STEPS:
+        attributes = named[number]
+        assert attributes[record.ATTR_STRAGGLER_RANK] == SLOW_RANK, context
+        assert attributes[record.ATTR_STRAGGLER_CATEGORY] == CAUSE[name], context
+        # as the offline analysis: the slow rank's extra work, bounded by how much later than
+        # the others' median it was ready (its first collective arrival)
+        work = _beyond_others(truth["work"][number], SLOW_RANK)
+        expected = min(work, _beyond_others(truth["ready"][number], SLOW_RANK))
+        lateness_ms = attributes[record.ATTR_STRAGGLER_LATENESS] / 1e6
+        assert abs(lateness_ms - expected) <= 0.1 * expected, (expected, context)
+
+
 def _steady(report: Dict[str, Any]) -> list:
     return [s for s in report["steps"] if not s["warmup"]]
 
@@ -219,8 +278,8 @@ def test_slowlink_raises_communication_by_the_link_cost_and_blames_no_rank(runs)
     compute on the path, and the share is at least the control's steps' with the link's cost
     added (less 0.05), never more than 1.
     """
-    _, control, _ = runs("none")
-    _, slowed, _ = runs("slowlink")
+    _, control, _, _ = runs("none")
+    _, slowed, _, _ = runs("slowlink")
     payload = 2 * (RANKS - 1) / RANKS * GRADIENT_BYTES
     rate_bps = float(LINK_RATE.removesuffix("mbit")) * 1e6
     floor_ms = payload * 8 / rate_bps * 1000

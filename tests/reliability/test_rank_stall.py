@@ -7,11 +7,13 @@ Each test prints one ``FIGURES`` line for docs/RELIABILITY.md.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Dict, List
 
 import pytest
@@ -219,3 +221,102 @@ def test_one_slow_step_raises_no_stall(receiver) -> None:
         median_s=round(median, 2),
         wall_s=round(wall, 1),
     )
+
+
+# -- live verdicts (issue 27 point 3): slowdowns and stragglers named on rank 0 while it runs ---
+
+SLOWDOWN_FROM, SLOWDOWN_TO = 30, 55
+
+
+def _slowdowns(spans, state: str) -> list:
+    return [
+        s
+        for s in spans
+        if s.category == record.SLOWDOWN and s.attributes[record.ATTR_SLOWDOWN_STATE] == state
+    ]
+
+
+def _roots(spans) -> Dict[int, Dict]:
+    return {
+        s.attributes[record.ATTR_STEP]: s.attributes
+        for s in spans
+        if s.category == record.STEP_ROOT and "train_step" in s.name
+    }
+
+
+def test_a_persistent_slowdown_of_one_rank_is_raised_once_and_closed(receiver) -> None:
+    """Rank 1 begins steps 30..54 50 ms late (steps of ~10 ms): rank 0 raises one slowdown
+    naming rank 1 within 10 steps of its start, with a log record in the trace of the step it
+    began at, closes it once the rank is back, and names rank 1 on those steps' roots."""
+    env = _env(
+        receiver,
+        STEPS="80",
+        STEP_SLEEP_S="0.01",
+        SLOWDOWN_RANK="1",
+        SLOWDOWN_FROM=str(SLOWDOWN_FROM),
+        SLOWDOWN_TO=str(SLOWDOWN_TO),
+        SLOWDOWN_S="0.05",
+    )
+    result = subprocess.run(
+        _command(4), env=env, cwd=REPO, capture_output=True, text=True, timeout=200
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    spans = receiver.wait_for(lambda s: len(_roots(s)) >= 80 and _slowdowns(s, record.ENDED), 15)
+    began, ended = _slowdowns(spans, record.BEGAN), _slowdowns(spans, record.ENDED)
+    assert len(began) == 1 and len(ended) == 1, [s.attributes for s in began + ended]
+    raised = began[0].attributes
+    assert raised[record.ATTR_SLOWDOWN_RANK] == 1, raised
+    since, at = raised[record.ATTR_SLOWDOWN_SINCE], raised[record.ATTR_SLOWDOWN_AT]
+    assert SLOWDOWN_FROM <= since <= SLOWDOWN_FROM + 2 and at <= SLOWDOWN_FROM + 10, raised
+    assert 40e6 <= raised[record.ATTR_SLOWDOWN_LATENESS] <= 70e6, raised  # the 50 ms it sleeps
+    job_id = began[0].resource[record.ATTR_JOB_ID]
+    assert began[0].trace_id == f"{step_trace_id(job_id, KEY, since):032x}"
+    closed = ended[0].attributes
+    assert closed[record.ATTR_SLOWDOWN_RANK] == 1 and closed[record.ATTR_SLOWDOWN_SINCE] == since
+    assert SLOWDOWN_TO <= closed[record.ATTR_SLOWDOWN_AT] <= SLOWDOWN_TO + 10, closed
+    logs = receiver.wait_for_logs(lambda got: any("slowdown" in str(x.body) for x in got), 10)
+    raised_log = [x for x in logs if "rank 1 slowdown:" in str(x.body)]
+    assert raised_log and raised_log[0].trace_id == began[0].trace_id, [x.body for x in logs]
+    assert f"since step {since} of {KEY}" in str(raised_log[0].body)
+    # the roots of the slowed steps name rank 1, begun late; the others nobody but real ones
+    roots = _roots(spans)
+    named = {n: a.get(record.ATTR_STRAGGLER_RANK) for n, a in roots.items()}
+    slowed = range(SLOWDOWN_FROM, SLOWDOWN_TO)
+    assert sum(named[n] == 1 for n in slowed) >= 0.8 * len(slowed), named
+    for n in slowed:
+        if named[n] == 1:
+            assert roots[n][record.ATTR_STRAGGLER_CATEGORY] == "before_step", roots[n]
+    _figures("slowdown", since=since, raised_at=at, ended_at=closed[record.ATTR_SLOWDOWN_AT])
+
+
+def test_a_long_control_raises_no_slowdown(receiver, tmp_path) -> None:
+    """1,000 steps of 4 ranks with nothing injected: no slowdown, the roots judged, and a root
+    that names a rank (this shared host descheduling one) names one that really began late."""
+    truth = tmp_path / "begun-{rank}.json"
+    env = _env(receiver, STEPS="1000", STEP_SLEEP_S="0", QUIET="1", TRUTH_FILE=str(truth))
+    result = subprocess.run(
+        _command(4), env=env, cwd=REPO, capture_output=True, text=True, timeout=400
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    spans = receiver.wait_for(lambda s: len(_roots(s)) >= 1000, 30)
+    roots = _roots(spans)
+    judged = [n for n, a in roots.items() if record.ATTR_STRAGGLER_THRESHOLD in a]
+    assert len(judged) >= 990, len(judged)
+    assert not [s.attributes for s in spans if s.category == record.SLOWDOWN]
+    named = sorted(n for n, a in roots.items() if record.ATTR_STRAGGLER_RANK in a)
+    begun = {
+        r: json.loads(Path(str(truth).replace("{rank}", str(r))).read_text()) for r in range(4)
+    }
+    unconfirmed = []
+    for n in named:  # judged from the extents: the rank began the step (or got its input) late
+        attributes = roots[n]
+        rank = attributes[record.ATTR_STRAGGLER_RANK]
+        others = sorted(begun[r][n] for r in range(4) if r != rank)
+        late_ms = (begun[rank][n] - others[1]) / 1e6  # the median of the other three
+        if attributes[record.ATTR_STRAGGLER_MEASURED] == "extents":
+            if late_ms < 0.5 * attributes[record.ATTR_STRAGGLER_LATENESS] / 1e6:
+                unconfirmed.append((n, rank, round(late_ms, 1), attributes))
+    assert not unconfirmed, unconfirmed
+    _figures("slowdown_control", steps=len(roots), named_roots=len(named))

@@ -47,14 +47,11 @@ from tf_otel.analysis.critical_path import (
     CriticalPath,
 )
 from tf_otel.analysis.steps import RankTimeline, StepTrace
+from tf_otel.lateness import MAD_TO_SIGMA, StragglerNoise, noise_of
 from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRANSFER
 
-NOISE_SIGMAS = 5.0
-MAD_TO_SIGMA = 1.4826
-UPPER_QUARTILE_Z = 0.6745  # the upper quartile of a normal distribution, in sigmas
 WARMUP_Z = 3.5
 WARMUP_MIN_RATIO = 1.0  # a warm-up step is at least twice the settled median
-MIN_NOISE_STEPS = 3
 EXCESS_CATEGORIES = (PATH_BEFORE_STEP, PATH_INPUT, PATH_COMPUTE, PATH_COMMUNICATION, PATH_FRAMEWORK)
 _SPAN_CATEGORY = {COLLECTIVE: PATH_COMMUNICATION, TRANSFER: PATH_COMMUNICATION, INPUT: PATH_INPUT}
 _PRIORITY = {PATH_COMMUNICATION: 3, PATH_INPUT: 2, PATH_COMPUTE: 1}
@@ -81,28 +78,6 @@ class RankStragglerStats:
     arrival_lateness_ns: int = 0
     last_to_end: int = 0
     end_lateness_ns: int = 0
-
-
-@dataclass
-class StragglerNoise:
-    """What the run's own rank lateness looks like when nobody is slowed."""
-
-    center_ns: int = 0
-    sigma_ns: int = 0
-    threshold_ns: int = 0
-    samples: int = 0
-    baseline_ns: Dict[int, int] = field(default_factory=dict)  # each rank's median lateness
-
-    persistent_ns: Dict[int, int] = field(default_factory=dict)  # late in most steps
-    typical_step_ns: int = 0  # the median steady step
-
-    def threshold_for(self, rank: int) -> int:
-        """A rank that is late in most steps is measured against its own usual lateness."""
-        return self.threshold_ns + self.persistent_ns.get(rank, 0)
-
-    def persistent(self) -> Dict[int, int]:
-        """Ranks late in most steps beyond the noise: rank -> median lateness."""
-        return dict(self.persistent_ns)
 
 
 @dataclass
@@ -135,41 +110,9 @@ def warmup_keys(durations: Dict[int, int]) -> List[int]:
 
 
 def lateness_noise(paths: Sequence[CriticalPath], min_ns: int) -> StragglerNoise:
-    """The threshold a step's worst lateness must pass: learned from the steps' worst lateness
-    (median + NOISE_SIGMAS robust sigmas), after taking out the usual lateness of the ranks that
-    are late in most steps (median lateness beyond NOISE_SIGMAS sigmas of the ranks' own
-    step-to-step variation)."""
-    per_step = [path.lateness_by_rank() for path in paths]
-    per_rank: Dict[int, List[int]] = {}
-    for values in per_step:
-        for rank, value in values.items():
-            per_rank.setdefault(rank, []).append(value)
-    pool = [v for values in per_rank.values() for v in values]
-    if len(paths) < MIN_NOISE_STEPS or not pool:
-        return StragglerNoise(0, 0, min_ns, len(pool))
-    center = _median(pool)
-    baseline = {rank: int(_median(values)) for rank, values in sorted(per_rank.items())}
-    residuals = [abs(v - baseline[r]) for r, values in per_rank.items() for v in values]
-    spread = MAD_TO_SIGMA * _median(residuals)
-    persistent = {
-        rank: usual
-        for rank, usual in baseline.items()
-        if usual - center > max(min_ns, NOISE_SIGMAS * spread)
-    }
-    worst = [
-        max(v - persistent.get(r, 0) for r, v in values.items()) for values in per_step if values
-    ]
-    middle = _median(worst)
-    ordered = sorted(worst)
-    upper_quartile = ordered[(3 * (len(ordered) - 1)) // 4]
-    # the larger of the MAD and the upper half's spread: lateness is skewed and heavy-tailed,
-    # and a few quiet steps must not make every hiccup a straggler
-    sigma = max(
-        MAD_TO_SIGMA * _median(abs(v - middle) for v in worst),
-        (upper_quartile - middle) / UPPER_QUARTILE_Z,
-    )
-    threshold = max(min_ns, int(middle + NOISE_SIGMAS * sigma))
-    return StragglerNoise(int(middle), int(sigma), threshold, len(worst), baseline, persistent)
+    """The threshold a step's worst lateness must pass (``tf_otel.lateness.noise_of``: the same
+    model rank 0 judges its live verdicts with)."""
+    return noise_of([path.lateness_by_rank() for path in paths], min_ns)
 
 
 def window_split(step: StepTrace, timeline: RankTimeline, begin: int, end: int) -> Dict[str, int]:

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.health import count, log_once
@@ -38,7 +38,10 @@ if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typin
     from typing_extensions import TypeIs
 
 # emit_root(key, step, start_ns, end_ns, n_ranks, reported ranks if partial else None)
-EmitRoot = Callable[[str, int, int, int, int, Optional[Tuple[int, ...]]], None]
+# a rank's extent of a step: start, end (reference ns), its input wait (None: not measured)
+Extent = Tuple[int, int, Optional[int]]
+# (key, step, start, end, ranks heard from, the ranks when partial, each rank's extent)
+EmitRoot = Callable[[str, int, int, int, int, Optional[Tuple[int, ...]], Dict[int, Extent]], None]
 MAX_PENDING_STEPS = 1024
 ROOT_MARGIN_NS = 1000
 MAX_HELD_MESSAGES = 1024
@@ -67,13 +70,13 @@ def _hex(value: Any, size: int) -> Optional[bytes]:
 
 @dataclass(slots=True)
 class _Pending:
-    """One step's root to be: the union of the extents reported so far, by which ranks, since
-    when (monotonic s, for the wait)."""
+    """One step's root to be: the union of the extents reported so far, since when (monotonic
+    s, for the wait), and each rank's own (start, end, input wait)."""
 
     start: int
     end: int
     since: float
-    ranks: Set[int] = field(default_factory=set)
+    extents: Dict[int, Extent] = field(default_factory=dict)
 
 
 def _decoded(line: bytes) -> Optional[Message]:
@@ -148,7 +151,15 @@ class StepAggregator:
             return self.world_size
         return max(1, min(self.world_size, len(self._reporters)))
 
-    def add(self, rank: int, key: str, step: int, start_ns: int, end_ns: int) -> None:
+    def add(
+        self,
+        rank: int,
+        key: str,
+        step: int,
+        start_ns: int,
+        end_ns: int,
+        wait_ns: Optional[int] = None,
+    ) -> None:
         ready: List[Tuple[Tuple[str, int], _Pending]] = []
         with self._lock:
             if (key, step) in self._emitted:
@@ -164,8 +175,8 @@ class StepAggregator:
                     ready.append(self._take(next(iter(self._pending))))
             entry.start = min(entry.start, start_ns)
             entry.end = max(entry.end, end_ns)
-            entry.ranks.add(rank)
-            if len(entry.ranks) >= self.expected_ranks():
+            entry.extents[rank] = (start_ns, end_ns, wait_ns)
+            if len(entry.extents) >= self.expected_ranks():
                 ready.append(self._take((key, step)))
         for key_step, done in ready:
             self._emit(key_step, done)
@@ -181,7 +192,7 @@ class StepAggregator:
 
     def _emit(self, key_step: Tuple[str, int], entry: _Pending) -> None:
         """Emit the root of a step _take took (outside self._lock: emit_root exports a span)."""
-        ranks = entry.ranks
+        ranks = entry.extents
         # partial: a rank of the job never reported (killed mid-step, too late, never connected);
         # judged against the job, not the learnt reporters, which may lack a rank that failed
         partial = tuple(sorted(ranks)) if len(ranks) < self.world_size else None
@@ -190,7 +201,7 @@ class StepAggregator:
         try:
             # 1 us of margin: backends that keep microseconds must still see children inside
             start, end = entry.start - ROOT_MARGIN_NS, entry.end + ROOT_MARGIN_NS
-            self.emit_root(key_step[0], key_step[1], start, end, len(ranks), partial)
+            self.emit_root(key_step[0], key_step[1], start, end, len(ranks), partial, ranks)
         except Exception as exc:  # noqa: BLE001
             log_once("emit_root", "tf_otel: cannot emit step root span (%s)", exc)
 
@@ -351,7 +362,8 @@ class StepAggregator:
                     continue
                 kind = message["t"]
                 if kind == messages.EXTENT:  # checked by decode: ints, 0 <= a <= b, short key
-                    self.add(rank, message["k"], message["s"], message["a"], message["b"])
+                    wait = message.get("w")
+                    self.add(rank, message["k"], message["s"], message["a"], message["b"], wait)
                 elif kind == messages.BYE:
                     break
                 elif kind in messages.COORDINATOR_TYPES:
@@ -429,8 +441,10 @@ class CoordinatorClient:
         self._thread = threading.Thread(target=self._run, name="tf_otel-coord-client", daemon=True)
         self._thread.start()
 
-    def report(self, key: str, step: int, start_ns: int, end_ns: int) -> None:
-        self.send(messages.extent(key, step, start_ns, end_ns))
+    def report(
+        self, key: str, step: int, start_ns: int, end_ns: int, wait_ns: Optional[int] = None
+    ) -> None:
+        self.send(messages.extent(key, step, start_ns, end_ns, wait_ns))
 
     def send(self, message: Outgoing) -> None:
         """Queue a message for rank 0 (never blocks; dropped and counted when the queue is full)."""

@@ -12,6 +12,7 @@ tuples (records after their step) on the queue; every span is built here.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -21,6 +22,7 @@ from tf_otel import clock, record
 from tf_otel.clock.sync import SETTLED_ROUNDS
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.job.topology import Topology
+from tf_otel.pipeline.coordinator import Extent
 from tf_otel.pipeline.ids import (
     PrimedIdGenerator,
     step_rank_span_id,
@@ -30,6 +32,8 @@ from tf_otel.pipeline.ids import (
 from tf_otel.pipeline.services import Services
 from tf_otel.pipeline.span_builder import SpanBuilder
 from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.pipeline.trace_log import log_in_trace
+from tf_otel.pipeline.verdicts import Change, LiveVerdicts, slowdown_record, verdict_attributes
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
 _US = 1000
@@ -54,6 +58,7 @@ class StepExporter:
         self.metrics = metrics  # step histograms (pipeline.step_metrics); None: no metrics
         self.queue = steps
         self.services = Services()  # the started ones from the first step
+        self.verdicts: Optional[LiveVerdicts] = None  # rank 0: the live verdicts (verdicts.py)
         self.spans = SpanBuilder(tracer)  # records' spans, direct where equivalent
         self.closed = False
         # rank 0 is the clock reference: it runs no rounds, so there is nothing to settle
@@ -188,7 +193,9 @@ class StepExporter:
                 records.extend(produce() or ())
         self.export_records(handle.step, records, span.get_span_context(), start, end)
         self._record_collective_wait(handle.key, handle.step, records, span.get_span_context())
-        self.services.report(self.topology.rank, handle.key, handle.step, start, end)
+        self.services.report(
+            self.topology.rank, handle.key, handle.step, start, end, handle.input_wait_ns
+        )
 
     def export_in_step(
         self, handle: StepHandle, name: str, start_ns: int, end_ns: int, attributes: Dict
@@ -276,10 +283,11 @@ class StepExporter:
         end_ns: int,
         ranks: int,
         reported: Optional[tuple] = None,
+        extents: Optional[Dict[int, Extent]] = None,
     ) -> None:
         """Rank 0 (the coordinator's thread): the step's root over every rank; ``reported``:
         the ranks heard from when some rank never reported the step (killed mid-step, or
-        later than the wait) -> marked partial."""
+        later than the wait) -> marked partial; ``extents``: each rank's, for the verdict."""
         from opentelemetry.context import Context
         from opentelemetry.trace import Link
 
@@ -309,4 +317,41 @@ class StepExporter:
         if reported is not None:
             span.set_attribute("tf_otel.step.partial", True)
             span.set_attribute("tf_otel.step.ranks_reported", list(reported))
+        verdict = None
+        if self.verdicts is not None and extents:
+            with fail_open("verdicts.judge"):
+                verdict = self.verdicts.judge(key, step, extents)
+                if verdict is not None:
+                    span.set_attributes(verdict_attributes(verdict))
         span.end(end_time=end_ns)
+        if verdict is not None and verdict.judged:
+            if self.metrics is not None:
+                with fail_open("verdicts.lateness"):
+                    self.metrics.record_lateness(
+                        verdict.by_rank_ns, span.get_span_context(), verdict.rank
+                    )
+            for change in verdict.changes:
+                with fail_open("verdicts.slowdown"):
+                    self._export_slowdown(change, start_ns, end_ns)
+
+    def _export_slowdown(self, change: Change, start_ns: int, end_ns: int) -> None:
+        """A slowdown that began (in the trace of the step it began at) or ended (in this
+        step's): a span under that step's root, and a log record in its trace."""
+        attributes, summary = slowdown_record(change)
+        attributes[record.ATTR_CATEGORY] = record.SLOWDOWN
+        attributes[record.ATTR_STEP] = change.since_step if change.began else change.step
+        attributes[record.ATTR_STEP_KEY] = change.key
+        step = attributes[record.ATTR_STEP]
+        trace_id = step_trace_id(self.job_id, change.key, step)
+        handle = StepHandle(change.key, step, "slowdown", "", trace_id, True, start_ns, end_ns)
+        span = self.tracer.start_span(
+            summary.split(":")[1].strip(),
+            context=self._root_context(handle),
+            start_time=start_ns,
+            attributes=attributes,
+        )
+        span.add_event(f"tf_otel.slowdown.{attributes[record.ATTR_SLOWDOWN_STATE]}")
+        span.end(end_time=end_ns)
+        count("slowdowns_began" if change.began else "slowdowns_ended")
+        level = logging.WARNING if change.began else logging.INFO
+        log_in_trace(level, summary, attributes, span.get_span_context())

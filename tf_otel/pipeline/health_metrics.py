@@ -13,6 +13,10 @@ runs on the training thread. Exported wherever the process's MeterProvider sends
     tf_otel.queue.depth        {tf_otel.queue}                      steps | spans, now
     tf_otel.clock.uncertainty  {}                                   ns, of the offset to rank 0
     tf_otel.channel.refused    {tf_otel.service}                    unauthenticated connections
+    tf_otel.stalls             {}                                   rank 0: stalls it raised
+    tf_otel.stalls.active      {}                                   rank 0: 1 while one lasts
+    tf_otel.slowdowns          {}                                   rank 0: slowdowns it raised
+    tf_otel.slowdowns.active   {}                                   rank 0: open ones, now
 
 Usage::
 
@@ -103,6 +107,26 @@ def register(resource: Mapping[str, Any], step_queue_depth: Callable[[], int] = 
     meter.create_observable_gauge("tf_otel.queue.depth", [depth], unit="{item}")
     meter.create_observable_gauge("tf_otel.clock.uncertainty", [uncertainty], unit="ns")
     meter.create_observable_counter("tf_otel.channel.refused", [refused], unit="{connection}")
+
+    def raised(name: str) -> Callable[[CallbackOptions], list]:
+        return lambda _: observe([(counters.get(name, 0), {})])
+
+    def active(began: str, ended: str) -> Callable[[CallbackOptions], list]:
+        return lambda _: observe([(max(0, counters.get(began, 0) - counters.get(ended, 0)), {})])
+
+    # rank 0's live verdicts (pipeline/stall.py, pipeline/verdicts.py): what alerting rules read
+    meter.create_observable_counter("tf_otel.stalls", [raised("stalls_begun")], unit="{stall}")
+    meter.create_observable_gauge(
+        "tf_otel.stalls.active", [active("stalls_begun", "stalls_resolved")], unit="{stall}"
+    )
+    meter.create_observable_counter(
+        "tf_otel.slowdowns", [raised("slowdowns_began")], unit="{slowdown}"
+    )
+    meter.create_observable_gauge(
+        "tf_otel.slowdowns.active",
+        [active("slowdowns_began", "slowdowns_ended")],
+        unit="{slowdown}",
+    )
     _registered = True
     return True
 

@@ -53,14 +53,16 @@ STALL_ASK = "tf_otel.stall.ask"  # 0 -> ranks: StallAsk ("where are you")
 STALL_WHERE = "tf_otel.stall.where"  # rank -> 0: StallWhere (the answer)
 
 
-class Extent(TypedDict):
-    """A rank's step extent in reference time: key "k", step "s", start "a", end "b" (ns)."""
+class Extent(TypedDict, total=False):
+    """A rank's step extent in reference time: key "k", step "s", start "a", end "b" (ns); its
+    input wait "w" (ns) where the rank measured it."""
 
     t: str
     k: str
     s: int
     a: int
     b: int
+    w: int
 
 
 class OpsWindow(TypedDict):
@@ -150,8 +152,13 @@ MAX_STACK_FRAMES = 48  # frames of a rank's training stack in a StallWhere
 MAX_FRAME_TEXT = 512  # a frame's function or file name
 
 
-def extent(key: str, step: int, start_ns: int, end_ns: int) -> Extent:
-    return {"t": EXTENT, "k": key, "s": step, "a": start_ns, "b": end_ns}
+def extent(
+    key: str, step: int, start_ns: int, end_ns: int, wait_ns: Optional[int] = None
+) -> Extent:
+    message: Extent = {"t": EXTENT, "k": key, "s": step, "a": start_ns, "b": end_ns}
+    if wait_ns is not None:
+        message["w"] = max(0, int(wait_ns))
+    return message
 
 
 def ops_window(starts: Dict[str, int], steps: int) -> OpsWindow:
@@ -262,6 +269,8 @@ def _check_extent(message: Message) -> None:
     _need_key_step(message)
     _need_int(message, "a", 0)
     _need_int(message, "b", message["a"])  # ends after it starts
+    if "w" in message:
+        _need_int(message, "w", 0)
 
 
 def _check_hello(message: Message) -> None:

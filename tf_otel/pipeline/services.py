@@ -41,12 +41,21 @@ class Services:
     gpu: Any = None  # GPU metrics sampler (None without NVML / GPU)
     system: Any = None  # host / process metrics (pipeline.system_metrics)
 
-    def report(self, rank: int, key: str, step: int, start_ns: int, end_ns: int) -> None:
-        """This rank's extent of a step (reference time) towards rank 0's step root."""
+    def report(
+        self,
+        rank: int,
+        key: str,
+        step: int,
+        start_ns: int,
+        end_ns: int,
+        wait_ns: Optional[int] = None,
+    ) -> None:
+        """This rank's extent of a step (reference time) and its input wait (None: not
+        measured) towards rank 0's step root and verdict."""
         if self.aggregator is not None:
-            self.aggregator.add(rank, key, step, start_ns, end_ns)
+            self.aggregator.add(rank, key, step, start_ns, end_ns, wait_ns)
         elif self.client is not None:
-            self.client.report(key, step, start_ns, end_ns)
+            self.client.report(key, step, start_ns, end_ns, wait_ns)
 
     def stop(self, timeout_s: float, root_wait_s: float) -> None:
         if self.client is not None:

@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from tf_otel import clock, record
-from tf_otel.health import count, fail_open, logger
+from tf_otel.health import count, fail_open
 from tf_otel.pipeline import messages
 from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.pipeline.trace_log import log_in_trace
 
 WARMUP_STEPS = 3  # until this many steps of a key completed, the threshold is the warm-up one
 WARMUP_FLOOR_FACTOR = 6  # warm-up threshold = 6 x the floor (first steps trace and compile)
@@ -550,6 +551,8 @@ class StallWatch:
             self.answer_wait_s,
         )
         count("stalls_reported")
+        if stall.reports == 1:
+            count("stalls_begun")
         self._export(handle, built, handle.start_ns, now)
 
     def _resolve(self, stall: _Stall) -> None:
@@ -591,22 +594,10 @@ _LOG_ATTRIBUTES = (
 
 
 def _log(built: StallRecord, span_context: Any) -> None:
-    """One WARNING of logger tf_otel, in the stall span's trace (OTLP logs: the record's main
-    attributes ride along, so a log backend can query them) and on stderr (the text only)."""
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
-
-    token = None
-    if span_context is not None:
-        token = otel_context.attach(trace.set_span_in_context(trace.NonRecordingSpan(span_context)))
-    try:
-        extra = {
-            name: built.attributes[name] for name in _LOG_ATTRIBUTES if name in built.attributes
-        }
-        logger.log(logging.WARNING, "%s", built.summary, extra=extra)
-    finally:
-        if token is not None:
-            otel_context.detach(token)
+    """One WARNING of logger tf_otel, in the stall span's trace, with the record's main
+    attributes."""
+    extra = {name: built.attributes[name] for name in _LOG_ATTRIBUTES if name in built.attributes}
+    log_in_trace(logging.WARNING, built.summary, extra, span_context)
 
 
 def start_watch(pipeline: Any) -> Optional[StallWatch]:

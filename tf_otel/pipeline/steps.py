@@ -32,6 +32,7 @@ from tf_otel.pipeline.messages import Handlers, Outgoing
 from tf_otel.pipeline.services import start_services
 from tf_otel.pipeline.stall import StepTracker, frame_lines, stack_of
 from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.pipeline.verdicts import LiveVerdicts
 
 _IN_FLIGHT_EXPORTED = 64  # (key, step) of in-flight step spans already exported, kept
 
@@ -262,6 +263,9 @@ class Pipeline:
             if self._started:
                 return
             self._started = True
+            if self.topology.is_reference and self.settings.verdicts:
+                if self.topology.step_world_size > 1:
+                    self.exporter.verdicts = LiveVerdicts()
             with fail_open("pipeline.start"):
                 self.exporter.services = start_services(
                     self.settings,

@@ -1,14 +1,19 @@
 """A Horovod custom loop (DistributedGradientTape in a tf.function) whose rank HANG_RANK stops
 forever before step HANG_STEP (in Python, between steps: the other ranks then wait in that step's
-allreduce), or whose rank SLOW_RANK takes SLOW_FACTOR x longer in step SLOW_STEP.
+allreduce), or whose rank SLOW_RANK takes SLOW_FACTOR x longer in step SLOW_STEP, or whose rank
+SLOWDOWN_RANK begins each of steps SLOWDOWN_FROM..SLOWDOWN_TO-1 SLOWDOWN_S late (a persistent
+slowdown, in Python between steps).
 
 Run: horovodrun -np 4 -H localhost:4 --gloo python tests/reliability/scripts/stall_train.py
 Env: STEPS (default 12), STEP_SLEEP_S (default 0.2: each step's pause, before its allreduce),
 HANG_RANK / HANG_STEP (default -1: nobody), HANG_FILE (the hanging rank writes time.time() there
-as it stops), SLOW_RANK / SLOW_STEP (default -1), SLOW_FACTOR (default 3).
+as it stops), SLOW_RANK / SLOW_STEP (default -1), SLOW_FACTOR (default 3), SLOWDOWN_RANK
+(default -1), SLOWDOWN_FROM / SLOWDOWN_TO (steps), SLOWDOWN_S (default 0.05), QUIET=1: print
+only "rank R done", TRUTH_FILE (with {rank}: each step's wall-clock begin, ns, as JSON).
 Prints "rank R step S" after each step and "rank R done" at the end.
 """
 
+import json
 import os
 import time
 
@@ -25,6 +30,13 @@ HANG_FILE = os.environ.get("HANG_FILE", "")
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))
 SLOW_STEP = int(os.environ.get("SLOW_STEP", "-1"))
 SLOW_FACTOR = float(os.environ.get("SLOW_FACTOR", "3"))
+SLOWDOWN_RANK = int(os.environ.get("SLOWDOWN_RANK", "-1"))
+SLOWDOWN_FROM = int(os.environ.get("SLOWDOWN_FROM", "-1"))
+SLOWDOWN_TO = int(os.environ.get("SLOWDOWN_TO", "-1"))
+SLOWDOWN_S = float(os.environ.get("SLOWDOWN_S", "0.05"))
+QUIET = os.environ.get("QUIET") == "1"
+TRUTH_FILE = os.environ.get("TRUTH_FILE", "")
+begun = []
 
 rng = np.random.default_rng(hvd.rank())
 features = tf.constant(rng.normal(size=(32, 16)).astype("float32"))
@@ -64,6 +76,13 @@ def hang_forever(step):
 for step in range(STEPS):
     if hvd.rank() == HANG_RANK and step == HANG_STEP:
         hang_forever(step)
+    if hvd.rank() == SLOWDOWN_RANK and SLOWDOWN_FROM <= step < SLOWDOWN_TO:
+        time.sleep(SLOWDOWN_S)
+    begun.append(time.time_ns())
     train_step(features, labels, tf.constant(step))
-    print(f"rank {hvd.rank()} step {step}", flush=True)
+    if not QUIET:
+        print(f"rank {hvd.rank()} step {step}", flush=True)
+if TRUTH_FILE:
+    with open(TRUTH_FILE.replace("{rank}", str(hvd.rank())), "w") as out:
+        json.dump(begun, out)
 print(f"rank {hvd.rank()} done", flush=True)

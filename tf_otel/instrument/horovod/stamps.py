@@ -392,6 +392,10 @@ class StampCollector:
         missing = pipeline.topology.world_size - len(per_rank)
         if missing > 0:
             count("horovod_stamp_ranks_missing", missing)
+        verdicts = pipeline.exporter.verdicts  # the step's root judges by the first arrivals
+        if verdicts is not None:
+            first = {rank: min(arrived.values()) for rank, arrived in per_rank.items() if arrived}
+            verdicts.note_arrivals(key, step, first)
         last = hs.last_arrivals(per_rank)
         lasts = {n: list(v) for n, v in last.items()}
         reply: messages.HorovodLast = {"t": messages.HVD_LAST, "k": key, "s": step, "l": lasts}

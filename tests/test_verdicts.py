@@ -1,0 +1,144 @@
+"""pipeline/verdicts.py on synthetic steps of 4 ranks with the run's own jitter: injected
+stragglers are named in exactly their steps with their category, a persistent slowdown is raised
+once and closed, and a 1,000-step control names nothing and raises nothing."""
+
+from __future__ import annotations
+
+import random
+from typing import Dict, List, Optional, Set
+
+from tf_otel.pipeline.verdicts import (
+    BEFORE_STEP,
+    COMPUTE,
+    INPUT,
+    SLOW_WINDOW,
+    WARMUP_STEPS,
+    LiveVerdicts,
+    Verdict,
+)
+
+MS = 1_000_000
+RANKS = 4
+STEP_MS = 100.0
+
+
+def _run(
+    steps: int,
+    late_start: Optional[Dict[int, float]] = None,
+    late_input: Optional[Dict[int, float]] = None,
+    late_compute: Optional[Dict[int, float]] = None,
+    slow_rank: int = 2,
+    arrivals_every: int = 0,
+    seed: int = 7,
+) -> List[Verdict]:
+    """Synchronous steps: every rank ends when the last one is ready (an allreduce)."""
+    rng = random.Random(seed)
+    verdicts = LiveVerdicts()
+    out = []
+    t = 0
+    for step in range(steps):
+        starts, waits, ready = {}, {}, {}
+        for rank in range(RANKS):
+            start = t + int(rng.uniform(0, 0.6) * MS)
+            wait = int(rng.uniform(0, 0.3) * MS)
+            work = int((STEP_MS + rng.uniform(-1, 1)) * MS)
+            if rank == slow_rank:
+                start += int((late_start or {}).get(step, 0) * MS)
+                wait += int((late_input or {}).get(step, 0) * MS)
+                work += int((late_compute or {}).get(step, 0) * MS)
+            starts[rank], waits[rank] = start, wait
+            ready[rank] = start + wait + work
+        end = max(ready.values()) + int(2 * MS)
+        if arrivals_every and step % arrivals_every == 0:
+            verdicts.note_arrivals("k", step, ready)
+        extents = {r: (starts[r], end, waits[r]) for r in range(RANKS)}
+        verdict = verdicts.judge("k", step, extents)
+        assert verdict is not None
+        out.append(verdict)
+        t = end + int(0.5 * MS)
+    return out
+
+
+def _named(verdicts: List[Verdict]) -> Dict[int, Verdict]:
+    return {v.step: v for v in verdicts if v.rank is not None}
+
+
+def test_a_rank_that_begins_late_in_known_steps_is_named_there_and_only_there():
+    verdicts = _run(40, late_start={6: 150, 20: 80})
+    named = _named(verdicts)
+    assert set(named) == {6, 20}, {s: (v.rank, v.lateness_ns) for s, v in named.items()}
+    for step, delay in ((6, 150), (20, 80)):
+        verdict = named[step]
+        assert verdict.rank == 2 and verdict.category == BEFORE_STEP
+        assert abs(verdict.lateness_ns - delay * MS) <= 0.05 * delay * MS
+        assert verdict.measured == "extents" and verdict.threshold_ns < 10 * MS
+    assert all(v.warmup for v in verdicts[:WARMUP_STEPS])
+
+
+def test_input_wait_is_named_input_and_compute_needs_arrivals():
+    named = _named(_run(40, late_input={10: 120}))
+    assert set(named) == {10} and named[10].category == INPUT
+    # slower work inside the step: invisible in the extents (every rank ends together) ...
+    assert _named(_run(40, late_compute={10: 120})) == {}
+    # ... named compute where the step's collective arrivals are known
+    named = _named(_run(40, late_compute={10: 120, 11: 120}, arrivals_every=2))
+    assert set(named) == {10}, "step 11 had no arrivals: not measured there"
+    assert named[10].category == COMPUTE and named[10].measured == "arrivals"
+
+
+def test_a_persistent_slowdown_is_raised_once_and_closed():
+    slow = {step: 30.0 for step in range(30, 60)}
+    verdicts = _run(100, late_start=slow)
+    changes = [c for v in verdicts for c in v.changes]
+    began = [c for c in changes if c.began]
+    assert len(began) == 1 and began[0].rank == 2, changes
+    assert 30 <= began[0].since_step <= 30 + SLOW_WINDOW - 1 and began[0].step <= 40
+    assert abs(began[0].lateness_ns - 30 * MS) <= 3 * MS
+    ended = [c for c in changes if not c.began]
+    assert len(ended) == 1 and ended[0].rank == 2 and 60 <= ended[0].step <= 60 + SLOW_WINDOW
+    assert ended[0].since_step == began[0].since_step
+    assert all(c.rank is not None for c in changes), "a slow rank explains the step time"
+
+
+def test_the_whole_job_slowing_down_is_a_step_time_slowdown():
+    verdicts = _run(80, late_start=None, seed=3)
+    assert not [c for v in verdicts for c in v.changes]
+    slower = LiveVerdicts()
+    t = 0
+    changes = []
+    for step in range(80):
+        length = (100 if step < 40 else 160) * MS + (step % 3) * 100_000
+        extents = {r: (t + r * 1000, t + length, 0) for r in range(RANKS)}
+        changes += slower.judge("k", step, extents).changes  # type: ignore[union-attr]
+        t += length + MS
+    assert [(c.rank, c.began) for c in changes] == [(None, True)]
+    assert 40 <= changes[0].since_step <= 41 and changes[0].step <= 48
+
+
+def test_a_long_control_names_nothing_and_raises_nothing():
+    verdicts = _run(1000, seed=11)
+    assert _named(verdicts) == {}
+    assert not [c for v in verdicts for c in v.changes]
+    judged: Set[int] = {v.step for v in verdicts if v.judged}
+    assert len(judged) >= 990
+
+
+def test_one_rank_alone_gets_no_verdict_and_memory_is_bounded():
+    verdicts = LiveVerdicts()
+    assert verdicts.judge("k", 0, {0: (0, 10, None)}) is None
+    for step in range(500):
+        verdicts.note_arrivals("k", step, {0: 1, 1: 2})
+    assert len(verdicts._arrivals) <= 64
+    for key in range(100):
+        verdicts.judge(f"k{key}", 0, {0: (0, 10, None), 1: (0, 10, None)})
+    assert len(verdicts._keys) <= 16
+
+
+def test_the_median_of_the_others_in_one_sort():
+    from tf_otel.pipeline.verdicts import _median_others, _medians_without_each
+
+    rng = random.Random(5)
+    for n in (2, 3, 4, 5, 10, 11):
+        values = {r: rng.randrange(0, 50) for r in range(n)}  # ties too
+        fast = _medians_without_each(values)
+        assert fast == {r: _median_others(values, r) for r in values}, values

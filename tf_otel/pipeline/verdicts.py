@@ -1,0 +1,328 @@
+"""Rank 0's live verdict on each step: who held it (rank, lateness, category where measured),
+judged by the offline analysis' noise model (tf_otel.lateness), and persistent slowdowns.
+
+Usage (the exporter on rank 0, from the coordinator's thread as each step's root goes out)::
+
+    verdicts = LiveVerdicts()
+    verdicts.note_arrivals(key, step, {rank: first collective arrival ns})  # detail steps
+    verdict = verdicts.judge(key, step, {rank: (start_ns, end_ns, input_wait_ns or None)})
+    verdict.rank, verdict.lateness_ns, verdict.category   # None: nobody beyond the noise
+    for change in verdict.changes: ...                    # slowdowns that began / ended
+
+What a rank was ready at: its first collective arrival where rank 0 has the step's arrivals
+(Horovod collective-detail steps), else its step start plus its input wait. Lateness: ready
+minus the other ranks' median. The category splits the named rank's lateness into
+``before_step`` (it began the step late), ``input`` (it waited for input longer than the others)
+and ``compute`` (the rest; only where arrivals measured it). Without arrivals a rank slower
+inside a synchronous step is not visible (every rank ends together): ``measured`` says which.
+
+Noise, as offline: the worst lateness of the key's recent steady steps (WINDOW), median +
+NOISE_SIGMAS robust sigmas; a rank is named when its lateness passes that and the step is
+longer than the recent median step by more than it (a late rank that delayed nothing is not).
+The first WARMUP_STEPS steps of a key (tracing, compiling) are neither judged nor learned from.
+
+Slowdowns: a rank late beyond the threshold in SLOW_STEPS of the last SLOW_WINDOW judged steps
+began a slowdown at the first of them; it ends once it is within the threshold in SLOW_STEPS of
+the last SLOW_WINDOW. The same for the step time (rank None) against the durations' own noise.
+While a slowdown lasts, its steps stay out of what the noise is learned from. Memory: WINDOW
+steps a key, MAX_KEYS keys, MAX_ARRIVALS steps of arrivals.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
+
+from tf_otel import record
+from tf_otel.lateness import MAD_TO_SIGMA, NOISE_SIGMAS, StragglerNoise, noise_of
+
+WARMUP_STEPS = 2
+WINDOW = 64  # steady steps a key whose lateness and durations the noise is learned from
+MIN_JUDGED = 3  # steady steps in the window before a step is judged
+REFRESH_EVERY = 8  # steps between noise updates once the window is full (CPU on rank 0)
+MIN_LATENESS_NS = 1_000_000  # as tf-otel analyze's default straggler_min_ns
+SLOW_WINDOW = 8
+SLOW_STEPS = 6
+MAX_KEYS = 16
+MAX_ARRIVALS = 64
+
+BEFORE_STEP, INPUT, COMPUTE = "before_step", "input", "compute"
+CATEGORIES = (BEFORE_STEP, INPUT, COMPUTE)
+STEP_TIME = None  # the rank of a slowdown of the whole step time
+
+Extent = Tuple[int, int, Optional[int]]  # a rank's step: start, end (reference ns), input wait
+
+
+@dataclass
+class Change:
+    """A slowdown that began (at ``since_step``) or ended (at ``step``)."""
+
+    key: str
+    rank: Optional[int]  # None: the step time
+    began: bool
+    since_step: int
+    step: int
+    lateness_ns: int  # the median lateness (or step time over the usual) while it lasted
+    threshold_ns: int
+
+
+@dataclass
+class Verdict:
+    """One step's verdict."""
+
+    key: str
+    step: int
+    by_rank_ns: Dict[int, int]  # lateness by rank: ready minus the others' median (may be < 0)
+    measured: str  # "arrivals" (collective arrivals) or "extents" (step starts, input waits)
+    warmup: bool = False  # not judged: the key's first steps
+    rank: Optional[int] = None  # the straggler
+    lateness_ns: int = 0  # its lateness (at most the step's duration)
+    category: Optional[str] = None
+    by_category_ns: Dict[str, int] = field(default_factory=dict)
+    threshold_ns: int = 0
+    changes: List[Change] = field(default_factory=list)
+
+    @property
+    def judged(self) -> bool:
+        return not self.warmup and self.threshold_ns > 0
+
+
+def _median_others(values: Mapping[int, int], rank: int) -> float:
+    return statistics.median(v for r, v in values.items() if r != rank)
+
+
+def _medians_without_each(values: Mapping[int, int]) -> Dict[int, float]:
+    """For every rank, the median of the other ranks' values: one sort, O(n log n) (a median
+    per rank of the n-1 others would be O(n^2 log n): 0.2 s a step at 1,024 ranks)."""
+    ordered = sorted((v, r) for r, v in values.items())
+    n = len(ordered) - 1  # how many values each median is taken over
+
+    def kth(k: int, without: int) -> int:  # the k-th smallest once position `without` is out
+        return ordered[k if k < without else k + 1][0]
+
+    out = {}
+    for position, (_, rank) in enumerate(ordered):
+        if n % 2:
+            out[rank] = float(kth(n // 2, position))
+        else:
+            out[rank] = (kth(n // 2 - 1, position) + kth(n // 2, position)) / 2
+    return out
+
+
+@dataclass
+class _Slowdown:
+    """One rank's (or the step time's) recent steps: late or not, and an open slowdown."""
+
+    recent: Deque[Tuple[int, bool, int]] = field(default_factory=lambda: deque(maxlen=SLOW_WINDOW))
+    since: Optional[int] = None  # the step it began at, while open
+    values: List[int] = field(default_factory=list)  # lateness while open (bounded)
+
+    def update(self, step: int, late: bool, value: int) -> Optional[bool]:
+        """True: it began now; False: it ended now; None: no change."""
+        self.recent.append((step, late, value))
+        lates = [s for s, is_late, _ in self.recent if is_late]
+        if self.since is None:
+            if len(lates) >= SLOW_STEPS:
+                self.since = lates[0]
+                self.values = [v for s, is_late, v in self.recent if is_late]
+                return True
+            return None
+        if len(self.values) < 4 * WINDOW:
+            self.values.append(value)
+        if len(self.recent) == SLOW_WINDOW and SLOW_WINDOW - len(lates) >= SLOW_STEPS:
+            return False
+        return None
+
+
+class _Key:
+    """What rank 0 learned of one step key."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.window: Deque[Dict[int, int]] = deque(maxlen=WINDOW)  # lateness by rank
+        self.durations: Deque[int] = deque(maxlen=WINDOW)
+        self.noise = StragglerNoise()
+        self.step_noise = (0, 0)  # typical step, threshold over it
+        self.since_refresh = REFRESH_EVERY
+        self.slow: Dict[Optional[int], _Slowdown] = {}
+
+
+class LiveVerdicts:
+    """Rank 0's verdicts, bounded in memory (see the module docstring)."""
+
+    def __init__(self, min_ns: int = MIN_LATENESS_NS) -> None:
+        self.min_ns = min_ns
+        self._keys: OrderedDict[str, _Key] = OrderedDict()
+        self._arrivals: OrderedDict[Tuple[str, int], Dict[int, int]] = OrderedDict()
+
+    def note_arrivals(self, key: str, step: int, first_arrival: Mapping[int, int]) -> None:
+        """A collective-detail step's first collective arrival by rank (reference ns)."""
+        self._arrivals[(key, step)] = dict(first_arrival)
+        while len(self._arrivals) > MAX_ARRIVALS:
+            self._arrivals.popitem(last=False)
+
+    def judge(self, key: str, step: int, extents: Mapping[int, Extent]) -> Optional[Verdict]:
+        """The step's verdict; None where fewer than two ranks reported it."""
+        arrivals = self._arrivals.pop((key, step), None)
+        if len(extents) < 2:
+            return None
+        if arrivals is not None and not set(extents) <= set(arrivals):
+            arrivals = None  # a rank's arrivals are missing: judge every rank alike
+        ready = {
+            r: arrivals[r] if arrivals is not None else start + (wait or 0)
+            for r, (start, _, wait) in extents.items()
+        }
+        others = _medians_without_each(ready)
+        lateness = {r: int(v - others[r]) for r, v in ready.items()}
+        verdict = Verdict(key, step, lateness, "arrivals" if arrivals is not None else "extents")
+        state = self._state(key)
+        state.seen += 1
+        if state.seen <= WARMUP_STEPS:
+            verdict.warmup = True
+            return verdict
+        duration = max(e[1] for e in extents.values()) - min(e[0] for e in extents.values())
+        if len(state.window) >= MIN_JUDGED:
+            self._judge(state, verdict, extents, duration)
+        self._learn(state, verdict, duration)
+        return verdict
+
+    def _state(self, key: str) -> _Key:
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _Key()
+            while len(self._keys) > MAX_KEYS:
+                self._keys.popitem(last=False)
+        return state
+
+    def _judge(
+        self, state: _Key, verdict: Verdict, extents: Mapping[int, Extent], duration: int
+    ) -> None:
+        noise = state.noise
+        typical, step_threshold = state.step_noise
+        verdict.threshold_ns = noise.threshold_ns
+        lateness = verdict.by_rank_ns
+        rank = min(lateness, key=lambda r: (-lateness[r], r))
+        value = min(lateness[rank], duration)
+        named = value > noise.threshold_for(rank) and (
+            rank in noise.persistent_ns or duration - typical > noise.threshold_ns
+        )
+        if named:
+            verdict.rank, verdict.lateness_ns = rank, value
+            split = self._split(verdict, extents, rank)
+            verdict.by_category_ns = {c: v for c, v in split.items() if v > 0}
+            verdict.category = max(split, key=lambda c: (split[c], -CATEGORIES.index(c)))
+        for r, value in lateness.items():  # a rank against its own usual lateness
+            limit = noise.threshold_for(r)
+            self._slowdown(verdict, state, r, value > limit, value, limit)
+        if any(r is not STEP_TIME and s.since is not None for r, s in state.slow.items()):
+            state.slow.pop(STEP_TIME, None)  # a slow rank explains the step time
+            return
+        over = duration - typical
+        self._slowdown(verdict, state, STEP_TIME, over > step_threshold, over, step_threshold)
+
+    def _split(self, verdict: Verdict, extents: Mapping[int, Extent], rank: int) -> Dict[str, int]:
+        """The named rank's lateness by category (each: its time minus the others' median)."""
+        starts = {r: e[0] for r, e in extents.items()}
+        split = {BEFORE_STEP: max(0, int(starts[rank] - _median_others(starts, rank)))}
+        waits = {r: e[2] for r, e in extents.items() if e[2] is not None}
+        if len(waits) == len(extents):  # every rank measured its input wait
+            split[INPUT] = max(0, int(waits[rank] - _median_others(waits, rank)))
+        if verdict.measured == "arrivals":
+            split[COMPUTE] = max(0, verdict.by_rank_ns[rank] - sum(split.values()))
+        return split
+
+    def _slowdown(
+        self,
+        verdict: Verdict,
+        state: _Key,
+        rank: Optional[int],
+        late: bool,
+        value: int,
+        threshold: int,
+    ) -> None:
+        slow = state.slow.get(rank)
+        if slow is None:
+            if not late:
+                return  # nothing to remember for a rank that was never late
+            slow = state.slow[rank] = _Slowdown()
+        began = slow.since
+        changed = slow.update(verdict.step, late, value)
+        if changed is None:
+            return
+        since = slow.since if changed else began
+        typical = int(statistics.median(slow.values)) if slow.values else value
+        change = Change(
+            verdict.key, rank, changed, since or verdict.step, verdict.step, typical, threshold
+        )
+        verdict.changes.append(change)
+        if not changed:
+            del state.slow[rank]
+
+    def _learn(self, state: _Key, verdict: Verdict, duration: int) -> None:
+        """The step joins what the noise is learned from, less the ranks in a slowdown (and its
+        duration while any slowdown lasts)."""
+        if STEP_TIME in state.slow and state.slow[STEP_TIME].since is not None:
+            return
+        slowed = {r for r, s in state.slow.items() if s.since is not None}
+        state.window.append({r: v for r, v in verdict.by_rank_ns.items() if r not in slowed})
+        if not slowed:  # a slow rank stretches the step too: the usual step is learned without
+            state.durations.append(duration)
+        state.since_refresh += 1
+        if len(state.window) < WINDOW or state.since_refresh >= REFRESH_EVERY:
+            state.since_refresh = 0
+            state.noise = noise_of(list(state.window), self.min_ns)
+            state.step_noise = _step_noise(list(state.durations), self.min_ns)
+
+
+def _step_noise(durations: List[int], min_ns: int) -> Tuple[int, int]:
+    """The typical step and how far above it a step is beyond the noise (robust sigmas)."""
+    typical = statistics.median(durations)
+    spread = MAD_TO_SIGMA * statistics.median(abs(d - typical) for d in durations)
+    return int(typical), max(min_ns, int(NOISE_SIGMAS * spread))
+
+
+def verdict_attributes(verdict: Verdict) -> Dict[str, Any]:
+    """The step root's attributes of a verdict (none for a step not judged)."""
+    if not verdict.judged:
+        return {}
+    attributes: Dict[str, Any] = {
+        record.ATTR_STRAGGLER_THRESHOLD: verdict.threshold_ns,
+        record.ATTR_STRAGGLER_MEASURED: verdict.measured,
+    }
+    if verdict.rank is not None:
+        attributes[record.ATTR_STRAGGLER_RANK] = verdict.rank
+        attributes[record.ATTR_STRAGGLER_LATENESS] = verdict.lateness_ns
+        if verdict.category is not None:
+            attributes[record.ATTR_STRAGGLER_CATEGORY] = verdict.category
+    return attributes
+
+
+def slowdown_record(change: Change) -> Tuple[Dict[str, Any], str]:
+    """A slowdown's attributes and its one-line summary (``what: detail``)."""
+    attributes: Dict[str, Any] = {
+        record.ATTR_SLOWDOWN_STATE: record.BEGAN if change.began else record.ENDED,
+        record.ATTR_SLOWDOWN_SINCE: change.since_step,
+        record.ATTR_SLOWDOWN_AT: change.step,
+        record.ATTR_SLOWDOWN_LATENESS: change.lateness_ns,
+        record.ATTR_SLOWDOWN_THRESHOLD: change.threshold_ns,
+    }
+    ms = change.lateness_ns / 1e6
+    limit = change.threshold_ns / 1e6
+    if change.rank is not None:
+        attributes[record.ATTR_SLOWDOWN_RANK] = change.rank
+        who = f"rank {change.rank} slowdown"
+        how = f"rank {change.rank} is late by {ms:.1f} ms a step (noise allows {limit:.1f} ms)"
+    else:
+        who = "step time slowdown"
+        how = f"steps take {ms:.1f} ms longer than usual (noise allows {limit:.1f} ms)"
+    if change.began:
+        summary = f"{who}: {how} since step {change.since_step} of {change.key}"
+    else:
+        steps = change.step - change.since_step
+        summary = (
+            f"{who} ended: at step {change.step} of {change.key}, after {steps} steps "
+            f"since step {change.since_step} ({ms:.1f} ms a step while it lasted)"
+        )
+    return attributes, "tf_otel: " + summary
