@@ -31,6 +31,7 @@ steps a key, MAX_KEYS keys, MAX_ARRIVALS steps of arrivals.
 from __future__ import annotations
 
 import statistics
+import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
@@ -154,17 +155,24 @@ class LiveVerdicts:
 
     def __init__(self, min_ns: int = MIN_LATENESS_NS) -> None:
         self.min_ns = min_ns
+        # roots go out from whichever coordinator thread completed their step: one at a time
+        self._lock = threading.Lock()
         self._keys: OrderedDict[str, _Key] = OrderedDict()
         self._arrivals: OrderedDict[Tuple[str, int], Dict[int, int]] = OrderedDict()
 
     def note_arrivals(self, key: str, step: int, first_arrival: Mapping[int, int]) -> None:
         """A collective-detail step's first collective arrival by rank (reference ns)."""
-        self._arrivals[(key, step)] = dict(first_arrival)
-        while len(self._arrivals) > MAX_ARRIVALS:
-            self._arrivals.popitem(last=False)
+        with self._lock:
+            self._arrivals[(key, step)] = dict(first_arrival)
+            while len(self._arrivals) > MAX_ARRIVALS:
+                self._arrivals.popitem(last=False)
 
     def judge(self, key: str, step: int, extents: Mapping[int, Extent]) -> Optional[Verdict]:
         """The step's verdict; None where fewer than two ranks reported it."""
+        with self._lock:
+            return self._judge_step(key, step, extents)
+
+    def _judge_step(self, key: str, step: int, extents: Mapping[int, Extent]) -> Optional[Verdict]:
         arrivals = self._arrivals.pop((key, step), None)
         if len(extents) < 2:
             return None
