@@ -125,36 +125,29 @@ build_collector() {
   echo "COLLECTOR_BIN=$out"
 }
 
-build_prometheus() {
-  local out=$BIN/prometheus-$PROMETHEUS_RELEASE
-  if [ -x "$out" ]; then say "prometheus: cached $out"; echo "PROMETHEUS_BIN=$out"; return; fi
-  say "prometheus: building github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION"
-  say "prometheus: ($PROMETHEUS_RELEASE; takes several minutes on 2 cores)"
+# one binary of the Prometheus module (cmd/prometheus or cmd/promtool), cached by release
+build_prometheus_cmd() {
+  local cmd=$1 var=$2 note=${3:-}
+  local out=$BIN/$cmd-$PROMETHEUS_RELEASE
+  if [ -x "$out" ]; then say "$cmd: cached $out"; echo "$var=$out"; return; fi
+  say "$cmd: building github.com/prometheus/prometheus/cmd/$cmd@$PROMETHEUS_MODULE_VERSION"
+  [ -z "$note" ] || say "$cmd: ($note)"
   local t0=$SECONDS vpkg=github.com/prometheus/common/version
-  rm -rf "$WORK/prometheus"
-  GOBIN=$WORK/prometheus "$GO" install -tags remove_all_sd -trimpath \
+  rm -rf "${WORK:?}/$cmd"
+  GOBIN=$WORK/$cmd "$GO" install -tags remove_all_sd -trimpath \
     -ldflags "-s -w -X $vpkg.Version=${PROMETHEUS_RELEASE#v} -X $vpkg.Revision=$PROMETHEUS_MODULE_VERSION" \
-    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION"
-  mv "$WORK/prometheus/prometheus" "$out"
-  rm -rf "$WORK/prometheus"
-  say "prometheus: built in $((SECONDS - t0)) s"
-  echo "PROMETHEUS_BIN=$out"
+    "github.com/prometheus/prometheus/cmd/$cmd@$PROMETHEUS_MODULE_VERSION"
+  mv "$WORK/$cmd/$cmd" "$out"
+  rm -rf "${WORK:?}/$cmd"
+  say "$cmd: built in $((SECONDS - t0)) s"
+  echo "$var=$out"
 }
 
-build_promtool() {
-  local out=$BIN/promtool-$PROMETHEUS_RELEASE
-  if [ -x "$out" ]; then say "promtool: cached $out"; echo "PROMTOOL_BIN=$out"; return; fi
-  say "promtool: building github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
-  local t0=$SECONDS vpkg=github.com/prometheus/common/version
-  rm -rf "$WORK/promtool"
-  GOBIN=$WORK/promtool "$GO" install -tags remove_all_sd -trimpath \
-    -ldflags "-s -w -X $vpkg.Version=${PROMETHEUS_RELEASE#v} -X $vpkg.Revision=$PROMETHEUS_MODULE_VERSION" \
-    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
-  mv "$WORK/promtool/promtool" "$out"
-  rm -rf "$WORK/promtool"
-  say "promtool: built in $((SECONDS - t0)) s"
-  echo "PROMTOOL_BIN=$out"
+build_prometheus() {
+  build_prometheus_cmd prometheus PROMETHEUS_BIN "$PROMETHEUS_RELEASE; takes several minutes on 2 cores"
 }
+
+build_promtool() { build_prometheus_cmd promtool PROMTOOL_BIN; }
 
 case "${1:-all}" in
   jaeger) build_jaeger ;;
