@@ -337,7 +337,7 @@ class StepExporter:
     def _export_slowdown(self, change: Change, start_ns: int, end_ns: int) -> None:
         """A slowdown that began (in the trace of the step it began at) or ended (in this
         step's): a span under that step's root, and a log record in its trace."""
-        attributes, summary = slowdown_record(change)
+        name, attributes, summary = slowdown_record(change)
         attributes[record.ATTR_CATEGORY] = record.SLOWDOWN
         attributes[record.ATTR_STEP] = change.since_step if change.began else change.step
         attributes[record.ATTR_STEP_KEY] = change.key
@@ -345,7 +345,7 @@ class StepExporter:
         trace_id = step_trace_id(self.job_id, change.key, step)
         handle = StepHandle(change.key, step, "slowdown", "", trace_id, True, start_ns, end_ns)
         span = self.tracer.start_span(
-            summary.split(":")[1].strip(),
+            name,
             context=self._root_context(handle),
             start_time=start_ns,
             attributes=attributes,

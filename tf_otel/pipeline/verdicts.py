@@ -307,8 +307,8 @@ def verdict_attributes(verdict: Verdict) -> Dict[str, Any]:
     return attributes
 
 
-def slowdown_record(change: Change) -> Tuple[Dict[str, Any], str]:
-    """A slowdown's attributes and its one-line summary (``what: detail``)."""
+def slowdown_record(change: Change) -> Tuple[str, Dict[str, Any], str]:
+    """A slowdown's span name, attributes and one-line summary."""
     attributes: Dict[str, Any] = {
         record.ATTR_SLOWDOWN_STATE: record.BEGAN if change.began else record.ENDED,
         record.ATTR_SLOWDOWN_SINCE: change.since_step,
@@ -333,4 +333,5 @@ def slowdown_record(change: Change) -> Tuple[Dict[str, Any], str]:
             f"{who} ended: at step {change.step} of {change.key}, after {steps} steps "
             f"since step {change.since_step} ({ms:.1f} ms a step while it lasted)"
         )
-    return attributes, "tf_otel: " + summary
+    name = who if change.began else f"{who} ended"
+    return name, attributes, "tf_otel: " + summary
