@@ -87,6 +87,13 @@ class Cluster:
             subprocess.run([*inside, "tc", "qdisc", "add", "dev", "eth0", *tbf], check=True)
             yield
         finally:
+            # what each tbf sent, dropped and held back: in the test's output for a failure
+            for side in (
+                ["tc", "-s", "qdisc", "show", "dev", veth],
+                [*inside, "tc", "-s", "qdisc", "show", "dev", "eth0"],
+            ):
+                shown = subprocess.run(side, capture_output=True, text=True, check=False)
+                print(f"slowed_link {host} {' '.join(side[-3:])}: {' '.join(shown.stdout.split())}")
             subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False)
             subprocess.run([*inside, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
 
