@@ -16,7 +16,7 @@ from ports import free_port_pair
 from tf_otel import record
 from tf_otel.config import Settings
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline import messages, stall
+from tf_otel.pipeline import messages, stall, stall_record
 from tf_otel.pipeline.ids import step_root_span_id, step_trace_id
 from tf_otel.pipeline.steps import Pipeline
 
@@ -80,7 +80,7 @@ def _answer(flight, done, stack, name="tf.function train_step") -> messages.Mess
 
 WAITING_STACK = [
     ["quick_execute", "/venv/lib/python3.12/site-packages/tensorflow/eager/execute.py", 53],
-    ["run_step", stall._OWN_DIR + "/instrument/_patching.py", 143],
+    ["run_step", stall_record._OWN_DIR + "/instrument/_patching.py", 143],
     ["<module>", "/job/train.py", 70],
 ]
 HUNG_STACK = [["hang_forever", "/job/train.py", 40], ["<module>", "/job/train.py", 66]]
@@ -93,7 +93,7 @@ def test_record_names_the_missing_rank_the_waiting_place_and_the_silent() -> Non
         2: _answer([KEY, 8, 21 * S], [KEY, 7, 21 * S], WAITING_STACK),
         3: _answer(None, [KEY, 7, 21 * S], HUNG_STACK, name=""),
     }
-    built = stall.build_record(KEY, 8, 6, 21 * S, 20 * S, 1, answers, connected={1, 2, 3, 4})
+    built = stall_record.build_record(KEY, 8, 6, 21 * S, 20 * S, 1, answers, connected={1, 2, 3, 4})
     attrs = built.attributes
     assert attrs[record.ATTR_CATEGORY] == record.STALL
     assert attrs[record.ATTR_STALL_STATE] == record.STALLED
@@ -126,7 +126,7 @@ def test_record_done_idle_and_other_step_and_bounds() -> None:
         2: _answer(None, None, HUNG_STACK),  # never stepped: a parameter server
         3: _answer(["keras_evaluate", 2, S], [KEY, 5, S], HUNG_STACK),  # elsewhere
     }
-    built = stall.build_record(KEY, 8, 4, 21 * S, 20 * S, 3, answers, connected={1, 2, 3})
+    built = stall_record.build_record(KEY, 8, 4, 21 * S, 20 * S, 3, answers, connected={1, 2, 3})
     assert built.missing == [3] and built.waiting == [0] and built.silent == []
     lines = built.attributes[record.ATTR_STALL_RANKS]
     assert any(x.startswith("rank 3: has not reached step 8 (last completed step 5") for x in lines)
@@ -136,9 +136,11 @@ def test_record_done_idle_and_other_step_and_bounds() -> None:
     # a big job: detail for at most MAX_DETAIL_RANKS ranks, the waiting grouped by place
     many = {r: _answer([KEY, 8, S], [KEY, 7, S], WAITING_STACK) for r in range(1, 512)}
     many[0] = _answer([KEY, 8, S], [KEY, 7, S], WAITING_STACK)
-    big = stall.build_record(KEY, 8, 513, 21 * S, 20 * S, 1, many, connected=set(range(1, 513)))
+    big = stall_record.build_record(
+        KEY, 8, 513, 21 * S, 20 * S, 1, many, connected=set(range(1, 513))
+    )
     assert big.missing == [] and big.silent == [512]
-    assert len(big.attributes[record.ATTR_STALL_RANKS]) == stall.MAX_DETAIL_RANKS
+    assert len(big.attributes[record.ATTR_STALL_RANKS]) == stall_record.MAX_DETAIL_RANKS
     assert big.attributes[record.ATTR_STALL_BLOCKED_IN][0].startswith("ranks 0-511: ")
 
 
@@ -150,7 +152,7 @@ def test_ranks_past_the_step_are_done_and_rank_0_named_as_the_holder() -> None:
         1: _answer([KEY, 9, 20 * S], [KEY, 8, 20 * S], WAITING_STACK),
         2: _answer([KEY, 12, S], [KEY, 11, S], WAITING_STACK),
     }
-    built = stall.build_record(KEY, 8, 3, 21 * S, 20 * S, 1, answers, connected={1, 2})
+    built = stall_record.build_record(KEY, 8, 3, 21 * S, 20 * S, 1, answers, connected={1, 2})
     assert built.missing == [] and built.waiting == [0] and built.silent == []
     lines = built.attributes[record.ATTR_STALL_RANKS]
     assert any(x.startswith("rank 1: finished step 8, in step 9 of") for x in lines), lines
@@ -159,7 +161,7 @@ def test_ranks_past_the_step_are_done_and_rank_0_named_as_the_holder() -> None:
 
 
 def test_resolved_record_says_a_slow_step() -> None:
-    built = stall.resolved_record(KEY, 8, 31 * S, 20 * S, 1, None)
+    built = stall_record.resolved_record(KEY, 8, 31 * S, 20 * S, 1, None)
     assert built.attributes[record.ATTR_STALL_STATE] == record.RESOLVED
     assert built.attributes[record.ATTR_STALL_DURATION] == 31 * S
     assert "is no longer stalled: it ended after 31.0 s" in built.summary
@@ -167,8 +169,8 @@ def test_resolved_record_says_a_slow_step() -> None:
 
 
 def test_ranks_text() -> None:
-    assert stall.ranks_text([3, 0, 1, 2, 7, 9, 10]) == "0-3,7,9-10"
-    assert stall.ranks_text([]) == "none"
+    assert stall_record.ranks_text([3, 0, 1, 2, 7, 9, 10]) == "0-3,7,9-10"
+    assert stall_record.ranks_text([]) == "none"
 
 
 def _sleeping_here(release: threading.Event) -> None:
@@ -414,7 +416,15 @@ def test_any_answer_decode_accepts_builds_a_record() -> None:
             "d": where_ | anything,
             "n": st.text(max_size=8) | anything,
             "s": st.lists(frame | anything, max_size=4) | anything,
-        }
+        },
+        optional={
+            "c": st.lists(
+                st.integers(-1, 3) | st.lists(st.lists(st.text(max_size=4), max_size=3)),
+                max_size=3,
+            )
+            | anything,
+            "l": st.none() | st.lists(st.text(max_size=4) | st.integers(-1, 3), max_size=3),
+        },
     )
     accepted = []
 
@@ -426,8 +436,178 @@ def test_any_answer_decode_accepts_builds_a_record() -> None:
         except messages.BadMessage:
             return
         accepted.append(message)
-        built = stall.build_record(key, step, 2, S, S, 1, {1: message}, {1})
+        built = stall_record.build_record(key, step, 2, S, S, 1, {1: message}, {1})
         assert built.summary and built.silent == [0]  # rank 0 gave no answer here
+        stall_record.build_record(key, step, 2, S, S, 1, {1: message}, {1}, rank0_in_step=False)
 
     check()
     assert accepted  # the strategy does reach the record
+
+
+def test_the_record_says_which_collectives_the_step_holds_and_that_none_completed() -> None:
+    held = [2, [["allreduce", "DistributedGradientTape_Allreduce/a"], ["allgather", "g"]]]
+    waiting = {**_answer([KEY, 8, 21 * S], [KEY, 7, 21 * S], WAITING_STACK), "c": held}
+    eager = ["allreduce", "metric_average", 20 * S]
+    hung = {**_answer(None, [KEY, 7, 21 * S], HUNG_STACK, name=""), "c": [0, []], "l": eager}
+    for answer in (waiting, hung):  # both pass the wire check
+        assert messages.decode(messages.encode(answer)) == answer
+    answers = {0: waiting, 1: waiting, 2: hung}
+    built = stall_record.build_record(KEY, 8, 3, 21 * S, 20 * S, 1, answers, connected={1, 2})
+    attrs = built.attributes
+    assert attrs[record.ATTR_STALL_COLLECTIVES] == [
+        "allreduce DistributedGradientTape_Allreduce/a",
+        "allgather g",
+    ]
+    assert attrs[record.ATTR_STALL_COLLECTIVE_COUNT] == 2
+    assert (
+        "The step's graph holds 2 collectives: allreduce DistributedGradientTape_Allreduce/a, "
+        "allgather g; none of them can have completed: ranks 2 have not begun it."
+    ) in built.summary
+    line2 = next(x for x in attrs[record.ATTR_STALL_RANKS] if x.startswith("rank 2:"))
+    assert "its last eager collective, allreduce metric_average, returned 20.0 s ago" in line2
+    # nobody missing (a rank silent instead): no claim that none completed
+    quiet = stall_record.build_record(
+        KEY, 8, 3, 21 * S, 20 * S, 1, {0: waiting, 1: waiting}, {1, 2}
+    )
+    assert "holds 2 collectives" in quiet.summary and "none of them" not in quiet.summary
+    # no collective known (eager ones, TF1 graphs): nothing said about collectives
+    plain = stall_record.build_record(
+        KEY, 8, 3, 21 * S, 20 * S, 1, {0: _answer([KEY, 8, S], None, [])}, {}
+    )
+    assert (
+        record.ATTR_STALL_COLLECTIVES not in plain.attributes and "collectives" not in plain.summary
+    )
+
+
+def test_bad_collectives_in_an_answer_are_named() -> None:
+    base = _answer([KEY, 8, S], None, [])
+    for field, value in (
+        ("c", [-1, []]),
+        ("c", [1, [["allreduce"]]]),
+        ("c", [1, [["allreduce", "x"]] * (messages.MAX_STALL_COLLECTIVES + 1)]),
+        ("l", ["allreduce", "x", -5]),
+        ("l", ["allreduce", 3, 5]),
+    ):
+        body = {**base, field: value}
+        try:
+            messages.decode(messages.encode(body))
+        except messages.BadMessage as e:
+            assert f"'{field}'" in str(e) or field in str(e), str(e)
+        else:
+            raise AssertionError(f"{field}={value!r} passed the check")
+    ask = messages.stall_ask(1, KEY, 3, export=False)
+    assert messages.decode(messages.encode(ask)) == ask and ask["x"] == 0
+    try:
+        messages.decode(messages.encode({**ask, "x": 7}))
+    except messages.BadMessage as e:
+        assert "x" in str(e)
+    else:
+        raise AssertionError("x=7 passed")
+
+
+def test_step_collectives_are_learned_per_key_deduplicated_and_bounded() -> None:
+    from tf_otel.pipeline.step_collectives import MAX_KEYS, MAX_NAMES, StepCollectives
+
+    log = StepCollectives()
+    assert log.built(KEY) == (0, []) and log.last_done() is None
+    log.note_built(KEY, "allreduce", "grad_0")
+    log.note_built(KEY, "allreduce", "grad_1")
+    log.note_built(KEY, "allreduce", "grad_0")  # the twin's trace builds it again
+    assert log.built(KEY) == (2, [["allreduce", "grad_0"], ["allreduce", "grad_1"]])
+    for i in range(MAX_NAMES + 10):
+        log.note_built("big", "allreduce", f"g{i}")
+    total, shown = log.built("big", shown=MAX_NAMES + 50)
+    assert total == MAX_NAMES + 10 and len(shown) == MAX_NAMES  # counted, not all kept
+    for i in range(MAX_KEYS + 5):
+        log.note_built(f"k{i}", "allgather", "x")
+    assert log.built(KEY) == (0, [])  # the oldest keys went
+    log.note_done("allreduce", "loss")
+    op, name, since = log.last_done()
+    assert (op, name) == ("allreduce", "loss") and 0 <= since < 5 * S
+
+
+def test_rank0_stopped_between_steps_is_named_when_the_others_wait_and_not_when_all_rest() -> None:
+    """Rank 0 outside any step: while every rank rests (a control: all between steps past the
+    threshold) nothing is raised; once ranks 1, 2 are in step 4 that rank 0 never begins, the
+    stall names rank 0 in step 4's trace, and closes when rank 0 goes on."""
+    port = free_port_pair()
+    settings = Settings(coordinator=("127.0.0.1", port), root_wait_ms=500, stall_floor_s=0.3)
+    providers = [_provider() for _ in range(3)]
+    pipelines = [
+        Pipeline(settings, Topology(rank=r, world_size=3, job_id="jb"), providers[r][0])
+        for r in range(3)
+    ]
+    release, rested = threading.Event(), threading.Event()
+
+    def rank0() -> None:
+        for _ in range(4):
+            handle = pipelines[0].begin_step(KEY, "tf.function train_step", record.TF_FUNCTION)
+            time.sleep(0.01)
+            pipelines[0].end_step(handle)
+        rested.wait(30)
+        hang_here(release)  # stops before step 4
+        handle = pipelines[0].begin_step(KEY, "tf.function train_step", record.TF_FUNCTION)
+        pipelines[0].end_step(handle)
+
+    thread = threading.Thread(target=rank0)
+    thread.start()
+    try:
+        for _ in range(4):
+            handles = [
+                p.begin_step(KEY, "tf.function train_step", record.TF_FUNCTION)
+                for p in pipelines[1:]
+            ]
+            time.sleep(0.01)
+            for p, h in zip(pipelines[1:], handles):
+                p.end_step(h)
+        assert _wait(lambda: pipelines[0].connected_ranks() == {1, 2})
+        time.sleep(1.5)  # the control: every rank between steps, 5 thresholds long
+        assert not _of(providers[0][1], record.STALL)
+        rested.set()
+        handles = [
+            p.begin_step(KEY, "tf.function train_step", record.TF_FUNCTION) for p in pipelines[1:]
+        ]  # step 4: ranks 1 and 2 are in it, rank 0 never begins it
+        assert _wait(lambda: _of(providers[0][1], record.STALL), 15)
+        stalled = _of(providers[0][1], record.STALL)[0]
+        attrs = stalled.attributes
+        assert attrs[record.ATTR_STALL_STATE] == record.STALLED
+        assert attrs[record.ATTR_STALL_RANK0_BETWEEN] is True
+        assert (attrs[record.ATTR_STEP], attrs[record.ATTR_STEP_KEY]) == (4, KEY)
+        assert list(attrs[record.ATTR_STALL_MISSING]) == [0]
+        assert list(attrs[record.ATTR_STALL_WAITING]) == [1, 2]
+        assert stalled.context.trace_id == step_trace_id("jb", KEY, 4)
+        stack0 = next(s for s in attrs[record.ATTR_STALL_STACKS] if s.startswith("rank 0 "))
+        assert "hang_here (test_stall.py:" in stack0 and "rank0 (test_stall.py:" in stack0
+        # the ranks in the step exported it in flight (the report's ask, not the probe's)
+        for rank in (1, 2):
+            assert _wait(
+                lambda r=rank: any(
+                    s.attributes.get(record.ATTR_STEP_IN_FLIGHT)
+                    for s in _of(providers[r][1], record.STEP)
+                ),
+                5,
+            )
+        release.set()
+        thread.join(10)
+        for p, h in zip(pipelines[1:], handles):
+            p.end_step(h)
+        assert _wait(
+            lambda: any(
+                s.attributes[record.ATTR_STALL_STATE] == record.RESOLVED
+                for s in _of(providers[0][1], record.STALL)
+            ),
+            5,
+        )
+        (resolved,) = [
+            s
+            for s in _of(providers[0][1], record.STALL)
+            if s.attributes[record.ATTR_STALL_STATE] == record.RESOLVED
+        ]
+        assert resolved.attributes[record.ATTR_STALL_RANK0_BETWEEN] is True
+        assert resolved.context.trace_id == step_trace_id("jb", KEY, 4)
+    finally:
+        release.set()
+        rested.set()
+        thread.join(10)
+        for p in reversed(pipelines):
+            p.shutdown()

@@ -85,6 +85,12 @@ ATTR_STALL_SILENT = "tf_otel.stall.ranks_silent"  # ranks that did not answer ra
 ATTR_STALL_BLOCKED_IN = "tf_otel.stall.blocked_in"  # where the waiting ranks are, by place
 ATTR_STALL_RANKS = "tf_otel.stall.ranks"  # one line per rank: where it is, since when
 ATTR_STALL_STACKS = "tf_otel.stall.stacks"  # one entry per answering rank: its training stack
+# the collectives built into the waiting ranks' step ("allreduce <name>"; the first few), and
+# how many it holds; none can have completed where a rank has not begun the step
+ATTR_STALL_COLLECTIVES = "tf_otel.stall.collectives"
+ATTR_STALL_COLLECTIVE_COUNT = "tf_otel.stall.collective_count"
+# rank 0's stall of a step it has not begun itself (it stopped between steps)
+ATTR_STALL_RANK0_BETWEEN = "tf_otel.stall.rank0_between_steps"
 STALLED = "stalled"
 RESOLVED = "resolved"
 # rank 0's live verdict on a step root (pipeline/verdicts.py, the offline analysis' noise model)

@@ -155,6 +155,11 @@ def test_a_rank_that_hangs_forever_is_named_while_the_job_runs(receiver, tmp_pat
     (blocked,) = attrs[record.ATTR_STALL_BLOCKED_IN]  # one place: TF's execute, from the loop
     assert blocked.startswith("ranks 0-2: quick_execute (execute.py:"), blocked
     assert "called from <module> (stall_train.py:" in blocked, blocked
+    # the collective they wait in: the step's one allreduce (the tape's gradient), learned when
+    # train_step was traced; none can have completed, rank 3 never began the step
+    (held,) = attrs[record.ATTR_STALL_COLLECTIVES]
+    assert held.startswith("allreduce ") and "DistributedGradientTape" in held, held
+    assert attrs[record.ATTR_STALL_COLLECTIVE_COUNT] == 1
     # detection: within the threshold + 10 s of the hang
     threshold_s = attrs[record.ATTR_STALL_THRESHOLD] / 1e9
     latency = received_at - hang_at
@@ -173,6 +178,7 @@ def test_a_rank_that_hangs_forever_is_named_while_the_job_runs(receiver, tmp_pat
     assert stall_logs, [x.body for x in logs][-5:]
     assert stall_logs[0].trace_id == trace_id and stall_logs[0].severity in ("WARN", "WARNING")
     assert "rank 3: has not reached step 6" in str(stall_logs[0].body)
+    assert "none of them can have completed: ranks 3 have not begun it" in str(stall_logs[0].body)
     assert list(stall_logs[0].attributes[record.ATTR_STALL_MISSING]) == [3]
     assert stall_logs[0].attributes[record.ATTR_STEP] == HANG_STEP
     assert output.count(f"tf_otel: step {HANG_STEP} of {KEY} stalls") >= 1, output[-3000:]
@@ -185,6 +191,66 @@ def test_a_rank_that_hangs_forever_is_named_while_the_job_runs(receiver, tmp_pat
         detection_latency_s=round(latency, 1),
         in_flight_ranks=sorted(flights),
         wall_s=round(time.monotonic() - started, 1),
+    )
+
+
+def test_rank_0_stopped_between_steps_is_named_and_a_pause_of_all_ranks_is_not(
+    receiver, tmp_path
+) -> None:
+    """Rank 0 stops forever before step 10 (between steps: the other ranks wait in step 10's
+    allreduce). The control in the same job: every rank rests 8 s before step 4 (past two
+    thresholds of 3 s, all between steps at once, as in an evaluation): no stall for it."""
+    hang_file = tmp_path / "hang"
+    log = (tmp_path / "job.log").open("w+")
+    hang_step = 10
+    env = _env(
+        receiver,
+        STEPS="40",
+        STEP_SLEEP_S="0.05",
+        HANG_RANK="0",
+        HANG_STEP=str(hang_step),
+        HANG_FILE=str(hang_file),
+        ALL_PAUSE_STEP="4",
+        ALL_PAUSE_S="8",
+    )
+    proc = subprocess.Popen(
+        _command(4), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 150
+        found: list = []
+        while time.monotonic() < deadline and proc.poll() is None and not found:
+            found = _stalls(receiver.spans())
+            time.sleep(0.1)
+        received_at = time.time()
+        log.seek(0)
+        assert found, f"no stall record; job output:\n{log.read()[-4000:]}"
+        hang_at = float(hang_file.read_text())
+        spans = receiver.wait_for(lambda s: {1, 2, 3} <= set(_in_flight(s)), 10)
+    finally:
+        _kill_job(proc)
+    stall = found[0]
+    attrs = stall.attributes
+    assert attrs[record.ATTR_STEP] == hang_step, attrs  # none for the pause before step 4
+    assert attrs[record.ATTR_STALL_RANK0_BETWEEN] is True
+    assert list(attrs[record.ATTR_STALL_MISSING]) == [0], attrs
+    assert list(attrs[record.ATTR_STALL_WAITING]) == [1, 2, 3], attrs
+    trace_id = f"{step_trace_id(stall.resource[record.ATTR_JOB_ID], KEY, hang_step):032x}"
+    assert stall.trace_id == trace_id
+    stack0 = next(s for s in attrs[record.ATTR_STALL_STACKS] if s.startswith("rank 0 "))
+    assert "hang_forever (stall_train.py:" in stack0, stack0
+    (held,) = attrs[record.ATTR_STALL_COLLECTIVES]
+    assert held.startswith("allreduce ") and "DistributedGradientTape" in held, held
+    flights = _in_flight(spans)
+    assert {flights[r].attributes[record.ATTR_STEP] for r in (1, 2, 3)} == {hang_step}
+    assert not [s for s in _stalls(spans) if s.attributes[record.ATTR_STEP] != hang_step]
+    threshold_s = attrs[record.ATTR_STALL_THRESHOLD] / 1e9
+    latency = received_at - hang_at  # the others wait a threshold, then a probe, then a report
+    assert latency <= 2 * threshold_s + 10, (latency, threshold_s)
+    _figures(
+        "stall_rank0_between",
+        threshold_s=round(threshold_s, 2),
+        detection_latency_s=round(latency, 1),
     )
 
 

@@ -125,20 +125,25 @@ class HorovodLast(TypedDict, total=False):
     g: List[List[str]]
 
 
-class StallAsk(TypedDict):
-    """Rank 0's question "where are you" (query "q"), about its step "s" of key "k" that stalls."""
+class StallAsk(TypedDict, total=False):
+    """Rank 0's question "where are you" (query "q"), about its step "s" of key "k" that stalls;
+    "x": 0 for a probe (answer only; rank 0 is between steps and looks whether the others are
+    in one), else the rank also exports its step in flight."""
 
     t: str
     q: int
     k: str
     s: int
+    x: int
 
 
-class StallWhere(TypedDict):
+class StallWhere(TypedDict, total=False):
     """A rank's answer to query "q": its step in flight "f" and its last completed step of the
     asked key "d", each [key, step, ns since it began / ended] or null; the in-flight step's
     name "n" ("" if none); its training thread's stack "s", innermost first, [function, file,
-    line] per frame (never a value)."""
+    line] per frame (never a value); optional: the collectives built into its step's graph "c",
+    [count, [[op, name], ...]], and its last eager collective "l", [op, name, ns since] or
+    null (pipeline.step_collectives)."""
 
     t: str
     q: int
@@ -146,6 +151,8 @@ class StallWhere(TypedDict):
     d: Optional[List[Any]]
     n: str
     s: List[List[Any]]
+    c: List[Any]
+    l: Optional[List[Any]]  # noqa: E741 - one-letter wire names, as every message here
 
 
 MAX_STACK_FRAMES = 48  # frames of a rank's training stack in a StallWhere
@@ -169,8 +176,8 @@ def ops_request(steps: int) -> OpsRequest:
     return {"t": OPS_REQUEST, "n": int(steps)}
 
 
-def stall_ask(query: int, key: str, step: int) -> StallAsk:
-    return {"t": STALL_ASK, "q": int(query), "k": key, "s": int(step)}
+def stall_ask(query: int, key: str, step: int, export: bool = True) -> StallAsk:
+    return {"t": STALL_ASK, "q": int(query), "k": key, "s": int(step), "x": int(export)}
 
 
 def encode(message: Outgoing) -> bytes:
@@ -352,6 +359,8 @@ def _check_last(message: Message) -> None:
 def _check_stall_ask(message: Message) -> None:
     _need_int(message, "q", 0)
     _need_key_step(message)
+    if "x" in message and (type(message["x"]) is not int or message["x"] not in (0, 1)):
+        raise _bad(message, "x", "0 or 1")
 
 
 def _where_ok(value: Any) -> bool:
@@ -391,6 +400,41 @@ def _check_stall_where(message: Message) -> None:
     stack = message.get("s")
     if type(stack) is not list or len(stack) > MAX_STACK_FRAMES or not all(map(_frame_ok, stack)):
         raise _bad(message, "s", f"at most {MAX_STACK_FRAMES} [function, file, line] frames")
+    if "c" in message and not _held_ok(message["c"]):
+        raise _bad(message, "c", f"[count >= 0, at most {MAX_STALL_COLLECTIVES} [op, name]]")
+    last = message.get("l")
+    if last is not None and not (
+        type(last) is list
+        and len(last) == 3
+        and _names_ok(last[:2])
+        and _int(last[2])
+        and last[2] >= 0
+    ):
+        raise _bad(message, "l", "null or [op, name, ns >= 0]")
+
+
+MAX_STALL_COLLECTIVES = 16  # [op, name] pairs in a StallWhere
+
+
+def _names_ok(pair: Any) -> bool:
+    return (
+        type(pair) is list
+        and len(pair) == 2
+        and all(isinstance(x, str) and len(x) <= MAX_FRAME_TEXT for x in pair)
+    )
+
+
+def _held_ok(value: Any) -> bool:
+    """A StallWhere's "c": [count, [[op, name], ...]]."""
+    return (
+        type(value) is list
+        and len(value) == 2
+        and _int(value[0])
+        and value[0] >= 0
+        and type(value[1]) is list
+        and len(value[1]) <= MAX_STALL_COLLECTIVES
+        and all(map(_names_ok, value[1]))
+    )
 
 
 _CHECKS: Dict[str, Callable[[Message], None]] = {

@@ -14,6 +14,9 @@ ANSWER_WAIT_S, then exports the stall record: a span of category ``stall`` in th
 (once on stderr, notices.py), naming the ranks that have not reached the step, where the ranks
 inside it wait, and who did not answer. Repeated at threshold x 2, x 4 ... while the step stays
 in flight; when it ends, one ``resolved`` record says how long the step took (a slow step).
+Rank 0 outside any step for a threshold probes the ranks (``"x": 0``: no stack, nothing
+exported); a step the others have been in for a threshold that rank 0 has not begun stalls on
+rank 0 itself, reported the same way. The record's text and attributes: pipeline.stall_record.
 
 Usage (done by pipeline.steps.Pipeline)::
 
@@ -31,13 +34,21 @@ import statistics
 import sys
 import threading
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from tf_otel import clock, record
 from tf_otel.health import count, fail_open
 from tf_otel.pipeline import messages
+from tf_otel.pipeline.ids import step_trace_id
+from tf_otel.pipeline.stall_record import (
+    ANSWER_WAIT_S,
+    StallRecord,
+    build_record,
+    resolved_record,
+)
+from tf_otel.pipeline.step_collectives import StepCollectives
 from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.pipeline.trace_log import log_in_trace
 
@@ -46,15 +57,8 @@ WARMUP_FLOOR_FACTOR = 6  # warm-up threshold = 6 x the floor (first steps trace 
 DURATIONS_KEPT = 64  # recent step durations per key, for the median
 MAX_KEYS = 64  # step keys remembered (last completed step, durations)
 CHECK_INTERVAL_S = 1.0
-ANSWER_WAIT_S = 2.0
 BACKOFF = 2.0  # report k is due at threshold x BACKOFF**(k-1) of the step's age
 MAX_REPORT_GAP_S = 1800.0
-MAX_DETAIL_RANKS = 32  # ranks with their own line and stack in one record
-MAX_STACK_LINES = 24  # frames rendered per rank in the record
-MAX_LINE_CHARS = 240
-SILENT = "did not answer within {:.0f} s (stuck in C++ holding the GIL, or dead)"
-UNCONNECTED = "not connected to rank 0 (dead, or never reached rank 0)"
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tf_otel/
 
 
 class Policy:
@@ -180,210 +184,52 @@ def stack_of(thread: Optional[int]) -> List[List[Any]]:
     return frames
 
 
-def frame_lines(stack: Sequence[Sequence[Any]]) -> List[str]:
-    """A stack as "function (file.py:line)" lines, innermost first."""
-    return [_frame_text(frame)[:MAX_LINE_CHARS] for frame in stack]
-
-
-def where(tracker: StepTracker, query: int, key: str) -> messages.Message:
+def where(
+    tracker: StepTracker,
+    query: int,
+    key: str,
+    collectives: Optional[StepCollectives] = None,
+    with_stack: bool = True,
+) -> messages.Message:
     """This rank's answer to rank 0's question about a step of ``key`` (a
-    ``messages.StallWhere``)."""
+    ``messages.StallWhere``), with the collectives its step in flight holds where known; a
+    probe's answer (``with_stack`` False) leaves the stack out."""
     now = clock.now_ns()
     flight = tracker.oldest()
     done = tracker.done.get(key) or tracker.last
     thread = flight.thread if flight is not None else None if done is None else done.thread
-    return {
+    answer: messages.Message = {
         "t": messages.STALL_WHERE,
         "q": query,
         "f": None if flight is None else [flight.key, flight.step, max(0, now - flight.start_ns)],
         "d": None if done is None else [done.key, done.step, max(0, now - done.end_ns)],
         "n": "" if flight is None else flight.name[: messages.MAX_KEY_LEN],
-        "s": stack_of(thread),
+        "s": stack_of(thread) if with_stack else [],
     }
+    if collectives is not None:
+        total, names = collectives.built(key if flight is None else flight.key)
+        answer["c"] = [total, names]
+        answer["l"] = collectives.last_done()
+    return answer
 
 
-# -- the record ---------------------------------------------------------------------------------
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """0,1,2,3,7 -> "0-3,7"."""
-    parts: List[str] = []
-    run: List[int] = []
-    for rank in sorted(ranks):
-        if run and rank == run[-1] + 1:
-            run.append(rank)
+def _step_ahead(
+    tracker: StepTracker, answers: Dict[int, messages.Message]
+) -> Optional[Tuple[str, int, int]]:
+    """The step another rank is in that rank 0 has not begun: (key, step, ns the longest
+    of them has been in it), or None."""
+    ahead: Optional[Tuple[str, int, int]] = None
+    for rank, answer in answers.items():
+        flight = answer.get("f")
+        if rank == 0 or not flight:
             continue
-        if run:
-            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-        run = [rank]
-    if run:
-        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-    return ",".join(parts) or "none"
-
-
-def _frame_text(frame: Sequence[Any]) -> str:
-    return f"{frame[0]} ({os.path.basename(str(frame[1]))}:{frame[2]})"
-
-
-def _is_program(frame: Sequence[Any]) -> bool:
-    """A frame of the program's own code: not a library's, not tf_otel's, not the interpreter's."""
-    path = str(frame[1])
-    if path.startswith("<") or path.startswith(_OWN_DIR + os.sep):
-        return False
-    return not any(part in path for part in ("site-packages", "dist-packages", "/lib/python"))
-
-
-def place(stack: Sequence[Sequence[Any]]) -> str:
-    """Where a stack stands: its innermost frame, the Horovod function it is in where one is on
-    the stack, and the program's own frame that called it."""
-    if not stack:
-        return "no Python stack"
-    text = _frame_text(stack[0])
-    horovod = next((f for f in stack if f"{os.sep}horovod{os.sep}" in str(f[1])), None)
-    if horovod is not None:
-        text = f"horovod {horovod[0]}: {text}"
-    program = next((f for f in stack[1:] if _is_program(f)), None)
-    if program is not None:
-        text += f" called from {_frame_text(program)}"
-    return text
-
-
-def _seconds(ns: int) -> str:
-    return f"{ns / 1e9:.1f} s"
-
-
-@dataclass
-class StallRecord:
-    """What rank 0 exports for one report: span attributes and the log line's text."""
-
-    attributes: Dict[str, Any]
-    summary: str
-    missing: List[int] = field(default_factory=list)
-    waiting: List[int] = field(default_factory=list)
-    silent: List[int] = field(default_factory=list)
-
-
-def build_record(
-    key: str,
-    step: int,
-    world_size: int,
-    age_ns: int,
-    threshold_ns: int,
-    report: int,
-    answers: Dict[int, messages.Message],
-    connected: Set[int],
-    answer_wait_s: float = ANSWER_WAIT_S,
-) -> StallRecord:
-    """Classify every rank against step ``step`` of ``key`` (rank 0's step in flight):
-    waiting (inside that step), missing (not reached it: its in-flight step is another one and
-    its last completed step of the key is before it), done (finished it), silent (no answer)."""
-    missing: List[int] = []
-    waiting: List[int] = []
-    done: List[int] = []
-    idle: List[int] = []
-    silent: List[int] = []
-    lines: Dict[int, str] = {}
-    for rank in range(world_size):
-        answer = answers.get(rank)
-        if answer is None:
-            silent.append(rank)
-            why = SILENT.format(answer_wait_s) if rank in connected else UNCONNECTED
-            lines[rank] = f"rank {rank}: {why}"
-            continue
-        flight, last = answer.get("f"), answer.get("d")
-        here = place(answer.get("s") or [])
-        if flight is not None and flight[0] == key and flight[1] == step:
-            waiting.append(rank)
-            lines[rank] = f"rank {rank}: in step {step} for {_seconds(flight[2])}, at {here}"
-        elif (last is not None and last[0] == key and last[1] >= step) or (
-            flight is not None and flight[0] == key and flight[1] > step
-        ):  # finished it (and maybe in a later one: rank 0 itself may hold the step)
-            done.append(rank)
-            now = "" if flight is None else f", in step {flight[1]} of {flight[0]}"
-            finished = step if last is None or last[0] != key else last[1]
-            lines[rank] = f"rank {rank}: finished step {finished}{now}, at {here}"
-        elif flight is None and last is None and step > 0:
-            # never began any step while the others did `step` of them: not a stepping rank
-            # (a parameter server), since a collective partner would have held step 0
-            idle.append(rank)
-            lines[rank] = f"rank {rank}: has never stepped (not a stepping rank?), at {here}"
-        else:
-            missing.append(rank)
-            if last is not None and last[0] == key:
-                had = f"last completed step {last[1]} {_seconds(last[2])} ago"
-            elif last is not None:
-                had = f"last completed step {last[1]} of {last[0]} {_seconds(last[2])} ago"
-            else:
-                had = "no step of it completed"
-            inside = "" if flight is None else f", in step {flight[1]} of {flight[0]}"
-            lines[rank] = f"rank {rank}: has not reached step {step} ({had}{inside}), at {here}"
-    by_place: Dict[str, List[int]] = OrderedDict()
-    for rank in waiting:
-        by_place.setdefault(place(answers[rank].get("s") or []), []).append(rank)
-    blocked = [f"ranks {ranks_text(ranks)}: {where_}" for where_, ranks in by_place.items()]
-    detail = (missing + silent + waiting + done + idle)[:MAX_DETAIL_RANKS]
-    stacks = []
-    for rank in detail:
-        answer = answers.get(rank)
-        if answer is None:
-            continue
-        frames = answer.get("s") or []
-        shown = [f"  {_frame_text(f)}"[:MAX_LINE_CHARS] for f in frames[:MAX_STACK_LINES]]
-        more = len(frames) - len(shown)
-        tail = [f"  ... {more} outer frames"] if more > 0 else []
-        stacks.append("\n".join([f"rank {rank} (innermost first):"] + shown + tail))
-    attributes: Dict[str, Any] = {
-        record.ATTR_CATEGORY: record.STALL,
-        record.ATTR_RANK: 0,
-        record.ATTR_STEP: step,
-        record.ATTR_STEP_KEY: key,
-        record.ATTR_STALL_STATE: record.STALLED,
-        record.ATTR_STALL_DURATION: age_ns,
-        record.ATTR_STALL_THRESHOLD: threshold_ns,
-        record.ATTR_STALL_REPORT: report,
-        record.ATTR_STALL_MISSING: missing,
-        record.ATTR_STALL_WAITING: waiting,
-        record.ATTR_STALL_SILENT: silent,
-        record.ATTR_STALL_BLOCKED_IN: blocked,
-        record.ATTR_STALL_RANKS: [lines[rank][: MAX_LINE_CHARS * 2] for rank in detail],
-        record.ATTR_STALL_STACKS: stacks,
-    }
-    named = [lines[rank] for rank in missing[:MAX_DETAIL_RANKS]]
-    summary = (
-        f"tf_otel: step {step} of {key} stalls: rank 0 has been in it {_seconds(age_ns)} "
-        f"(threshold {_seconds(threshold_ns)}, report {report}). "
-        f"Not in the step: {'; '.join(named) if named else 'no rank'}. "
-        f"Waiting in it: {'; '.join(blocked) if blocked else 'no rank'}. "
-        f"Did not answer: {ranks_text(silent)}."
-    )
-    if done and not missing and not silent and waiting == [0]:
-        summary += (
-            " Every other rank finished the step: rank 0 itself holds it "
-            f"(ranks {ranks_text(done)} are past it)."
-        )
-    return StallRecord(attributes, summary, missing, waiting, silent)
-
-
-def resolved_record(
-    key: str, step: int, duration_ns: int, threshold_ns: int, reports: int, error: Optional[str]
-) -> StallRecord:
-    """The record that closes a stall whose step ended: a slow step, with its duration."""
-    attributes: Dict[str, Any] = {
-        record.ATTR_CATEGORY: record.STALL,
-        record.ATTR_RANK: 0,
-        record.ATTR_STEP: step,
-        record.ATTR_STEP_KEY: key,
-        record.ATTR_STALL_STATE: record.RESOLVED,
-        record.ATTR_STALL_DURATION: duration_ns,
-        record.ATTR_STALL_THRESHOLD: threshold_ns,
-        record.ATTR_STALL_REPORT: reports,
-    }
-    ended = f"ended with {error}" if error else "ended"
-    summary = (
-        f"tf_otel: step {step} of {key} is no longer stalled: it {ended} after "
-        f"{_seconds(duration_ns)} on rank 0 (threshold {_seconds(threshold_ns)}): a slow step"
-    )
-    return StallRecord(attributes, summary)
+        key, step, age = flight
+        done = tracker.done.get(key)
+        if done is not None and done.step >= step:
+            continue  # rank 0 finished that step: the rank itself is behind (its own stall)
+        if ahead is None or (key, step) == ahead[:2] and age > ahead[2]:
+            ahead = (key, step, age)
+    return ahead
 
 
 # -- every rank: the answer --------------------------------------------------------------------
@@ -394,10 +240,12 @@ def register(pipeline: Any) -> None:
     thread): the answer first, then this rank's step in flight as a span, flushed."""
 
     def on_ask(message: messages.Message) -> None:
-        answer = where(pipeline.tracker, message["q"], message["k"])
+        report = bool(message.get("x", 1))  # else a probe: where, no stack, nothing exported
+        tracker = pipeline.tracker
+        answer = where(tracker, message["q"], message["k"], pipeline.collectives, report)
         pipeline.send_to_reference(answer)
         count("stall_answers")
-        if pipeline.export_in_flight(reason="stall"):
+        if report and pipeline.export_in_flight(reason="stall"):
             flush_soon(pipeline.tracer_provider)
 
     pipeline.handlers.on_rank(messages.STALL_ASK, on_ask)
@@ -437,11 +285,22 @@ def flush_soon(tracer_provider: Any = None, timeout_s: float = 3.0) -> None:
 
 @dataclass
 class _Stall:
-    """Rank 0's step that stalls: the handle, its threshold, the reports made so far."""
+    """Rank 0's step that stalls: the handle, its threshold, the reports made so far. Between:
+    a step the other ranks are in that rank 0 has not begun (``handle`` stands for it; rank 0's
+    last completed step was ``after``)."""
 
     handle: StepHandle
     threshold_ns: int
     reports: int = 0
+    after: Any = None  # between steps: rank 0's last completed step (a _Done) when it began
+
+
+@dataclass
+class _Idle:
+    """Rank 0 between steps: its last completed step and when the next probe is due."""
+
+    after: Any
+    due_ns: int
 
 
 class StallWatch:
@@ -459,6 +318,7 @@ class StallWatch:
         self.interval_s = interval_s
         self.answer_wait_s = answer_wait_s
         self._stall: Optional[_Stall] = None
+        self._idle: Optional[_Idle] = None
         self._traced: Any = None  # the step in flight in which rank 0 was seen tracing
         self._queries = itertools.count(1)
         self._query = 0
@@ -491,12 +351,16 @@ class StallWatch:
         tracker = self.pipeline.tracker
         handle = tracker.oldest()
         stall = self._stall
+        between = stall is not None and stall.after is not None
         if stall is not None and stall.handle is not handle:
-            self._stall = None
-            if stall.reports:
-                self._resolve(stall)
+            if not (between and handle is None and tracker.last is stall.after):
+                self._stall = None
+                if stall.reports:
+                    self._resolve(stall)
         if handle is None:
+            self._check_between(tracker)
             return
+        self._idle = None
         age = clock.now_ns() - handle.start_ns
         stall = self._stall
         if stall is None:
@@ -515,13 +379,60 @@ class StallWatch:
             stall.reports += 1
             self._report(stall)
 
-    def _ask(self, key: str, step: int) -> Tuple[Dict[int, messages.Message], Set[int]]:
+    def _check_between(self, tracker: StepTracker) -> None:
+        """Rank 0 outside any step: once a threshold (of its last step's key) passes, it probes
+        whether the other ranks are in a step it has not begun (a probe's answers carry no
+        stack: one small message a rank a threshold); if so, that step stalls on rank 0,
+        reported as any stall (rank 0 named as missing)."""
+        last = tracker.last
+        stall = self._stall
+        if stall is not None:  # a step stalled on rank 0 between steps: its back-off
+            age = clock.now_ns() - stall.handle.start_ns
+            if age >= report_due_ns(stall.threshold_ns, stall.reports + 1):
+                stall.reports += 1
+                self._report(stall)
+            return
+        if last is None:
+            return
+        threshold = self.policy.threshold_ns(tracker.recent(last.key))
+        idle = self._idle
+        if idle is None or idle.after is not last:
+            idle = self._idle = _Idle(last, last.end_ns + threshold)
+        if clock.now_ns() < idle.due_ns:
+            return
+        count("stall_probes")
+        answers, _ = self._ask(last.key, last.step + 1, export=False)
+        ahead = _step_ahead(tracker, answers)
+        now = clock.now_ns()
+        if ahead is None:  # every rank between steps too (evaluation, a checkpoint, the end)
+            idle.due_ns = now + threshold
+            return
+        key, step, age_ns = ahead
+        if age_ns < threshold:  # they only just began it (rank 0 may be a moment behind)
+            idle.due_ns = now + threshold - age_ns
+            return
+        standin = StepHandle(
+            key=key,
+            step=step,
+            name=key,
+            kind="",
+            trace_id=step_trace_id(self.pipeline.job_id, key, step),
+            sampled=True,
+            start_ns=now - age_ns,
+        )
+        self._stall = _Stall(standin, threshold, after=last)
+        self._stall.reports = 1
+        self._report(self._stall)
+
+    def _ask(
+        self, key: str, step: int, export: bool = True
+    ) -> Tuple[Dict[int, messages.Message], Set[int]]:
         """Ask every connected rank where it is; their answers within answer_wait_s."""
         with self._cond:
             self._query = query = next(self._queries)
             self._answers = {}
         connected = self.pipeline.connected_ranks()
-        self.pipeline.broadcast(messages.stall_ask(query, key, step))
+        self.pipeline.broadcast(messages.stall_ask(query, key, step, export))
         deadline = time.monotonic() + self.answer_wait_s
         with self._cond:
             while not connected <= set(self._answers):
@@ -531,7 +442,7 @@ class StallWatch:
                 self._cond.wait(left)
             answers = dict(self._answers)
             self._query = 0
-        answers[0] = where(self.pipeline.tracker, query, key)
+        answers[0] = where(self.pipeline.tracker, query, key, self.pipeline.collectives, export)
         return answers, connected
 
     def _report(self, stall: _Stall) -> None:
@@ -549,6 +460,7 @@ class StallWatch:
             answers,
             connected,
             self.answer_wait_s,
+            rank0_in_step=stall.after is None,
         )
         count("stalls_reported")
         if stall.reports == 1:
@@ -565,6 +477,7 @@ class StallWatch:
             stall.threshold_ns,
             stall.reports,
             handle.error,
+            rank0_in_step=stall.after is None,
         )
         count("stalls_resolved")
         self._export(handle, built, handle.start_ns, end)

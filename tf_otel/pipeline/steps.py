@@ -30,7 +30,9 @@ from tf_otel.pipeline.exporter import StepExporter
 from tf_otel.pipeline.ids import PrimedIdGenerator, fast_root_decision, step_trace_id
 from tf_otel.pipeline.messages import Handlers, Outgoing
 from tf_otel.pipeline.services import start_services
-from tf_otel.pipeline.stall import StepTracker, frame_lines, stack_of
+from tf_otel.pipeline.stall import StepTracker, stack_of
+from tf_otel.pipeline.stall_record import frame_lines
+from tf_otel.pipeline.step_collectives import StepCollectives
 from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.pipeline.verdicts import LiveVerdicts
 
@@ -91,6 +93,7 @@ class Pipeline:
         self.tracer_provider = tracer_provider  # None: the global one
         # steps in flight and last completed (pipeline.stall); rank 0 keeps recent durations
         self.tracker = StepTracker(durations=topology.is_reference and settings.stall)
+        self.collectives = StepCollectives()  # what a stall record says the waiting ranks wait in
         self._in_flight_exported: Dict[tuple, None] = {}
         self._in_flight_lock = threading.Lock()
         self._stall_watch: Any = None

@@ -2,7 +2,8 @@
 forever before step HANG_STEP (in Python, between steps: the other ranks then wait in that step's
 allreduce), or whose rank SLOW_RANK takes SLOW_FACTOR x longer in step SLOW_STEP, or whose rank
 SLOWDOWN_RANK begins each of steps SLOWDOWN_FROM..SLOWDOWN_TO-1 SLOWDOWN_S late (a persistent
-slowdown, in Python between steps).
+slowdown, in Python between steps), or where every rank rests ALL_PAUSE_S before step
+ALL_PAUSE_STEP (all between steps at once: an evaluation, a checkpoint; no stall).
 
 Run: horovodrun -np 4 -H localhost:4 --gloo python tests/reliability/scripts/stall_train.py
 Env: STEPS (default 12), STEP_SLEEP_S (default 0.2: each step's pause, before its allreduce),
@@ -34,6 +35,8 @@ SLOWDOWN_RANK = int(os.environ.get("SLOWDOWN_RANK", "-1"))
 SLOWDOWN_FROM = int(os.environ.get("SLOWDOWN_FROM", "-1"))
 SLOWDOWN_TO = int(os.environ.get("SLOWDOWN_TO", "-1"))
 SLOWDOWN_S = float(os.environ.get("SLOWDOWN_S", "0.05"))
+ALL_PAUSE_STEP = int(os.environ.get("ALL_PAUSE_STEP", "-1"))
+ALL_PAUSE_S = float(os.environ.get("ALL_PAUSE_S", "0"))
 QUIET = os.environ.get("QUIET") == "1"
 TRUTH_FILE = os.environ.get("TRUTH_FILE", "")
 begun = []
@@ -74,6 +77,8 @@ def hang_forever(step):
 
 
 for step in range(STEPS):
+    if step == ALL_PAUSE_STEP:
+        time.sleep(ALL_PAUSE_S)
     if hvd.rank() == HANG_RANK and step == HANG_STEP:
         hang_forever(step)
     if hvd.rank() == SLOWDOWN_RANK and SLOWDOWN_FROM <= step < SLOWDOWN_TO:

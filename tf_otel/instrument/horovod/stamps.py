@@ -143,23 +143,32 @@ class StampCollector:
                     return _stamps_of(name, args[0], op, grouped, kwargs)
 
                 return graph_stamps.around_op(tf, wrapped, args, kwargs, naming, grouped)
-            if not self.enabled():
-                return wrapped(*args, **kwargs)
-            if len(self._slots) >= _MAX_SLOTS:
-                count("horovod_stamps_full")
-                return wrapped(*args, **kwargs)
-            before = None
-            with fail_open("horovod.stamp"):
-                before = self._before(tf, args[0], grouped)
-            if before is None:
-                return wrapped(*args, **kwargs)
-            with tf.control_dependencies([before[1]]):
-                out = wrapped(*args, **kwargs)
-            with fail_open("horovod.stamp"):
-                self._after(tf, args[0], out, before, op, grouped, kwargs)
+            out = self._in_function(tf, wrapped, args, kwargs, op, grouped)
+            with fail_open("horovod.note_built"):
+                _note_built(op, tf.nest.flatten(out)[0].op.name)
             return out
 
         return wrapped_op
+
+    def _in_function(
+        self, tf: Any, wrapped: Callable, args: tuple, kwargs: dict, op: str, grouped: bool
+    ) -> Any:
+        """The op built in a tf.function: stamped where this is a detail twin's trace."""
+        if not self.enabled():
+            return wrapped(*args, **kwargs)
+        if len(self._slots) >= _MAX_SLOTS:
+            count("horovod_stamps_full")
+            return wrapped(*args, **kwargs)
+        before = None
+        with fail_open("horovod.stamp"):
+            before = self._before(tf, args[0], grouped)
+        if before is None:
+            return wrapped(*args, **kwargs)
+        with tf.control_dependencies([before[1]]):
+            out = wrapped(*args, **kwargs)
+        with fail_open("horovod.stamp"):
+            self._after(tf, args[0], out, before, op, grouped, kwargs)
+        return out
 
     def cond_wrapper(self, grouped: bool) -> Callable:
         """Horovod's ``_allreduce_cond`` in a TF1 graph: stamped around the cond."""
@@ -227,10 +236,13 @@ class StampCollector:
     ) -> Any:
         sink = self._eager
         if sink is None:
-            return wrapped(*args, **kwargs)
+            out = wrapped(*args, **kwargs)
+            _note_done(op, kwargs)
+            return out
         start = time.time_ns()
         out = wrapped(*args, **kwargs)
         end = time.time_ns()
+        _note_done(op, kwargs)
         with fail_open("horovod.stamp"):
             name = kwargs.get("name") or f"eager_{op}_{len(sink)}"
             stamps, group = _stamps_of(name, args[0], op, grouped, kwargs)
@@ -493,6 +505,24 @@ class StampCollector:
 
 
 _STAMP_FUNCTIONS: List[Any] = []
+
+
+def _note_built(op: str, name: str) -> None:
+    """The collective just built, in the step whose trace builds it (stall records)."""
+    pipeline = current_pipeline()
+    if pipeline is None:
+        return
+    handle = pipeline.tracker.in_flight.get(threading.get_ident())
+    if handle is not None:  # else built outside any step (a graph built before training)
+        pipeline.collectives.note_built(handle.key, op, name)
+
+
+def _note_done(op: str, kwargs: dict) -> None:
+    """An eager collective returned on this rank (stall records: its last completed one)."""
+    with fail_open("horovod.note_done"):
+        pipeline = current_pipeline()
+        if pipeline is not None:
+            pipeline.collectives.note_done(op, str(kwargs.get("name") or op))
 
 
 def _stamp_functions(tf: Any) -> List[Any]:
