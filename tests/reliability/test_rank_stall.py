@@ -372,17 +372,25 @@ def test_a_long_control_raises_no_slowdown(receiver, tmp_path) -> None:
     assert len(judged) >= 990, len(judged)
     assert not [s.attributes for s in spans if s.category == record.SLOWDOWN]
     named = sorted(n for n, a in roots.items() if record.ATTR_STRAGGLER_RANK in a)
-    begun = {
+    truths = {
         r: json.loads(Path(str(truth).replace("{rank}", str(r))).read_text()) for r in range(4)
     }
+
+    def late_ms(kind: str, n: int, rank: int) -> float:
+        """How much later than the other three's median the rank reached that point of step n."""
+        others = sorted(truths[r][kind][n] for r in range(4) if r != rank)
+        return (truths[rank][kind][n] - others[1]) / 1e6
+
     unconfirmed = []
     for n in named:  # judged from the extents: the rank began the step (or got its input) late
         attributes = roots[n]
         rank = attributes[record.ATTR_STRAGGLER_RANK]
-        others = sorted(begun[r][n] for r in range(4) if r != rank)
-        late_ms = (begun[rank][n] - others[1]) / 1e6  # the median of the other three
+        # tf_otel's step begin lies between the script's call and the graph's first op: a rank
+        # descheduled between the call and the begin is late by the second truth only (CI:
+        # named 19+ ms late at step 519, 9.4 ms late at the call)
+        late = max(late_ms("begun", n, rank), late_ms("entered", n, rank))
         if attributes[record.ATTR_STRAGGLER_MEASURED] == "extents":
-            if late_ms < 0.5 * attributes[record.ATTR_STRAGGLER_LATENESS] / 1e6:
-                unconfirmed.append((n, rank, round(late_ms, 1), attributes))
+            if late < 0.5 * attributes[record.ATTR_STRAGGLER_LATENESS] / 1e6:
+                unconfirmed.append((n, rank, round(late, 1), attributes))
     assert not unconfirmed, unconfirmed
     _figures("slowdown_control", steps=len(roots), named_roots=len(named))

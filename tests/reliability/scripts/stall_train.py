@@ -10,7 +10,8 @@ Env: STEPS (default 12), STEP_SLEEP_S (default 0.2: each step's pause, before it
 HANG_RANK / HANG_STEP (default -1: nobody), HANG_FILE (the hanging rank writes time.time() there
 as it stops), SLOW_RANK / SLOW_STEP (default -1), SLOW_FACTOR (default 3), SLOWDOWN_RANK
 (default -1), SLOWDOWN_FROM / SLOWDOWN_TO (steps), SLOWDOWN_S (default 0.05), QUIET=1: print
-only "rank R done", TRUTH_FILE (with {rank}: each step's wall-clock begin, ns, as JSON).
+only "rank R done", TRUTH_FILE (with {rank}: {"begun": each step's call, "entered": the moment
+its graph began; wall clock, ns}, as JSON).
 Prints "rank R step S" after each step and "rank R done" at the end.
 """
 
@@ -39,7 +40,8 @@ ALL_PAUSE_STEP = int(os.environ.get("ALL_PAUSE_STEP", "-1"))
 ALL_PAUSE_S = float(os.environ.get("ALL_PAUSE_S", "0"))
 QUIET = os.environ.get("QUIET") == "1"
 TRUTH_FILE = os.environ.get("TRUTH_FILE", "")
-begun = []
+begun = []  # wall clock, ns: each step's call of train_step (Python, before tf_otel's begin)
+entered = []  # ... and the moment its graph ran its first op (after tf_otel's begin)
 
 rng = np.random.default_rng(hvd.rank())
 features = tf.constant(rng.normal(size=(32, 16)).astype("float32"))
@@ -49,6 +51,7 @@ hvd.broadcast_variables([w], root_rank=0)
 
 
 def pause(step):
+    entered.append(time.time_ns())
     slow = hvd.rank() == SLOW_RANK and int(step) == SLOW_STEP
     time.sleep(STEP_SLEEP_S * (SLOW_FACTOR if slow else 1.0))
     return np.float32(0)
@@ -89,5 +92,5 @@ for step in range(STEPS):
         print(f"rank {hvd.rank()} step {step}", flush=True)
 if TRUTH_FILE:
     with open(TRUTH_FILE.replace("{rank}", str(hvd.rank())), "w") as out:
-        json.dump(begun, out)
+        json.dump({"begun": begun, "entered": entered}, out)
 print(f"rank {hvd.rank()} done", flush=True)
