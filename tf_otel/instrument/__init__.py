@@ -33,6 +33,7 @@ from tf_otel.instrument import (
     step_context,
     step_detail,
     step_resources,
+    tf_collectives,
 )
 from tf_otel.instrument.ops import hook as ops
 
@@ -113,6 +114,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
             step_detail,
             ps,
             horovod,
+            tf_collectives,
             nccl_ring,
         ):
             module.register(settings)

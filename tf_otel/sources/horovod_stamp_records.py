@@ -46,6 +46,7 @@ class Stamp:
     shape: Optional[str] = None
     nbytes: Optional[int] = None
     group: Optional[str] = None  # grouped ops: the op name all its tensors share
+    library: str = "horovod"  # whose collective: "horovod", or "tensorflow" (tf.distribute)
 
 
 def nbytes(dtype: Optional[str], dims: Optional[List[Optional[int]]]) -> Optional[int]:
@@ -110,7 +111,7 @@ def records_for(
         if value is not None:
             attributes[name] = value
     parent = record.Record(
-        f"horovod.{stamp.op} {tl.short_name(stamp.tensor)}",
+        f"{stamp.library}.{stamp.op} {tl.short_name(stamp.tensor)}",
         arrival_ns,
         end_ns,
         record.COLLECTIVE,
@@ -179,7 +180,9 @@ def fused(
     sizes = [s.nbytes for s in stamps if s.nbytes is not None]
     first = stamps[0]
     total = sum(sizes) if len(sizes) == len(stamps) else None
-    stamp = Stamp(tensor=first.tensor, op=first.op, dtype=first.dtype, nbytes=total)
+    stamp = Stamp(
+        tensor=first.tensor, op=first.op, dtype=first.dtype, nbytes=total, library=first.library
+    )
     arrival = max(m[1] for m in members)
     end = max(m[2] for m in members)
     known = [v for v in lasts if v is not None]

@@ -14,6 +14,9 @@ Usage::
 - ``off``: ``TF_OTEL_HOROVOD=0``, the program's ``HOROVOD_TIMELINE=DYNAMIC``, or Horovod
   initialised before tf_otel with nothing to read.
 
+Without Horovod, a tf.distribute strategy of TensorFlow collective ops (MultiWorkerMirrored-
+Strategy) chooses ``stamps`` (instrument/tf_collectives.py sets ``tf_collectives``).
+
 The choice is made at ``hvd.init()``, not at ``register()``: a program may set
 ``HOROVOD_TIMELINE`` in its own code before it initialises Horovod.
 """
@@ -52,6 +55,9 @@ class SourceChoice:
         self.mode: Optional[str] = None
         self.basics: Any = None  # horovod.common.basics.HorovodBasics of hvd.init
         self.every = 0  # TF_OTEL_HOROVOD_EVERY: collective detail on 1 sampled step in N
+        # the program built a tf.distribute strategy whose all-reduces are TensorFlow
+        # collective ops (instrument/tf_collectives.py): the stamps time those, no Horovod
+        self.tf_collectives = False
 
     def wanted(self, handle: StepHandle) -> bool:
         """Is this sampled step a collective-detail step (the same steps on every rank)?"""
@@ -112,9 +118,12 @@ class SourceChoice:
 
     def current(self) -> Optional[str]:
         """The mode; decided late (``resolve_late``) once Horovod is up if hvd.init() ran
-        before tf_otel; None while Horovod is not initialised."""
+        before tf_otel; without Horovod, ``stamps`` once a tf.distribute strategy of collective
+        ops is built (``off`` with TF_OTEL_HOROVOD=0); else None."""
         if self.mode is None and self.horovod_ready():
             self.resolve_late()
+        if self.mode is None and self.tf_collectives:
+            return STAMPS if settings().horovod else OFF
         return self.mode
 
     def backend(self) -> Optional[str]:

@@ -43,7 +43,7 @@ def _patch_mpi_lib(module: Any) -> None:
         original = getattr(library, name, None)
         if original is None or getattr(original, "_tf_otel_original", None) is not None:
             continue
-        setattr(library, name, _timed(original, collector.wrapper(op, grouped), tf))
+        setattr(library, name, timed_op(original, collector.wrapper(op, grouped), tf))
 
 
 _CONDS = {"_allreduce_cond": False, "_grouped_allreduce_cond": True}  # -> grouped
@@ -60,10 +60,14 @@ def _patch_conds(module: Any) -> None:
         original = getattr(module, name, None)
         if original is None or getattr(original, "_tf_otel_original", None) is not None:
             continue
-        setattr(module, name, _timed(original, collector.cond_wrapper(grouped), tf))
+        setattr(module, name, timed_op(original, collector.cond_wrapper(grouped), tf))
 
 
-def _timed(original: Callable, wrapper: Callable, tf: Any) -> Callable:
+def timed_op(original: Callable, wrapper: Callable, tf: Any) -> Callable:
+    """A plain function standing in for ``original`` that calls ``wrapper(original, None,
+    args, kwargs)``; AutoGraph leaves it alone (it would warn on a wrapt-wrapped one in every
+    tf.function that calls it)."""
+
     def call(*args: Any, **kwargs: Any) -> Any:
         return wrapper(original, None, args, kwargs)
 

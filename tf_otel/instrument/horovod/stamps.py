@@ -60,6 +60,7 @@ from tf_otel.pipeline.steps import Pipeline
 from tf_otel.sources import horovod_stamp_records as hs
 from tf_otel.sources import horovod_timeline as tl
 
+HOROVOD, TENSORFLOW = "horovod", "tensorflow"  # whose collective ops (span name prefix)
 _MAX_STEPS = 64
 _MAX_SLOTS = 20_000  # stamped ops over all traces (a function retraced without end stops here)
 _GATHER_WAIT_S = 5.0  # rank 0 answers with the ranks it has after this long
@@ -96,8 +97,16 @@ def fused_wanted(setting: Optional[bool], every: int) -> bool:
 
 
 def _world_size() -> int:
+    """The ranks in every collective: those that run steps (a parameter server runs none)."""
     pipeline = current_pipeline()
-    return pipeline.topology.world_size if pipeline is not None else 1
+    return pipeline.topology.step_world_size if pipeline is not None else 1
+
+
+def _collective_world() -> int:
+    """Horovod's size once it is up, else the job's stepping ranks (tf.distribute)."""
+    if choice.basics is not None:
+        return int(choice.basics.size())
+    return _world_size()
 
 
 class StampCollector:
@@ -125,13 +134,16 @@ class StampCollector:
 
     # -- graph construction (any thread that builds the program's graph) --------------------
 
-    def wrapper(self, op: str, grouped: bool) -> Callable:
+    def wrapper(self, op: str, grouped: bool, library: str = HOROVOD) -> Callable:
+        """The timed stand-in of a collective op function of ``library`` (Horovod's MPI_LIB,
+        or TensorFlow's collective_ops: instrument/tf_collectives.py)."""
+
         def wrapped_op(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
             tf = sys.modules.get("tensorflow")
             if tf is None or not args:
                 return wrapped(*args, **kwargs)
             if tf.executing_eagerly():
-                return self._eager_call(tf, wrapped, args, kwargs, op, grouped)
+                return self._eager_call(tf, wrapped, args, kwargs, op, grouped, library)
             with tf.init_scope():
                 eager_outside = tf.executing_eagerly()
             if not eager_outside:  # a TF1 graph: stamps a detail step's Session.run fetches
@@ -140,10 +152,10 @@ class StampCollector:
 
                 def naming(out: Any) -> Tuple[List[hs.Stamp], Optional[str]]:
                     name = tf.nest.flatten(out)[0].op.name
-                    return _stamps_of(name, args[0], op, grouped, kwargs)
+                    return _stamps_of(name, args[0], op, grouped, kwargs, library)
 
                 return graph_stamps.around_op(tf, wrapped, args, kwargs, naming, grouped)
-            out = self._in_function(tf, wrapped, args, kwargs, op, grouped)
+            out = self._in_function(tf, wrapped, args, kwargs, op, grouped, library)
             with fail_open("horovod.note_built"):
                 _note_built(op, tf.nest.flatten(out)[0].op.name)
             return out
@@ -151,7 +163,14 @@ class StampCollector:
         return wrapped_op
 
     def _in_function(
-        self, tf: Any, wrapped: Callable, args: tuple, kwargs: dict, op: str, grouped: bool
+        self,
+        tf: Any,
+        wrapped: Callable,
+        args: tuple,
+        kwargs: dict,
+        op: str,
+        grouped: bool,
+        library: str,
     ) -> Any:
         """The op built in a tf.function: stamped where this is a detail twin's trace."""
         if not self.enabled():
@@ -167,7 +186,7 @@ class StampCollector:
         with tf.control_dependencies([before[1]]):
             out = wrapped(*args, **kwargs)
         with fail_open("horovod.stamp"):
-            self._after(tf, args[0], out, before, op, grouped, kwargs)
+            self._after(tf, args[0], out, before, op, grouped, kwargs, library)
         return out
 
     def cond_wrapper(self, grouped: bool) -> Callable:
@@ -219,6 +238,7 @@ class StampCollector:
         op: str,
         grouped: bool,
         kwargs: dict,
+        library: str,
     ) -> None:
         slot, arrival, plain = before
         outs = tf.nest.flatten(out)
@@ -227,12 +247,19 @@ class StampCollector:
                 slot.assign(tf.stack([arrival, tf.timestamp()]))
             else:
                 _stamp_functions(tf)[1](slot, arrival)
-        stamps, group = _stamps_of(outs[0].op.name, inputs, op, grouped, kwargs)
+        stamps, group = _stamps_of(outs[0].op.name, inputs, op, grouped, kwargs, library)
         with self._lock:
             self._slots.append((slot, stamps, group))
 
     def _eager_call(
-        self, tf: Any, wrapped: Callable, args: tuple, kwargs: dict, op: str, grouped: bool
+        self,
+        tf: Any,
+        wrapped: Callable,
+        args: tuple,
+        kwargs: dict,
+        op: str,
+        grouped: bool,
+        library: str,
     ) -> Any:
         sink = self._eager
         if sink is None:
@@ -245,7 +272,7 @@ class StampCollector:
         _note_done(op, kwargs)
         with fail_open("horovod.stamp"):
             name = kwargs.get("name") or f"eager_{op}_{len(sink)}"
-            stamps, group = _stamps_of(name, args[0], op, grouped, kwargs)
+            stamps, group = _stamps_of(name, args[0], op, grouped, kwargs, library)
             sink.extend((s, start, end, group) for s in stamps)
         return out
 
@@ -548,7 +575,7 @@ def _stamp_functions(tf: Any) -> List[Any]:
 
 
 def _stamps_of(
-    name: str, inputs: Any, op: str, grouped: bool, kwargs: dict
+    name: str, inputs: Any, op: str, grouped: bool, kwargs: dict, library: str = HOROVOD
 ) -> Tuple[List[hs.Stamp], Optional[str]]:
     """Horovod's tensor names for an op (the node name, scope stripped with
     ignore_name_scope; grouped: <name>_<i>of<n>), with dtypes and static shapes."""
@@ -568,6 +595,7 @@ def _stamps_of(
                 dtype=dtype,
                 shape=str(dims) if dims is not None else None,
                 nbytes=hs.nbytes(dtype, dims),
+                library=library,
             )
         )
     return stamps, (name if grouped else None)
@@ -618,7 +646,7 @@ class StampsHook(StepHook[_DetailStep]):
         fetched = None
         if kept is not None and kept.fetches is not None:  # the program's result back first
             fetched = graph_stamps.take_values(kept.fetches, call)
-        if handle.sampled and choice.mode == STAMPS:
+        if handle.sampled and choice.current() == STAMPS:
             collector.end(handle, kept.started if kept is not None else None, fetched)
 
     def stamping(self) -> bool:
@@ -633,13 +661,13 @@ class StampsHook(StepHook[_DetailStep]):
         if collector.every <= 0:
             return False  # TF_OTEL_HOROVOD_EVERY=0 (default): no timing ops in the graph
         try:
-            return int(choice.basics.size()) > 1
+            return _collective_world() > 1
         except Exception:  # noqa: BLE001
             return False
 
     def finish(self) -> None:
         """At exit / SIGTERM: wait (bounded) for this rank's detail steps' records."""
-        if self._finished or choice.mode != STAMPS:
+        if self._finished or choice.current() != STAMPS:
             return
         self._finished = True
         pipeline = current_pipeline()

@@ -1,0 +1,71 @@
+"""TensorFlow's own collectives as collective spans: MultiWorkerMirroredStrategy's all-reduces
+(one per gradient pack) and all-gathers, timed exactly as Horovod's are (instrument/horovod/
+stamps.py: stamps in the detail twin only, every worker's arrival gathered on rank 0, the wait
+for the last worker and the transfer), so the analysis, reports and dashboards see one kind of
+collective; the spans are named ``tensorflow.allreduce <op name>``.
+
+Where: ``tf.distribute``'s cross-device code (``cross_device_utils.CollectiveReplicaLauncher``)
+builds every all-reduce, packed or not, and every all-gather by calling
+``all_reduce_v2`` / ``all_gather_v2`` of ``tensorflow.python.ops.collective_ops`` through the
+module; those functions (and ``all_to_all_v2``, the V1 ``all_reduce`` / ``all_gather``) are
+replaced by timed stand-ins once TensorFlow is imported. Building a
+``CollectiveAllReduceExtended`` (what MultiWorkerMirroredStrategy is made of) tells the stamps
+source that this process's collectives are TensorFlow's (``choice.tf_collectives``), so the
+twin is traced beside the step function, as with Horovod. Broadcasts (``broadcast_send_v2`` /
+``_recv_v2``: variable initialisation, before training) are not timed.
+
+Usage::
+
+    from tf_otel.instrument import tf_collectives
+    tf_collectives.register(settings)   # post-import hooks; nothing is imported here
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from tf_otel.config import Settings
+from tf_otel.instrument._patching import when_imported, wrap
+from tf_otel.instrument.horovod.choice import choice
+from tf_otel.instrument.horovod.patching import timed_op
+from tf_otel.instrument.horovod.stamps import TENSORFLOW, collector
+
+# collective_ops function -> op (each takes its input tensor first)
+OPS = {
+    "all_reduce_v2": "allreduce",
+    "all_gather_v2": "allgather",
+    "all_to_all_v2": "alltoall",
+    "all_reduce": "allreduce",
+    "all_gather": "allgather",
+}
+_MODULE = "tensorflow.python.ops.collective_ops"
+_STRATEGY = "tensorflow.python.distribute.collective_all_reduce_strategy"
+
+
+def _patch_ops(tf: Any) -> None:
+    """Once ``tensorflow`` is whole (the stand-ins need tf.autograph)."""
+    module = sys.modules.get(_MODULE)
+    if module is None:
+        return
+    for name, op in OPS.items():
+        original = getattr(module, name, None)
+        if original is None or getattr(original, "_tf_otel_original", None) is not None:
+            continue
+        setattr(module, name, timed_op(original, collector.wrapper(op, False, TENSORFLOW), tf))
+
+
+def _strategy_built(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    out = wrapped(*args, **kwargs)
+    choice.tf_collectives = True
+    return out
+
+
+def _patch_strategy(module: Any) -> None:
+    wrap(module.CollectiveAllReduceExtended, "__init__", _strategy_built)
+
+
+def register(settings: Settings) -> None:
+    """Post-import hooks (idempotent). TF_OTEL_HOROVOD=0 turns these spans off too."""
+    when_imported("tensorflow", _patch_ops)
+    when_imported(_STRATEGY, _patch_strategy)
