@@ -27,13 +27,23 @@ pytestmark = pytest.mark.integration
 SCRIPT = REPO / "tests" / "distribute" / "scripts" / "mwms_train.py"
 WORKERS = 2
 STEPS = 12
+TASK_PORT, COORDINATOR_PORT = 23456, 23470  # inside a simulated host's own namespace
 
 
-def mwms_job(out: Path, timeout: float = 240, **extra: str) -> List[str]:
-    """Runs the script on WORKERS workers (one process each, TF_CONFIG); their outputs."""
+def mwms_job(out: Path, timeout: float = 240, hosts: Any = None, **extra: str) -> List[str]:
+    """Runs the script on WORKERS workers (one process each, TF_CONFIG); their outputs.
+    ``hosts``: a tests/cluster/sim.py Cluster, one worker on each of its hosts (its network
+    namespaces); else every worker on 127.0.0.1."""
     (out / "spans").mkdir(parents=True, exist_ok=True)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(WORKERS)]}
-    coordinator = free_port_pair()
+    if hosts is None:
+        addresses = [f"127.0.0.1:{p}" for p in free_ports(WORKERS)]
+        coordinator = f"127.0.0.1:{free_port_pair()}"
+        prefixes: List[List[str]] = [[] for _ in range(WORKERS)]
+    else:  # each host its own namespace: any port is free there
+        addresses = [f"{hosts.address(h)}:{TASK_PORT}" for h in hosts.hosts[:WORKERS]]
+        coordinator = f"{hosts.address(hosts.hosts[0])}:{COORDINATOR_PORT}"
+        prefixes = [hosts.net.prefix(h) for h in hosts.hosts[:WORKERS]]
+    cluster = {"worker": addresses}
     procs = []
     try:
         for index in range(WORKERS):
@@ -41,7 +51,7 @@ def mwms_job(out: Path, timeout: float = 240, **extra: str) -> List[str]:
             env = base_env(
                 TF_OTEL_ENABLED="1",
                 TF_OTEL_FILE=str(out / "spans" / "spans-{rank}.jsonl"),
-                TF_OTEL_COORDINATOR=f"127.0.0.1:{coordinator}",
+                TF_OTEL_COORDINATOR=coordinator,
                 OTEL_TRACES_EXPORTER="none",
                 OTEL_METRICS_EXPORTER="none",
                 TF_CONFIG=json.dumps(tf_config),
@@ -49,7 +59,7 @@ def mwms_job(out: Path, timeout: float = 240, **extra: str) -> List[str]:
             )
             procs.append(
                 subprocess.Popen(
-                    [python(), str(SCRIPT)],
+                    [*prefixes[index], python(), str(SCRIPT)],
                     env=env,
                     cwd=REPO,
                     text=True,

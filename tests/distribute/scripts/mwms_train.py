@@ -4,7 +4,8 @@ worker SLOW_WORKER sleeps SLOW_S before each step in SLOW_STEPS (it begins them 
 
 Env: STEPS (default 20), LOOP (fit | custom), WIDTH (default 256: Dense layers 32 -> WIDTH ->
 WIDTH -> 1, float32 gradients), SLOW_WORKER (default -1), SLOW_STEPS (comma-separated),
-SLOW_S (default 0.3), TRUTH_FILE (with {rank}: each step's wall-clock begin, ns, as JSON).
+SLOW_S (default 0.3), TRUTH_FILE (with {rank}: {"begun": each step's call, "ready" (custom loop
+only): the moment its gradients were computed, before their all-reduce; wall clock, ns}).
 Prints one line "GRAPHS {...}" (the program's own traces of its step function: how many, their
 collective ops, their timing ops) and "worker I done".
 """
@@ -32,6 +33,7 @@ strategy = tf.distribute.MultiWorkerMirroredStrategy()
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 worker = int(task["index"])
 begun = []
+ready = []
 
 
 def dataset() -> tf.data.Dataset:
@@ -72,12 +74,20 @@ if LOOP == "fit":
 else:
     iterator = iter(strategy.experimental_distribute_dataset(dataset()))
 
+    def mark_ready():
+        ready.append(time.time_ns())
+        return np.float32(0)
+
     @tf.function
     def train_step(inputs):
         def replica_step(x, y):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
             grads = tape.gradient(loss, model.trainable_variables)
+            with tf.control_dependencies(grads):  # the truth: gradients ready, before the reduce
+                stamp = tf.numpy_function(mark_ready, [], tf.float32, stateful=True)
+            with tf.control_dependencies([stamp]):
+                grads = [tf.identity(g) for g in grads]
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return loss
 
@@ -115,5 +125,5 @@ print("GRAPHS " + json.dumps(report), flush=True)
 
 if TRUTH_FILE:
     with open(TRUTH_FILE.replace("{rank}", str(worker)), "w") as out:
-        json.dump(begun, out)
+        json.dump({"begun": begun, "ready": ready}, out)
 print(f"worker {worker} done", flush=True)
