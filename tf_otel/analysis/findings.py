@@ -43,6 +43,7 @@ from tf_otel.analysis.path_share import path_share_findings
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.analysis.step_rules import whole_step_findings
 from tf_otel.analysis.whole_step import step_samples
+from tf_otel.record import COLLECTIVE
 
 STRAGGLER_MIN_SAVING_SHARE = 0.02
 STRAGGLER_MIN_STEP_SHARE = 0.10
@@ -139,7 +140,30 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
     return findings
 
 
+_HOROVOD_REMEDIES = (
+    "larger HOROVOD_FUSION_THRESHOLD, fp16 gradient compression (hvd.Compression.fp16), "
+    "gradient accumulation / larger batches, hierarchical allreduce"
+)
+_TF_REMEDIES = (
+    "tf.distribute.experimental.CommunicationOptions (bytes_per_pack to overlap the packs with "
+    "the backward pass, NCCL on GPUs), fp16 gradients, gradient accumulation / larger batches"
+)
+
+
+def _collective_libraries(result: AnalysisResult) -> List[str]:
+    """Whose collectives the job ran (span names "horovod.<op> ..." / "tensorflow.<op> ...")."""
+    found = {
+        span.name.split(".", 1)[0]
+        for step in result.steps
+        for span in step.trace.spans
+        if span.category == COLLECTIVE
+    }
+    return sorted(found & {"horovod", "tensorflow"})
+
+
 def communication_findings(result: AnalysisResult) -> List[Finding]:
+    libraries = _collective_libraries(result)
+    remedies = [_TF_REMEDIES if lib == "tensorflow" else _HOROVOD_REMEDIES for lib in libraries]
     return path_share_findings(
         result,
         "communication_bound",
@@ -147,9 +171,8 @@ def communication_findings(result: AnalysisResult) -> List[Finding]:
         COMMUNICATION_BOUND_SHARE,
         what="communication",
         suggestion=(
-            "Reduce or hide communication: larger HOROVOD_FUSION_THRESHOLD, fp16 gradient "
-            "compression (hvd.Compression.fp16), gradient accumulation / larger batches, "
-            "hierarchical allreduce; check the interconnect (NCCL over InfiniBand, not TCP)."
+            f"Reduce or hide communication: {'; '.join(remedies or [_HOROVOD_REMEDIES])}; "
+            "check the interconnect (NCCL over InfiniBand, not TCP)."
         ),
     )
 
