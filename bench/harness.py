@@ -18,6 +18,10 @@ ratios to a baseline mode (the same round, the same load), their median and quar
     job = harness.launch(harness.horovodrun(2, [__file__, "--worker"]), env, timeout=900)
     results = harness.rank_results(job, 2)  # or exit with the job's output
 
+    # a job of several processes started together (MultiWorkerMirroredStrategy's workers)
+    ports, coordinator = harness.free_ports(2), harness.free_port_pair()
+    jobs = harness.launch_group([(command, env_0), (command, env_1)], timeout=600)
+
     # modes in rotated order each round: {mode: [what run returned, a round each]}
     times = harness.interleaved(["off", "on"], rounds, lambda round_no, mode: block(mode))
     ratio, q1, q3 = harness.median_quartiles(harness.paired_ratios(times["on"], times["off"]))
@@ -32,8 +36,11 @@ a worker imports it before tf_otel.instrument().
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -151,6 +158,103 @@ def launch(
     if check and proc.returncode:
         raise subprocess.CalledProcessError(proc.returncode, command, stdout, stderr)
     return Job(command, proc.returncode, stdout, stderr, wall, usage.ru_maxrss / 1024)
+
+
+def launch_group(
+    members: Sequence[Tuple[Sequence[str], Optional[Dict[str, str]]]], timeout: float
+) -> List[Job]:
+    """Run every (command, env) at once, to their ends: a Job each, in order. One that fails
+    ends the rest (its peers would wait for it until the timeout); past `timeout` seconds all
+    are killed and subprocess.TimeoutExpired raised. Output and peak RSS as launch's."""
+    commands = [[str(part) for part in command] for command, _ in members]
+    procs: List[subprocess.Popen] = []
+    ends: Dict[int, Tuple[int, float, float]] = {}  # index -> (exit code, wall s, peak MB)
+    expired = False
+
+    def reap(index: int, flags: int) -> None:
+        pid, status, usage = os.wait4(procs[index].pid, flags)
+        if pid:
+            procs[index].returncode = os.waitstatus_to_exitcode(status)  # reaped here
+            wall = time.perf_counter() - started
+            ends[index] = (procs[index].returncode, wall, usage.ru_maxrss / 1024)
+
+    with contextlib.ExitStack() as stack:
+        files = [
+            (
+                stack.enter_context(tempfile.TemporaryFile()),
+                stack.enter_context(tempfile.TemporaryFile()),
+            )
+            for _ in members
+        ]
+        started = time.perf_counter()
+        try:
+            for command, (_, env), (out, err) in zip(commands, members, files):
+                procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=err))
+            # polled, not wait4(-1): only these children are reaped
+            while len(ends) < len(procs):
+                for index in range(len(procs)):
+                    if index not in ends:
+                        reap(index, os.WNOHANG)
+                expired = len(ends) < len(procs) and time.perf_counter() - started > timeout
+                if expired or any(code != 0 for code, _, _ in ends.values()):
+                    break
+                time.sleep(0.1)
+        finally:  # failed, expired or interrupted: no member outlives the group
+            for index, proc in enumerate(procs):
+                if index not in ends:
+                    proc.kill()
+                    reap(index, 0)
+        outputs = []
+        for out, err in files:
+            out.seek(0)
+            err.seek(0)
+            outputs.append(
+                (out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+            )
+    if expired:
+        text = "\n".join(stdout + stderr for stdout, stderr in outputs)
+        raise subprocess.TimeoutExpired(commands[0], timeout, text)
+    jobs = []
+    for index, (command, (stdout, stderr)) in enumerate(zip(commands, outputs)):
+        code, wall, peak_mb = ends[index]
+        jobs.append(Job(command, code, stdout, stderr, wall, peak_mb))
+    return jobs
+
+
+def free_ports(n: int = 1) -> List[int]:
+    """n distinct ports free on 127.0.0.1 right now (held together while picked)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def free_port_pair() -> int:
+    """A port p with p + 1 free as well (TF_OTEL_COORDINATOR: rank 0's clock service takes
+    p + 1), picked below the kernel's ephemeral range where it leaves room, so an outgoing
+    connection cannot take p + 1 before the job binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    pick = random.Random()  # not the global one: a seeded caller does not fix our picks
+    for _ in range(200):
+        port = pick.randrange(20000, low - 2) if low - 2 - 20000 >= 64 else free_ports()[0]
+        a, b = socket.socket(), socket.socket()
+        try:
+            a.bind(("127.0.0.1", port))
+            b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+        finally:
+            a.close()
+            b.close()
+    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
 
 
 def emit_result(result: Dict[str, Any]) -> None:
