@@ -19,7 +19,7 @@ import time
 from typing import List, Optional
 
 from tf_otel import clock
-from tf_otel.clock.sync import ClockSync
+from tf_otel.clock.sync import SETTLED_ROUNDS, ClockSync
 from tf_otel.config import Settings
 from tf_otel.job.topology import detect
 
@@ -51,7 +51,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         sync.stop()
         print(json.dumps({"rank": 0, "reports": reports}))
         return 0 if len(reports) == topo.world_size - 1 else 1
-    if not sync.wait_rounds(1, timeout_s=20):
+    # the settled model, as the exporter uses it (it holds reports until SETTLED_ROUNDS): after
+    # one round the drift is not known yet, and 200 ppm alone is 100 us by the next round
+    if not sync.wait_rounds(SETTLED_ROUNDS, timeout_s=20):
         print(json.dumps({"rank": topo.rank, "error": "no round"}))
         return 1
     shift = clock.test_clock()
