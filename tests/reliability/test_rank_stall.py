@@ -103,6 +103,23 @@ def _figures(name: str, **values: object) -> None:
     print(f"FIGURES {name} " + " ".join(f"{k}={v}" for k, v in values.items()), file=sys.stderr)
 
 
+def _await_stall(receiver, proc: subprocess.Popen, log, step=None):
+    """The first stall record at the receiver (of ``step`` where given) while the job runs,
+    and the wall-clock moment it was seen; fails with the job's output when none comes."""
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = [
+            s
+            for s in _stalls(receiver.spans())
+            if step is None or s.attributes[record.ATTR_STEP] == step
+        ]
+        if found:
+            return found[0], time.time()
+        time.sleep(0.1)
+    log.seek(0)
+    raise AssertionError(f"no stall record; job output:\n{log.read()[-4000:]}")
+
+
 def test_a_rank_that_hangs_forever_is_named_while_the_job_runs(receiver, tmp_path) -> None:
     hang_file = tmp_path / "hang"
     log = (tmp_path / "job.log").open("w+")
@@ -118,19 +135,7 @@ def test_a_rank_that_hangs_forever_is_named_while_the_job_runs(receiver, tmp_pat
         _command(4), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True
     )
     try:
-        deadline = time.monotonic() + 150
-        stall = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            found = [
-                s for s in _stalls(receiver.spans()) if s.attributes[record.ATTR_STEP] == HANG_STEP
-            ]
-            if found:
-                stall = found[0]
-                break
-            time.sleep(0.1)
-        received_at = time.time()
-        log.seek(0)
-        assert stall is not None, f"no stall record; job output:\n{log.read()[-4000:]}"
+        stall, received_at = _await_stall(receiver, proc, log, HANG_STEP)
         hang_at = float(hang_file.read_text())
         spans = receiver.wait_for(lambda s: {0, 1, 2} <= set(_in_flight(s)), 10)
         logs = receiver.wait_for_logs(lambda got: any("stalls" in str(x.body) for x in got), 10)
@@ -217,19 +222,11 @@ def test_rank_0_stopped_between_steps_is_named_and_a_pause_of_all_ranks_is_not(
         _command(4), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True
     )
     try:
-        deadline = time.monotonic() + 150
-        found: list = []
-        while time.monotonic() < deadline and proc.poll() is None and not found:
-            found = _stalls(receiver.spans())
-            time.sleep(0.1)
-        received_at = time.time()
-        log.seek(0)
-        assert found, f"no stall record; job output:\n{log.read()[-4000:]}"
+        stall, received_at = _await_stall(receiver, proc, log)  # the first, whatever its step
         hang_at = float(hang_file.read_text())
         spans = receiver.wait_for(lambda s: {1, 2, 3} <= set(_in_flight(s)), 10)
     finally:
         _kill_job(proc)
-    stall = found[0]
     attrs = stall.attributes
     assert attrs[record.ATTR_STEP] == hang_step, attrs  # none for the pause before step 4
     assert attrs[record.ATTR_STALL_RANK0_BETWEEN] is True
