@@ -240,14 +240,21 @@ def hang_here(release: threading.Event) -> None:
     release.wait(60)
 
 
-def test_three_ranks_over_tcp_rank0_names_the_stopped_rank_then_closes_the_stall() -> None:
+def _three_ranks(job_id: str) -> Tuple[List, List[Pipeline]]:
+    """Three in-process ranks over the real coordinator TCP (stall floor 0.3 s): each rank's
+    (provider, exporter) and pipeline."""
     port = free_port_pair()
     settings = Settings(coordinator=("127.0.0.1", port), root_wait_ms=500, stall_floor_s=0.3)
     providers = [_provider() for _ in range(3)]
     pipelines = [
-        Pipeline(settings, Topology(rank=r, world_size=3, job_id="js"), providers[r][0])
+        Pipeline(settings, Topology(rank=r, world_size=3, job_id=job_id), providers[r][0])
         for r in range(3)
     ]
+    return providers, pipelines
+
+
+def test_three_ranks_over_tcp_rank0_names_the_stopped_rank_then_closes_the_stall() -> None:
+    providers, pipelines = _three_ranks("js")
     release = threading.Event()
 
     def rank2() -> None:
@@ -530,13 +537,7 @@ def test_rank0_stopped_between_steps_is_named_when_the_others_wait_and_not_when_
     """Rank 0 outside any step: while every rank rests (a control: all between steps past the
     threshold) nothing is raised; once ranks 1, 2 are in step 4 that rank 0 never begins, the
     stall names rank 0 in step 4's trace, and closes when rank 0 goes on."""
-    port = free_port_pair()
-    settings = Settings(coordinator=("127.0.0.1", port), root_wait_ms=500, stall_floor_s=0.3)
-    providers = [_provider() for _ in range(3)]
-    pipelines = [
-        Pipeline(settings, Topology(rank=r, world_size=3, job_id="jb"), providers[r][0])
-        for r in range(3)
-    ]
+    providers, pipelines = _three_ranks("jb")
     release, rested = threading.Event(), threading.Event()
 
     def rank0() -> None:
