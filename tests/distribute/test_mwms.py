@@ -17,10 +17,10 @@ from typing import Any, Dict, List
 
 import pytest
 from conftest import REPO, VENV_BIN, base_env, free_ports, python, run
+from otlp_files import file_spans
 from ports import free_port_pair
 
 from tf_otel import record
-from tf_otel.analysis.otlp_values import attributes_dict
 
 pytestmark = pytest.mark.integration
 
@@ -84,23 +84,12 @@ def analyze(folder: Path) -> Dict[str, Any]:
 
 
 def collectives_by_step(folder: Path) -> Dict[int, Dict[int, List[Dict[str, Any]]]]:
-    """step -> rank -> that rank's collective spans ({"name", "attributes"}), every attribute
-    as written (the analysis keeps only those it reads)."""
+    """step -> rank -> that rank's collective spans (tests/otlp_files.py: every attribute)."""
     out: Dict[int, Dict[int, List[Dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            for resource_spans in json.loads(line).get("resourceSpans", []) if line else []:
-                rank = attributes_dict(resource_spans["resource"].get("attributes"))[
-                    record.ATTR_RANK
-                ]
-                for scope_spans in resource_spans.get("scopeSpans", []):
-                    for span in scope_spans.get("spans", []):
-                        attributes = attributes_dict(span.get("attributes"))
-                        if attributes.get(record.ATTR_CATEGORY) == record.COLLECTIVE:
-                            step = int(attributes[record.ATTR_STEP])
-                            out[step][int(rank)].append(
-                                {"name": span["name"], "attributes": attributes}
-                            )
+    for span in file_spans(folder):
+        attributes = span["attributes"]
+        if attributes.get(record.ATTR_CATEGORY) == record.COLLECTIVE:
+            out[int(attributes[record.ATTR_STEP])][int(span["rank"])].append(span)
     return out
 
 

@@ -10,21 +10,19 @@ on 127.0.0.1: tests/ops/test_ps_flags_identity.py).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections import defaultdict
-from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 from conftest import REPO, base_env, python
+from otlp_files import file_spans
 
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
 from sim import Cluster  # noqa: E402
 
 from tf_otel import record  # noqa: E402
-from tf_otel.analysis.otlp_values import attributes_dict  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -33,28 +31,6 @@ STEPS = 6
 OPS_EVERY = 2  # op detail on steps 0, 2, 4
 TASK_PORT = 2222  # each host its own namespace: the same port on every host
 W1_BYTES, W2_BYTES = 32 * 64 * 4, 64 * 1 * 4  # the script's variables, float32
-
-
-def _spans(folder: Path) -> List[Dict[str, Any]]:
-    """Every span of the folder's OTLP-JSON files: name, ids, rank, attributes as written."""
-    out = []
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            for resource_spans in json.loads(line).get("resourceSpans", []) if line else []:
-                resource = attributes_dict(resource_spans["resource"].get("attributes"))
-                for scope_spans in resource_spans.get("scopeSpans", []):
-                    for span in scope_spans.get("spans", []):
-                        out.append(
-                            {
-                                "name": span["name"],
-                                "trace": span["traceId"],
-                                "id": span["spanId"],
-                                "parent": span.get("parentSpanId", ""),
-                                "rank": resource[record.ATTR_RANK],
-                                "attributes": attributes_dict(span.get("attributes")),
-                            }
-                        )
-    return out
 
 
 def test_flag_configured_ps_job_across_hosts_one_trace_per_step_with_transfers(tmp_path):
@@ -96,7 +72,7 @@ def test_flag_configured_ps_job_across_hosts_one_trace_per_step_with_transfers(t
                 p.wait()
     for index, out in enumerate(outputs):
         assert f"worker {index} done steps={STEPS}" in out, out[-3000:]
-    spans = _spans(tmp_path / "spans")
+    spans = file_spans(tmp_path / "spans")
     steps = [
         s
         for s in spans
