@@ -30,8 +30,12 @@ def _run(
     slow_rank: int = 2,
     arrivals_every: int = 0,
     seed: int = 7,
+    tail_ms: float = 0.0,
+    step_ms: float = STEP_MS,
 ) -> List[Verdict]:
-    """Synchronous steps: every rank ends when the last one is ready (an allreduce)."""
+    """Synchronous steps: every rank ends when the last one is ready (an allreduce).
+    ``tail_ms``: each rank also begins late by an exponential delay of that mean (a loaded host
+    descheduling ranks: heavy-tailed lateness in every step)."""
     rng = random.Random(seed)
     verdicts = LiveVerdicts()
     out = []
@@ -40,8 +44,10 @@ def _run(
         starts, waits, ready = {}, {}, {}
         for rank in range(RANKS):
             start = t + int(rng.uniform(0, 0.6) * MS)
+            if tail_ms:
+                start += int(rng.expovariate(1 / tail_ms) * MS)
             wait = int(rng.uniform(0, 0.3) * MS)
-            work = int((STEP_MS + rng.uniform(-1, 1)) * MS)
+            work = int((step_ms + rng.uniform(-1, 1)) * MS)
             if rank == slow_rank:
                 start += int((late_start or {}).get(step, 0) * MS)
                 wait += int((late_input or {}).get(step, 0) * MS)
@@ -98,6 +104,27 @@ def test_a_persistent_slowdown_is_raised_once_and_closed():
     assert len(ended) == 1 and ended[0].rank == 2 and 60 <= ended[0].step <= 60 + SLOW_WINDOW
     assert ended[0].since_step == began[0].since_step
     assert all(c.rank is not None for c in changes), "a slow rank explains the step time"
+
+
+def test_a_slowdown_on_a_noisy_host_is_named_in_its_steps():
+    """A rank 50 ms late in steps 30..54 of 10 ms steps, every rank also late by heavy-tailed
+    noise of 4 ms mean: the slowdown's own first steps must not raise the threshold it is judged
+    by, and a step it stretched is delayed though the usual step already holds the usual worst
+    lateness. The control, same noise, raises nothing."""
+    slowed = range(30, 55)
+    for seed in range(12):
+        verdicts = _run(80, late_start={s: 50.0 for s in slowed}, seed=seed, tail_ms=4, step_ms=10)
+        named = _named(verdicts)
+        hits = [s for s in slowed if s in named and named[s].rank == 2]
+        assert len(hits) >= 0.8 * len(slowed), (seed, sorted(named), verdicts[40].threshold_ns)
+        changes = [c for v in verdicts for c in v.changes]
+        assert [c.rank for c in changes if c.began and c.rank is not None] == [2], changes
+        # a step-time slowdown raised before the rank's explained it: closed, never left open
+        step_time = [c.began for c in changes if c.rank is None]
+        assert step_time in ([], [True, False]), changes
+        control = _run(80, seed=seed, tail_ms=4, step_ms=10)
+        assert not [c for v in control for c in v.changes]
+        assert len(_named(control)) <= 4, sorted(_named(control))
 
 
 def test_the_whole_job_slowing_down_is_a_step_time_slowdown():

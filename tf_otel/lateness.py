@@ -40,6 +40,13 @@ class StragglerNoise:
         """A rank that is late in most steps is measured against its own usual lateness."""
         return self.threshold_ns + self.persistent_ns.get(rank, 0)
 
+    def delayed(self, over_typical_ns: int) -> bool:
+        """Whether a step longer than the typical steady step by ``over_typical_ns`` was delayed
+        beyond the noise. The typical step already holds the usual worst lateness (``center_ns``),
+        so a rank late by L stretches the step by about L - center: that is what must pass the
+        noise beyond the center (a late rank in a step no longer than usual delayed nothing)."""
+        return over_typical_ns > self.threshold_ns - max(0, self.center_ns)
+
     def persistent(self) -> Dict[int, int]:
         """Ranks late in most steps beyond the noise: rank -> median lateness."""
         return dict(self.persistent_ns)

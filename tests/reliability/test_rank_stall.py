@@ -327,6 +327,13 @@ def test_a_persistent_slowdown_of_one_rank_is_raised_once_and_closed(receiver) -
     assert result.returncode == 0, output[-3000:]
     spans = receiver.wait_for(lambda s: len(_roots(s)) >= 80 and _slowdowns(s, record.ENDED), 15)
     began, ended = _slowdowns(spans, record.BEGAN), _slowdowns(spans, record.ENDED)
+    # a step-time slowdown raised a step before the rank's explained it is closed, never left open
+    step_time = [s for s in began + ended if record.ATTR_SLOWDOWN_RANK not in s.attributes]
+    assert len(step_time) in (0, 2), [s.attributes for s in began + ended]
+    began, ended = (
+        [s for s in began if s not in step_time],
+        [s for s in ended if s not in step_time],
+    )
     assert len(began) == 1 and len(ended) == 1, [s.attributes for s in began + ended]
     raised = began[0].attributes
     assert raised[record.ATTR_SLOWDOWN_RANK] == 1, raised
@@ -346,7 +353,18 @@ def test_a_persistent_slowdown_of_one_rank_is_raised_once_and_closed(receiver) -
     roots = _roots(spans)
     named = {n: a.get(record.ATTR_STRAGGLER_RANK) for n, a in roots.items()}
     slowed = range(SLOWDOWN_FROM, SLOWDOWN_TO)
-    assert sum(named[n] == 1 for n in slowed) >= 0.8 * len(slowed), named
+    seen = {
+        n: (
+            roots[n].get(record.ATTR_STRAGGLER_RANK),
+            roots[n].get(record.ATTR_STRAGGLER_LATENESS),
+            roots[n].get(record.ATTR_STRAGGLER_THRESHOLD),
+            roots[n].get(record.ATTR_STRAGGLER_MEASURED),
+        )
+        for n in range(SLOWDOWN_FROM - 5, SLOWDOWN_TO + 5)
+    }
+    assert sum(named[n] == 1 for n in slowed) >= 0.8 * len(slowed), "\n".join(
+        f"step {n}: rank, lateness, threshold, measured = {v}" for n, v in seen.items()
+    )
     for n in slowed:
         if named[n] == 1:
             assert roots[n][record.ATTR_STRAGGLER_CATEGORY] == "before_step", roots[n]

@@ -20,8 +20,8 @@ Usage::
   lateness is taken out first, and it is judged against its own median plus the threshold.
 - Step straggler: the rank whose legs on the path exceed the others' median by the most, named
   only when that excess is above its threshold (and ``min_ns``, ``min_share`` of the step) and,
-  unless the rank is persistently late, the step itself is longer than the median steady step
-  by more than the threshold (a rank late in a step that was not delayed delayed nothing). Its
+  unless the rank is persistently late, the step was delayed beyond the noise
+  (``StragglerNoise.delayed``: a rank late in a step that was not delayed delayed nothing). Its
   excess is capped at the step's duration and its what-if saving (its legs cut to the next
   slowest rank's) at the excess, so the what-if step time stays in
   [0, duration]. The excess is split by category (input, compute / rank step work, before_step,
@@ -170,7 +170,7 @@ def step_straggler(
     value = min(excess[rank], duration)
     if value <= 0 or value <= noise.threshold_for(rank) or value < min_share * duration:
         return None
-    if rank not in noise.persistent_ns and duration - noise.typical_step_ns <= noise.threshold_ns:
+    if rank not in noise.persistent_ns and not noise.delayed(duration - noise.typical_step_ns):
         return None  # the step is no longer than usual: nobody delayed it
     saving = min(path.saving_by_rank().get(rank, 0), value)
     split = excess_split(path, rank)

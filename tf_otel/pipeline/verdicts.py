@@ -18,14 +18,18 @@ inside a synchronous step is not visible (every rank ends together): ``measured`
 
 Noise, as offline: the worst lateness of the key's recent steady steps (WINDOW), median +
 NOISE_SIGMAS robust sigmas; a rank is named when its lateness passes that and the step is
-longer than the recent median step by more than it (a late rank that delayed nothing is not).
+delayed beyond the noise (``StragglerNoise.delayed``: a late rank that delayed nothing is not).
 The first WARMUP_STEPS steps of a key (tracing, compiling) are neither judged nor learned from.
 
 Slowdowns: a rank late beyond the threshold in SLOW_STEPS of the last SLOW_WINDOW judged steps
 began a slowdown at the first of them; it ends once it is within the threshold in SLOW_STEPS of
-the last SLOW_WINDOW. The same for the step time (rank None) against the durations' own noise.
-While a slowdown lasts, its steps stay out of what the noise is learned from. Memory: WINDOW
-steps a key, MAX_KEYS keys, MAX_ARRIVALS steps of arrivals.
+the last SLOW_WINDOW. The same for the step time (rank None) against the durations' own noise;
+a step-time slowdown is closed once a rank's explains it.
+
+A slowdown's steps stay out of what the noise is learned from, its first ones too: the noise is
+learned from the steps at least SLOW_WINDOW old (once there are MIN_JUDGED of them), and a
+slowdown's steps are taken back out when it is raised; else they would raise the threshold it
+is judged by. Memory: WINDOW steps a key, MAX_KEYS keys, MAX_ARRIVALS steps of arrivals.
 """
 
 from __future__ import annotations
@@ -142,8 +146,8 @@ class _Key:
 
     def __init__(self) -> None:
         self.seen = 0
-        self.window: Deque[Dict[int, int]] = deque(maxlen=WINDOW)  # lateness by rank
-        self.durations: Deque[int] = deque(maxlen=WINDOW)
+        self.window: Deque[Tuple[int, Dict[int, int]]] = deque(maxlen=WINDOW)  # step, lateness
+        self.durations: Deque[Tuple[int, int]] = deque(maxlen=WINDOW)  # step, duration
         self.noise = StragglerNoise()
         self.step_noise = (0, 0)  # typical step, threshold over it
         self.since_refresh = REFRESH_EVERY
@@ -214,7 +218,7 @@ class LiveVerdicts:
         rank = min(lateness, key=lambda r: (-lateness[r], r))
         value = min(lateness[rank], duration)
         named = value > noise.threshold_for(rank) and (
-            rank in noise.persistent_ns or duration - typical > noise.threshold_ns
+            rank in noise.persistent_ns or noise.delayed(duration - typical)
         )
         if named:
             verdict.rank, verdict.lateness_ns = rank, value
@@ -225,7 +229,21 @@ class LiveVerdicts:
             limit = noise.threshold_for(r)
             self._slowdown(verdict, state, r, value > limit, value, limit)
         if any(r is not STEP_TIME and s.since is not None for r, s in state.slow.items()):
-            state.slow.pop(STEP_TIME, None)  # a slow rank explains the step time
+            # a slow rank explains the step time: one raised before it is closed here
+            raised = state.slow.pop(STEP_TIME, None)
+            if raised is not None and raised.since is not None:
+                usual = int(statistics.median(raised.values)) if raised.values else 0
+                verdict.changes.append(
+                    Change(
+                        verdict.key,
+                        STEP_TIME,
+                        False,
+                        raised.since,
+                        verdict.step,
+                        usual,
+                        step_threshold,
+                    )
+                )
             return
         over = duration - typical
         self._slowdown(verdict, state, STEP_TIME, over > step_threshold, over, step_threshold)
@@ -260,6 +278,8 @@ class LiveVerdicts:
         if changed is None:
             return
         since = slow.since if changed else began
+        if changed:
+            _forget(state, rank, slow.since or verdict.step)
         typical = int(statistics.median(slow.values)) if slow.values else value
         change = Change(
             verdict.key, rank, changed, since or verdict.step, verdict.step, typical, threshold
@@ -274,14 +294,37 @@ class LiveVerdicts:
         if STEP_TIME in state.slow and state.slow[STEP_TIME].since is not None:
             return
         slowed = {r for r, s in state.slow.items() if s.since is not None}
-        state.window.append({r: v for r, v in verdict.by_rank_ns.items() if r not in slowed})
+        step = verdict.step
+        state.window.append(
+            (step, {r: v for r, v in verdict.by_rank_ns.items() if r not in slowed})
+        )
         if not slowed:  # a slow rank stretches the step too: the usual step is learned without
-            state.durations.append(duration)
+            state.durations.append((step, duration))
         state.since_refresh += 1
         if len(state.window) < WINDOW or state.since_refresh >= REFRESH_EVERY:
             state.since_refresh = 0
-            state.noise = noise_of(list(state.window), self.min_ns)
-            state.step_noise = _step_noise(list(state.durations), self.min_ns)
+            state.noise = noise_of(_settled(state.window, step), self.min_ns)
+            state.step_noise = _step_noise(_settled(state.durations, step), self.min_ns)
+
+
+def _settled(entries: Deque[Tuple[int, Any]], step: int) -> List[Any]:
+    """What the noise is learned from: the steps at least SLOW_WINDOW before ``step``, whose
+    slowdowns would have been raised by now (then taken out by _forget), once there are
+    MIN_JUDGED of them; before that, every step."""
+    settled = [value for at, value in entries if step - at >= SLOW_WINDOW]
+    return settled if len(settled) >= MIN_JUDGED else [value for _, value in entries]
+
+
+def _forget(state: _Key, rank: Optional[int], since: int) -> None:
+    """Take a slowdown's steps from ``since`` on back out of what the noise was learned from:
+    the rank's lateness, and the step durations it stretched (all of them for the step time)."""
+    for step, lateness in state.window:
+        if step >= since and rank is not STEP_TIME:
+            lateness.pop(rank, None)
+    kept = [(step, d) for step, d in state.durations if step < since]
+    if len(kept) >= MIN_JUDGED:  # else keep what there is: a step time needs a usual one
+        state.durations = deque(kept, maxlen=WINDOW)
+    state.since_refresh = REFRESH_EVERY  # learn again at the next step
 
 
 def _step_noise(durations: List[int], min_ns: int) -> Tuple[int, int]:
