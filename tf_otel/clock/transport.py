@@ -44,7 +44,8 @@ MAX_REPORT = 1 << 20
 MAGIC = b"TFOTELC1"
 SERVICE = "clock"
 HANDSHAKE_TIMEOUT_S = 5.0
-MAX_HANDSHAKES = 64  # strangers mid-handshake at once; beyond: refused at once
+MAX_HANDSHAKES = 64  # connections mid-handshake at once; the next wait in the listen backlog
+BACKLOG = 4096  # every rank may connect at once (the kernel caps it at net.core.somaxconn)
 MAX_RANK = 1 << 24
 MAX_REPORTS = 1 << 16
 
@@ -63,13 +64,17 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
 
 
 class TcpServer:
-    """Rank 0's clock service: one daemon thread accepting, one per connected rank."""
+    """Rank 0's clock service: one daemon thread accepting, one per connected rank. At most
+    MAX_HANDSHAKES handshakes run at once (a silent stranger holds one for HANDSHAKE_TIMEOUT_S);
+    the rest wait in the listen backlog rather than be refused: at start-up every rank of the
+    job connects within the same second."""
 
     def __init__(self, host: str, port: int, secret: Optional[job_secret.JobKey] = None) -> None:
         self.host, self.port = host, port
         self.secret = secret or job_secret.job_key()
         self._handshaking = 0
         self._conns_lock = threading.Lock()
+        self._slot_free = threading.Condition(self._conns_lock)
         self.reports: Dict[int, Dict[str, Any]] = {}
         self._reports_changed = threading.Condition()
         self._sock: Optional[socket.socket] = None
@@ -83,7 +88,7 @@ class TcpServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.port))
-            sock.listen(256)
+            sock.listen(BACKLOG)
         except OSError:
             sock.close()
             raise
@@ -95,15 +100,14 @@ class TcpServer:
     def _accept(self) -> None:
         assert self._sock is not None
         while not self._closed:
+            with self._slot_free:  # a rank beyond MAX_HANDSHAKES waits its turn, never refused
+                while self._handshaking >= MAX_HANDSHAKES and not self._closed:
+                    self._slot_free.wait(1.0)
             try:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
             with self._conns_lock:
-                if self._handshaking >= MAX_HANDSHAKES:
-                    _refuse("too many connections at once")
-                    conn.close()
-                    continue
                 self._handshaking += 1
                 self._conns.append(conn)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -147,8 +151,9 @@ class TcpServer:
             try:
                 rank = self._handshake(conn)
             finally:
-                with self._conns_lock:
+                with self._slot_free:
                     self._handshaking -= 1
+                    self._slot_free.notify()
             if rank is None:
                 return
             while True:

@@ -19,6 +19,7 @@ Extension messages (``messages``) go to the ``Handlers`` each side is given: the
 from __future__ import annotations
 
 import queue
+import random
 import socket
 import socketserver
 import threading
@@ -53,6 +54,8 @@ MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
 MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 64  # at once, beyond the job's own ranks: a flood of strangers is refused
+MIN_BACKLOG = 128  # the listen backlog: every rank may connect at once (the kernel caps it)
+RETRY_MAX_DELAY_S = 5.0  # a rank's back-off between tries to reach rank 0 (tries never stop)
 
 
 def _is_int(value: Any) -> TypeIs[int]:
@@ -262,6 +265,8 @@ class StepAggregator:
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            # every rank connects within the same second at start: a backlog of 5 refused most
+            request_queue_size = max(MIN_BACKLOG, aggregator.world_size + MAX_CONNECTIONS)
 
             def handle_error(self, request: Any, client_address: Any) -> None:
                 count("coordinator_conn_error")  # never socketserver's traceback on stderr
@@ -379,7 +384,9 @@ class StepAggregator:
 
     def send(self, rank: int, message: Outgoing) -> bool:
         """Send an extension message to one rank (held until it connects); False if lost."""
-        data = encode(message)
+        return self._send_bytes(rank, encode(message))
+
+    def _send_bytes(self, rank: int, data: bytes) -> bool:
         with self._write_lock:
             writer = self._writers.get(rank)
             if writer is None:
@@ -404,9 +411,10 @@ class StepAggregator:
 
     def broadcast(self, message: Outgoing) -> int:
         """Send to every connected rank; returns how many got it."""
+        data = encode(message)  # once for every rank (a Gather answer goes to each of them)
         with self._write_lock:
             ranks = list(self._writers)
-        return sum(self.send(rank, message) for rank in ranks)
+        return sum(self._send_bytes(rank, data) for rank in ranks)
 
     def connected_ranks(self) -> set:
         with self._write_lock:
@@ -422,8 +430,7 @@ class StepAggregator:
 class CoordinatorClient:
     """A rank's link to rank 0; reports go through a bounded queue, sent by a daemon thread."""
 
-    CONNECT_DEADLINE_S = 60.0
-    MAX_HANDSHAKE_TRIES = 3
+    STILL_TRYING_S = 60.0  # logged once when rank 0 has not answered for this long
 
     def __init__(
         self,
@@ -438,6 +445,7 @@ class CoordinatorClient:
         self.rank = rank
         self.secret = secret or job_secret.job_key()
         self._queue: queue.Queue[Optional[bytes]] = queue.Queue(max_queue)
+        self._closing = threading.Event()  # set by close(): stop trying to connect
         self._thread = threading.Thread(target=self._run, name="tf_otel-coord-client", daemon=True)
         self._thread.start()
 
@@ -454,11 +462,15 @@ class CoordinatorClient:
             count("coordinator_dropped")
 
     def close(self, timeout_s: float) -> None:
+        """Send what is queued and say bye, waiting up to timeout_s (still connecting: it may
+        yet connect within it); then stop trying."""
         try:
             self._queue.put(None, timeout=timeout_s)
         except queue.Full:
+            self._closing.set()
             return
         self._thread.join(timeout_s)
+        self._closing.set()
 
     def _handshake(self, sock: socket.socket) -> Tuple[Any, str]:
         """(the connection's read file, "") once both sides proved the key; (None, why) if not."""
@@ -482,40 +494,44 @@ class CoordinatorClient:
         return rfile, ""
 
     def _connect(self) -> Tuple[Optional[socket.socket], Any]:
+        """Connect and prove the key, trying until it works or the rank closes: at start-up a
+        thousand ranks reach rank 0 at once, and one given up on would be missing from every
+        root. Back-off with jitter up to RETRY_MAX_DELAY_S; reports queue (bounded) meanwhile."""
         delay = 0.05
-        deadline = time.monotonic() + self.CONNECT_DEADLINE_S
-        refusals = 0
-        why = "no answer"
-        while time.monotonic() < deadline and refusals < self.MAX_HANDSHAKE_TRIES:
+        began = time.monotonic()
+        logged = False
+        while not self._closing.is_set():
+            why = "no answer"
             try:
                 address = resolve_address(self.address)  # Horovod multi-host: a lookup
                 sock = socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S)
-            except OSError:  # rank 0 not listening yet
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-                continue
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                rfile, why = self._handshake(sock)
-            except OSError as exc:  # includes the handshake's timeout
-                rfile, why = None, f"no handshake ({exc or type(exc).__name__})"
-            if rfile is not None:
-                sock.settimeout(None)
-                return sock, rfile
-            sock.close()
-            refusals += 1
-            count("coordinator_handshake_failed")
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-        log_once(
-            "coordinator_connect",
-            "tf_otel: cannot reach rank 0's coordinator at %s:%s (%s); this rank's spans may fall "
-            "outside their step root. Set TF_OTEL_COORDINATOR=host:port of rank 0 and the same "
-            "TF_OTEL_JOB_SECRET on every rank",
-            self.address[0],
-            self.address[1],
-            why,
-        )
+            except OSError as exc:  # rank 0 not listening yet, or its backlog is full
+                sock, why = None, f"no connection ({exc or type(exc).__name__})"
+            if sock is not None:
+                try:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    rfile, why = self._handshake(sock)
+                except OSError as exc:  # includes the handshake's timeout
+                    rfile, why = None, f"no handshake ({exc or type(exc).__name__})"
+                if rfile is not None:
+                    sock.settimeout(None)
+                    return sock, rfile
+                sock.close()
+                count("coordinator_handshake_failed")
+            if not logged and time.monotonic() - began > self.STILL_TRYING_S:
+                logged = True
+                log_once(
+                    "coordinator_connect",
+                    "tf_otel: cannot reach rank 0's coordinator at %s:%s (%s); still trying. "
+                    "Until it answers, this rank's spans may fall outside their step root. Set "
+                    "TF_OTEL_COORDINATOR=host:port of rank 0 and the same TF_OTEL_JOB_SECRET on "
+                    "every rank",
+                    self.address[0],
+                    self.address[1],
+                    why,
+                )
+            self._closing.wait(delay * random.uniform(0.5, 1.0))  # jitter: ranks spread out
+            delay = min(delay * 2, RETRY_MAX_DELAY_S)
         return None, None
 
     def _read(self, rfile: Any) -> None:
