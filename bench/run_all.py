@@ -24,6 +24,7 @@ SCRIPTS = {
     "ops": ["bench_ops.py"],
     "clock": ["bench_clock.py"],
     "analysis": ["bench_analysis.py"],
+    "rank0": ["bench_rank0.py", "--out", str(BENCH.parent / "docs" / "BENCHMARKS_rank0.md")],
 }
 
 

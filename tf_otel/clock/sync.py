@@ -7,6 +7,11 @@ with ``tf_otel.clock.set_model``. Rounds come quickly at first (0.01, 0.02, 0.04
 drift is known within seconds) and then every ``Settings.clock_interval_s``. An unreachable rank 0
 is retried with backoff in the background, logged once; the identity model stays in force.
 
+With ``share_host`` (the pipeline's, over TCP, several ranks a host) one rank of each host leads
+and runs the rounds; the others read its model (clock/host_share.py), since they read the same
+clock. Rank 0 leads its own host with the identity. A thousand ranks on 128 hosts thus run 127
+ranks' rounds against rank 0, not 1,023.
+
 Usage::
 
     sync = start_sync(topology, settings)   # on every rank; None for a world of one
@@ -18,14 +23,16 @@ from __future__ import annotations
 
 import atexit
 import collections
+import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from tf_otel import clock
-from tf_otel.clock import estimate
+from tf_otel.clock import estimate, testclock
 from tf_otel.clock.estimate import Fit, RoundStats, Sample
+from tf_otel.clock.host_share import HostShare
 from tf_otel.clock.transport import (
     MpiClient,
     MpiServer,
@@ -43,6 +50,8 @@ QUIET_START_S = 3.0  # connection failures this soon after start-up are not logg
 # ~0.3 s), at most SETTLE_MAX_S after start; rank 0's first roots wait as long for its ranks
 SETTLED_ROUNDS = 6
 SETTLE_MAX_S = 15.0
+FOLLOW_EARLY_S = 0.2  # a host follower reads the leader's model this often until settled ...
+FOLLOW_S = 5.0  # ... then this often (the leader's rounds are a clock interval apart)
 
 
 @dataclass
@@ -87,6 +96,7 @@ class ClockSync:
         final_timeout_s: float = 0.5,
         transport: str = "auto",
         publish: bool = True,
+        share_host: bool = False,
     ) -> None:
         self.exchanges = exchanges
         self.window_rounds = window_rounds
@@ -96,6 +106,8 @@ class ClockSync:
         self.final_timeout_s = final_timeout_s
         self.transport = transport  # auto | tcp | mpi
         self.publish = publish
+        self.share_host = share_host  # one leader per host runs the rounds (host_share.py)
+        self.share: Optional[HostShare] = None
         self.stats = SyncStats()
         self.fit: Optional[Fit] = None
         self.model: clock.ClockModel = clock.IDENTITY
@@ -158,6 +170,7 @@ class ClockSync:
                     return False
             else:
                 self._client = TcpClient(self.address[0], self.address[1], topology.rank)
+            self.share = self._host_share(topology)
         if self.transport_used == "mpi":
             atexit.register(self.stop)  # before mpi4py's own finalize (atexit runs LIFO)
         if topology.rank != 0:
@@ -166,6 +179,17 @@ class ClockSync:
             )
             self._thread.start()
         return True
+
+    def _host_share(self, topology: Topology) -> Optional[HostShare]:
+        """The host's shared model where ranks share the host's clock (never under the test
+        clock, which gives each rank a clock of its own); rank 0 leads its own host at once,
+        its model the identity."""
+        if not self.share_host or topology.local_size <= 1 or os.environ.get(testclock.ENV):
+            return None
+        share = HostShare.for_job(topology.job_id, topology.host)
+        if share is not None and topology.rank == 0 and share.claim():
+            share.publish(clock.IDENTITY, SETTLED_ROUNDS)  # exact: nothing to settle
+        return share
 
     def resync_now(self, wait_s: Optional[float] = None) -> bool:
         """Ask for a round now. With ``wait_s`` (never on the training thread) wait for it."""
@@ -199,6 +223,8 @@ class ClockSync:
             self.server.close()
         if self._client is not None:
             self._client.close()
+        if self.share is not None:
+            self.share.release()  # another rank of the host takes over, if any still runs
 
     # -- the measuring thread ------------------------------------------------------------------
 
@@ -210,9 +236,19 @@ class ClockSync:
             self._wake.wait(delay)
             self._wake.clear()
             final = self._stopping.is_set()
+            share = self.share
+            if share is not None and not share.claim():  # another rank of this host leads
+                if final:
+                    return
+                with fail_open("clock.follow"):
+                    self._follow(share)
+                delay = FOLLOW_EARLY_S if self.stats.rounds < SETTLED_ROUNDS else FOLLOW_S
+                continue
             ok = False
             with fail_open("clock.round"):
                 ok = self._round(final)
+                if ok and share is not None:
+                    share.publish(self.model, self.stats.rounds)
             if final:
                 return
             if ok:
@@ -222,6 +258,22 @@ class ClockSync:
             else:
                 delay = min(backoff, 5.0, self._interval_s)
                 backoff *= 2
+
+    def _follow(self, share: HostShare) -> None:
+        """Take the host leader's model (and its rounds, for wait_rounds) when it has a new one."""
+        got = share.read()
+        if got is None:
+            return
+        model, rounds = got
+        with self._round_done:
+            if model == self.model and rounds == self.stats.rounds:
+                return
+            self.model = model
+            if self.publish:
+                clock.set_model(model)
+            self.stats.rounds = rounds
+            self._round_done.notify_all()
+        count("clock.host_model")
 
     def _round(self, final: bool = False) -> bool:
         client = self._client

@@ -126,7 +126,7 @@ def start_services(
     with fail_open("clock.start"):
         from tf_otel.clock import sync
 
-        services.clock_sync = sync.start_sync(topology, settings)
+        services.clock_sync = sync.start_sync(topology, settings, share_host=True)
         services.clock_deadline = time.monotonic() + SETTLE_MAX_S
     return services
 

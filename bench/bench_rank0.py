@@ -1,0 +1,305 @@
+"""Rank 0's services under many simulated ranks: CPU, connection set-up, root completeness.
+
+No TensorFlow. Rank 0 is one process running the product's own services (``StepAggregator``
+for step extents, ``ClockSync``'s TCP clock server); the other ranks are threads in a few
+processes, each with the product's own ``CoordinatorClient`` and ``ClockSync`` client over real
+TCP with the HMAC handshake. Every rank reports each step's extent at STEPS_PER_S (the same
+steps at the same wall times on every rank, as a synchronous job does).
+
+Usage::
+
+    python bench/bench_rank0.py                       # 64, 256, 1024 ranks, 40 s each
+    python bench/bench_rank0.py --ranks 256 --seconds 30 --out /tmp/rank0.md
+
+    import bench_rank0; result = bench_rank0.measure(256, seconds=20)
+    result["connected_s"], result["complete_steady"], result["cores"]
+
+What rank 0 measures (its own process): CPU in all, and over the run's second half (after the
+clients' quick first clock rounds) in cores and in microseconds per rank-step; the time until every rank's coordinator
+connection was accepted and until every clock client connected; roots complete (every rank's
+extent in them) among the steady steps (after the first LEARN steps and once every rank was
+connected). Not simulated: Horovod collective detail (the per-step arrival answers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+STEPS_PER_S = 2.0
+RANKS_PER_PROCESS = 128
+KEY = "bench_step"
+SECRET = "bench-rank0-secret-0123456789abcdef"
+PER_HOST = 8  # ranks a simulated host: one of them syncs the host's clock with rank 0
+
+
+def _env(port: int) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_OTEL_", "OTEL_"))}
+    env.update(
+        TF_OTEL_JOB_SECRET=SECRET,
+        TF_OTEL_COORDINATOR=f"127.0.0.1:{port}",
+        PYTHONPATH=str(REPO),
+    )
+    return env
+
+
+def _topology(rank: int, world: int, per_host: int, port: int) -> Any:
+    """Rank ``rank`` on simulated host ``rank // per_host`` (rank 0's host is host 0)."""
+    from tf_otel.job.topology import Topology
+
+    return Topology(
+        rank=rank,
+        world_size=world,
+        local_rank=rank % per_host,
+        local_size=per_host,
+        host=f"sim-host-{rank // per_host}",
+        job_id=f"bench-rank0-{port}",  # the same in every process of one run
+    )
+
+
+def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int) -> None:
+    """Rank 0's process: serve until the ranks stop, then print what it measured (JSON)."""
+    from tf_otel import health
+    from tf_otel.clock.sync import ClockSync
+    from tf_otel.config import Settings
+    from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
+
+    roots: Dict[int, Tuple[int, bool]] = {}
+    lock = threading.Lock()
+
+    def emit_root(key: str, step: int, start: int, end: int, n: int, partial: Any, _e: Any) -> None:
+        with lock:
+            roots[step] = (n, partial is None)
+
+    wait_s = Settings().root_wait_ms / 1000  # the default
+    aggregator = StepAggregator(world, wait_s, emit_root)
+    if not aggregator.serve(("127.0.0.1", port)):
+        raise SystemExit("rank 0: cannot listen")
+    sync = ClockSync(publish=False, share_host=True)
+    sync.start(_topology(0, world, per_host, port), _settings(port))
+    threading.Thread(target=_own_steps, args=(aggregator, seconds, t0), daemon=True).start()
+    print("ready", flush=True)
+    connected_at: Optional[float] = None
+    clock_at: Optional[float] = None
+    connected = 0
+    leaders = (world - 1) // per_host  # one a host but rank 0's: they sync the hosts' clocks
+    cpu_start = time.process_time()
+    half = t0 + seconds / 2  # the clients' first clock rounds come quickly: CPU after them
+    cpu_from: Optional[float] = None
+    wall_from = 0.0
+    while time.time() < t0 + seconds - 1:
+        time.sleep(0.05)
+        now = time.time()
+        connected = max(connected, len(aggregator.connected_ranks()))
+        if connected_at is None and connected >= world - 1:
+            connected_at = now
+        if clock_at is None and sync.server is not None and len(sync.server._conns) >= leaders:
+            clock_at = now
+        if cpu_from is None and now >= half:
+            cpu_from, wall_from = time.process_time(), time.monotonic()
+    cpu_all = time.process_time() - cpu_start
+    cpu = time.process_time() - cpu_from if cpu_from is not None else None
+    wall = time.monotonic() - wall_from if cpu_from is not None else None
+    aggregator.flush(wait_s + 2)
+    first_steady = None
+    if connected_at is not None:
+        first_steady = max(LEARN_STEPS, int((connected_at - t0) * STEPS_PER_S) + 2)
+    with lock:
+        steady = {s: v for s, v in roots.items() if first_steady is not None and s >= first_steady}
+        last = int(seconds * STEPS_PER_S) - 2  # the last steps may end after the ranks stop
+        steady = {s: v for s, v in steady.items() if s < last}
+        result = {
+            "ranks": world,
+            "seconds": seconds,
+            "connected": connected + 1,
+            "connected_s": None if connected_at is None else round(connected_at - t0, 2),
+            "clock_leaders": leaders,
+            "clock_connected_s": None if clock_at is None else round(clock_at - t0, 2),
+            "roots": len(roots),
+            "steady_steps": len(steady),
+            "complete_steady": sum(1 for _, whole in steady.values() if whole),
+            "cpu_s": round(cpu_all, 2),
+            "refused": health.counters["coordinator_refused"] + health.counters["clock_refused"],
+            "cores": None if cpu is None or not wall else round(cpu / wall, 4),
+            "us_per_rank_step": (
+                None
+                if cpu is None or not wall
+                else round(cpu * 1e6 / (wall * STEPS_PER_S * world), 1)
+            ),
+        }
+    print("RESULT " + json.dumps(result), flush=True)
+    sync.stop(0.5)
+    aggregator.close()
+
+
+def _own_steps(aggregator: Any, seconds: float, t0: float) -> None:
+    """Rank 0's own steps: its extent goes straight to its aggregator, as in a job."""
+    for step in range(int(seconds * STEPS_PER_S)):
+        time.sleep(max(0.0, t0 + step / STEPS_PER_S - time.time()))
+        start = time.time_ns()
+        aggregator.add(0, KEY, step, start, start + 200_000_000)
+
+
+def _settings(port: int) -> Any:
+    from tf_otel.config import Settings
+
+    return Settings(coordinator=("127.0.0.1", port))
+
+
+def _ranks(
+    first: int, last: int, world: int, seconds: float, port: int, t0: float, per_host: int
+) -> None:
+    """Simulated ranks first..last-1: their clients connect, then report every step."""
+    from tf_otel import health
+    from tf_otel.clock.sync import ClockSync
+    from tf_otel.pipeline.coordinator import CoordinatorClient
+
+    clients, syncs = [], []
+    for rank in range(first, last):
+        clients.append(CoordinatorClient(("127.0.0.1", port), rank))
+        sync = ClockSync(publish=False, share_host=True)
+        sync.start(_topology(rank, world, per_host, port), _settings(port))
+        syncs.append(sync)
+    steps = int(seconds * STEPS_PER_S)
+    for step in range(steps):
+        begin = t0 + step / STEPS_PER_S
+        time.sleep(max(0.0, begin - time.time()))
+        start = time.time_ns()
+        end = start + 200_000_000
+        for client in clients:
+            client.report(KEY, step, start, end)
+    closing = [threading.Thread(target=c.close, args=(2.0,)) for c in clients]
+    closing += [threading.Thread(target=s.stop, args=(0.5,)) for s in syncs]
+    for thread in closing:  # at once: one after another, a thousand ranks take minutes
+        thread.start()
+    for thread in closing:
+        thread.join()
+    failed = health.counters["coordinator_handshake_failed"]
+    print(json.dumps({"ranks": [first, last], "handshakes_failed": failed}), flush=True)
+
+
+def measure(
+    world: int,
+    seconds: float = 40.0,
+    per_host: int = PER_HOST,
+    per_process: int = RANKS_PER_PROCESS,
+) -> Dict:
+    """One run at ``world`` ranks; rank 0's result (see the module docstring)."""
+    import harness  # bench/ is on sys.path: run as a script, or put there by the caller
+
+    port = harness.free_port_pair()
+    env = _env(port)
+    t0 = time.time() + 3.0  # every process starts its clock of steps at the same wall time
+    me = [sys.executable, str(Path(__file__).resolve())]
+    args = [str(world), str(seconds), str(port), repr(t0), str(per_host)]
+    rank0 = subprocess.Popen(
+        [*me, "--rank0", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert rank0.stdout is not None
+    if rank0.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"rank 0 did not start: {rank0.communicate()[1][-2000:]}")
+    parts: List[subprocess.Popen] = []
+    for first in range(1, world, per_process):
+        last = min(world, first + per_process)
+        parts.append(
+            subprocess.Popen(
+                [*me, "--part", str(first), str(last), *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        )
+    out, err = rank0.communicate(timeout=seconds + 120)
+    failed = 0
+    for part in parts:
+        try:
+            said = part.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            part.kill()
+            said = part.communicate()[0]
+        for line in said.splitlines():
+            if line.startswith("{"):
+                failed += json.loads(line).get("handshakes_failed", 0)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"rank 0 printed no result: {err[-2000:]}")
+    result = json.loads(lines[-1][len("RESULT ") :])
+    result["handshakes_failed"] = failed  # on the ranks' side: each was tried again
+    return result
+
+
+def _table(results: List[Dict]) -> str:
+    rows = [
+        "| ranks | every rank connected after | host clock leaders connected after "
+        "| steady roots complete "
+        "| rank-0 CPU, cores (second half) | µs per rank-step | rank-0 CPU in all |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        rows.append(
+            f"| {r['ranks']} | {r['connected_s']} s ({r['connected']} of {r['ranks']}) "
+            f"| {r['clock_connected_s']} s ({r['clock_leaders']}) "
+            f"| {r['complete_steady']} of {r['steady_steps']} "
+            f"| {r['cores']} | {r['us_per_rank_step']} | {r['cpu_s']} s |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("--rank0", "--part"):
+        if sys.argv[1] == "--rank0":
+            world, seconds, port, t0, per_host = sys.argv[2:7]
+            _rank0(int(world), float(seconds), int(port), float(t0), int(per_host))
+        else:
+            first, last, world, seconds, port, t0, per_host = sys.argv[2:9]
+            _ranks(
+                int(first),
+                int(last),
+                int(world),
+                float(seconds),
+                int(port),
+                float(t0),
+                int(per_host),
+            )
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", default="64,256,1024", help="comma-separated rank counts")
+    parser.add_argument("--seconds", type=float, default=40.0, help="each run's length")
+    parser.add_argument("--per-host", type=int, default=PER_HOST, help="ranks a host")
+    parser.add_argument("--out", help="write the table (markdown) here too")
+    options = parser.parse_args()
+    results = []
+    for world in (int(n) for n in options.ranks.split(",")):
+        print(f"{world} ranks, {options.seconds:.0f} s ...", file=sys.stderr, flush=True)
+        results.append(measure(world, options.seconds, options.per_host))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    table = _table(results)
+    print(table)
+    if options.out:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        load = os.getloadavg()[0]
+        Path(options.out).write_text(
+            f"# Rank 0 under many simulated ranks (issue 26)\n\n"
+            f"`python bench/bench_rank0.py --ranks {options.ranks} --seconds "
+            f"{options.seconds:.0f} --per-host {options.per_host}`, {when}, load average "
+            f"{load:.1f} at the end, on 2 cores shared by rank 0 and every simulated rank.\n\n"
+            + (__doc__ or "").split("\n\n", 1)[1].split("Usage::")[0]
+            + table
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
