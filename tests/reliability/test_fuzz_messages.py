@@ -83,7 +83,7 @@ def live_coordinator():
     roots: list = []
     aggregator = coordinator.StepAggregator(3, 0.2, lambda *args: roots.append(args))
     assert aggregator.serve(("127.0.0.1", 0))
-    address = aggregator._server.server_address  # the port the OS gave
+    address = aggregator.address  # the port the OS gave
     with Errors() as errors:
         yield aggregator, address, roots, errors
     aggregator.close()

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import atexit
 import collections
-import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from tf_otel import clock
-from tf_otel.clock import estimate, testclock
+from tf_otel.clock import estimate
 from tf_otel.clock.estimate import Fit, RoundStats, Sample
 from tf_otel.clock.host_share import HostShare
 from tf_otel.clock.transport import (
@@ -170,7 +169,7 @@ class ClockSync:
                     return False
             else:
                 self._client = TcpClient(self.address[0], self.address[1], topology.rank)
-            self.share = self._host_share(topology)
+            self.share = self._host_share(topology, settings)
         if self.transport_used == "mpi":
             atexit.register(self.stop)  # before mpi4py's own finalize (atexit runs LIFO)
         if topology.rank != 0:
@@ -180,11 +179,11 @@ class ClockSync:
             self._thread.start()
         return True
 
-    def _host_share(self, topology: Topology) -> Optional[HostShare]:
+    def _host_share(self, topology: Topology, settings: Settings) -> Optional[HostShare]:
         """The host's shared model where ranks share the host's clock (never under the test
         clock, which gives each rank a clock of its own); rank 0 leads its own host at once,
         its model the identity."""
-        if not self.share_host or topology.local_size <= 1 or os.environ.get(testclock.ENV):
+        if not self.share_host or topology.local_size <= 1 or settings.test_clock:
             return None
         share = HostShare.for_job(topology.job_id, topology.host)
         if share is not None and topology.rank == 0 and share.claim():

@@ -2,6 +2,9 @@
 emits the step's root span once every rank has reported, so the root covers all ranks.
 
 Newline-delimited JSON over one TCP connection per rank; never touched by the training thread.
+Rank 0 serves every connection from one thread running an asyncio event loop (no thread per
+connection: at a thousand ranks, thread starts made the accept loop the bottleneck of start-up);
+extents and extension messages are handled on it, messages to ranks are queued onto it.
 Every connection starts with a mutual HMAC handshake over the per-job key (job_secret.py):
 rank 0 accepts only ranks that hold the key, a rank accepts messages only from a rank 0 that
 does. Anything else is refused and counted (``coordinator_refused``); every buffer is bounded.
@@ -18,10 +21,10 @@ Extension messages (``messages``) go to the ``Handlers`` each side is given: the
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import random
 import socket
-import socketserver
 import threading
 import time
 from collections import OrderedDict
@@ -51,6 +54,7 @@ MAX_EMITTED_STEPS = 8192
 LEARN_STEPS = 3
 SERVICE = "coordinator"
 MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
+MAX_UNSENT_BYTES = 64 << 20  # to a rank that does not read: beyond, messages are dropped
 MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 64  # at once, beyond the job's own ranks: a flood of strangers is refused
@@ -133,9 +137,11 @@ class StepAggregator:
         self.emit_root = emit_root
         self._pending: OrderedDict[Tuple[str, int], _Pending] = OrderedDict()
         self._lock = threading.Lock()
-        self._server: Optional[socketserver.ThreadingTCPServer] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._server: Optional[asyncio.base_events.Server] = None
+        self.address: Optional[Tuple[str, int]] = None  # where serve() listens
         self._finished: set = set()  # ranks that said bye or dropped their connection
-        self._writers: Dict[int, Any] = {}  # rank -> its connection's write file
+        self._writers: Dict[int, asyncio.StreamWriter] = {}  # rank -> its connection
         self._held: Dict[int, list] = {}  # rank -> messages sent before it connected (bounded)
         self._held_bytes: Dict[int, int] = {}
         self._connections = 0
@@ -239,41 +245,24 @@ class StepAggregator:
                 self._emit(key_step, entry)
 
     def serve(self, address: Tuple[str, int]) -> bool:
-        aggregator = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                if not aggregator._admit():
-                    _refuse(self.client_address, "too many connections at once")
-                    return
-                try:
-                    aggregator._handle(self.connection, self.rfile, self.wfile, self.client_address)
-                except OSError as exc:  # a rank died or its host went away
-                    log_once(
-                        "coordinator_conn_lost",
-                        "tf_otel: lost a coordinator connection from %s (%s); roots of the steps "
-                        "it was in are marked partial",
-                        self.client_address,
-                        exc,
-                    )
-                except Exception as exc:  # noqa: BLE001 - a stranger's bytes must not raise
-                    count("coordinator_conn_error")
-                    log_once("coordinator_conn", "tf_otel: coordinator connection ended (%s)", exc)
-                finally:
-                    aggregator._release()
-
-        class Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-            # every rank connects within the same second at start: a backlog of 5 refused most
-            request_queue_size = max(MIN_BACKLOG, aggregator.world_size + MAX_CONNECTIONS)
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                count("coordinator_conn_error")  # never socketserver's traceback on stderr
-
+        """Listen on ``address`` (port 0: any; ``self.address`` says which) from one thread
+        running an event loop: no thread per connection, so a thousand ranks connecting at once
+        cost no thread start each, and nothing waits behind a slow peer."""
+        loop = asyncio.new_event_loop()
+        backlog = max(MIN_BACKLOG, self.world_size + MAX_CONNECTIONS)  # every rank at once
         try:
-            self._server = Server(address, Handler)
+            server = loop.run_until_complete(
+                asyncio.start_server(
+                    self._connection,
+                    address[0],
+                    address[1],
+                    backlog=backlog,
+                    limit=MAX_LINE,
+                    reuse_address=True,
+                )
+            )
         except OSError as exc:
+            loop.close()
             log_once(
                 "coordinator_bind",
                 "tf_otel: cannot listen on %s:%s (%s); step roots will cover rank 0 only. "
@@ -283,9 +272,12 @@ class StepAggregator:
                 exc,
             )
             return False
+        loop.set_exception_handler(_loop_error)
+        self._loop, self._server = loop, server
+        self.address = server.sockets[0].getsockname()[:2]
         job_secret.warn_if_weak(self.secret, address[0], "coordinator")
         threading.Thread(
-            target=self._server.serve_forever, name="tf_otel-coordinator", daemon=True
+            target=_run_loop, args=(loop,), name="tf_otel-coordinator", daemon=True
         ).start()
         return True
 
@@ -300,16 +292,51 @@ class StepAggregator:
         with self._lock:
             self._connections -= 1
 
-    def _handshake(self, conn: socket.socket, rfile: Any, wfile: Any, peer: Any) -> Optional[int]:
-        """The rank of an authenticated peer (rank 0's proof sent back), or None: refused."""
-        conn.settimeout(HANDSHAKE_TIMEOUT_S)  # a silent stranger does not keep a thread
-        server_nonce = job_secret.nonce()
-        wfile.write(encode({"t": messages.CHALLENGE, "n": server_nonce.hex()}))
-        wfile.flush()
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if not self._admit():
+            _refuse(peer, "too many connections at once")
+            writer.close()
+            return
+        rank: Optional[int] = None
         try:
-            line = rfile.readline(MAX_LINE)
-        except OSError:
+            rank = await self._handshake(reader, writer, peer)
+            if rank is not None:
+                await self._serve_rank(rank, reader)
+        except OSError as exc:  # a rank died or its host went away
+            log_once(
+                "coordinator_conn_lost",
+                "tf_otel: lost a coordinator connection from %s (%s); roots of the steps "
+                "it was in are marked partial",
+                peer,
+                exc,
+            )
+        except Exception as exc:  # noqa: BLE001 - a stranger's bytes must not raise
+            count("coordinator_conn_error")
+            log_once("coordinator_conn", "tf_otel: coordinator connection ended (%s)", exc)
+        finally:
+            if rank is not None:
+                with self._write_lock:
+                    if self._writers.get(rank) is writer:
+                        self._writers.pop(rank, None)
+                with self._lock:
+                    self._finished.add(rank)
+            self._release()
+            writer.close()
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Any
+    ) -> Optional[int]:
+        """The rank of an authenticated peer (rank 0's proof sent back), or None: refused."""
+        server_nonce = job_secret.nonce()
+        writer.write(encode({"t": messages.CHALLENGE, "n": server_nonce.hex()}))
+        try:  # a silent stranger does not keep a seat
+            line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
+        except (asyncio.TimeoutError, OSError):
             _refuse(peer, "no hello in time")
+            return None
+        except ValueError:  # longer than MAX_LINE
+            _refuse(peer, "no hello: a line too long")
             return None
         try:
             message = decode(line)
@@ -333,54 +360,39 @@ class StepAggregator:
         ):
             _refuse(peer, f"wrong credentials for rank {rank}")
             return None
-        conn.settimeout(None)
-        welcome: Dict[str, Any] = {
-            "t": messages.WELCOME,
-            "mac": job_secret.server_mac(key, SERVICE, client_nonce, rank),
-        }
-        welcome["mac"] = welcome["mac"].hex()
-        with self._write_lock:
-            self._writers[rank] = wfile
-            wfile.write(encode(welcome))
+        proof = job_secret.server_mac(key, SERVICE, client_nonce, rank).hex()
+        with self._write_lock:  # the welcome, then what was held for it, then live messages
+            writer.write(encode({"t": messages.WELCOME, "mac": proof}))
             for data in self._held.pop(rank, ()):
-                wfile.write(data)
+                writer.write(data)
             self._held_bytes.pop(rank, None)
-            wfile.flush()
+            self._writers[rank] = writer
         return rank
 
-    def _handle(self, conn: socket.socket, rfile: Any, wfile: Any, peer: Any) -> None:
-        rank = self._handshake(conn, rfile, wfile, peer)
-        if rank is None:
-            return
-        try:
-            while True:
-                line = rfile.readline(MAX_LINE)
-                if not line:
-                    break
-                if not line.endswith(b"\n"):
-                    if len(line) >= MAX_LINE:  # a rank never sends this: the stream is broken
-                        count("coordinator_bad_message")
-                        break
-                    continue  # the last, unterminated line of a connection that ends
-                message = _decoded(line)
-                if message is None:
-                    continue
-                kind = message["t"]
-                if kind == messages.EXTENT:  # checked by decode: ints, 0 <= a <= b, short key
-                    wait = message.get("w")
-                    self.add(rank, message["k"], message["s"], message["a"], message["b"], wait)
-                elif kind == messages.BYE:
-                    break
-                elif kind in messages.COORDINATOR_TYPES:
-                    count("coordinator_bad_message")
-                else:
-                    self.handlers.at_reference(rank, message)
-        finally:
-            with self._write_lock:
-                if self._writers.get(rank) is wfile:
-                    self._writers.pop(rank, None)
-            with self._lock:
-                self._finished.add(rank)
+    async def _serve_rank(self, rank: int, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:  # longer than MAX_LINE: a rank never sends this, the stream broke
+                count("coordinator_bad_message")
+                return
+            if not line:
+                return
+            if not line.endswith(b"\n"):
+                continue  # the last, unterminated line of a connection that ends
+            message = _decoded(line)
+            if message is None:
+                continue
+            kind = message["t"]
+            if kind == messages.EXTENT:  # checked by decode: ints, 0 <= a <= b, short key
+                wait = message.get("w")
+                self.add(rank, message["k"], message["s"], message["a"], message["b"], wait)
+            elif kind == messages.BYE:
+                return
+            elif kind in messages.COORDINATOR_TYPES:
+                count("coordinator_bad_message")
+            else:
+                self.handlers.at_reference(rank, message)
 
     def send(self, rank: int, message: Outgoing) -> bool:
         """Send an extension message to one rank (held until it connects); False if lost."""
@@ -401,13 +413,18 @@ class StepAggregator:
                 held.append(data)
                 self._held_bytes[rank] = size
                 return True
-            try:
-                writer.write(data)
-                writer.flush()
-                return True
-            except OSError:
+            if writer.transport.is_closing():
                 self._writers.pop(rank, None)
                 return False
+            if writer.transport.get_write_buffer_size() + len(data) > MAX_UNSENT_BYTES:
+                count("coordinator_send_dropped")  # the rank does not read: never unbounded
+                return False
+        assert self._loop is not None  # a writer exists only once the loop serves
+        try:
+            self._loop.call_soon_threadsafe(_write, writer, data)
+        except RuntimeError:  # the loop is closed: the aggregator is closing
+            return False
+        return True
 
     def broadcast(self, message: Outgoing) -> int:
         """Send to every connected rank; returns how many got it."""
@@ -422,9 +439,53 @@ class StepAggregator:
 
     def close(self) -> None:
         self._stop.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        loop, server = self._loop, self._server
+        if loop is None or server is None:
+            return
+        with self._write_lock:
+            writers = list(self._writers.values())
+
+        def shut() -> None:
+            server.close()
+            for writer in writers:
+                writer.close()
+            loop.stop()
+
+        try:
+            loop.call_soon_threadsafe(shut)
+        except RuntimeError:  # already closed
+            pass
+
+
+def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """On the loop: queue bytes for a rank (its transport sends them as the socket allows)."""
+    if not writer.transport.is_closing():
+        writer.write(data)
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The coordinator's thread: serve until close(), then end the connections' tasks."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.close()
+
+
+def _loop_error(loop: asyncio.AbstractEventLoop, context: Dict[str, Any]) -> None:
+    """What escapes a connection's task or a callback: counted and logged once, never raised
+    (asyncio's default prints a traceback on stderr)."""
+    count("coordinator_conn_error")
+    log_once(
+        "coordinator_loop",
+        "tf_otel: coordinator event loop error (%s)",
+        context.get("exception") or context.get("message"),
+    )
 
 
 class CoordinatorClient:
