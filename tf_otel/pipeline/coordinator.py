@@ -3,8 +3,9 @@ emits the step's root span once every rank has reported, so the root covers all 
 
 Newline-delimited JSON over one TCP connection per rank; never touched by the training thread.
 Rank 0 serves every connection from one thread running an asyncio event loop (no thread per
-connection: at a thousand ranks, thread starts made the accept loop the bottleneck of start-up);
-extents and extension messages are handled on it, messages to ranks are queued onto it.
+connection: at a thousand ranks, py-spy found hundreds of connection threads queued on the
+aggregator's lock); extents and extension messages are handled on it, messages to ranks are
+queued onto it.
 Every connection starts with a mutual HMAC handshake over the per-job key (job_secret.py):
 rank 0 accepts only ranks that hold the key, a rank accepts messages only from a rank 0 that
 does. Anything else is refused and counted (``coordinator_refused``); every buffer is bounded.
@@ -247,7 +248,7 @@ class StepAggregator:
     def serve(self, address: Tuple[str, int]) -> bool:
         """Listen on ``address`` (port 0: any; ``self.address`` says which) from one thread
         running an event loop: no thread per connection, so a thousand ranks connecting at once
-        cost no thread start each, and nothing waits behind a slow peer."""
+        cost no thread each, and nothing waits behind a slow peer."""
         loop = asyncio.new_event_loop()
         backlog = max(MIN_BACKLOG, self.world_size + MAX_CONNECTIONS)  # every rank at once
         try:
