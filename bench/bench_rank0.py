@@ -163,7 +163,7 @@ def _ranks(
     """Simulated ranks first..last-1: their clients connect, then report every step."""
     from tf_otel import health
     from tf_otel.clock.sync import ClockSync
-    from tf_otel.pipeline.coordinator import CoordinatorClient
+    from tf_otel.pipeline.coordinator_client import CoordinatorClient
 
     clients, syncs = [], []
     for rank in range(first, last):

@@ -21,7 +21,7 @@ from tf_otel.health import counters
 from tf_otel.instrument.horovod import timeline
 from tf_otel.instrument.ops import hook as ops_hook
 from tf_otel.job import job_secret
-from tf_otel.pipeline import coordinator, messages
+from tf_otel.pipeline import coordinator, coordinator_client, messages
 from tf_otel.sources import horovod_timeline as tl
 
 from .channel_peers import clock_login, coordinator_login, send_and_drain, wait_until
@@ -106,7 +106,7 @@ def _good_rank_is_served(aggregator, address, roots) -> None:
     """A real CoordinatorClient (rank 1) logs in and its message reaches rank 0's handler."""
     got: list = []
     aggregator.handlers.on_reference("test.ping", lambda rank, message: got.append(rank))
-    client = coordinator.CoordinatorClient(address, 1)
+    client = coordinator_client.CoordinatorClient(address, 1)
     try:
         client.send({"t": "test.ping"})
         assert wait_until(lambda: got == [1]), "a good rank is still served"

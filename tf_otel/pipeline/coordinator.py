@@ -15,7 +15,7 @@ Usage (done by pipeline.steps.Pipeline)::
     server = StepAggregator(world_size, wait_s, emit_root); server.serve(("127.0.0.1", port))
     # emit_root(key, step, start_ns, end_ns, n_ranks, reported): reported is the sorted tuple of
     # ranks that reported when the root is partial (some rank never did), else None
-    client = CoordinatorClient(address, rank); client.report(key, step, start_ns, end_ns)
+    # a rank's side: pipeline/coordinator_client.py (CoordinatorClient)
 
 Extension messages (``messages``) go to the ``Handlers`` each side is given: the pipeline's.
 """
@@ -23,9 +23,6 @@ Extension messages (``messages``) go to the ``Handlers`` each side is given: the
 from __future__ import annotations
 
 import asyncio
-import queue
-import random
-import socket
 import threading
 import time
 from collections import OrderedDict
@@ -35,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
-from tf_otel.job.topology import resolve_address
 from tf_otel.pipeline import messages
 from tf_otel.pipeline.messages import BadMessage, Handlers, Message, Outgoing, decode, encode
 
@@ -56,18 +52,16 @@ LEARN_STEPS = 3
 SERVICE = "coordinator"
 MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
 MAX_UNSENT_BYTES = 64 << 20  # to a rank that does not read: beyond, messages are dropped
-MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 64  # at once, beyond the job's own ranks: a flood of strangers is refused
 MIN_BACKLOG = 128  # the listen backlog: every rank may connect at once (the kernel caps it)
-RETRY_MAX_DELAY_S = 5.0  # a rank's back-off between tries to reach rank 0 (tries never stop)
 
 
 def _is_int(value: Any) -> TypeIs[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _hex(value: Any, size: int) -> Optional[bytes]:
+def parse_hex(value: Any, size: int) -> Optional[bytes]:
     if not isinstance(value, str) or len(value) != 2 * size:
         return None
     try:
@@ -87,7 +81,7 @@ class _Pending:
     extents: Dict[int, Extent] = field(default_factory=dict)
 
 
-def _decoded(line: bytes) -> Optional[Message]:
+def decode_or_count(line: bytes) -> Optional[Message]:
     """A checked message, or None: a bad one, counted."""
     try:
         return decode(line)
@@ -97,14 +91,6 @@ def _decoded(line: bytes) -> Optional[Message]:
             "tf_otel: dropped a malformed coordinator message (%s); later ones are only counted",
             exc,
         )
-        return None
-
-
-def _handshake_line(rfile: Any) -> Optional[Message]:
-    """rank 0's next handshake message, or None (not counted: the caller says why it failed)."""
-    try:
-        return decode(rfile.readline(MAX_LINE))
-    except BadMessage:
         return None
 
 
@@ -348,8 +334,8 @@ class StepAggregator:
             _refuse(peer, "no hello")
             return None
         rank = message.get("rank")
-        mac = _hex(message.get("mac"), job_secret.MAC_BYTES)
-        client_nonce = _hex(message.get("cn"), job_secret.NONCE_BYTES)
+        mac = parse_hex(message.get("mac"), job_secret.MAC_BYTES)
+        client_nonce = parse_hex(message.get("cn"), job_secret.NONCE_BYTES)
         if not _is_int(rank) or not 0 < rank < self.world_size:
             _refuse(peer, f"rank {str(rank)[:20]!r} is not in 1..{self.world_size - 1}")
             return None
@@ -381,7 +367,7 @@ class StepAggregator:
                 return
             if not line.endswith(b"\n"):
                 continue  # the last, unterminated line of a connection that ends
-            message = _decoded(line)
+            message = decode_or_count(line)
             if message is None:
                 continue
             kind = message["t"]
@@ -487,148 +473,3 @@ def _loop_error(loop: asyncio.AbstractEventLoop, context: Dict[str, Any]) -> Non
         "tf_otel: coordinator event loop error (%s)",
         context.get("exception") or context.get("message"),
     )
-
-
-class CoordinatorClient:
-    """A rank's link to rank 0; reports go through a bounded queue, sent by a daemon thread."""
-
-    STILL_TRYING_S = 60.0  # logged once when rank 0 has not answered for this long
-
-    def __init__(
-        self,
-        address: Tuple[str, int],
-        rank: int,
-        max_queue: int = 4096,
-        secret: Optional[job_secret.JobKey] = None,
-        handlers: Optional[Handlers] = None,
-    ) -> None:
-        self.address = address
-        self.handlers = handlers or Handlers()  # extension messages from rank 0
-        self.rank = rank
-        self.secret = secret or job_secret.job_key()
-        self._queue: queue.Queue[Optional[bytes]] = queue.Queue(max_queue)
-        self._closing = threading.Event()  # set by close(): stop trying to connect
-        self._thread = threading.Thread(target=self._run, name="tf_otel-coord-client", daemon=True)
-        self._thread.start()
-
-    def report(
-        self, key: str, step: int, start_ns: int, end_ns: int, wait_ns: Optional[int] = None
-    ) -> None:
-        self.send(messages.extent(key, step, start_ns, end_ns, wait_ns))
-
-    def send(self, message: Outgoing) -> None:
-        """Queue a message for rank 0 (never blocks; dropped and counted when the queue is full)."""
-        try:
-            self._queue.put_nowait(encode(message))
-        except queue.Full:
-            count("coordinator_dropped")
-
-    def close(self, timeout_s: float) -> None:
-        """Send what is queued and say bye, waiting up to timeout_s (still connecting: it may
-        yet connect within it); then stop trying."""
-        try:
-            self._queue.put(None, timeout=timeout_s)
-        except queue.Full:
-            self._closing.set()
-            return
-        self._thread.join(timeout_s)
-        self._closing.set()
-
-    def _handshake(self, sock: socket.socket) -> Tuple[Any, str]:
-        """(the connection's read file, "") once both sides proved the key; (None, why) if not."""
-        rfile = sock.makefile("rb")
-        challenge = _handshake_line(rfile)
-        server_nonce = _hex((challenge or {}).get("n"), job_secret.NONCE_BYTES)
-        if challenge is None or challenge["t"] != messages.CHALLENGE or server_nonce is None:
-            return None, "it sent no tf_otel challenge"
-        key, client_nonce = self.secret.key, job_secret.nonce()
-        mac = job_secret.client_mac(key, SERVICE, server_nonce, self.rank)
-        hello = {"t": messages.HELLO, "rank": self.rank, "mac": mac.hex(), "cn": client_nonce.hex()}
-        sock.sendall(encode(hello))
-        welcome = _handshake_line(rfile)
-        if welcome is None:
-            return None, "it refused this rank's credentials"
-        proof = _hex(welcome.get("mac"), job_secret.MAC_BYTES)
-        expected = job_secret.server_mac(key, SERVICE, client_nonce, self.rank)
-        proven = proof is not None and job_secret.check(expected, proof)
-        if welcome["t"] != messages.WELCOME or not proven:
-            return None, "it could not prove the job secret"
-        return rfile, ""
-
-    def _connect(self) -> Tuple[Optional[socket.socket], Any]:
-        """Connect and prove the key, trying until it works or the rank closes: at start-up a
-        thousand ranks reach rank 0 at once, and one given up on would be missing from every
-        root. Back-off with jitter up to RETRY_MAX_DELAY_S; reports queue (bounded) meanwhile."""
-        delay = 0.05
-        began = time.monotonic()
-        logged = False
-        while not self._closing.is_set():
-            why = "no answer"
-            try:
-                address = resolve_address(self.address)  # Horovod multi-host: a lookup
-                sock = socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S)
-            except OSError as exc:  # rank 0 not listening yet, or its backlog is full
-                sock, why = None, f"no connection ({exc or type(exc).__name__})"
-            if sock is not None:
-                try:
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    rfile, why = self._handshake(sock)
-                except OSError as exc:  # includes the handshake's timeout
-                    rfile, why = None, f"no handshake ({exc or type(exc).__name__})"
-                if rfile is not None:
-                    sock.settimeout(None)
-                    return sock, rfile
-                sock.close()
-                count("coordinator_handshake_failed")
-            if not logged and time.monotonic() - began > self.STILL_TRYING_S:
-                logged = True
-                log_once(
-                    "coordinator_connect",
-                    "tf_otel: cannot reach rank 0's coordinator at %s:%s (%s); still trying. "
-                    "Until it answers, this rank's spans may fall outside their step root. Set "
-                    "TF_OTEL_COORDINATOR=host:port of rank 0 and the same TF_OTEL_JOB_SECRET on "
-                    "every rank",
-                    self.address[0],
-                    self.address[1],
-                    why,
-                )
-            self._closing.wait(delay * random.uniform(0.5, 1.0))  # jitter: ranks spread out
-            delay = min(delay * 2, RETRY_MAX_DELAY_S)
-        return None, None
-
-    def _read(self, rfile: Any) -> None:
-        try:
-            while True:
-                line = rfile.readline(MAX_CLIENT_LINE)
-                if not line or not line.endswith(b"\n"):
-                    if len(line) >= MAX_CLIENT_LINE:
-                        count("coordinator_bad_message")
-                    return
-                message = _decoded(line)
-                if message is not None:
-                    self.handlers.at_rank(message)
-        except (OSError, ValueError):
-            pass
-
-    def _run(self) -> None:
-        sock, rfile = self._connect()
-        if sock is not None:
-            threading.Thread(
-                target=self._read, args=(rfile,), name="tf_otel-coord-reader", daemon=True
-            ).start()
-        while True:
-            item = self._queue.get()
-            if sock is None:
-                if item is None:
-                    return
-                count("coordinator_dropped")
-                continue
-            try:
-                sock.sendall(item if item is not None else encode({"t": messages.BYE}))
-            except OSError as exc:
-                log_once("coordinator_send", "tf_otel: lost connection to rank 0 (%s)", exc)
-                sock = None
-            if item is None:
-                if sock is not None:
-                    sock.close()
-                return

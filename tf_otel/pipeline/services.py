@@ -25,7 +25,8 @@ from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.config import Settings
 from tf_otel.health import fail_open, log_once
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline.coordinator import CoordinatorClient, StepAggregator
+from tf_otel.pipeline.coordinator import StepAggregator
+from tf_otel.pipeline.coordinator_client import CoordinatorClient
 from tf_otel.pipeline.messages import Handlers
 
 
