@@ -27,7 +27,7 @@ the last SLOW_WINDOW. The same for the step time (rank None) against the duratio
 a step-time slowdown is closed once a rank's explains it.
 
 A slowdown's steps stay out of what the noise is learned from, its first ones too: the noise is
-learned from the steps at least SLOW_WINDOW old (once there are MIN_JUDGED of them), and a
+learned from the steps at least SLOW_WINDOW old (once there are MIN_SETTLED of them), and a
 slowdown's steps are taken back out when it is raised; else they would raise the threshold it
 is judged by. Memory: WINDOW steps a key, MAX_KEYS keys, MAX_ARRIVALS steps of arrivals.
 """
@@ -46,6 +46,7 @@ from tf_otel.lateness import MAD_TO_SIGMA, NOISE_SIGMAS, StragglerNoise, noise_o
 WARMUP_STEPS = 2
 WINDOW = 64  # steady steps a key whose lateness and durations the noise is learned from
 MIN_JUDGED = 3  # steady steps in the window before a step is judged
+MIN_SETTLED = 16  # steps SLOW_WINDOW old before the noise is learned from those alone
 REFRESH_EVERY = 8  # steps between noise updates once the window is full (CPU on rank 0)
 MIN_LATENESS_NS = 1_000_000  # as tf-otel analyze's default straggler_min_ns
 SLOW_WINDOW = 8
@@ -310,9 +311,10 @@ class LiveVerdicts:
 def _settled(entries: Deque[Tuple[int, Any]], step: int) -> List[Any]:
     """What the noise is learned from: the steps at least SLOW_WINDOW before ``step``, whose
     slowdowns would have been raised by now (then taken out by _forget), once there are
-    MIN_JUDGED of them; before that, every step."""
+    MIN_SETTLED of them; before that, every step (a short job's few early steps alone would
+    judge its later ones)."""
     settled = [value for at, value in entries if step - at >= SLOW_WINDOW]
-    return settled if len(settled) >= MIN_JUDGED else [value for _, value in entries]
+    return settled if len(settled) >= MIN_SETTLED else [value for _, value in entries]
 
 
 def _forget(state: _Key, rank: Optional[int], since: int) -> None:
