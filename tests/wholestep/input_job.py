@@ -5,7 +5,8 @@ tf.function | ``graphloop``: ``for x, y in ds`` inside a user tf.function, LOOP_
 call, each call a step; LOOP_CACHE=1: those batches cached in memory after the first call |
 ``checkpoint``: Keras fit, then a user's iterator checkpointed, restored and fed to 3 steps of a
 custom loop),
-STEPS, SLOW_MS (a decode stage that sleeps this long per batch; 0: none),
+STEPS, SLOW_MS (a decode stage that sleeps this long per batch; 0: none), MODEL_MS (the
+training step works this long beyond its ~1 ms model: a sleep inside the step; keras / loop),
 FILES / RECORDS / RECORD_BYTES (the files written), CALLBACK_SLEEP_MS / CALLBACK_EVERY
 (a Keras callback that sleeps every Nth batch), SAVE_EVERY (checkpoint writes in the loop).
 Prints ``done steps=N file_bytes=B slow_ms_median=M slow_ms_p10=L slow_ms_p90=H`` (the slow
@@ -33,6 +34,7 @@ CALLBACK_EVERY = int(os.environ.get("CALLBACK_EVERY", "10"))
 SAVE_EVERY = int(os.environ.get("SAVE_EVERY", "0"))
 LOOP_BATCHES = int(os.environ.get("LOOP_BATCHES", "8"))
 LOOP_CACHE = os.environ.get("LOOP_CACHE") == "1"
+MODEL_MS = float(os.environ.get("MODEL_MS", "0"))
 
 
 def write_files() -> list:
@@ -75,6 +77,21 @@ def decode(batch):
     return x, tf.reduce_mean(x, axis=1, keepdims=True)
 
 
+def _model_work(loss):
+    time.sleep(MODEL_MS / 1000.0)
+    return loss
+
+
+def step_loss(y, prediction):
+    """The mean squared error, after MODEL_MS of work inside the step (a model of that size
+    without depending on which CPU kernels TF picks)."""
+    loss = tf.reduce_mean((prediction - y) ** 2)
+    if MODEL_MS > 0:
+        loss = tf.py_function(_model_work, [loss], tf.float32)
+        loss.set_shape([])
+    return loss
+
+
 def dataset(paths, repeat=True):
     ds = tf.data.TFRecordDataset(paths)
     if repeat:
@@ -93,7 +110,7 @@ def main() -> None:
     file_bytes = sum(os.path.getsize(p) for p in paths)
     model = tf.keras.Sequential([tf.keras.Input((16,)), tf.keras.layers.Dense(1)])
     if MODE == "keras":
-        model.compile(optimizer="sgd", loss="mse")
+        model.compile(optimizer="sgd", loss=step_loss)
         callbacks = [Stall()] if CALLBACK_SLEEP_MS > 0 else []
         model.fit(dataset(paths), steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=callbacks)
     elif MODE == "readonce":
@@ -146,7 +163,7 @@ def main() -> None:
         def train_step(it):
             x, y = next(it)
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((model(x) - y) ** 2)
+                loss = step_loss(y, model(x))
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return loss
