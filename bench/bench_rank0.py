@@ -104,7 +104,7 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int) -> N
         connected = max(connected, len(aggregator.connected_ranks()))
         if connected_at is None and connected >= world - 1:
             connected_at = now
-        if clock_at is None and sync.server is not None and len(sync.server._conns) >= leaders:
+        if clock_at is None and sync.server is not None and sync.server.connections >= leaders:
             clock_at = now
         if cpu_from is None and now >= half:
             cpu_from, wall_from = time.process_time(), time.monotonic()

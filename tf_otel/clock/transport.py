@@ -83,6 +83,12 @@ class TcpServer:
         self.bytes_in = 0
         self.bytes_out = 0
 
+    @property
+    def connections(self) -> int:
+        """Ranks connected now (handshaking or served)."""
+        with self._conns_lock:
+            return len(self._conns)
+
     def start(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

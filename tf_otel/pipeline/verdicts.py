@@ -233,17 +233,8 @@ class LiveVerdicts:
             # a slow rank explains the step time: one raised before it is closed here
             raised = state.slow.pop(STEP_TIME, None)
             if raised is not None and raised.since is not None:
-                usual = int(statistics.median(raised.values)) if raised.values else 0
                 verdict.changes.append(
-                    Change(
-                        verdict.key,
-                        STEP_TIME,
-                        False,
-                        raised.since,
-                        verdict.step,
-                        usual,
-                        step_threshold,
-                    )
+                    _change(verdict, STEP_TIME, False, raised, raised.since, step_threshold)
                 )
             return
         over = duration - typical
@@ -281,11 +272,9 @@ class LiveVerdicts:
         since = slow.since if changed else began
         if changed:
             _forget(state, rank, slow.since or verdict.step)
-        typical = int(statistics.median(slow.values)) if slow.values else value
-        change = Change(
-            verdict.key, rank, changed, since or verdict.step, verdict.step, typical, threshold
+        verdict.changes.append(
+            _change(verdict, rank, changed, slow, since or verdict.step, threshold, value)
         )
-        verdict.changes.append(change)
         if not changed:
             del state.slow[rank]
 
@@ -306,6 +295,21 @@ class LiveVerdicts:
             state.since_refresh = 0
             state.noise = noise_of(_settled(state.window, step), self.min_ns)
             state.step_noise = _step_noise(_settled(state.durations, step), self.min_ns)
+
+
+def _change(
+    verdict: Verdict,
+    rank: Optional[int],
+    began: bool,
+    slow: _Slowdown,
+    since: int,
+    threshold: int,
+    value: int = 0,
+) -> Change:
+    """A slowdown raised (``began``) or ended at this verdict's step; its typical value is the
+    median of what the slowdown saw (``value`` where it saw nothing yet)."""
+    typical = int(statistics.median(slow.values)) if slow.values else value
+    return Change(verdict.key, rank, began, since, verdict.step, typical, threshold)
 
 
 def _settled(entries: Deque[Tuple[int, Any]], step: int) -> List[Any]:
