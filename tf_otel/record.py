@@ -49,6 +49,11 @@ ATTR_TENSOR = "horovod.tensor"
 ATTR_LAST_ARRIVAL = "horovod.last_arrival"
 ATTR_ARRIVAL = "horovod.arrival"  # how a rank's arrival is known: tick|negotiate|inferred|unknown
 ATTR_WAIT_NS = "horovod.wait_ns"
+# a collective of several replicas in one process (MirroredStrategy): its span is the process's,
+# from its last replica's arrival; which replica came last and by how much after the first
+ATTR_REPLICAS = "tf_otel.replicas"
+ATTR_REPLICA_LAST = "tf_otel.replica.last"
+ATTR_REPLICA_SPREAD_NS = "tf_otel.replica.spread_ns"
 # parameter-server transfers (sources.step_stats)
 ATTR_TRANSFER_EDGE = "tensorflow.transfer.edge"
 # the older per-span GPU sample, still read in traces of earlier versions (analysis.gpu)

@@ -3,6 +3,8 @@ detail-step policy (no TF, no Horovod)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from tf_otel import record
 from tf_otel.instrument.horovod.choice import detail_wanted
 from tf_otel.instrument.horovod.stamps import parts_wanted
@@ -127,3 +129,68 @@ def test_fused_spans_only_where_detail_is_dense_unless_set():
     assert fused_wanted(None, 1) and fused_wanted(None, 9)
     assert not fused_wanted(None, 10) and not fused_wanted(None, 20) and not fused_wanted(None, 0)
     assert fused_wanted(True, 20) and not fused_wanted(False, 1)
+
+
+def test_the_kth_collective_of_each_device_is_one_collective_of_its_replicas():
+    from tf_otel.instrument.horovod.replicas import ReplicaNames
+
+    names = ReplicaNames()
+
+    class Graph:  # any object that can be weakly referenced
+        pass
+
+    graph, other = Graph(), Graph()
+    assert names.name_for(graph, "/cpu:0", "CollectiveReduceV2") == ("CollectiveReduceV2", 0)
+    assert names.name_for(graph, "/cpu:0", "CollectiveReduceV2_1") == ("CollectiveReduceV2_1", 0)
+    # the second device's ops, built after the first's, in the same order
+    assert names.name_for(graph, "/cpu:1", "replica_1/CollectiveReduceV2") == (
+        "CollectiveReduceV2",
+        1,
+    )
+    assert names.name_for(graph, "/cpu:1", "replica_1/CollectiveReduceV2_1") == (
+        "CollectiveReduceV2_1",
+        1,
+    )
+    assert names.name_for(other, "/cpu:1", "X") == ("X", 0)  # each graph its own order
+
+
+def test_replicas_of_one_collective_merge_into_the_process_own():
+    stamp = hs.Stamp("CollectiveReduceV2", "allreduce", "float32", "[8]", 32, library="tensorflow")
+    replica = [dataclasses.replace(stamp, replica=r) for r in range(3)]
+    alone = hs.Stamp("grad", "allreduce")
+    single = hs.Stamp("Other", "allreduce", replica=0)
+    found = [
+        (replica[0], 1_000, 9_000, None),
+        (replica[1], 7_000, 9_500, None),
+        (replica[2], 2_000, 9_100, None),
+        (alone, 500, 600, None),
+        (single, 100, 200, None),
+    ]
+    merged, spreads = hs.merge_replicas(found)
+    by_name = {entry[0].tensor: entry for entry in merged}
+    assert sorted(by_name) == ["CollectiveReduceV2", "Other", "grad"]
+    # the process arrives with its last replica and ends with its last result
+    assert by_name["CollectiveReduceV2"][1:3] == (7_000, 9_500)
+    assert by_name["CollectiveReduceV2"][0].replica is None
+    assert spreads == {"CollectiveReduceV2": hs.ReplicaSpread(3, 1, 6_000)}
+    assert by_name["grad"] == (alone, 500, 600, None)
+    out = hs.records_for(
+        by_name["CollectiveReduceV2"][0],
+        7_000,
+        9_500,
+        7_000,
+        0,
+        rank=0,
+        step=3,
+        key="k",
+        spread=spreads["CollectiveReduceV2"],
+    )
+    attributes = out[0].attributes
+    assert (
+        attributes[record.ATTR_REPLICAS],
+        attributes[record.ATTR_REPLICA_LAST],
+        attributes[record.ATTR_REPLICA_SPREAD_NS],
+    ) == (3, 1, 6_000)
+    assert (
+        record.ATTR_REPLICAS not in hs.records_for(alone, 500, 600, 500, 0, 0, 3, "k")[0].attributes
+    )

@@ -16,6 +16,10 @@ from typing import Sequence
 
 HIGH_SHARE = 0.10  # of the total time at stake: high
 MEDIUM_SHARE = 0.03  # medium; below it, low
+# a straggler (a rank, or a replica in a process) is a finding when what it cost is at least
+# this share of the steady steps' time, or it was late in at least this share of them
+STRAGGLER_MIN_SAVING_SHARE = 0.02
+STRAGGLER_MIN_STEP_SHARE = 0.10
 
 
 def ms(ns: float) -> float:

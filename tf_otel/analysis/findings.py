@@ -35,18 +35,22 @@ from tf_otel.analysis.critical_path import (
     PATH_COMPUTE,
     PATH_STRAGGLER_WAIT,
 )
-from tf_otel.analysis.finding_figures import ms, severity
+from tf_otel.analysis.finding_figures import (
+    STRAGGLER_MIN_SAVING_SHARE,
+    STRAGGLER_MIN_STEP_SHARE,
+    ms,
+    severity,
+)
 from tf_otel.analysis.gpu_rule import low_gpu_findings
 from tf_otel.analysis.input_rule import input_bound_findings
 from tf_otel.analysis.measured import holds_text
 from tf_otel.analysis.path_share import path_share_findings
+from tf_otel.analysis.replica_rule import slow_replica_findings
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.analysis.step_rules import whole_step_findings
 from tf_otel.analysis.whole_step import step_samples
 from tf_otel.record import COLLECTIVE
 
-STRAGGLER_MIN_SAVING_SHARE = 0.02
-STRAGGLER_MIN_STEP_SHARE = 0.10
 COMMUNICATION_BOUND_SHARE = 0.30
 MAX_LISTED_STEPS = 20
 
@@ -215,6 +219,7 @@ def evaluate_rules(result: AnalysisResult) -> List[Finding]:
     samples = step_samples(result)  # one pass over the step spans for every rule that reads them
     findings = straggler_findings(result)
     findings += persistent_findings(result)
+    findings += slow_replica_findings(result)
     findings += communication_findings(result)
     findings += outlier_findings(result)
     findings += input_bound_findings(result, samples)

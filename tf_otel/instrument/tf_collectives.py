@@ -26,6 +26,7 @@ import sys
 from typing import Any, Callable
 
 from tf_otel.config import Settings
+from tf_otel.health import fail_open
 from tf_otel.instrument._patching import when_imported, wrap
 from tf_otel.instrument.horovod.choice import choice
 from tf_otel.instrument.horovod.patching import timed_op
@@ -41,6 +42,7 @@ OPS = {
 }
 _MODULE = "tensorflow.python.ops.collective_ops"
 _STRATEGY = "tensorflow.python.distribute.collective_all_reduce_strategy"
+_MIRRORED = "tensorflow.python.distribute.mirrored_strategy"
 
 
 def _patch_ops(tf: Any) -> None:
@@ -61,11 +63,32 @@ def _strategy_built(wrapped: Callable, instance: Any, args: tuple, kwargs: dict)
     return out
 
 
+def _mirrored_built(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """MirroredStrategy over several devices reduces with collective ops by default (RING on
+    CPUs, NCCL on GPUs); other cross-device ops (NcclAllReduce, HierarchicalCopyAllReduce,
+    ReductionToOneDevice given by the program) build no collective op and are not timed."""
+    out = wrapped(*args, **kwargs)
+    with fail_open("tf_collectives.mirrored"):
+        from tensorflow.python.distribute import cross_device_ops
+
+        ops = getattr(instance, "_cross_device_ops", None)
+        devices = getattr(instance, "_devices", ())
+        if isinstance(ops, cross_device_ops.CollectiveAllReduce) and len(devices) > 1:
+            choice.tf_collectives = True
+            choice.replicas = max(choice.replicas, len(devices))
+    return out
+
+
 def _patch_strategy(module: Any) -> None:
     wrap(module.CollectiveAllReduceExtended, "__init__", _strategy_built)
+
+
+def _patch_mirrored(module: Any) -> None:
+    wrap(module.MirroredExtended, "__init__", _mirrored_built)
 
 
 def register(settings: Settings) -> None:
     """Post-import hooks (idempotent). TF_OTEL_HOROVOD=0 turns these spans off too."""
     when_imported("tensorflow", _patch_ops)
     when_imported(_STRATEGY, _patch_strategy)
+    when_imported(_MIRRORED, _patch_mirrored)

@@ -18,7 +18,7 @@ Times in Records are LOCAL (the caller maps the reference last arrival to its ow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from tf_otel import record
@@ -47,6 +47,49 @@ class Stamp:
     nbytes: Optional[int] = None
     group: Optional[str] = None  # grouped ops: the op name all its tensors share
     library: str = "horovod"  # whose collective: "horovod", or "tensorflow" (tf.distribute)
+    # one of several devices of this process in the collective (MirroredStrategy; replicas of one
+    # collective share ``tensor``); None: the process has one device in it
+    replica: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ReplicaSpread:
+    """One step's in-process replicas of a collective: how many, which arrived last, and how
+    long after the first."""
+
+    replicas: int
+    last: int
+    spread_ns: int
+
+
+Found = Tuple[Stamp, int, int, Optional[str]]  # a stamp, its [t0, t1] (ns), its group
+
+
+def merge_replicas(found: List[Found]) -> Tuple[List[Found], Dict[str, ReplicaSpread]]:
+    """The process's own collective from its replicas' stamps (one entry per ``tensor``): it
+    arrives with its last replica (the op cannot start before) and ends with its last result;
+    the early replicas' wait for the last one is that replica's lateness, on the step's path
+    before the collective, not communication."""
+    by_tensor: Dict[str, List[Found]] = {}
+    out: List[Found] = []
+    for entry in found:
+        if entry[0].replica is None:
+            out.append(entry)
+        else:
+            by_tensor.setdefault(entry[0].tensor, []).append(entry)
+    spreads: Dict[str, ReplicaSpread] = {}
+    for tensor, members in by_tensor.items():
+        first = members[0]
+        arrival = max(m[1] for m in members)
+        end = max(m[2] for m in members)
+        stamp = replace(first[0], replica=None)
+        out.append((stamp, arrival, end, first[3]))
+        if len(members) > 1:
+            last = max(members, key=lambda m: (m[1], -int(m[0].replica or 0)))
+            spreads[tensor] = ReplicaSpread(
+                len(members), int(last[0].replica or 0), arrival - min(m[1] for m in members)
+            )
+    return out, spreads
 
 
 def nbytes(dtype: Optional[str], dims: Optional[List[Optional[int]]]) -> Optional[int]:
@@ -82,6 +125,7 @@ def records_for(
     group: Optional[str] = None,
     backend: Optional[str] = None,
     min_child_wait_ns: Optional[int] = MIN_CHILD_WAIT_NS,
+    spread: Optional[ReplicaSpread] = None,
 ) -> List[record.Record]:
     """One rank's collective span (LOCAL clock), with wait and transfer children when this rank
     waited at least ``min_child_wait_ns`` for the last one (None: never; the wait is in the
@@ -107,6 +151,9 @@ def records_for(
         (tl.ATTR_BYTES, stamp.nbytes),
         (tl.ATTR_BACKEND, backend),
         (tl.ATTR_FUSED, group),
+        (record.ATTR_REPLICAS, spread.replicas if spread else None),
+        (record.ATTR_REPLICA_LAST, spread.last if spread else None),
+        (record.ATTR_REPLICA_SPREAD_NS, spread.spread_ns if spread else None),
     ):
         if value is not None:
             attributes[name] = value

@@ -58,6 +58,8 @@ class SourceChoice:
         # the program built a tf.distribute strategy whose all-reduces are TensorFlow
         # collective ops (instrument/tf_collectives.py): the stamps time those, no Horovod
         self.tf_collectives = False
+        # devices of this process in each of its collectives (MirroredStrategy's replicas)
+        self.replicas = 1
 
     def wanted(self, handle: StepHandle) -> bool:
         """Is this sampled step a collective-detail step (the same steps on every rank)?"""

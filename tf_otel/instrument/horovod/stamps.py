@@ -31,6 +31,7 @@ own collective / wait / transfer records (sources.horovod_stamp_records).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -52,6 +53,7 @@ from tf_otel.instrument._patching import (
 )
 from tf_otel.instrument.horovod import graph_stamps
 from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice
+from tf_otel.instrument.horovod.replicas import ReplicaNames
 from tf_otel.pipeline import messages
 from tf_otel.pipeline.gather import Gather, to_every_rank, to_reference
 from tf_otel.pipeline.lifecycle import current_pipeline
@@ -80,7 +82,7 @@ OPS = {
 }
 
 
-Found = Tuple[hs.Stamp, int, int, Optional[str]]  # a stamp, its [t0, t1] (wall ns), its group
+Found = hs.Found  # a stamp, its [t0, t1] (wall ns), its group
 
 PARTS_DENSE_EVERY = 10  # detail on 1 step in fewer than this: no wait / transfer children
 
@@ -131,6 +133,8 @@ class StampCollector:
         self._branches: weakref.WeakSet[Any] = weakref.WeakSet()  # cond branches stamped
         self._outstanding: Dict[Tuple[str, int], None] = {}  # detail steps not emitted yet
         self._unshared: OrderedDict[Tuple[str, int], list] = OrderedDict()  # read, not sent
+        self._replicas = ReplicaNames()
+        self._spreads: OrderedDict[Tuple[str, int], Dict[str, hs.ReplicaSpread]] = OrderedDict()
 
     # -- graph construction (any thread that builds the program's graph) --------------------
 
@@ -247,7 +251,14 @@ class StampCollector:
                 slot.assign(tf.stack([arrival, tf.timestamp()]))
             else:
                 _stamp_functions(tf)[1](slot, arrival)
-        stamps, group = _stamps_of(outs[0].op.name, inputs, op, grouped, kwargs, library)
+        name, replica = outs[0].op.name, None
+        if library == TENSORFLOW:  # one of several devices of this process (MirroredStrategy)?
+            name, replica = self._replicas.name_for(
+                tf.compat.v1.get_default_graph(), outs[0].device, name
+            )
+        stamps, group = _stamps_of(name, inputs, op, grouped, kwargs, library)
+        if replica is not None:
+            stamps = [dataclasses.replace(s, replica=replica) for s in stamps]
         with self._lock:
             self._slots.append((slot, stamps, group))
 
@@ -395,6 +406,7 @@ class StampCollector:
             with self._lock:
                 self._outstanding.pop((key, step), None)
             return []
+        found, spreads = hs.merge_replicas(found)
         shift = clock.now_ns() - time.time_ns()  # wall clock (tf.timestamp) -> tf_otel's local
         model = clock.current_model()
         mine = {}
@@ -405,9 +417,13 @@ class StampCollector:
             arrivals[stamp.tensor] = model.to_reference(local0)
         with self._lock:
             self._mine[(key, step)] = mine
+            if spreads:
+                self._spreads[(key, step)] = spreads
             while len(self._mine) > _MAX_STEPS:
                 self._mine.popitem(last=False)
                 count("horovod_stamp_steps_dropped")
+            while len(self._spreads) > _MAX_STEPS:
+                self._spreads.popitem(last=False)
         message: messages.HorovodArrivals = {
             "t": messages.HVD_ARRIVALS,
             "k": key,
@@ -451,6 +467,7 @@ class StampCollector:
         key, step = str(message["k"]), int(message["s"])
         with self._lock:
             mine = self._mine.pop((key, step), None)
+            spreads = self._spreads.pop((key, step), {})
             self._outstanding.pop((key, step), None)
         pipeline = current_pipeline()
         if not mine or pipeline is None:
@@ -505,6 +522,7 @@ class StampCollector:
                     prefix + group if group else None,
                     self.backend,
                     child_wait,
+                    spreads.get(tensor),
                 )
             )
         if records:
@@ -624,7 +642,7 @@ class StampsHook(StepHook[_DetailStep]):
         if not handle.sampled or choice.mode == OFF or self._finished:
             return None
         pipeline = current_pipeline()
-        if pipeline is None or pipeline.topology.world_size < 2:
+        if pipeline is None or (pipeline.topology.world_size < 2 and choice.replicas < 2):
             return None
         if choice.current() != STAMPS:
             return None
@@ -661,7 +679,7 @@ class StampsHook(StepHook[_DetailStep]):
         if collector.every <= 0:
             return False  # TF_OTEL_HOROVOD_EVERY=0 (default): no timing ops in the graph
         try:
-            return _collective_world() > 1
+            return _collective_world() > 1 or choice.replicas > 1
         except Exception:  # noqa: BLE001
             return False
 
