@@ -17,7 +17,9 @@ TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross
 see tf_otel.job.job_secret for what is used without it),
 TF_OTEL_HOROVOD_EVERY (collective detail on 1 sampled step in N, picked by the step trace id so
 every rank picks the same steps; 1: every sampled step; 0: none; default 20: detail steps run a
-twin of the step's function with the timing ops, other steps the program's own graph),
+twin of the step's function with the timing ops, other steps the program's own graph; it
+applies to tf.distribute's collectives too), TF_OTEL_COLLECTIVE_EVERY (the same, under a name
+for any job's collectives; where both are set, it wins),
 TF_OTEL_HOROVOD_SOURCE (``stamps``, the default: every rank times its own collectives;
 ``timeline``: Horovod's DYNAMIC timeline on rank 0, which costs a spinning thread from hvd.init),
 TF_OTEL_HOROVOD_PARTS (1: a collective whose rank waited >= 1 ms for the last one gets
@@ -229,8 +231,11 @@ class Settings:
                 env, "TF_OTEL_SYSTEM_METRICS_INTERVAL_S", _non_negative_float, 10.0
             ),
             job_secret=(env.get("TF_OTEL_JOB_SECRET") or "").strip() or None,
-            horovod_every=read(
-                env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, HOROVOD_EVERY_DEFAULT
+            horovod_every=read(  # the neutral name wins: it names tf.distribute's too
+                env,
+                "TF_OTEL_COLLECTIVE_EVERY",
+                _non_negative_int,
+                read(env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, HOROVOD_EVERY_DEFAULT),
             ),
             file_max_mb=read(env, "TF_OTEL_FILE_MAX_MB", _non_negative_float, 1024.0),
             file_keep=read(env, "TF_OTEL_FILE_KEEP", _non_negative_int, 3),
@@ -281,6 +286,7 @@ VARIABLES = (
     "TF_OTEL_HOROVOD",
     "TF_OTEL_HOROVOD_EXACT",
     "TF_OTEL_HOROVOD_EVERY",
+    "TF_OTEL_COLLECTIVE_EVERY",
     "TF_OTEL_HOROVOD_SOURCE",
     "TF_OTEL_HOROVOD_PARTS",
     "TF_OTEL_HOROVOD_FUSED",

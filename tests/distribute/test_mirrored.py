@@ -82,6 +82,7 @@ def test_a_late_replica_is_named_in_exactly_its_steps(tmp_path, loop, keras):
         for attributes in spans:
             assert attributes[record.ATTR_REPLICAS] == REPLICAS, attributes
             assert attributes[record.ATTR_ARRIVAL] == "stamp", attributes
+            assert attributes["horovod.backend"] == "ring", attributes  # on CPUs
         widest = max(spans, key=lambda a: a[record.ATTR_REPLICA_SPREAD_NS])
         spread_s = widest[record.ATTR_REPLICA_SPREAD_NS] / 1e9
         if step in SLOW_STEPS:  # the injected sleep, on the slowed replica (an oversleep: +50 %)

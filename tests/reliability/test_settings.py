@@ -131,3 +131,11 @@ def test_each_bad_value_is_one_clear_line(caplog):
     assert "TF_OTEL_ANALYZE_WORKERS='abc' (expected an integer)" in caplog.text
     assert "TF_OTEL_HOROVOD='maybe' (expected one of" in caplog.text
     assert "TF_OTEL_ADMIN_PORT='99999' (expected a port" in caplog.text
+
+
+def test_the_neutral_collective_every_wins_over_horovods():
+    assert Settings.from_env({}).horovod_every == 20
+    assert Settings.from_env({"TF_OTEL_HOROVOD_EVERY": "5"}).horovod_every == 5
+    assert Settings.from_env({"TF_OTEL_COLLECTIVE_EVERY": "3"}).horovod_every == 3
+    both = {"TF_OTEL_HOROVOD_EVERY": "5", "TF_OTEL_COLLECTIVE_EVERY": "1"}
+    assert Settings.from_env(both).horovod_every == 1

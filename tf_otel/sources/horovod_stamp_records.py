@@ -50,6 +50,9 @@ class Stamp:
     # one of several devices of this process in the collective (MirroredStrategy; replicas of one
     # collective share ``tensor``); None: the process has one device in it
     replica: Optional[int] = None
+    # tf.distribute's collectives: the communication implementation asked (auto, ring, nccl);
+    # Horovod's come from the process (records_for's ``backend``)
+    backend: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def records_for(
         (tl.ATTR_DTYPE, stamp.dtype),
         (tl.ATTR_SHAPE, stamp.shape),
         (tl.ATTR_BYTES, stamp.nbytes),
-        (tl.ATTR_BACKEND, backend),
+        (tl.ATTR_BACKEND, stamp.backend or backend),
         (tl.ATTR_FUSED, group),
         (record.ATTR_REPLICAS, spread.replicas if spread else None),
         (record.ATTR_REPLICA_LAST, spread.last if spread else None),
@@ -228,7 +231,12 @@ def fused(
     first = stamps[0]
     total = sum(sizes) if len(sizes) == len(stamps) else None
     stamp = Stamp(
-        tensor=first.tensor, op=first.op, dtype=first.dtype, nbytes=total, library=first.library
+        tensor=first.tensor,
+        op=first.op,
+        dtype=first.dtype,
+        nbytes=total,
+        library=first.library,
+        backend=first.backend,
     )
     arrival = max(m[1] for m in members)
     end = max(m[2] for m in members)

@@ -600,6 +600,8 @@ def _stamps_of(
     if kwargs.get("ignore_name_scope"):
         name = name.rsplit("/", 1)[-1]
     tensors = list(inputs) if grouped else [inputs]
+    hint = kwargs.get("communication_hint") if library == TENSORFLOW else None
+    backend = str(hint).lower() if hint else None
     stamps = []
     for i, tensor in enumerate(tensors):
         dtype = getattr(getattr(tensor, "dtype", None), "name", None)
@@ -614,6 +616,7 @@ def _stamps_of(
                 shape=str(dims) if dims is not None else None,
                 nbytes=hs.nbytes(dtype, dims),
                 library=library,
+                backend=backend,
             )
         )
     return stamps, (name if grouped else None)
