@@ -1,8 +1,10 @@
-"""Cost of timing TensorFlow's own collectives (MultiWorkerMirroredStrategy's all-reduces,
-tf_otel/instrument/tf_collectives.py) on a real model: the step time of a Keras ``fit`` of
-MobileNetV2 (tf_keras, ``weights=None``, 96x96 synthetic images, batch 8 per worker) under
-tf.distribute.MultiWorkerMirroredStrategy, 2 workers on 127.0.0.1 (TF_CONFIG, gRPC ring
-collectives on CPU), with and without collective detail.
+"""Cost of timing TensorFlow's own collectives (MultiWorkerMirroredStrategy's and
+MirroredStrategy's all-reduces, tf_otel/instrument/tf_collectives.py) on a real model: the step
+time of a Keras ``fit`` of MobileNetV2 (tf_keras, ``weights=None``, 96x96 synthetic images,
+batch 8 per worker) under tf.distribute.MultiWorkerMirroredStrategy, 2 workers on 127.0.0.1
+(TF_CONFIG, gRPC ring collectives on CPU), or with ``--strategy mirrored`` under
+MirroredStrategy in one process over 2 logical CPU devices (batch 8 per replica, ring
+collectives), with and without collective detail.
 
 Collective detail runs the step function's twin (its timing ops) on 1 sampled step in
 TF_OTEL_HOROVOD_EVERY (default 20, picked by the step's trace id, the same steps on every
@@ -26,6 +28,7 @@ none). Prints the table and writes docs/BENCHMARKS_tf_collectives.md (not with -
     .venv/bin/python bench/bench_tf_collectives.py                  # 5 rounds x 3 modes
     .venv/bin/python bench/bench_tf_collectives.py --quick          # smoke: 1 round, 8 steps
     .venv/bin/python bench/bench_tf_collectives.py --modes off,default --rounds 8
+    .venv/bin/python bench/bench_tf_collectives.py --strategy mirrored   # BENCHMARKS_mirrored.md
 
 The run time is estimated up front and again after each round.
 """
@@ -48,7 +51,11 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import harness
 
 REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "BENCHMARKS_tf_collectives.md"
+DOCS = {
+    "mwms": REPO / "docs" / "BENCHMARKS_tf_collectives.md",
+    "mirrored": REPO / "docs" / "BENCHMARKS_mirrored.md",
+}
+REPLICAS = 2  # --strategy mirrored: logical CPU devices in the one process
 
 MODES: Dict[str, Dict[str, str]] = {
     "off": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD": "0"},
@@ -69,16 +76,24 @@ STEP_S = 0.6
 # -- worker (one MultiWorkerMirroredStrategy task) ----------------------------------------------
 
 
-def worker(side: int, batch: int, warmup: int, steps: int) -> None:
+def worker(side: int, batch: int, warmup: int, steps: int, kind: str = "mwms") -> None:
     """Train, print each step's wall time (ms) as a RESULT line."""
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 3 cannot fit under this strategy
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 3 cannot fit under MWMS
     import numpy as np
     import tensorflow as tf
     import tf_keras
 
     # first: the strategy must exist before any other TensorFlow work in the process
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    rank = int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+    if kind == "mirrored":
+        cpus = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(REPLICAS)]
+        )
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
+        rank = 0
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        rank = int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
     rng = np.random.default_rng(rank)
     global_batch = batch * strategy.num_replicas_in_sync
     images = rng.uniform(size=(global_batch * 4, side, side, 3)).astype("float32")
@@ -119,18 +134,23 @@ def run_once(mode: str, round_no: int, args: argparse.Namespace) -> Optional[Dic
     addresses = [f"127.0.0.1:{port}" for port in harness.free_ports(WORKERS)]
     coordinator = f"127.0.0.1:{harness.free_port_pair()}"
     argv = [sys.executable, __file__, "--worker", f"--side={args.side}", f"--batch={args.batch}"]
-    argv += [f"--warmup={args.warmup}", f"--steps={args.steps}"]
+    argv += [f"--warmup={args.warmup}", f"--steps={args.steps}", f"--strategy={args.strategy}"]
     members = []
-    for index in range(WORKERS):
+    workers = _workers(args)
+    for index in range(workers):
         tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+        cluster = (
+            {"TF_CONFIG": json.dumps(tf_config), "TF_OTEL_COORDINATOR": coordinator}
+            if args.strategy == "mwms"
+            else {}
+        )
         env = harness.job_env(
             TF_USE_LEGACY_KERAS="1",
-            TF_CONFIG=json.dumps(tf_config),
-            TF_OTEL_COORDINATOR=coordinator,
             TF_OTEL_FILE=os.path.join(tmp, "spans-{rank}.jsonl"),
             OTEL_TRACES_EXPORTER="none",
             OTEL_METRICS_EXPORTER="none",
             TMPDIR=tmp,
+            **cluster,
             **MODES[mode],
         )
         members.append((argv, env))
@@ -144,7 +164,7 @@ def run_once(mode: str, round_no: int, args: argparse.Namespace) -> Optional[Dic
     results = [r for job in jobs for r in job.results()]
     categories, detail = _spans(Path(tmp))
     shutil.rmtree(tmp, ignore_errors=True)
-    if len(results) != WORKERS:
+    if len(results) != workers:
         tails = "\n".join(f"rc={j.returncode}\n{j.stderr[-2000:]}" for j in jobs)
         print(f"  round {round_no + 1} {mode}: failed\n{tails}", flush=True)
         return None
@@ -173,6 +193,11 @@ def run_once(mode: str, round_no: int, args: argparse.Namespace) -> Optional[Dic
         flush=True,
     )
     return row
+
+
+def _workers(args: argparse.Namespace) -> int:
+    """Processes a job: MWMS one per worker; MirroredStrategy one for all its replicas."""
+    return WORKERS if args.strategy == "mwms" else 1
 
 
 def _spans(tmp: Path) -> Tuple[Counter, Set[int]]:
@@ -224,10 +249,16 @@ def summarise(rows: List[Dict[str, Any]], args: argparse.Namespace) -> str:
             f"{_spread(within) if within else '-'} |"
         )
     loads = [r["load"] for r in rows]
+    setup = (
+        f"batch {args.batch} per worker, {WORKERS} workers (MultiWorkerMirroredStrategy, Keras "
+        f"fit, tf_keras)"
+        if args.strategy == "mwms"
+        else f"batch {args.batch} per replica, {REPLICAS} replicas on logical CPU devices of one "
+        f"process (MirroredStrategy, Keras fit, tf_keras)"
+    )
     head = (
         f"{len(rows)} runs, {args.rounds} round(s), rotated order; MobileNetV2 {args.side}², "
-        f"batch {args.batch} per worker, {WORKERS} workers (MultiWorkerMirroredStrategy, Keras "
-        f"fit, tf_keras), {args.warmup} warm-up + {args.steps} timed steps a run; load average "
+        f"{setup}, {args.warmup} warm-up + {args.steps} timed steps a run; load average "
         f"(1 min) at run starts {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} cores"
         f"{'; --quick' if args.quick else ''}"
     )
@@ -246,6 +277,8 @@ def write_doc(table: str, doc: Path) -> None:
     """Below the table marker: this run; above it: kept between runs (the intro)."""
     command = " ".join(["bench/bench_tf_collectives.py"] + sys.argv[1:])
     old = doc.read_text() if doc.exists() else _DOC_INTRO
+    if not doc.exists() and doc.name == DOCS["mirrored"].name:
+        old = _MIRRORED_INTRO
     intro = old.split("<!-- table -->")[0]
     doc.write_text(
         intro
@@ -268,9 +301,23 @@ above the table marker is kept between runs.
 """
 
 
+_MIRRORED_INTRO = """# tf_otel: the cost of timing MirroredStrategy's collectives
+
+`bench/bench_tf_collectives.py --strategy mirrored` (its docstring has the modes): Keras `fit`
+of MobileNetV2 (tf_keras, 96², batch 8 per replica, synthetic data) under `MirroredStrategy` in
+one process over 2 logical CPU devices (its default cross-device ops: collective ops, ring),
+one job per mode and round, modes rotated each round; step times measured in-process.
+`default` (collective detail on 1 step in 20, the step function's twin, both replicas' stamps
+merged into the process's one collective span) against `off` (`TF_OTEL_HOROVOD=0`: step spans
+only). Written by the script; the text above the table marker is kept between runs.
+
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--strategy", choices=sorted(DOCS), default="mwms")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"of {list(MODES)}")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60, help="timed steps a run")
@@ -279,11 +326,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="per worker")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a job")
     parser.add_argument("--quick", action="store_true", help="smoke: 1 round, 3 + 8 steps")
-    parser.add_argument("--doc", help=f"the md file to write (default {DOC.relative_to(REPO)})")
+    parser.add_argument("--doc", help="the md file to write (default: docs/BENCHMARKS_<...>.md)")
     parser.add_argument("--no-doc", action="store_true", help="do not write the md file")
     args = parser.parse_args()
     if args.worker:
-        worker(args.side, args.batch, args.warmup, args.steps)
+        worker(args.side, args.batch, args.warmup, args.steps, args.strategy)
         return
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 8, 3
@@ -316,7 +363,7 @@ def main() -> None:
     table = summarise(rows, args)
     print("\n" + table)
     if not args.no_doc and (args.doc or not args.quick):  # smoke numbers are not results
-        doc = Path(args.doc or DOC)
+        doc = Path(args.doc or DOCS[args.strategy])
         write_doc(table, doc)
         print(f"\nwrote {doc}")
 
