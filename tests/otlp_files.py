@@ -4,7 +4,8 @@
 Usage::
 
     from otlp_files import file_spans
-    for span in file_spans(folder):   # {"name", "trace", "id", "parent", "rank", "attributes"}
+    for span in file_spans(folder):   # {"name", "trace", "id", "parent", "rank", "start_ns",
+        ...                           #  "attributes"}
         ...
 """
 
@@ -33,6 +34,7 @@ def file_spans(folder: Path) -> List[Dict[str, Any]]:
                                 "id": span["spanId"],
                                 "parent": span.get("parentSpanId", ""),
                                 "rank": resource[record.ATTR_RANK],
+                                "start_ns": int(span.get("startTimeUnixNano") or 0),
                                 "attributes": attributes_dict(span.get("attributes")),
                             }
                         )

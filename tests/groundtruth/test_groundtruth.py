@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, Tuple
 
 import pytest
 from conftest import REPO, VENV_BIN, base_env, run
+from otlp_files import file_spans
 
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
 from sim import Cluster  # noqa: E402
@@ -117,7 +118,23 @@ def _run(name: str, launch, tmp_path_factory) -> Run:
     analysed = run(
         [str(VENV_BIN / "tf-otel"), "analyze", str(out / "spans"), "--format", "json"], base_env()
     )
-    return name, json.loads(analysed.stdout), _truth(out / "truth"), _roots(out / "spans")
+    truth = _truth(out / "truth")
+    truth["arrival"] = _first_arrivals(out / "spans")
+    return name, json.loads(analysed.stdout), truth, _roots(out / "spans")
+
+
+def _first_arrivals(folder: Path) -> Dict[int, Dict[int, float]]:
+    """step -> rank -> its first collective arrival (ms, rank 0's clock: on one machine, the
+    same clock as the truth's), from the exported collective spans."""
+    first: Dict[int, Dict[int, float]] = {}
+    for span in file_spans(folder):
+        attributes = span["attributes"]
+        if attributes.get(record.ATTR_CATEGORY) != record.COLLECTIVE:
+            continue
+        at = first.setdefault(int(attributes[record.ATTR_STEP]), {})
+        rank = int(span["rank"])
+        at[rank] = min(at.get(rank, float("inf")), span["start_ns"] / 1e6)
+    return first
 
 
 @pytest.fixture(scope="module", params=["late", "input", "compute", "none", "slowlink"])
@@ -242,7 +259,15 @@ def test_rank_0_names_the_injected_stragglers_live_on_the_step_roots(scenario):
         work = _beyond_others(truth["work"][number], SLOW_RANK)
         expected = min(work, _beyond_others(truth["ready"][number], SLOW_RANK))
         lateness_ms = attributes[record.ATTR_STRAGGLER_LATENESS] / 1e6
-        assert abs(lateness_ms - expected) <= 0.1 * expected, (expected, context)
+        # the verdict measures the first collective arrival, the truth the moment the gradients
+        # were ready just before it; with 4 ranks on 2 cores the ops between the two take each
+        # rank a varying time (CI: up to ~40 ms), which moves the lateness by the slow rank's
+        # gap less the others': allowed where the exported arrivals show it, up to 10 % more
+        ready, arrived = truth["ready"][number], truth["arrival"].get(number, {})
+        gaps = {r: arrived[r] - ready[r] for r in ready if r in arrived}
+        gap = abs(_beyond_others(gaps, SLOW_RANK)) if len(gaps) == len(ready) else 0.0
+        allowed = 0.1 * expected + min(gap, 0.1 * expected)
+        assert abs(lateness_ms - expected) <= allowed, (expected, gap, gaps, context)
 
 
 def _steady(report: Dict[str, Any]) -> list:
