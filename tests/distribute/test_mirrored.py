@@ -109,15 +109,19 @@ def test_a_late_replica_is_named_in_exactly_its_steps(tmp_path, loop, keras):
 
 def _named_lateness_is_true(out: str, evidence: Dict[str, Any]) -> None:
     """Each named step's lateness against the truth: when each replica's gradients were
-    ready (the custom loop stamps them before the all-reduce)."""
+    ready (the custom loop stamps them just before the all-reduce). The injected steps: within
+    10 % and 2 ms (the arrival stamp follows the truth's by a few ops, longer on a loaded
+    host); any other step named: the replica was really late by at least half the claim."""
     ready = json.loads(out.split("READY ", 1)[1].splitlines()[0])
     replica = str(evidence["replica"])
     for step, late_ms in zip(evidence["steps"], evidence["lateness_ms"]):
         times = ready[str(step)]
         others = [t for r, t in times.items() if r != replica]
         truth_ms = (times[replica] - max(others)) / 1e6
-        # within 10 % and 1 ms (the arrival stamp follows the truth stamp by an op or two)
-        assert abs(late_ms - truth_ms) <= 0.1 * truth_ms + 1.0, (step, late_ms, truth_ms)
+        if step in SLOW_STEPS:
+            assert abs(late_ms - truth_ms) <= 0.1 * truth_ms + 2.0, (step, late_ms, truth_ms)
+        else:
+            assert truth_ms >= 0.5 * late_ms, (step, late_ms, truth_ms)
 
 
 def test_a_control_names_no_replica_that_was_not_late(tmp_path):
