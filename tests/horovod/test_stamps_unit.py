@@ -194,3 +194,11 @@ def test_replicas_of_one_collective_merge_into_the_process_own():
     assert (
         record.ATTR_REPLICAS not in hs.records_for(alone, 500, 600, 500, 0, 0, 3, "k")[0].attributes
     )
+
+
+def test_namesakes_of_one_device_are_not_merged():
+    stamp = hs.Stamp("CollectiveReduceV2", "allreduce", replica=0)
+    found = [(stamp, 1_000, 2_000, None), (stamp, 5_000, 6_000, None)]
+    merged, spreads = hs.merge_replicas(found)
+    assert spreads == {}
+    assert [(m[0].replica, m[1]) for m in merged] == [(None, 1_000), (None, 5_000)]

@@ -82,6 +82,11 @@ def merge_replicas(found: List[Found]) -> Tuple[List[Found], Dict[str, ReplicaSp
             by_tensor.setdefault(entry[0].tensor, []).append(entry)
     spreads: Dict[str, ReplicaSpread] = {}
     for tensor, members in by_tensor.items():
+        if len({m[0].replica for m in members}) != len(members):
+            # one device's namesakes (ops of one name in two nested graphs): no replicas of one
+            # collective, kept as they were
+            out.extend((replace(m[0], replica=None), *m[1:]) for m in members)
+            continue
         first = members[0]
         arrival = max(m[1] for m in members)
         end = max(m[2] for m in members)
