@@ -20,6 +20,12 @@ MEDIUM_SHARE = 0.03  # medium; below it, low
 # this share of the steady steps' time, or it was late in at least this share of them
 STRAGGLER_MIN_SAVING_SHARE = 0.02
 STRAGGLER_MIN_STEP_SHARE = 0.10
+MAX_LISTED_STEPS = 20  # steps listed in a finding's evidence
+
+
+def straggles_enough(saving_share: float, step_share: float) -> bool:
+    """A straggler's late steps make a finding: what they cost, or how many they are."""
+    return saving_share >= STRAGGLER_MIN_SAVING_SHARE or step_share >= STRAGGLER_MIN_STEP_SHARE
 
 
 def ms(ns: float) -> float:

@@ -35,12 +35,7 @@ from tf_otel.analysis.critical_path import (
     PATH_COMPUTE,
     PATH_STRAGGLER_WAIT,
 )
-from tf_otel.analysis.finding_figures import (
-    STRAGGLER_MIN_SAVING_SHARE,
-    STRAGGLER_MIN_STEP_SHARE,
-    ms,
-    severity,
-)
+from tf_otel.analysis.finding_figures import MAX_LISTED_STEPS, ms, severity, straggles_enough
 from tf_otel.analysis.gpu_rule import low_gpu_findings
 from tf_otel.analysis.input_rule import input_bound_findings
 from tf_otel.analysis.measured import holds_text
@@ -52,7 +47,6 @@ from tf_otel.analysis.whole_step import step_samples
 from tf_otel.record import COLLECTIVE
 
 COMMUNICATION_BOUND_SHARE = 0.30
-MAX_LISTED_STEPS = 20
 
 
 def _ordered(settings: Dict[str, str]) -> Dict[str, str]:
@@ -68,7 +62,7 @@ def straggler_findings(result: AnalysisResult) -> List[Finding]:
             continue
         saving_share = stats.saving_ns / total
         step_share = count / max(1, len(result.steady_steps))
-        if saving_share < STRAGGLER_MIN_SAVING_SHARE and step_share < STRAGGLER_MIN_STEP_SHARE:
+        if not straggles_enough(saving_share, step_share):
             continue
         numbers = [result.step_number(key) for key in stats.straggler_steps]
         causes: Dict[str, int] = {}

@@ -22,18 +22,12 @@ import statistics
 from typing import Dict, List, Tuple
 
 from tf_otel import record
-from tf_otel.analysis.finding_figures import (
-    STRAGGLER_MIN_SAVING_SHARE,
-    STRAGGLER_MIN_STEP_SHARE,
-    ms,
-    severity,
-)
+from tf_otel.analysis.finding_figures import MAX_LISTED_STEPS, ms, severity, straggles_enough
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.lateness import noise_of
 from tf_otel.record import COLLECTIVE
 
 MIN_REPLICA_LATE_NS = 1_000_000  # a replica's lateness below this is noise on any host
-MAX_LISTED = 20
 
 
 def replica_lateness(result: AnalysisResult) -> Dict[int, List[Tuple[int, Dict[int, int]]]]:
@@ -69,6 +63,7 @@ def slow_replica_findings(result: AnalysisResult) -> List[Finding]:
     findings = []
     durations = [step.trace.duration_ns for step in result.steady_steps]
     typical = int(statistics.median(durations)) if durations else 0
+    total = sum(durations) or 1
     for rank, steps in sorted(replica_lateness(result).items()):
         noise = noise_of([lateness for _, lateness in steps], MIN_REPLICA_LATE_NS)
         late: Dict[int, List[Tuple[int, int]]] = {}  # replica -> [(step key, ns)]
@@ -78,14 +73,10 @@ def slow_replica_findings(result: AnalysisResult) -> List[Finding]:
             # late beyond the noise, and the step longer for it (as ranks are judged)
             if lateness[replica] > noise.threshold_for(replica) and noise.delayed(over):
                 late.setdefault(replica, []).append((key, lateness[replica]))
-        total = sum(step.trace.duration_ns for step in result.steady_steps) or 1
         for replica, where in sorted(late.items()):
             extra = sum(ns for _, ns in where)
             # as for ranks: one hiccup in a long run is no finding
-            if (
-                extra / total < STRAGGLER_MIN_SAVING_SHARE
-                and len(where) / len(steps) < STRAGGLER_MIN_STEP_SHARE
-            ):
+            if not straggles_enough(extra / total, len(where) / len(steps)):
                 continue
             worst = max(ns for _, ns in where)
             labels = [result.step_label(key) for key, _ in where]
@@ -101,8 +92,8 @@ def slow_replica_findings(result: AnalysisResult) -> List[Finding]:
                     evidence={
                         "rank": rank,
                         "replica": replica,
-                        "steps": [result.step_number(key) for key, _ in where][:MAX_LISTED],
-                        "lateness_ms": [ms(ns) for _, ns in where][:MAX_LISTED],
+                        "steps": [result.step_number(key) for key, _ in where][:MAX_LISTED_STEPS],
+                        "lateness_ms": [ms(ns) for _, ns in where][:MAX_LISTED_STEPS],
                         "threshold_ms": ms(noise.threshold_for(replica)),
                         "steps_with_replicas": len(steps),
                         "source": (

@@ -22,6 +22,7 @@ if KERAS == "tf_keras":
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from truth_step import train_step_with_truth  # noqa: E402
 
 cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
@@ -114,21 +115,7 @@ if LOOP == "fit":
 else:
     iterator = iter(strategy.experimental_distribute_dataset(dataset()))
 
-    @tf.function
-    def train_step(inputs):
-        def replica_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-            grads = tape.gradient(loss, model.trainable_variables)
-            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            with tf.control_dependencies(grads):  # the truth: gradients ready, before the reduce
-                stamp = tf.numpy_function(mark_ready, [replica], tf.float32, stateful=True)
-            with tf.control_dependencies([stamp]):
-                grads = [tf.identity(g) for g in grads]
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        return strategy.run(replica_step, args=inputs)
+    train_step = train_step_with_truth(tf, strategy, model, optimizer, mark_ready)
 
     for step in range(STEPS):
         current["step"] = step

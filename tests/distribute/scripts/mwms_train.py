@@ -19,6 +19,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 3 cannot fit under th
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
+from truth_step import train_step_with_truth  # noqa: E402
 
 STEPS = int(os.environ.get("STEPS", "20"))
 LOOP = os.environ.get("LOOP", "fit")
@@ -74,24 +75,11 @@ if LOOP == "fit":
 else:
     iterator = iter(strategy.experimental_distribute_dataset(dataset()))
 
-    def mark_ready():
+    def mark_ready(replica):  # one replica a worker
         ready.append(time.time_ns())
         return np.float32(0)
 
-    @tf.function
-    def train_step(inputs):
-        def replica_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-            grads = tape.gradient(loss, model.trainable_variables)
-            with tf.control_dependencies(grads):  # the truth: gradients ready, before the reduce
-                stamp = tf.numpy_function(mark_ready, [], tf.float32, stateful=True)
-            with tf.control_dependencies([stamp]):
-                grads = [tf.identity(g) for g in grads]
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        return strategy.run(replica_step, args=inputs)
+    train_step = train_step_with_truth(tf, strategy, model, optimizer, mark_ready)
 
     for step in range(STEPS):
         before_step(step)
