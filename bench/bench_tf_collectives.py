@@ -131,19 +131,12 @@ def worker(side: int, batch: int, warmup: int, steps: int, kind: str = "mwms") -
 def run_once(mode: str, round_no: int, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """One 2-worker job of `mode`: its step times, detail steps and spans; None if it failed."""
     tmp = tempfile.mkdtemp(prefix="bench_tf_coll_")
-    addresses = [f"127.0.0.1:{port}" for port in harness.free_ports(WORKERS)]
-    coordinator = f"127.0.0.1:{harness.free_port_pair()}"
     argv = [sys.executable, __file__, "--worker", f"--side={args.side}", f"--batch={args.batch}"]
     argv += [f"--warmup={args.warmup}", f"--steps={args.steps}", f"--strategy={args.strategy}"]
     members = []
     workers = _workers(args)
-    for index in range(workers):
-        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-        cluster = (
-            {"TF_CONFIG": json.dumps(tf_config), "TF_OTEL_COORDINATOR": coordinator}
-            if args.strategy == "mwms"
-            else {}
-        )
+    clusters = _cluster_envs(workers) if args.strategy == "mwms" else [{}]
+    for cluster in clusters:
         env = harness.job_env(
             TF_USE_LEGACY_KERAS="1",
             TF_OTEL_FILE=os.path.join(tmp, "spans-{rank}.jsonl"),
@@ -193,6 +186,21 @@ def run_once(mode: str, round_no: int, args: argparse.Namespace) -> Optional[Dic
         flush=True,
     )
     return row
+
+
+def _cluster_envs(workers: int) -> List[Dict[str, str]]:
+    """Each MultiWorkerMirroredStrategy worker's TF_CONFIG and the coordinator's address."""
+    addresses = [f"127.0.0.1:{port}" for port in harness.free_ports(workers)]
+    coordinator = f"127.0.0.1:{harness.free_port_pair()}"
+    return [
+        {
+            "TF_CONFIG": json.dumps(
+                {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+            ),
+            "TF_OTEL_COORDINATOR": coordinator,
+        }
+        for index in range(workers)
+    ]
 
 
 def _workers(args: argparse.Namespace) -> int:
