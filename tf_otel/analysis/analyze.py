@@ -1,35 +1,47 @@
-"""Run the whole analysis on loaded spans.
+"""Run the whole analysis, step by step.
 
 Usage::
 
     result = analyze_spans(spans, source="traces/", step_range=(10, 20))
+    result = analyze_source(load_spilled(["traces/"]), source="traces/")   # bounded memory
+
+Two passes over the traces: the first builds every step and keeps only its extent, its step
+spans and last collectives (``StepTrace.slim``), enough to order the steps and match each with
+the one before it; the second reads each selected step's spans again, finds its critical path
+and what the rules need (``step_facts``, ``stragglers.keep_for_statistics``), and slims it.
+The statistics over all steps and the rules then read those few values per step.
 """
 
 from __future__ import annotations
 
-from itertools import chain
-from typing import List, Optional, Tuple
+from dataclasses import replace
+from typing import Dict, List, Optional, Tuple
 
-from tf_otel.analysis.carry import carried_into, previous_steps
-from tf_otel.analysis.causality import repair_trace_causality
+from tf_otel.analysis.carry import Previous, carried_into, previous_steps
+from tf_otel.analysis.causality import CausalityRepair, repair_trace_causality
 from tf_otel.analysis.critical_path import critical_path
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.findings import evaluate_rules
 from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.gpu import gpu_utilisation
+from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.measured import measured_categories
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
 from tf_otel.analysis.result import AnalysisResult, StepResult
-from tf_otel.analysis.steps import filter_job, group_trace_steps, select_steps, spans_by_trace
-from tf_otel.analysis.stragglers import straggler_summary, warmup_keys
+from tf_otel.analysis.step_facts import step_facts
+from tf_otel.analysis.steps import StepTrace, build_step, select_steps, step_order
+from tf_otel.analysis.stragglers import keep_for_statistics, straggler_summary, warmup_keys
+from tf_otel.analysis.trace_source import MemorySource, TraceSource
+
+StepRange = Tuple[Optional[int], Optional[int]]
 
 
 def analyze_spans(
     spans: List[Span],
     source: str = "",
     job_id: Optional[str] = None,
-    step_range: Optional[Tuple[Optional[int], Optional[int]]] = None,
+    step_range: Optional[StepRange] = None,
     start_ns: Optional[int] = None,
     end_ns: Optional[int] = None,
     straggler_min_share: float = 0.0,
@@ -37,9 +49,33 @@ def analyze_spans(
 ) -> AnalysisResult:
     if not spans:
         raise AnalysisError(f"{source or 'input'}: no spans")
+    return analyze_source(
+        MemorySource(spans),
+        source,
+        job_id,
+        step_range,
+        start_ns,
+        end_ns,
+        straggler_min_share,
+        straggler_min_ns,
+    )
+
+
+def analyze_source(
+    traces: TraceSource,
+    source: str = "",
+    job_id: Optional[str] = None,
+    step_range: Optional[StepRange] = None,
+    start_ns: Optional[int] = None,
+    end_ns: Optional[int] = None,
+    straggler_min_share: float = 0.0,
+    straggler_min_ns: int = 1_000_000,
+    *,
+    progress: Optional[bool] = False,
+) -> AnalysisResult:
     with paused_gc():
         return _analyze(
-            spans,
+            _Steps(traces, _chosen_job(traces, job_id)),
             source,
             job_id,
             step_range,
@@ -47,23 +83,90 @@ def analyze_spans(
             end_ns,
             straggler_min_share,
             straggler_min_ns,
+            progress,
         )
 
 
+def _chosen_job(traces: TraceSource, job_id: Optional[str]) -> Optional[str]:
+    """``job_id``, checked; without it the input must hold at most one job."""
+    jobs = traces.job_ids()
+    if job_id is None:
+        if len(jobs) > 1:
+            listed = ", ".join(sorted(jobs)[:10])
+            raise AnalysisError(
+                f"the traces hold {len(jobs)} jobs ({listed}): choose one with --job"
+            )
+        return None
+    if job_id not in jobs:
+        raise AnalysisError(f"no spans of job {job_id!r} in the input")
+    return job_id
+
+
+class _Steps:
+    """Steps built from the source's traces: the job's spans only, causality repaired."""
+
+    def __init__(self, traces: TraceSource, job_id: Optional[str]) -> None:
+        self.traces, self.job_id = traces, job_id
+        self.repair = CausalityRepair()
+        self.previous: Dict[str, Previous] = {}
+
+    def build(self, trace_id: str, warnings: List[str], first: bool) -> Optional[StepTrace]:
+        spans = self.traces.spans(trace_id)
+        if self.job_id is not None:
+            spans = [s for s in spans if s.job_id == self.job_id]
+        if first or self.traces.fresh:  # the same objects are repaired once
+            repair = repair_trace_causality({trace_id: spans})
+            if first:
+                self.repair.violations += repair.violations
+                self.repair.traces += repair.traces
+                self.repair.max_shift_ns = max(self.repair.max_shift_ns, repair.max_shift_ns)
+        return build_step(trace_id, spans, warnings)
+
+    def analysed(self, key: int, outline: StepTrace) -> StepResult:
+        """The step ``outline`` analysed from its spans (read again where it was slimmed), then
+        slimmed."""
+        trace = outline if not outline.slimmed else self.build(outline.trace_id, [], False)
+        if trace is None:  # pragma: no cover - the source changed between the passes
+            raise AnalysisError(f"trace {outline.trace_id}: its spans changed while analysed")
+        path = critical_path(trace, carried_into(trace, self.previous.get(trace.trace_id)))
+        result = StepResult(key, trace, path, measured_categories(trace), facts=step_facts(trace))
+        keep_for_statistics(path)
+        trace.slim()
+        return result
+
+    def with_spans(self, step: StepResult) -> StepResult:
+        """``step`` again with its spans (built anew; the same path)."""
+        trace = self.build(step.trace.trace_id, [], False)
+        if trace is None:  # pragma: no cover - the source changed between the passes
+            return step
+        carried = carried_into(trace, self.previous.get(trace.trace_id))
+        return replace(step, trace=trace, path=critical_path(trace, carried))
+
+
 def _analyze(
-    spans: List[Span],
+    steps: _Steps,
     source: str,
     job_id: Optional[str],
-    step_range: Optional[Tuple[Optional[int], Optional[int]]],
+    step_range: Optional[StepRange],
     start_ns: Optional[int],
     end_ns: Optional[int],
     straggler_min_share: float,
     straggler_min_ns: int,
+    progress: Optional[bool],
 ) -> AnalysisResult:
-    spans = filter_job(spans, job_id)
-    traces = spans_by_trace(spans)
-    repair = repair_trace_causality(traces)
-    all_steps, warnings = group_trace_steps(traces)
+    warnings: List[str] = []
+    all_steps: List[StepTrace] = []
+    trace_ids = sorted(steps.traces.trace_ids())
+    with Progress("building steps", len(trace_ids), progress) as bar:
+        for trace_id in trace_ids:
+            step = steps.build(trace_id, warnings, True)
+            if step is not None:
+                all_steps.append(step)
+                if steps.traces.fresh:  # its spans are read again when it is analysed
+                    step.slim()
+            bar.advance()
+    all_steps.sort(key=step_order)
+    repair = steps.repair
     if repair.violations:
         warnings.append(
             f"clock: {repair.violations} collective(s) in {repair.traces} step(s) ended on one "
@@ -76,16 +179,27 @@ def _analyze(
     if not selected:
         raise AnalysisError(f"{source or 'input'}: no steps in the selected range")
     # matched over every step, so the first selected one still carries from the one before
-    previous = previous_steps(all_steps)
-    results = [
-        StepResult(
-            key,
-            trace,
-            critical_path(trace, carried_into(trace, previous.get(trace.trace_id))),
-            measured_categories(trace),
-        )
-        for key, trace in enumerate(selected)
-    ]
+    steps.previous = previous_steps(all_steps)
+    results: List[StepResult] = []
+    with Progress("analysing steps", len(selected), progress) as bar:
+        for key, outline in enumerate(selected):
+            results.append(steps.analysed(key, outline))
+            bar.advance()
+    return _summarise(
+        results, steps, source, job_id, warnings, straggler_min_share, straggler_min_ns
+    )
+
+
+def _summarise(
+    results: List[StepResult],
+    steps: _Steps,
+    source: str,
+    job_id: Optional[str],
+    warnings: List[str],
+    straggler_min_share: float,
+    straggler_min_ns: int,
+) -> AnalysisResult:
+    """The statistics over all steps and the findings (no spans read)."""
     warmup = warmup_keys({r.key: r.trace.duration_ns for r in results})
     for key in warmup:
         results[key].warmup = True
@@ -116,10 +230,11 @@ def _analyze(
         stragglers=stragglers,
         outliers=outliers,
         gpu_utilization=gpu_utilisation(
-            chain.from_iterable(r.trace.spans for r in results),
+            (sample for r in results for sample in r.facts.gpu_samples),
             (t.step_span for r in results for t in r.trace.ranks.values() if t.step_span),
         ),
         warnings=warnings,
+        reload=steps.with_spans,
     )
     result.findings = evaluate_rules(result)
     return result

@@ -49,13 +49,11 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from tf_otel.analysis.model import Span
-from tf_otel.analysis.steps import StepTrace
-from tf_otel.record import COLLECTIVE, COLLECTIVE_TRANSFER, COLLECTIVE_WAIT, TRANSFER
+from tf_otel.analysis.steps import SYNC_CATEGORIES, StepTrace
+from tf_otel.record import COLLECTIVE
 
 CARRIED_NAME = "(previous step) "  # prefix of the path segment it books
 _ROOT_NAME = re.compile(r"^(.*?)\s*step (\d+)$")
-# a previous step with any of these carries from its last collectives (or, transfers only, not)
-_SYNC_SPANS = frozenset((COLLECTIVE, COLLECTIVE_WAIT, COLLECTIVE_TRANSFER, TRANSFER))
 
 
 @dataclass(frozen=True)
@@ -161,7 +159,7 @@ def step_spans(step: StepTrace) -> Dict[int, Span]:
 
 def has_sync_spans(step: StepTrace) -> bool:
     """Whether the step has a collective (or its wait/transfer part) or a PS transfer span."""
-    return any(span.category in _SYNC_SPANS for span in step.spans)
+    return any(span.category in SYNC_CATEGORIES for span in step.spans)
 
 
 def carried_into(step: StepTrace, previous: Union[Previous, StepTrace, None]) -> Dict[int, Carry]:

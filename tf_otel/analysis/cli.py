@@ -21,11 +21,14 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from tf_otel import cli_args
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.gc_pause import paused_gc
+
+if TYPE_CHECKING:
+    from tf_otel.analysis.result import AnalysisResult
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -128,7 +131,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace, start_ns: Optional[int], end_ns: Optional[int]):
+def _load(
+    args: argparse.Namespace, start_ns: Optional[int], end_ns: Optional[int], spill: bool = False
+):
+    """The spans (or, ``spill``, a ``SpillSource`` of trace files) and what they came from."""
     sources = [bool(args.paths), bool(args.jaeger), bool(args.tempo)]
     if sum(sources) != 1:
         raise AnalysisError("give exactly one source: trace files/directories, --jaeger or --tempo")
@@ -153,6 +159,10 @@ def _load(args: argparse.Namespace, start_ns: Optional[int], end_ns: Optional[in
             args.tempo, args.job, start_ns, end_ns, args.limit, args.trace_ids, args.progress
         )
         return spans, args.tempo
+    if spill:  # kept on disk by trace: the analysis holds a step at a time
+        from tf_otel.analysis.load.spill import load_spilled
+
+        return load_spilled(args.paths, args.progress), ", ".join(args.paths)
     from tf_otel.analysis.load.files import load_paths
 
     return load_paths(args.paths, args.progress), ", ".join(args.paths)
@@ -180,9 +190,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tf_otel.analysis.analyze import analyze_spans
-    from tf_otel.analysis.report.json_report import to_json
-    from tf_otel.analysis.report.terminal import render_table
+    from tf_otel.analysis.analyze import analyze_source, analyze_spans
+    from tf_otel.analysis.load.spill import SpillSource
     from tf_otel.analysis.steps import parse_step_range
 
     if args.png:
@@ -191,17 +200,28 @@ def _run(args: argparse.Namespace) -> int:
         require_matplotlib()
     step_range = parse_step_range(args.steps) if args.steps else None
     start_ns, end_ns = parse_time_ns(args.since), parse_time_ns(args.until)
-    spans, source = _load(args, start_ns, end_ns)
-    result = analyze_spans(
-        spans,
-        source=source,
-        job_id=args.job,
-        step_range=step_range,
-        start_ns=start_ns,
-        end_ns=end_ns,
-        straggler_min_share=args.straggler_min_share,
-        straggler_min_ns=int(args.straggler_min_ms * 1e6),
+    loaded, source = _load(args, start_ns, end_ns, spill=True)
+    options: Tuple[Any, ...] = (
+        source,
+        args.job,
+        step_range,
+        start_ns,
+        end_ns,
+        args.straggler_min_share,
+        int(args.straggler_min_ms * 1e6),
     )
+    if not isinstance(loaded, SpillSource):
+        _report(args, analyze_spans(loaded, *options))
+        return 0
+    with loaded:  # the pictures read their steps' spans again
+        _report(args, analyze_source(loaded, *options, progress=args.progress))
+    return 0
+
+
+def _report(args: argparse.Namespace, result: AnalysisResult) -> None:
+    from tf_otel.analysis.report.json_report import to_json
+    from tf_otel.analysis.report.terminal import render_table
+
     if args.format == "json":
         print(json.dumps(to_json(result, args.with_path), indent=2))
     else:
@@ -215,7 +235,6 @@ def _run(args: argparse.Namespace) -> int:
 
         written = write_pngs(result, Path(args.png), args.max_pictures)
         print(f"wrote {len(written)} PNG files to {args.png}", file=sys.stderr)
-    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -192,6 +192,9 @@ class CriticalPath:
     legs: List[Leg] = field(default_factory=list)  # in time order
     # for the straggler statistics (None: not collected)
     arrivals: Optional[Arrivals] = field(default=None, repr=False)
+    # the rank with the most excess and its excess by category (stragglers.keep_for_statistics:
+    # taken while the step still holds its op spans)
+    top_split: Optional[Tuple[int, Dict[str, int]]] = field(default=None, repr=False)
     # collectives on the path whose last arrival was unknown and unexplained (nobody blamed)
     unattributed_waits: int = 0
     _lateness: Optional[Dict[int, int]] = field(default=None, repr=False)

@@ -44,7 +44,6 @@ from tf_otel.analysis.replica_rule import slow_replica_findings
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.analysis.step_rules import whole_step_findings
 from tf_otel.analysis.whole_step import step_samples
-from tf_otel.record import COLLECTIVE
 
 COMMUNICATION_BOUND_SHARE = 0.30
 
@@ -150,13 +149,7 @@ _TF_REMEDIES = (
 
 def _collective_libraries(result: AnalysisResult) -> List[str]:
     """Whose collectives the job ran (span names "horovod.<op> ..." / "tensorflow.<op> ...")."""
-    found = {
-        span.name.split(".", 1)[0]
-        for step in result.steps
-        for span in step.trace.spans
-        if span.category == COLLECTIVE
-    }
-    return sorted(found & {"horovod", "tensorflow"})
+    return sorted(set().union(*(step.facts.libraries for step in result.steps)))
 
 
 def communication_findings(result: AnalysisResult) -> List[Finding]:

@@ -3,40 +3,35 @@ the step's mean that rank step spans carry) or the older ``gpu.utilization``.
 
 Usage::
 
-    samples = gpu_utilisation(spans, step_spans)   # {rank: [percent, ...]}; {} when no GPU
+    samples = gpu_utilisation(span_samples, step_spans)  # {rank: [percent, ...]}; {} if no GPU
 """
 
 from __future__ import annotations
 
-from operator import attrgetter
-from typing import Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, Span
 from tf_otel.record import ATTR_HW_GPU_UTILIZATION
 
 __all__ = ["ATTR_GPU_UTILIZATION", "gpu_utilisation"]
 
-_GPU = attrgetter("gpu_utilization")
-
 
 def gpu_utilisation(
-    spans: Iterable[Span], step_spans: Iterable[Span] = ()
+    span_samples: Iterable[Tuple[Optional[int], Any]], step_spans: Iterable[Span] = ()
 ) -> Dict[int, List[float]]:
     """Samples as percentages; when every sample is <= 1 they are fractions and are scaled.
-    ``spans``: every span (the older per-span attribute); ``step_spans``: the ranks' step spans,
-    the only ones that carry ``hw.gpu.utilization`` (looked at alone: cheap)."""
+    ``span_samples``: (rank, value) of every span carrying the older per-span attribute
+    (``step_facts``); ``step_spans``: the ranks' step spans, the only ones that carry
+    ``hw.gpu.utilization``, which win where any does."""
     samples: Dict[int, List[float]] = {}
-    spans = list(spans)
-    found = [(s, s.attributes.get(ATTR_HW_GPU_UTILIZATION)) for s in step_spans]
-    found = [(s, v) for s, v in found if v is not None]
-    if not found and list(map(_GPU, spans)).count(None) == len(spans):
-        return samples  # no GPU metrics (the common case): no Python loop over all spans
-    pairs = found or [(s, s.gpu_utilization) for s in spans]  # decoded at load
-    for span, value in pairs:
-        if value is None or span.rank is None or isinstance(value, bool):
+    values = [(s.rank, s.attributes.get(ATTR_HW_GPU_UTILIZATION)) for s in step_spans]
+    found = [(rank, value) for rank, value in values if value is not None]
+    pairs = found or list(span_samples)
+    for rank, value in pairs:
+        if value is None or rank is None or isinstance(value, bool):
             continue
         try:
-            samples.setdefault(span.rank, []).append(float(value))
+            samples.setdefault(rank, []).append(float(value))
         except (TypeError, ValueError):
             continue
     # hw.gpu.utilization is a ratio by convention; the older attribute: ratios when all are <= 1

@@ -25,7 +25,6 @@ from tf_otel import record
 from tf_otel.analysis.finding_figures import MAX_LISTED_STEPS, ms, severity, straggles_enough
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.lateness import noise_of
-from tf_otel.record import COLLECTIVE
 
 MIN_REPLICA_LATE_NS = 1_000_000  # a replica's lateness below this is noise on any host
 
@@ -35,23 +34,7 @@ def replica_lateness(result: AnalysisResult) -> Dict[int, List[Tuple[int, Dict[i
     carry replica spreads (each step: the last replica of its widest spread; the others 0)."""
     out: Dict[int, List[Tuple[int, Dict[int, int]]]] = {}
     for step in result.steady_steps:
-        worst: Dict[int, Tuple[int, int, int]] = {}  # rank -> (spread, replica, replicas)
-        for span in step.trace.spans:
-            attributes = span.attributes
-            if (
-                span.category != COLLECTIVE
-                or span.rank is None
-                or record.ATTR_REPLICA_SPREAD_NS not in attributes
-            ):
-                continue
-            try:
-                spread = int(attributes[record.ATTR_REPLICA_SPREAD_NS])
-                last = int(attributes[record.ATTR_REPLICA_LAST])
-                replicas = int(attributes[record.ATTR_REPLICAS])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if span.rank not in worst or spread > worst[span.rank][0]:
-                worst[span.rank] = (spread, last, replicas)
+        worst = step.facts.replica_worst  # rank -> (spread, replica, replicas)
         for rank, (spread, last, replicas) in worst.items():
             lateness = {r: 0 for r in range(max(replicas, last + 1))}
             lateness[last] = max(0, spread)

@@ -10,7 +10,7 @@ Usage::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Optional, Set
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set
 
 from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
 from tf_otel.analysis.measured import (
@@ -21,6 +21,7 @@ from tf_otel.analysis.measured import (
     not_measured,
 )
 from tf_otel.analysis.outliers import OutlierStats
+from tf_otel.analysis.step_facts import StepFacts
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.analysis.stragglers import StepStraggler, StragglerSummary
 
@@ -36,6 +37,7 @@ class StepResult:
     straggler: Optional[StepStraggler] = None
     outlier: bool = False
     warmup: bool = False  # a leading step still tracing / compiling: kept out of statistics
+    facts: StepFacts = field(default_factory=StepFacts)  # what the rules read of its spans
 
     @property
     def label(self) -> str:
@@ -71,6 +73,14 @@ class AnalysisResult:
     gpu_utilization: Dict[int, List[float]] = field(default_factory=dict)
     findings: List[Finding] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    # the step again with its spans (``trace.slimmed`` steps have none): for the pictures
+    reload: Optional[Callable[[StepResult], StepResult]] = field(default=None, repr=False)
+
+    def with_spans(self, step: StepResult) -> StepResult:
+        """``step`` with its op spans, for drawing it."""
+        if not step.trace.slimmed or self.reload is None:
+            return step
+        return self.reload(step)
 
     @property
     def total_ns(self) -> int:

@@ -39,6 +39,8 @@ from tf_otel.record import (
 # kernel, unknown) only names the gaps between them.
 TIMELINE_CATEGORIES = frozenset((COMPUTE, INPUT, COLLECTIVE, TRANSFER))
 COLLECTIVE_PARTS = frozenset((COLLECTIVE_WAIT, COLLECTIVE_TRANSFER))
+# a step with any of these synchronised its ranks (``carry.has_sync_spans``)
+SYNC_CATEGORIES = frozenset((COLLECTIVE, COLLECTIVE_WAIT, COLLECTIVE_TRANSFER, TRANSFER))
 _TRACE_ID = attrgetter("trace_id")
 _SPAN_ID = attrgetter("span_id")
 
@@ -67,6 +69,7 @@ class StepTrace:
     ranks: Dict[int, RankTimeline]
     world_size: Optional[int]
     spans: List[Span]
+    slimmed: bool = False  # ``slim``: spans dropped after the analysis
 
     @property
     def duration_ns(self) -> int:
@@ -81,6 +84,30 @@ class StepTrace:
     @property
     def missing_ranks(self) -> List[int]:
         return [rank for rank in self.expected_ranks if rank not in self.ranks]
+
+    def slim(self) -> None:
+        """Drop the spans once the step is analysed; keep what later steps and the cross-step
+        statistics read: the root, each rank's extent and step span, each rank's last
+        collective (``carry.last_collectives``) and one sync span where there was any
+        (``carry.has_sync_spans``). A slim step has no op spans: it cannot be analysed again."""
+        if self.slimmed:
+            return
+        kept: List[Span] = [self.root] if self.root is not None else []
+        for timeline in self.ranks.values():
+            last: Optional[Span] = None
+            for span in timeline.nodes:
+                if span.category == COLLECTIVE and (last is None or span.end_ns > last.end_ns):
+                    last = span
+            timeline.nodes = [last] if last is not None else []
+            timeline.fillers, timeline.parts = [], {}
+            if timeline.step_span is not None:
+                kept.append(timeline.step_span)
+            kept.extend(timeline.nodes)
+        sync = next((s for s in self.spans if s.category in SYNC_CATEGORIES), None)
+        if sync is not None and sync not in kept:
+            kept.append(sync)
+        self.spans = kept
+        self.slimmed = True
 
 
 def _world_size(root: Optional[Span], spans: List[Span]) -> Optional[int]:
@@ -206,6 +233,16 @@ def _unique_by_id(spans: List[Span]) -> Dict[str, Span]:
     return by_id
 
 
+def build_step(trace_id: str, spans: List[Span], warnings: List[str]) -> Optional[StepTrace]:
+    """One trace's step (None: not a step); duplicate spans (same span id) dropped."""
+    return _build_step(trace_id, _unique_by_id(spans), warnings)
+
+
+def step_order(step: StepTrace) -> Tuple[int, int, str]:
+    """Steps sort by step number, then start, then trace id."""
+    return (step.step if step.step is not None else -1, step.start_ns, step.trace_id)
+
+
 def group_steps(spans: Iterable[Span]) -> Tuple[List[StepTrace], List[str]]:
     """Steps ordered by (step number, start); duplicate spans (same trace+span id) dropped."""
     return group_trace_steps(spans_by_trace(spans))
@@ -216,10 +253,10 @@ def group_trace_steps(traces: Dict[str, List[Span]]) -> Tuple[List[StepTrace], L
     warnings: List[str] = []
     steps = []
     for trace_id in sorted(traces):
-        step = _build_step(trace_id, _unique_by_id(traces[trace_id]), warnings)
+        step = build_step(trace_id, traces[trace_id], warnings)
         if step is not None:
             steps.append(step)
-    steps.sort(key=lambda s: (s.step if s.step is not None else -1, s.start_ns, s.trace_id))
+    steps.sort(key=step_order)
     return steps, warnings
 
 

@@ -165,7 +165,7 @@ def step_straggler(
     excess = path.excess_by_rank()
     if not excess:
         return None
-    rank = min(excess, key=lambda r: (-excess[r], r))
+    rank = _top_rank(excess)
     duration = path.step.duration_ns
     value = min(excess[rank], duration)
     if value <= 0 or value <= noise.threshold_for(rank) or value < min_share * duration:
@@ -173,10 +173,28 @@ def step_straggler(
     if rank not in noise.persistent_ns and not noise.delayed(duration - noise.typical_step_ns):
         return None  # the step is no longer than usual: nobody delayed it
     saving = min(path.saving_by_rank().get(rank, 0), value)
-    split = excess_split(path, rank)
+    if path.top_split is not None and path.top_split[0] == rank:
+        split = path.top_split[1]
+    else:
+        split = excess_split(path, rank)
     category = max(EXCESS_CATEGORIES, key=lambda c: (split[c], -EXCESS_CATEGORIES.index(c)))
     by_category = {c: v for c, v in split.items() if v > 0}
     return StepStraggler(rank, value, saving, category, by_category)
+
+
+def _top_rank(excess: Dict[int, int]) -> int:
+    return min(excess, key=lambda r: (-excess[r], r))
+
+
+def keep_for_statistics(path: CriticalPath) -> None:
+    """Take from the step's op spans what ``straggler_summary`` reads, so the step can be
+    slimmed (``StepTrace.slim``) before the statistics over all steps are made."""
+    if path.arrivals is None:
+        path.arrivals = _collective_arrivals(path.step)
+    excess = path.excess_by_rank()
+    if excess:
+        rank = _top_rank(excess)
+        path.top_split = (rank, excess_split(path, rank))
 
 
 def _strictly_last(values: Dict[int, int]) -> Optional[int]:

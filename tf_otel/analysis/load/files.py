@@ -179,6 +179,16 @@ def _decode_lines(path: Path, data: bytes, first_line: int = 1) -> List[Row]:
     return spans
 
 
+def decode_line_block(path: Path, block: bytes) -> List[Row]:
+    """Spans of a block of whole ``TracesData`` lines from ``path``. Raises ``AnalysisError``
+    on any line that is not one, without its number: the caller decodes the whole part again
+    (``load_part_rows``) for the exact error, or as one JSON document."""
+    try:
+        return _decode_lines(path, block)
+    except _NotLines:
+        raise AnalysisError(f"{path}: not newline-delimited OTLP-JSON") from None
+
+
 def _bad_line(path: Path, number: int) -> AnalysisError:
     return AnalysisError(f"{path}: line {number} is not valid JSON (truncated or corrupt file)")
 
@@ -287,7 +297,7 @@ def _load_rows(part: Part) -> bytes:
         return marshal.dumps(load_part_rows(part))
 
 
-def _usable_cpus(workers: Optional[int]) -> int:
+def usable_cpus(workers: Optional[int]) -> int:
     if workers is None:
         from tf_otel.config import current
 
@@ -304,7 +314,7 @@ def _usable_cpus(workers: Optional[int]) -> int:
 
 def _plan(files: List[Path], workers: Optional[int]) -> Tuple[List[Part], int]:
     """The parts to read and the worker processes reading them (1: no worker processes)."""
-    cpus = _usable_cpus(workers)
+    cpus = usable_cpus(workers)
     if cpus == 1:
         return [(path, 0, -1) for path in files], 1
     parts = plan_parts(files, cpus)

@@ -243,7 +243,7 @@ def render_html(result: AnalysisResult, max_pictures: int = 20) -> str:
             f"{ms(step.trace.duration_ns):.3f} ms{' (outlier)' if step.outlier else ''}"
             f"{html.escape(straggler)}</h3><p>critical path: {shares}</p>"
         )
-        parts.append(swimlane_svg(step))
+        parts.append(swimlane_svg(result.with_spans(step)))
     parts.append("</section>")
     parts.append(
         "<section id='summary'><h2>Summary</h2><pre>"

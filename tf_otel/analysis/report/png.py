@@ -84,6 +84,6 @@ def write_pngs(result: AnalysisResult, directory: Path, max_pictures: int = 20) 
     written = []
     for step in notable_steps(result, max_pictures):
         target = directory / f"step_{step.label.replace('#', 'n')}.png"
-        _draw(step, target)
+        _draw(result.with_spans(step), target)
         written.append(target)
     return written

@@ -1,0 +1,228 @@
+"""Trace files read once and kept on disk by trace, so the analysis holds one step at a time.
+
+Usage::
+
+    with load_spilled(["traces/"]) as source:        # a TraceSource (analysis.trace_source)
+        result = analyze_source(source, source="traces/")
+        spans = source.spans(trace_id)                # one trace's spans, in input order
+
+Each file (big ones in parts, as ``files.plan_parts`` cuts them) is decoded in blocks of whole
+lines (``BLOCK_BYTES``); each block's spans are grouped by trace and written, marshalled, to a
+spill file of that part in a private temporary directory (``TMPDIR``; removed on close). What
+stays in memory is the index: trace id -> where its pieces are. Peak memory is then one block
+per reading process and one step in the analysis, however long the job; the price is writing
+and reading the decoded spans once more (about a third of the JSON's size on disk).
+
+A file that is one JSON document (pretty-printed, a Jaeger download) is decoded whole, as
+``files.load_file_rows`` does; errors are the same as the in-memory loader's.
+"""
+
+from __future__ import annotations
+
+import gzip
+import marshal
+import multiprocessing
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import BinaryIO, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+
+from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.gc_pause import paused_gc
+from tf_otel.analysis.load.files import (
+    WORKERS_ENV,
+    Part,
+    decode_line_block,
+    find_trace_files,
+    load_part_rows,
+    plan_parts,
+    usable_cpus,
+)
+from tf_otel.analysis.load.progress import Progress
+from tf_otel.analysis.model import Row, Span
+
+BLOCK_BYTES = 8 << 20  # whole lines decoded at once: bounds a reading process's memory
+_MAX_OPEN = 128  # spill files kept open for reading (a directory of thousands of rank files)
+
+Piece = Tuple[int, int, int]  # (spill file number, offset, length) of one marshalled block
+Pieces = List[Tuple[str, int, int]]  # one part's pieces in order: (trace id, offset, length)
+
+
+def _blocks(part: Part) -> Iterator[bytes]:
+    """The part's bytes in blocks of whole lines (gzip read as a stream)."""
+    path, start, end = part
+    with _open(path) as handle:
+        if start:
+            handle.seek(start)
+        left = None if end < 0 else end - start
+        rest = b""
+        while left is None or left > 0:
+            data = handle.read(BLOCK_BYTES if left is None else min(BLOCK_BYTES, left))
+            if not data:
+                break
+            if left is not None:
+                left -= len(data)
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            rest = data[cut:]
+            if cut:
+                yield data[:cut]
+        if rest:
+            yield rest
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        handle: BinaryIO = open(path, "rb")  # noqa: SIM115 - returned to a with block
+        if handle.read(2) == b"\x1f\x8b":
+            handle.close()
+            return gzip.open(path, "rb")  # type: ignore[return-value]
+        handle.seek(0)
+        return handle
+    except OSError as error:
+        raise AnalysisError(f"{path}: cannot read ({error})") from None
+
+
+def _group(rows: List[Row]) -> Dict[str, List[Row]]:
+    by_trace: Dict[str, List[Row]] = {}
+    for row in rows:
+        found = by_trace.get(row[0])
+        if found is None:
+            by_trace[row[0]] = [row]
+        else:
+            found.append(row)
+    return by_trace
+
+
+def _write(out: BinaryIO, rows: List[Row], pieces: Pieces, jobs: Set[str]) -> int:
+    for trace_id, group in _group(rows).items():
+        blob = marshal.dumps(group)
+        pieces.append((trace_id, out.tell(), len(blob)))
+        out.write(blob)
+    jobs.update(row[11] for row in rows if row[11] is not None)
+    return len(rows)
+
+
+def spill_part(task: Tuple[Part, str]) -> bytes:
+    """Decode one part into its spill file; the pieces, job ids and span count, marshalled."""
+    part, target = task
+    pieces: Pieces = []
+    jobs: Set[str] = set()
+    count = 0
+    with paused_gc(), open(target, "wb") as out:
+        try:
+            for block in _blocks(part):
+                count += _write(out, decode_line_block(part[0], block), pieces, jobs)
+        except AnalysisError:
+            count = -1  # decoded again whole below: the error names the right line
+        if count <= 0:  # no spans, an error, or one JSON document: read as the loader does
+            out.seek(0)
+            out.truncate()
+            pieces.clear()
+            count = _write(out, load_part_rows(part), pieces, jobs)
+    return marshal.dumps((pieces, sorted(jobs), count))
+
+
+class SpillSource:
+    """The spilled spans of a job's trace files (``analysis.trace_source.TraceSource``)."""
+
+    fresh = True
+
+    def __init__(self, directory: Path, index: Dict[str, List[Piece]], jobs: Set[str]) -> None:
+        self.directory = directory
+        self.span_count = 0
+        self._index = index
+        self._jobs = jobs
+        self._open: OrderedDict[int, int] = OrderedDict()  # spill file number -> descriptor
+
+    def trace_ids(self) -> List[str]:
+        return list(self._index)
+
+    def job_ids(self) -> Set[str]:
+        return set(self._jobs)
+
+    def spans(self, trace_id: str) -> List[Span]:
+        from_row = Span.from_row
+        spans: List[Span] = []
+        for number, offset, length in self._index.get(trace_id, ()):
+            rows = marshal.loads(os.pread(self._descriptor(number), length, offset))
+            spans.extend([from_row(row) for row in rows])
+        return spans
+
+    def _descriptor(self, number: int) -> int:
+        found = self._open.get(number)
+        if found is not None:
+            self._open.move_to_end(number)
+            return found
+        if len(self._open) >= _MAX_OPEN:
+            os.close(self._open.popitem(last=False)[1])
+        found = self._open[number] = os.open(self.directory / f"{number}.spill", os.O_RDONLY)
+        return found
+
+    def close(self) -> None:
+        for descriptor in self._open.values():
+            os.close(descriptor)
+        self._open.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> SpillSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load_spilled(
+    paths: Iterable[str], progress: Optional[bool] = None, workers: Optional[int] = None
+) -> SpillSource:
+    """Every trace file under ``paths`` read into a ``SpillSource`` (close it when done)."""
+    paths = list(paths)
+    files = find_trace_files(paths)
+    cpus = usable_cpus(workers)
+    parts = plan_parts(files, cpus)  # blocks, not parts, bound the memory
+    directory = Path(tempfile.mkdtemp(prefix="tf-otel-spill-"))
+    tasks = [(part, str(directory / f"{number}.spill")) for number, part in enumerate(parts)]
+    index: Dict[str, List[Piece]] = {}
+    jobs: Set[str] = set()
+    source = SpillSource(directory, index, jobs)
+    try:
+        with Progress("reading trace files", len(parts), progress) as bar:
+            for number, blob in enumerate(_run(tasks, min(cpus, len(parts)))):
+                pieces, part_jobs, count = marshal.loads(blob)
+                for trace_id, offset, length in pieces:
+                    entry = (number, offset, length)
+                    found = index.get(trace_id)
+                    if found is None:
+                        index[trace_id] = [entry]
+                    else:
+                        found.append(entry)
+                jobs.update(part_jobs)
+                source.span_count += count
+                bar.advance()
+    except BaseException:
+        source.close()
+        raise
+    if not source.span_count:
+        source.close()
+        raise AnalysisError(f"{', '.join(map(str, paths))}: no spans")
+    return source
+
+
+def _run(tasks: List[Tuple[Part, str]], jobs: int) -> Iterator[bytes]:
+    if jobs <= 1:
+        for task in tasks:
+            yield spill_part(task)
+        return
+    context = multiprocessing.get_context("fork")
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            yield from pool.map(spill_part, tasks)  # in part order
+    except BrokenProcessPool:
+        raise AnalysisError(
+            f"reading trace files: a worker process died (out of memory?); "
+            f"{WORKERS_ENV}=1 reads them in this process"
+        ) from None
