@@ -35,7 +35,9 @@ TF_OTEL_STALL_FLOOR_S and TF_OTEL_STALL_FACTOR (a step of rank 0 in flight longe
 max(floor, factor x the median of the key's recent steps) is a stall; defaults 20 s and 10,
 docs/RELIABILITY.md "Stalls" says why),
 TF_OTEL_VERDICTS (rank 0's live verdict on each step root, the per-rank lateness histogram and
-persistent slowdowns, pipeline/verdicts.py; default 1; 0: off).
+persistent slowdowns, pipeline/verdicts.py; default 1; 0: off),
+TF_OTEL_HOST_RELAY (one rank a host gathers the host's step reports for rank 0,
+pipeline/host_relay.py; unset: on where a host runs several ranks; 0: every rank to rank 0).
 """
 
 from __future__ import annotations
@@ -206,6 +208,9 @@ class Settings:
     stall_floor_s: float = STALL_FLOOR_S_DEFAULT
     stall_factor: float = STALL_FACTOR_DEFAULT
     verdicts: bool = True  # rank 0's live verdicts (pipeline/verdicts.py)
+    # one relay a host for the step reports (pipeline/host_relay.py); None: on when a host runs
+    # several ranks
+    host_relay: Optional[bool] = None
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Settings:
@@ -260,6 +265,7 @@ class Settings:
             ),
             stall_factor=read(env, "TF_OTEL_STALL_FACTOR", _positive_float, STALL_FACTOR_DEFAULT),
             verdicts=read(env, "TF_OTEL_VERDICTS", _bool, True),
+            host_relay=read(env, "TF_OTEL_HOST_RELAY", _bool, None),
         )
 
 
@@ -301,6 +307,7 @@ VARIABLES = (
     "TF_OTEL_STALL",
     "TF_OTEL_STALL_FLOOR_S",
     "TF_OTEL_STALL_FACTOR",
+    "TF_OTEL_HOST_RELAY",
     "TF_OTEL_TEST_CLOCK",
 )
 # read elsewhere, never by this package: the install/build scripts, the NCCL profiler plugin (C),

@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 from tf_otel.clock import ClockModel
 
 
-def _private_dir() -> Optional[Path]:
+def private_dir() -> Optional[Path]:
     """This user's own directory under the temp dir, or None (someone else's, or a link)."""
     path = Path(tempfile.gettempdir()) / f"tf_otel-{os.getuid()}"
     try:
@@ -52,7 +52,7 @@ class HostShare:
 
     @classmethod
     def for_job(cls, job_id: str, host: str) -> Optional[HostShare]:
-        directory = _private_dir()
+        directory = private_dir()
         if directory is None:
             return None
         name = hashlib.sha256(f"{job_id}\0{host}".encode()).hexdigest()[:24]

@@ -10,6 +10,14 @@ Every connection starts with a mutual HMAC handshake over the per-job key (job_s
 rank 0 accepts only ranks that hold the key, a rank accepts messages only from a rank 0 that
 does. Anything else is refused and counted (``coordinator_refused``); every buffer is bounded.
 
+A host relay (pipeline/host_relay.py) serves the ranks of one host and holds ONE connection to
+rank 0 for all of them: its hello says so (its MAC is bound to RELAY_SERVICE), it names each rank
+it serves (JOIN / LEAVE), sends a step's extents of all its ranks in one EXTENTS message and their
+extension messages wrapped in VIA. Rank 0 routes a message for such a rank to its relay wrapped
+in TO, and a broadcast once per connection (the relay fans it out): each rank's route is its own
+connection or its relay's. A relay's input is checked like a rank's (ranks in range and its
+own, bounded sizes); anything else is counted as a bad message.
+
 Usage (done by pipeline.steps.Pipeline)::
 
     server = StepAggregator(world_size, wait_s, emit_root); server.serve(("127.0.0.1", port))
@@ -27,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.health import count, log_once
@@ -50,6 +58,7 @@ MAX_HELD_BYTES = 16 << 20  # per rank: messages held for a rank that has not con
 MAX_EMITTED_STEPS = 8192
 LEARN_STEPS = 3
 SERVICE = "coordinator"
+RELAY_SERVICE = "coordinator.relay"  # a host relay's hello: its MAC binds it to this role
 MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
 MAX_UNSENT_BYTES = 64 << 20  # to a rank that does not read: beyond, messages are dropped
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -128,7 +137,12 @@ class StepAggregator:
         self._server: Optional[asyncio.base_events.Server] = None
         self.address: Optional[Tuple[str, int]] = None  # where serve() listens
         self._finished: set = set()  # ranks that said bye or dropped their connection
-        self._writers: Dict[int, asyncio.StreamWriter] = {}  # rank -> its connection
+        # rank -> its route: its own connection, or its host relay's
+        self._writers: Dict[int, asyncio.StreamWriter] = {}
+        # a relay's connection -> the ranks it serves now, and every rank it ever served (its
+        # late extents may name a rank that has left since)
+        self._relayed: Dict[asyncio.StreamWriter, Set[int]] = {}
+        self._served: Dict[asyncio.StreamWriter, Set[int]] = {}
         self._held: Dict[int, list] = {}  # rank -> messages sent before it connected (bounded)
         self._held_bytes: Dict[int, int] = {}
         self._connections = 0
@@ -156,24 +170,34 @@ class StepAggregator:
         end_ns: int,
         wait_ns: Optional[int] = None,
     ) -> None:
+        self.add_many(key, step, ((rank, start_ns, end_ns, wait_ns),))
+
+    def add_many(
+        self, key: str, step: int, extents: Iterable[Tuple[int, int, int, Optional[int]]]
+    ) -> None:
+        """Extents of one step, (rank, start, end, input wait) each: a rank's own, or the ranks
+        of a host relay's message (the same root as had each come alone)."""
         ready: List[Tuple[Tuple[str, int], _Pending]] = []
         with self._lock:
             if (key, step) in self._emitted:
-                count("roots_late_extent")  # its root is out: a second one would split the step
+                # its root is out: a second one would split the step
+                count("roots_late_extent", sum(1 for _ in extents))
                 return
-            self._reporters.add(rank)
             entry = self._pending.get((key, step))
-            if entry is None:
-                entry = _Pending(start_ns, end_ns, time.monotonic())
-                self._pending[(key, step)] = entry
-                while len(self._pending) > MAX_PENDING_STEPS:
-                    count("roots_forced")
-                    ready.append(self._take(next(iter(self._pending))))
-            entry.start = min(entry.start, start_ns)
-            entry.end = max(entry.end, end_ns)
-            entry.extents[rank] = (start_ns, end_ns, wait_ns)
-            if len(entry.extents) >= self.expected_ranks():
-                ready.append(self._take((key, step)))
+            for rank, start_ns, end_ns, wait_ns in extents:
+                self._reporters.add(rank)
+                if entry is None:
+                    entry = _Pending(start_ns, end_ns, time.monotonic())
+                    self._pending[(key, step)] = entry
+                    while len(self._pending) > MAX_PENDING_STEPS:
+                        count("roots_forced")
+                        ready.append(self._take(next(iter(self._pending))))
+                entry.start = min(entry.start, start_ns)
+                entry.end = max(entry.end, end_ns)
+                entry.extents[rank] = (start_ns, end_ns, wait_ns)
+            if entry is not None and (key, step) in self._pending:
+                if len(entry.extents) >= self.expected_ranks():
+                    ready.append(self._take((key, step)))
         for key_step, done in ready:
             self._emit(key_step, done)
 
@@ -259,12 +283,12 @@ class StepAggregator:
                 exc,
             )
             return False
-        loop.set_exception_handler(_loop_error)
+        loop.set_exception_handler(loop_error)
         self._loop, self._server = loop, server
         self.address = server.sockets[0].getsockname()[:2]
         job_secret.warn_if_weak(self.secret, address[0], "coordinator")
         threading.Thread(
-            target=_run_loop, args=(loop,), name="tf_otel-coordinator", daemon=True
+            target=run_loop, args=(loop,), name="tf_otel-coordinator", daemon=True
         ).start()
         return True
 
@@ -286,10 +310,16 @@ class StepAggregator:
             writer.close()
             return
         rank: Optional[int] = None
+        relay = False
         try:
-            rank = await self._handshake(reader, writer, peer)
-            if rank is not None:
-                await self._serve_rank(rank, reader)
+            accepted = await accept_hello(reader, writer, peer, self.secret.key, self.world_size)
+            if accepted is not None:
+                rank, relay, welcome = accepted
+                self._welcome(rank, relay, writer, welcome)
+                if relay:
+                    await self._serve_relay(reader, writer)
+                else:
+                    await self._serve_rank(rank, reader)
         except OSError as exc:  # a rank died or its host went away
             log_once(
                 "coordinator_conn_lost",
@@ -302,59 +332,95 @@ class StepAggregator:
             count("coordinator_conn_error")
             log_once("coordinator_conn", "tf_otel: coordinator connection ended (%s)", exc)
         finally:
-            if rank is not None:
-                with self._write_lock:
-                    if self._writers.get(rank) is writer:
-                        self._writers.pop(rank, None)
-                with self._lock:
-                    self._finished.add(rank)
+            routed = [rank] if rank is not None and not relay else []
+            with self._write_lock:
+                routed += self._relayed.pop(writer, ())  # a relay's ranks go with it
+                self._served.pop(writer, None)
+                # not a rank that came back through another route meanwhile (a new relay)
+                gone = [lost for lost in routed if self._writers.get(lost) is writer]
+                for lost in gone:
+                    self._writers.pop(lost, None)
+            with self._lock:
+                self._finished.update(gone if relay else routed)
             self._release()
             writer.close()
 
-    async def _handshake(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Any
-    ) -> Optional[int]:
-        """The rank of an authenticated peer (rank 0's proof sent back), or None: refused."""
-        server_nonce = job_secret.nonce()
-        writer.write(encode({"t": messages.CHALLENGE, "n": server_nonce.hex()}))
-        try:  # a silent stranger does not keep a seat
-            line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
-        except (asyncio.TimeoutError, OSError):
-            _refuse(peer, "no hello in time")
-            return None
-        except ValueError:  # longer than MAX_LINE
-            _refuse(peer, "no hello: a line too long")
-            return None
-        try:
-            message = decode(line)
-        except BadMessage as exc:
-            _refuse(peer, f"no hello: {exc}")
-            return None
-        if message["t"] != messages.HELLO:
-            _refuse(peer, "no hello")
-            return None
-        rank = message.get("rank")
-        mac = parse_hex(message.get("mac"), job_secret.MAC_BYTES)
-        client_nonce = parse_hex(message.get("cn"), job_secret.NONCE_BYTES)
-        if not _is_int(rank) or not 0 < rank < self.world_size:
-            _refuse(peer, f"rank {str(rank)[:20]!r} is not in 1..{self.world_size - 1}")
-            return None
-        key = self.secret.key
-        if (
-            mac is None
-            or client_nonce is None
-            or not job_secret.check(job_secret.client_mac(key, SERVICE, server_nonce, rank), mac)
-        ):
-            _refuse(peer, f"wrong credentials for rank {rank}")
-            return None
-        proof = job_secret.server_mac(key, SERVICE, client_nonce, rank).hex()
+    def _welcome(
+        self, rank: int, relay: bool, writer: asyncio.StreamWriter, welcome: bytes
+    ) -> None:
         with self._write_lock:  # the welcome, then what was held for it, then live messages
-            writer.write(encode({"t": messages.WELCOME, "mac": proof}))
-            for data in self._held.pop(rank, ()):
-                writer.write(data)
+            writer.write(welcome)
+            if relay:  # its ranks are routed to it as it names them (JOIN)
+                self._relayed[writer], self._served[writer] = set(), set()
+                return
+        self._route(rank, writer)
+
+    def _route(self, rank: int, writer: asyncio.StreamWriter) -> None:
+        """Messages for ``rank`` go through ``writer`` from now: what was held for it first.
+        A rank that comes back (its relay died, it reconnected) is no longer finished."""
+        with self._write_lock:
+            held = self._held.pop(rank, ())
             self._held_bytes.pop(rank, None)
+            relay = writer in self._relayed
+            for data in held:
+                writer.write(messages.wrap(messages.TO, rank, data) if relay else data)
             self._writers[rank] = writer
-        return rank
+        with self._lock:
+            self._finished.discard(rank)
+
+    async def _serve_relay(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """A host relay's messages: its ranks come and go, their extents of a step in one
+        message, their extension messages wrapped. A rank it did not name is refused."""
+        served, now = self._served[writer], self._relayed[writer]
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:  # longer than MAX_LINE: a relay never sends this
+                count("coordinator_bad_message")
+                return
+            if not line:
+                return
+            if not line.endswith(b"\n"):
+                continue
+            message = decode_or_count(line)
+            if message is None:
+                continue
+            kind = message["t"]
+            if kind == messages.EXTENTS:  # checked by decode: ints, 0 <= a <= b, bounded
+                items = message["e"]
+                if not all(item[0] in served for item in items):
+                    count("coordinator_bad_message")  # a rank this relay never served
+                    continue
+                self.add_many(message["k"], message["s"], [tuple(item) for item in items])
+            elif kind == messages.JOIN and message["r"] < self.world_size:
+                with self._write_lock:
+                    served.add(message["r"])
+                    now.add(message["r"])
+                self._route(message["r"], writer)
+            elif kind == messages.LEAVE and message["r"] in served:
+                with self._write_lock:
+                    now.discard(message["r"])
+                    left = self._writers.get(message["r"]) is writer
+                    if left:  # not if it came back through another route meanwhile
+                        self._writers.pop(message["r"], None)
+                if left:
+                    with self._lock:
+                        self._finished.add(message["r"])
+            elif kind == messages.VIA and message["r"] in now:
+                try:
+                    inner = messages.check(message["m"])
+                except BadMessage:
+                    inner = None
+                if inner is None or inner["t"] in messages.COORDINATOR_TYPES:
+                    count("coordinator_bad_message")
+                    continue
+                self.handlers.at_reference(message["r"], inner)
+            elif kind == messages.BYE:
+                return
+            else:  # a rank out of range or not this relay's, or a type a relay never sends
+                count("coordinator_bad_message")
 
     async def _serve_rank(self, rank: int, reader: asyncio.StreamReader) -> None:
         while True:
@@ -385,7 +451,8 @@ class StepAggregator:
         """Send an extension message to one rank (held until it connects); False if lost."""
         return self._send_bytes(rank, encode(message))
 
-    def _send_bytes(self, rank: int, data: bytes) -> bool:
+    def _send_bytes(self, rank: int, data: bytes, as_is: bool = False) -> bool:
+        """``data`` to ``rank`` (wrapped for its relay unless ``as_is``: a broadcast)."""
         with self._write_lock:
             writer = self._writers.get(rank)
             if writer is None:
@@ -406,6 +473,8 @@ class StepAggregator:
             if writer.transport.get_write_buffer_size() + len(data) > MAX_UNSENT_BYTES:
                 count("coordinator_send_dropped")  # the rank does not read: never unbounded
                 return False
+            if not as_is and writer in self._relayed:
+                data = messages.wrap(messages.TO, rank, data)
         assert self._loop is not None  # a writer exists only once the loop serves
         try:
             self._loop.call_soon_threadsafe(_write, writer, data)
@@ -414,15 +483,28 @@ class StepAggregator:
         return True
 
     def broadcast(self, message: Outgoing) -> int:
-        """Send to every connected rank; returns how many got it."""
+        """Send to every connected rank (once per connection: a host relay fans it out to its
+        ranks); returns how many ranks it went to."""
         data = encode(message)  # once for every rank (a Gather answer goes to each of them)
         with self._write_lock:
-            ranks = list(self._writers)
-        return sum(self._send_bytes(rank, data) for rank in ranks)
+            routes: Dict[asyncio.StreamWriter, int] = {}  # a connection -> one rank it serves
+            served: Dict[asyncio.StreamWriter, int] = {}
+            for rank, writer in self._writers.items():
+                routes.setdefault(writer, rank)
+                served[writer] = served.get(writer, 0) + 1
+        return sum(
+            served[writer] for writer, rank in routes.items() if self._send_bytes(rank, data, True)
+        )
 
     def connected_ranks(self) -> set:
+        """The ranks reachable now: connected themselves or through their host relay."""
         with self._write_lock:
             return set(self._writers)
+
+    def connection_count(self) -> int:
+        """The connections that carry ranks now (a host relay's is one for all its ranks)."""
+        with self._write_lock:
+            return len(set(self._writers.values()))
 
     def close(self) -> None:
         self._stop.set()
@@ -430,7 +512,7 @@ class StepAggregator:
         if loop is None or server is None:
             return
         with self._write_lock:
-            writers = list(self._writers.values())
+            writers = list(set(self._writers.values()) | set(self._relayed))
 
         def shut() -> None:
             server.close()
@@ -444,13 +526,61 @@ class StepAggregator:
             pass
 
 
+async def accept_hello(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    peer: Any,
+    key: bytes,
+    world_size: int,
+    relays: bool = True,
+) -> Optional[Tuple[int, bool, bytes]]:
+    """(rank, whether it is a host relay, the welcome to send) of a peer that proved the job
+    key, or None: refused and counted. The server's side of the handshake, for rank 0 and for
+    a host relay (``relays=False``: a relay serves ranks, never another relay)."""
+    server_nonce = job_secret.nonce()
+    writer.write(encode({"t": messages.CHALLENGE, "n": server_nonce.hex()}))
+    try:  # a silent stranger does not keep a seat
+        line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
+    except (asyncio.TimeoutError, OSError):
+        _refuse(peer, "no hello in time")
+        return None
+    except ValueError:  # longer than MAX_LINE
+        _refuse(peer, "no hello: a line too long")
+        return None
+    try:
+        message = decode(line)
+    except BadMessage as exc:
+        _refuse(peer, f"no hello: {exc}")
+        return None
+    if message["t"] != messages.HELLO:
+        _refuse(peer, "no hello")
+        return None
+    rank = message.get("rank")
+    relay = message.get("relay") == 1 and relays
+    service = RELAY_SERVICE if relay else SERVICE
+    mac = parse_hex(message.get("mac"), job_secret.MAC_BYTES)
+    client_nonce = parse_hex(message.get("cn"), job_secret.NONCE_BYTES)
+    if not _is_int(rank) or not 0 < rank < world_size:
+        _refuse(peer, f"rank {str(rank)[:20]!r} is not in 1..{world_size - 1}")
+        return None
+    if (
+        mac is None
+        or client_nonce is None
+        or not job_secret.check(job_secret.client_mac(key, service, server_nonce, rank), mac)
+    ):
+        _refuse(peer, f"wrong credentials for rank {rank}")
+        return None
+    proof = job_secret.server_mac(key, service, client_nonce, rank).hex()
+    return rank, relay, encode({"t": messages.WELCOME, "mac": proof})
+
+
 def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
     """On the loop: queue bytes for a rank (its transport sends them as the socket allows)."""
     if not writer.transport.is_closing():
         writer.write(data)
 
 
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+def run_loop(loop: asyncio.AbstractEventLoop) -> None:
     """The coordinator's thread: serve until close(), then end the connections' tasks."""
     asyncio.set_event_loop(loop)
     try:
@@ -464,7 +594,7 @@ def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
         loop.close()
 
 
-def _loop_error(loop: asyncio.AbstractEventLoop, context: Dict[str, Any]) -> None:
+def loop_error(loop: asyncio.AbstractEventLoop, context: Dict[str, Any]) -> None:
     """What escapes a connection's task or a callback: counted and logged once, never raised
     (asyncio's default prints a traceback on stderr)."""
     count("coordinator_conn_error")

@@ -10,6 +10,11 @@ Usage (done by pipeline.services)::
 
 A daemon thread connects (retrying with jittered back-off while the job runs: at start-up a
 thousand ranks reach rank 0 at once) and sends; another reads rank 0's messages for the handlers.
+
+With a ``route`` (pipeline/host_relay.py) each try asks it where to connect: the host relay, or
+rank 0; a connection that ends is then made again (the relay died: the next leader's relay, or
+rank 0), the message whose send failed sent again on it. A relay's own link to rank 0 is a client
+with ``relay=True`` (its hello says so) and ``on_line`` (rank 0's lines, raw, for its fan-out).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
@@ -28,6 +33,7 @@ from tf_otel.pipeline import messages
 from tf_otel.pipeline.coordinator import (
     HANDSHAKE_TIMEOUT_S,
     MAX_LINE,
+    RELAY_SERVICE,
     SERVICE,
     decode_or_count,
     parse_hex,
@@ -36,6 +42,14 @@ from tf_otel.pipeline.messages import BadMessage, Handlers, Message, Outgoing, d
 
 MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)
 RETRY_MAX_DELAY_S = 5.0  # the back-off between tries to reach rank 0 (tries never stop)
+Route = Callable[[], Tuple[str, int]]  # where to connect now (a host relay, or rank 0)
+
+
+class _Lost:
+    """Queued by a reader whose connection ended: the sender connects again (with a route)."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
 
 
 def _handshake_line(rfile: Any) -> Optional[Message]:
@@ -58,12 +72,20 @@ class CoordinatorClient:
         max_queue: int = 4096,
         secret: Optional[job_secret.JobKey] = None,
         handlers: Optional[Handlers] = None,
+        route: Optional[Route] = None,
+        relay: bool = False,
+        on_line: Optional[Callable[[bytes], None]] = None,
     ) -> None:
         self.address = address
         self.handlers = handlers or Handlers()  # extension messages from rank 0
         self.rank = rank
         self.secret = secret or job_secret.job_key()
-        self._queue: queue.Queue[Optional[bytes]] = queue.Queue(max_queue)
+        self.route = route  # None: always rank 0 at ``address``, one connection
+        self.relay = relay  # this is a host relay's link to rank 0
+        self.on_line = on_line  # rank 0's lines, raw (a relay's), instead of the handlers
+        self.connected_to: Optional[Tuple[str, int]] = None  # the peer now (tests, benches)
+        self._generation = 0  # of the connection: a reader of an old one is not heard
+        self._queue: queue.Queue[Any] = queue.Queue(max_queue)  # bytes, None (bye) or _Lost
         self._closing = threading.Event()  # set by close(): stop trying to connect
         self._thread = threading.Thread(target=self._run, name="tf_otel-coord-client", daemon=True)
         self._thread.start()
@@ -75,8 +97,12 @@ class CoordinatorClient:
 
     def send(self, message: Outgoing) -> None:
         """Queue a message for rank 0 (never blocks; dropped and counted when the queue is full)."""
+        self.send_bytes(encode(message))
+
+    def send_bytes(self, data: bytes) -> None:
+        """Queue an encoded line (a relay forwards its ranks' lines without encoding them)."""
         try:
-            self._queue.put_nowait(encode(message))
+            self._queue.put_nowait(data)
         except queue.Full:
             count("coordinator_dropped")
 
@@ -99,14 +125,17 @@ class CoordinatorClient:
         if challenge is None or challenge["t"] != messages.CHALLENGE or server_nonce is None:
             return None, "it sent no tf_otel challenge"
         key, client_nonce = self.secret.key, job_secret.nonce()
-        mac = job_secret.client_mac(key, SERVICE, server_nonce, self.rank)
+        service = RELAY_SERVICE if self.relay else SERVICE
+        mac = job_secret.client_mac(key, service, server_nonce, self.rank)
         hello = {"t": messages.HELLO, "rank": self.rank, "mac": mac.hex(), "cn": client_nonce.hex()}
+        if self.relay:
+            hello["relay"] = 1
         sock.sendall(encode(hello))
         welcome = _handshake_line(rfile)
         if welcome is None:
             return None, "it refused this rank's credentials"
         proof = parse_hex(welcome.get("mac"), job_secret.MAC_BYTES)
-        expected = job_secret.server_mac(key, SERVICE, client_nonce, self.rank)
+        expected = job_secret.server_mac(key, service, client_nonce, self.rank)
         proven = proof is not None and job_secret.check(expected, proof)
         if welcome["t"] != messages.WELCOME or not proven:
             return None, "it could not prove the job secret"
@@ -122,7 +151,7 @@ class CoordinatorClient:
         while not self._closing.is_set():
             why = "no answer"
             try:
-                address = resolve_address(self.address)  # Horovod multi-host: a lookup
+                address = resolve_address(self._where())  # Horovod multi-host: a lookup
                 sock = socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S)
             except OSError as exc:  # rank 0 not listening yet, or its backlog is full
                 sock, why = None, f"no connection ({exc or type(exc).__name__})"
@@ -134,6 +163,7 @@ class CoordinatorClient:
                     rfile, why = None, f"no handshake ({exc or type(exc).__name__})"
                 if rfile is not None:
                     sock.settimeout(None)
+                    self.connected_to = address
                     return sock, rfile
                 sock.close()
                 count("coordinator_handshake_failed")
@@ -153,39 +183,93 @@ class CoordinatorClient:
             delay = min(delay * 2, RETRY_MAX_DELAY_S)
         return None, None
 
-    def _read(self, rfile: Any) -> None:
+    def _where(self) -> Tuple[str, int]:
+        """Where to connect on this try: the route's answer, or rank 0 (the route failed)."""
+        if self.route is None:
+            return self.address
+        try:
+            return self.route()
+        except Exception as exc:  # noqa: BLE001 - a broken route must not stop the reports
+            log_once("coordinator_route", "tf_otel: host relay route failed (%s)", exc)
+            return self.address
+
+    def _read(self, rfile: Any, generation: int) -> None:
         try:
             while True:
                 line = rfile.readline(MAX_CLIENT_LINE)
                 if not line or not line.endswith(b"\n"):
                     if len(line) >= MAX_CLIENT_LINE:
                         count("coordinator_bad_message")
-                    return
+                    break
+                if self.on_line is not None:
+                    self.on_line(line)
+                    continue
                 message = decode_or_count(line)
                 if message is not None:
                     self.handlers.at_rank(message)
         except (OSError, ValueError):
             pass
+        if self.route is not None:  # connect again now: rank 0's questions come this way too
+            try:
+                self._queue.put_nowait(_Lost(generation))
+            except queue.Full:  # the next send fails and connects again
+                pass
 
-    def _run(self) -> None:
+    def _open(self) -> Optional[socket.socket]:
+        """A connection (trying until the rank closes) with its reader thread."""
         sock, rfile = self._connect()
         if sock is not None:
+            self._generation += 1
             threading.Thread(
-                target=self._read, args=(rfile,), name="tf_otel-coord-reader", daemon=True
+                target=self._read,
+                args=(rfile, self._generation),
+                name="tf_otel-coord-reader",
+                daemon=True,
             ).start()
+        return sock
+
+    def _run(self) -> None:
+        sock = self._open()
         while True:
             item = self._queue.get()
+            if isinstance(item, _Lost):  # its connection ended: another (a relay died)
+                if sock is not None and item.generation == self._generation:
+                    count("coordinator_reconnect")
+                    sock.close()
+                    sock = self._open()
+                continue
+            if sock is None and self.route is not None and not self._closing.is_set():
+                sock = self._open()  # lost twice at once before: try the route again
             if sock is None:
                 if item is None:
                     return
                 count("coordinator_dropped")
                 continue
+            data = item if item is not None else encode({"t": messages.BYE})
             try:
-                sock.sendall(item if item is not None else encode({"t": messages.BYE}))
+                sock.sendall(data)
             except OSError as exc:
-                log_once("coordinator_send", "tf_otel: lost connection to rank 0 (%s)", exc)
+                sock.close()
                 sock = None
+                if self.route is not None and not self._closing.is_set():
+                    count("coordinator_reconnect")
+                    sock = self._open()  # the host's next relay, or rank 0: this line again
+                    sock = self._send_again(sock, data)
+                else:
+                    log_once("coordinator_send", "tf_otel: lost connection to rank 0 (%s)", exc)
             if item is None:
                 if sock is not None:
                     sock.close()
                 return
+
+    def _send_again(self, sock: Optional[socket.socket], data: bytes) -> Optional[socket.socket]:
+        if sock is None:
+            return None
+        try:
+            sock.sendall(data)
+            return sock
+        except OSError as exc:  # a second loss at once: the next item connects again
+            log_once("coordinator_send", "tf_otel: lost connection to rank 0 (%s)", exc)
+            count("coordinator_dropped")
+            sock.close()
+            return None

@@ -40,7 +40,14 @@ CHALLENGE = "challenge"  # 0 -> rank: {"n": nonce}
 WELCOME = "welcome"  # 0 -> rank: {"mac"}
 EXTENT = "extent"  # rank -> 0: Extent
 BYE = "bye"  # rank -> 0: the rank is done
-COORDINATOR_TYPES = (HELLO, CHALLENGE, WELCOME, EXTENT, BYE)
+# a host relay (pipeline/host_relay.py) <-> rank 0: the host's ranks on one connection
+EXTENTS = "extents"  # relay -> 0: RelayExtents (one step, several ranks)
+JOIN = "relay.join"  # relay -> 0: rank "r" is now served through this relay
+LEAVE = "relay.leave"  # relay -> 0: rank "r" said bye or its connection ended
+VIA = "via"  # relay -> 0: rank "r"'s extension message "m"
+TO = "to"  # 0 -> relay: extension message "m" for rank "r" (a broadcast goes as it is)
+RELAY_TYPES = (EXTENTS, JOIN, LEAVE, VIA, TO)
+COORDINATOR_TYPES = (HELLO, CHALLENGE, WELCOME, EXTENT, BYE, *RELAY_TYPES)
 
 # extension types: sources' messages, dispatched to the pipeline's handlers
 OPS_WINDOW = "tf_otel.ops.window"  # 0 -> ranks: OpsWindow
@@ -63,6 +70,17 @@ class Extent(TypedDict, total=False):
     a: int
     b: int
     w: int
+
+
+class RelayExtents(TypedDict):
+    """A host relay's extents of step "s" of key "k": "e" = [[rank, start, end, input wait
+    (null: not measured)], ...], one per rank of the host that reported (at most
+    MAX_RELAY_RANKS)."""
+
+    t: str
+    k: str
+    s: int
+    e: List[List[Any]]
 
 
 class OpsWindow(TypedDict):
@@ -168,6 +186,16 @@ def extent(
     return message
 
 
+def relay_extents(key: str, step: int, extents: List[List[Any]]) -> RelayExtents:
+    return {"t": EXTENTS, "k": key, "s": step, "e": extents}
+
+
+def wrap(kind: str, rank: int, line: bytes) -> bytes:
+    """A VIA or TO line around an encoded message ``line`` (its bytes kept: never encoded
+    again, so a broadcast or a large record is encoded once)."""
+    return b'{"t":"%s","r":%d,"m":%s}\n' % (kind.encode(), rank, line.rstrip(b"\n"))
+
+
 def ops_window(starts: Dict[str, int], steps: int) -> OpsWindow:
     return {"t": OPS_WINDOW, "w": starts, "n": int(steps)}
 
@@ -204,6 +232,16 @@ def decode(line: bytes) -> Message:
     check = _CHECKS.get(kind)
     if check is not None:
         check(message)
+    return message
+
+
+def check(message: Any) -> Message:
+    """A decoded object (a VIA's inner message) checked as ``decode`` checks a line's."""
+    if not isinstance(message, dict) or not isinstance(message.get("t"), str):
+        raise BadMessage(f"not a message object: {_show(message)}")
+    fields = _CHECKS.get(message["t"])
+    if fields is not None:
+        fields(message)
     return message
 
 
@@ -278,6 +316,39 @@ def _check_extent(message: Message) -> None:
     _need_int(message, "b", message["a"])  # ends after it starts
     if "w" in message:
         _need_int(message, "w", 0)
+
+
+MAX_RELAY_RANKS = 4096  # ranks in one RelayExtents: a host's, with room
+
+
+def _relay_extent_ok(item: Any) -> bool:
+    """[rank >= 1, start >= 0, end >= start, wait >= 0 or null]."""
+    return (
+        type(item) is list
+        and len(item) == 4
+        and _ints(item[:3])
+        and item[0] >= 1
+        and 0 <= item[1] <= item[2]
+        and (item[3] is None or (_int(item[3]) and item[3] >= 0))
+    )
+
+
+def _check_relay_extents(message: Message) -> None:
+    _need_key_step(message)
+    items = message.get("e")
+    if (
+        type(items) is not list
+        or not 0 < len(items) <= MAX_RELAY_RANKS
+        or not all(map(_relay_extent_ok, items))
+    ):
+        raise _bad(message, "e", f"1 to {MAX_RELAY_RANKS} [rank, start, end, wait] lists")
+
+
+def _check_wrapped(message: Message) -> None:
+    _need_int(message, "r", 0)
+    inner = message.get("m")
+    if not isinstance(inner, dict) or not isinstance(inner.get("t"), str):
+        raise _bad(message, "m", "a message object")
 
 
 def _check_hello(message: Message) -> None:
@@ -443,6 +514,11 @@ _CHECKS: Dict[str, Callable[[Message], None]] = {
     WELCOME: lambda m: _need_text(m, "mac", MAX_TEXT_LEN),
     EXTENT: _check_extent,
     BYE: lambda m: None,
+    EXTENTS: _check_relay_extents,
+    JOIN: lambda m: _need_int(m, "r", 1),
+    LEAVE: lambda m: _need_int(m, "r", 1),
+    VIA: _check_wrapped,
+    TO: _check_wrapped,
     OPS_WINDOW: _check_ops_window,
     OPS_REQUEST: lambda m: _need_int(m, "n"),
     HVD_RECORDS: _check_records,

@@ -27,6 +27,7 @@ from tf_otel.health import fail_open, log_once
 from tf_otel.job.topology import Topology
 from tf_otel.pipeline.coordinator import StepAggregator
 from tf_otel.pipeline.coordinator_client import CoordinatorClient
+from tf_otel.pipeline.host_relay import close_link, coordinator_link, lead_directly
 from tf_otel.pipeline.messages import Handlers
 
 
@@ -35,7 +36,8 @@ class Services:
     """What ``start_services`` started (None: not on this rank, or it could not start)."""
 
     aggregator: Optional[StepAggregator] = None  # rank 0: every rank's extents -> step roots
-    client: Optional[CoordinatorClient] = None  # ranks > 0: the link to rank 0
+    client: Optional[CoordinatorClient] = None  # ranks > 0: the link to rank 0 (or its relay)
+    relay_election: Any = None  # rank 0: its host's relay election, held ("direct")
     job_span: Any = None  # rank 0: the job's span under the launcher's TRACEPARENT
     clock_sync: Any = None  # tf_otel.clock.sync: offsets to rank 0's clock
     clock_deadline: float = 0.0  # monotonic: exports stop waiting for the clock to settle
@@ -60,10 +62,12 @@ class Services:
 
     def stop(self, timeout_s: float, root_wait_s: float) -> None:
         if self.client is not None:
-            self.client.close(min(timeout_s, 2.0))
+            close_link(self.client, min(timeout_s, 2.0))
         if self.aggregator is not None:
             self.aggregator.flush(min(timeout_s, root_wait_s))
             self.aggregator.close()
+        if self.relay_election is not None:
+            self.relay_election.release()
         if self.clock_sync is not None:
             with fail_open("clock.stop"):
                 self.clock_sync.stop()
@@ -95,10 +99,10 @@ def start_services(
         if topology.world_size > 1 and address is not None:
             bind_host = "127.0.0.1" if address[0] in ("127.0.0.1", "localhost") else "0.0.0.0"
             services.aggregator.serve((bind_host, address[1]))
+            with fail_open("relay.direct"):  # its host's ranks talk to it directly
+                services.relay_election = lead_directly(settings, topology)
     elif address is not None:
-        services.client = CoordinatorClient(
-            address, topology.rank, settings.max_queue, handlers=handlers
-        )
+        services.client = coordinator_link(settings, topology, address, handlers)
     else:
         log_once(
             "no_coordinator",

@@ -1,0 +1,254 @@
+"""Per-host aggregation of the step reports (issue 26, pipeline/host_relay.py): 8 simulated ranks
+on 2 named hosts over real TCP with the product's classes (StepAggregator, the ranks' links from
+``coordinator_link``, the election and relay). Rank 0 holds the connections of its own host's
+ranks and ONE of the other host's relay; every root is complete and the same, extent and
+per-rank extents, as without the relay (the control); rank 0's broadcasts and messages for one
+rank reach the relayed ranks, their messages reach rank 0. The other host's leader, killed
+(SIGKILL, a process of its own) mid-run: its followers connect again (a new leader), and later
+roots hold every rank still running.
+
+The leader process of the kill test is this file run as a script (``--leader``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as the leader script
+    sys.path.insert(0, str(REPO))
+
+from tf_otel.config import Settings  # noqa: E402
+from tf_otel.job import job_secret  # noqa: E402
+from tf_otel.job.topology import Topology  # noqa: E402
+from tf_otel.pipeline.coordinator import ROOT_MARGIN_NS, StepAggregator  # noqa: E402
+from tf_otel.pipeline.coordinator_client import CoordinatorClient  # noqa: E402
+from tf_otel.pipeline.host_relay import (  # noqa: E402
+    HostElection,
+    RelayRoute,
+    close_link,
+    coordinator_link,
+    lead_directly,
+)
+from tf_otel.pipeline.messages import Handlers  # noqa: E402
+
+SECRET = "host-relay-test-secret-0123456789"
+WORLD = 8
+HOSTS = {rank: "host-a" if rank < 4 else "host-b" for rank in range(WORLD)}
+PERIOD_S = 0.1
+KEY = "relay_step"
+BASE_NS = 1_700_000_000_000_000_000
+
+
+def _key() -> job_secret.JobKey:
+    return job_secret.job_key({"TF_OTEL_JOB_SECRET": SECRET})
+
+
+def _topology(rank: int, job_id: str) -> Topology:
+    return Topology(rank=rank, world_size=WORLD, local_size=4, host=HOSTS[rank], job_id=job_id)
+
+
+def _extent(rank: int, step: int) -> Tuple[int, int]:
+    """Each rank's extent of a step: known, different per rank, the same in every run."""
+    start = BASE_NS + step * 100_000_000 + rank * 1_000
+    return start, start + 50_000_000 + rank * 7
+
+
+def _wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return done()
+
+
+class _Rank0:
+    """Rank 0: the product's aggregator, recording every root; its host's election held."""
+
+    def __init__(self, job_id: str, relay: bool) -> None:
+        self.roots: Dict[int, Tuple[Any, ...]] = {}
+        self.handled: List[Tuple[int, Dict]] = []
+        handlers = Handlers()
+        handlers.on_reference("test.up", lambda rank, m: self.handled.append((rank, m)))
+        self.aggregator = StepAggregator(
+            WORLD, 1.5, self._emit, secret=_key(), first_report_grace_s=0.0, handlers=handlers
+        )
+        assert self.aggregator.serve(("127.0.0.1", 0))
+        assert self.aggregator.address is not None
+        self.address: Tuple[str, int] = self.aggregator.address
+        self.election = lead_directly(Settings(host_relay=relay), _topology(0, job_id))
+
+    def _emit(
+        self, key: str, step: int, start: int, end: int, n: int, partial: Any, ex: Any
+    ) -> None:
+        self.roots[step] = (start, end, n, partial, dict(ex))
+
+    def close(self) -> None:
+        self.aggregator.close()
+        if self.election is not None:
+            self.election.release()
+
+
+def _link(rank: int, job_id: str, address: Tuple[str, int], relay: bool) -> CoordinatorClient:
+    return coordinator_link(
+        Settings(host_relay=relay, root_wait_ms=1000),
+        _topology(rank, job_id),
+        address,
+        None,
+        _key(),
+    )
+
+
+def _report(clients: Dict[int, CoordinatorClient], rank0: _Rank0, steps: range) -> None:
+    for step in steps:
+        for rank, client in clients.items():
+            client.report(KEY, step, *_extent(rank, step))
+        rank0.aggregator.add(0, KEY, step, *_extent(0, step))
+        time.sleep(PERIOD_S)
+
+
+def _run(relay: bool, steps: int = 12) -> Tuple[_Rank0, int, Dict[int, List[Dict]]]:
+    """One job of WORLD ranks: its roots, the connections rank 0 held, what the ranks got."""
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    rank0 = _Rank0(job_id, relay)
+    got: Dict[int, List[Dict]] = {rank: [] for rank in range(1, WORLD)}
+    clients = {}
+    for rank in range(1, WORLD):
+        clients[rank] = _link(rank, job_id, rank0.address, relay)
+        clients[rank].handlers.on_rank("test.down", got[rank].append)
+    try:
+        assert _wait_until(lambda: len(rank0.aggregator.connected_ranks()) == WORLD - 1, 10)
+        connections = rank0.aggregator.connection_count()
+        _report(clients, rank0, range(steps))
+        assert rank0.aggregator.broadcast({"t": "test.down", "n": 1}) == WORLD - 1
+        assert rank0.aggregator.send(5, {"t": "test.down", "n": 2})  # a relayed rank's own
+        clients[6].send({"t": "test.up", "n": 3})
+        assert _wait_until(lambda: len(rank0.roots) == steps and rank0.handled, 5)
+        assert _wait_until(lambda: all(got.values()) and len(got[5]) == 2, 5), got
+    finally:
+        for client in clients.values():
+            close_link(client, 1.0)
+        rank0.close()
+    return rank0, connections, got
+
+
+def test_rank0_holds_one_connection_per_other_host_and_the_roots_are_the_controls() -> None:
+    relayed, relayed_connections, got = _run(relay=True)
+    control, control_connections, _ = _run(relay=False)
+    # host-a: ranks 1-3 direct to rank 0 ("direct" published by rank 0); host-b: its relay
+    assert relayed_connections == 3 + 1
+    assert control_connections == WORLD - 1
+    for roots in (relayed.roots, control.roots):
+        assert sorted(roots) == list(range(12))
+        for step, (start, end, n, partial, extents) in roots.items():
+            assert n == WORLD and partial is None, (step, n, partial)
+            firsts = [_extent(rank, step) for rank in range(WORLD)]
+            assert start == min(a for a, _ in firsts) - ROOT_MARGIN_NS
+            assert end == max(b for _, b in firsts) + ROOT_MARGIN_NS
+            assert extents == {rank: (*_extent(rank, step), None) for rank in range(WORLD)}
+    assert relayed.roots == control.roots  # the same roots, extent and per-rank extents
+    assert got[5] == [{"t": "test.down", "n": 1}, {"t": "test.down", "n": 2}]
+    assert all(messages == [{"t": "test.down", "n": 1}] for r, messages in got.items() if r != 5)
+    assert relayed.handled == [(6, {"t": "test.up", "n": 3})]
+
+
+def test_a_relay_is_refused_ranks_it_never_served_and_bad_messages() -> None:
+    """Rank 0 checks a relay's input: extents of a rank it did not name, a rank out of range,
+    a malformed EXTENTS: counted, never in a root."""
+    from tf_otel.health import counters
+    from tf_otel.pipeline import messages
+
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    rank0 = _Rank0(job_id, True)
+    upstream = CoordinatorClient(
+        rank0.address, 4, secret=_key(), relay=True, on_line=lambda _: None
+    )
+    bad = counters["coordinator_bad_message"]
+    try:
+        upstream.send({"t": messages.JOIN, "r": 4})
+        upstream.send(messages.relay_extents(KEY, 0, [[5, 10, 20, None]]))  # 5: never named
+        upstream.send({"t": messages.JOIN, "r": WORLD})  # out of range
+        upstream.send({"t": messages.EXTENTS, "k": KEY, "s": 0, "e": [[4, 30, 20, None]]})
+        upstream.send(messages.relay_extents(KEY, 0, [[4, 10, 20, 3]]))  # good
+        assert _wait_until(lambda: counters["coordinator_bad_message"] >= bad + 3, 5)
+        assert _wait_until(lambda: rank0.aggregator.connected_ranks() == {4}, 5)
+        rank0.aggregator.flush(0.1)
+        (root,) = rank0.roots.values()
+        assert root[4] == {4: (10, 20, 3)}
+    finally:
+        upstream.close(1.0)
+        rank0.close()
+
+
+def _leader_main(port: int, job_id: str, steps: int, t0: float) -> None:
+    """Rank 4 of host-b in a process of its own: it leads (the test starts it first) and
+    reports every step on the test's clock of steps, until killed."""
+    client = _link(4, job_id, ("127.0.0.1", port), True)
+    print("started", flush=True)
+    for step in range(steps):
+        time.sleep(max(0.0, t0 + step * PERIOD_S - time.time()))
+        client.report(KEY, step, *_extent(4, step))
+    time.sleep(60)
+
+
+def test_a_killed_leader_is_replaced_and_later_roots_hold_every_rank_still_running() -> None:
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    rank0 = _Rank0(job_id, True)
+    steps, kill_at = 40, 15
+    t0 = time.time() + 1.5
+    leader = subprocess.Popen(
+        [sys.executable, __file__, "--leader", str(rank0.address[1]), job_id, str(steps), repr(t0)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    clients: Dict[int, CoordinatorClient] = {}
+    try:
+        election = HostElection.for_job(job_id, "host-b")
+        assert election is not None
+        assert _wait_until(lambda: isinstance(election.read(), tuple), 10), "no leader"
+        first = election.read()
+        clients = {r: _link(r, job_id, rank0.address, True) for r in (1, 2, 3, 5, 6, 7)}
+        assert _wait_until(lambda: len(rank0.aggregator.connected_ranks()) == WORLD - 1, 10)
+        assert rank0.aggregator.connection_count() == 4
+        for step in range(steps):
+            time.sleep(max(0.0, t0 + step * PERIOD_S - time.time()))
+            if step == kill_at:
+                leader.send_signal(signal.SIGKILL)
+                leader.wait()
+            for rank, client in clients.items():
+                client.report(KEY, step, *_extent(rank, step))
+            rank0.aggregator.add(0, KEY, step, *_extent(0, step))
+        rank0.aggregator.flush(2.0)
+        # a new leader among 5-7 took over, with its own relay
+        routes = [c.route for c in clients.values() if isinstance(c.route, RelayRoute)]
+        leaders = [route.rank for route in routes if route.relay is not None]
+        assert len(leaders) == 1 and leaders[0] in (5, 6, 7), leaders
+        assert election.read() not in (None, first)
+        assert rank0.aggregator.connection_count() == 4  # host-a's 3, host-b's new relay
+        before = [rank0.roots[s] for s in range(kill_at - 2)]
+        assert all(root[3] is None for root in before)  # complete while the leader lived
+        later = [rank0.roots[s] for s in range(kill_at + 10, steps)]
+        alive = tuple(r for r in range(WORLD) if r != 4)
+        assert all(root[3] == alive for root in later), [r[3] for r in later]
+        for step in range(kill_at + 10, steps):  # each one's extent, as it reported it
+            assert rank0.roots[step][4] == {r: (*_extent(r, step), None) for r in alive}
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()
+        for client in clients.values():
+            close_link(client, 1.0)
+        rank0.close()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--leader"]:
+    port, job, n, start = sys.argv[2:6]
+    threading.current_thread().name = "leader"
+    _leader_main(int(port), job, int(n), float(start))

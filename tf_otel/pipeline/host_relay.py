@@ -1,0 +1,527 @@
+"""Per-host aggregation of the step reports: one rank of each host (its relay leader) serves the
+host's ranks and holds ONE connection to rank 0 for all of them, so rank 0 reads one message per
+host and step instead of one per rank, and holds one connection per host.
+
+Usage (done by pipeline.services)::
+
+    client = coordinator_link(settings, topology, address, handlers)  # a rank > 0
+    client.report(key, step, start_ns, end_ns, wait_ns)  # to the host's relay (or rank 0)
+    election = lead_directly(topology)   # rank 0: its host's ranks talk to it directly
+    close_link(client, timeout_s)        # a leader's relay goes with it
+
+How it works:
+
+* Election: the same mechanism as the clock's (clock/host_share.py), with its own lock file
+  (``relay-*.lock`` in the private 0700 directory, named by job id and host): an flock the
+  kernel drops when its holder dies. Its own lock so that each leader's death is survived on its
+  own (a rank may lead the clock and another the relay). The leader writes a random token into
+  the lock file and its relay's loopback address with that token beside it: a rank takes an
+  address only from the leader that holds the lock now. Rank 0 takes its own host's lock at
+  start and publishes "direct": the ranks on rank 0's host talk to rank 0 directly.
+* Relay (``HostRelay``, in the leader's process, on an event loop of its own): it listens on
+  127.0.0.1 with the same mutual HMAC handshake as rank 0 (coordinator.accept_hello), and links
+  to rank 0 as a relay (coordinator_client with ``relay=True``). Each rank's step extent waits
+  in the relay until every rank connected to it reported that step, or ``wait_s`` (at most
+  RELAY_WAIT_MAX_S, a quarter of the root wait) passed; then the step's extents go to rank 0 in
+  one message, per rank (rank 0 builds the same root, with the same partial flag, as from
+  single reports). A late extent goes in a later message; rank 0 merges it as it merges a late
+  report. Extension messages go up wrapped (VIA) without being encoded again.
+* Messages from rank 0: a broadcast (stall asks, Gather answers) comes once per host and the
+  relay fans the same bytes out to its ranks; a message for one rank comes wrapped (TO) and the
+  relay forwards its inner bytes. The ranks keep no direct connection to rank 0.
+* Fail-over: a rank connects through a ``RelayRoute``; when its connection ends (the leader
+  died), the client connects again: the rank that wins the lock now starts a relay, the others
+  find it (waiting up to FIND_LEADER_S), else they go to rank 0 directly. Extents the dead relay
+  held are lost: those steps' roots go out partial (counted ``roots_partial``), later ones whole.
+* TF_OTEL_HOST_RELAY=0 turns it off (every rank to rank 0); it is on where a host runs several
+  ranks (topology.local_size > 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from tf_otel.clock.host_share import private_dir
+from tf_otel.config import Settings
+from tf_otel.health import count, log_once
+from tf_otel.job import job_secret
+from tf_otel.job.topology import Topology
+from tf_otel.pipeline import messages
+from tf_otel.pipeline.coordinator import (
+    MAX_LINE,
+    MAX_PENDING_STEPS,
+    MAX_UNSENT_BYTES,
+    accept_hello,
+    decode_or_count,
+    loop_error,
+    run_loop,
+)
+from tf_otel.pipeline.coordinator_client import CoordinatorClient
+from tf_otel.pipeline.messages import Handlers
+
+RELAY_WAIT_MAX_S = 0.25  # a step's extents wait this long at most for the host's other ranks
+FIND_LEADER_S = 2.0  # a rank that lost the election waits this long for the leader's address
+MAX_RANKS_A_HOST = 1024  # connections a relay serves at once (a host's ranks, with room)
+LEAVE_WAIT_S = 1.0  # a leader that exits waits this long for its host's ranks to say bye
+DIRECT = "direct"  # published by rank 0 for its own host: talk to rank 0 directly
+_PREFIX_TO = b'{"t":"%s","r":' % messages.TO.encode()
+
+Address = Tuple[str, int]
+
+
+class HostElection:
+    """The host's relay leader for one job: an flock and the leader's published address."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.lock_path = directory / f"relay-{name}.lock"
+        self.address_path = directory / f"relay-{name}.json"
+        self._fd: Optional[int] = None
+        self._token = ""
+
+    @classmethod
+    def for_job(cls, job_id: str, host: str) -> Optional[HostElection]:
+        directory = private_dir()
+        if directory is None:
+            return None
+        name = hashlib.sha256(f"{job_id}\0{host}".encode()).hexdigest()[:24]
+        return cls(directory, name)
+
+    @property
+    def leading(self) -> bool:
+        return self._fd is not None
+
+    def claim(self) -> bool:
+        """Lead the host if nobody alive does; True while this holder leads."""
+        if self._fd is not None:
+            return True
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        # a token, not the pid: ranks simulated as threads of one process are leaders apart
+        self._token = secrets.token_hex(8)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, self._token.encode(), 0)
+        self._fd = fd
+        return True
+
+    def publish(self, address: Optional[Address]) -> None:
+        """The leader's relay address (None: the host's ranks go to rank 0 directly)."""
+        if self._fd is None:
+            return
+        data = {"token": self._token, "address": list(address) if address else DIRECT}
+        tmp = self.address_path.with_suffix(f".{self._token}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+        os.replace(tmp, self.address_path)
+
+    def read(self) -> Union[None, str, Address]:
+        """The live leader's relay address, DIRECT, or None (none published yet)."""
+        try:
+            token = self.lock_path.read_text().strip()
+            data = json.loads(self.address_path.read_text())
+            if not token or data.get("token") != token:
+                return None
+            address = data["address"]
+            if address == DIRECT:
+                return DIRECT
+            host, port = address
+            return str(host), int(port)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # the kernel drops the flock with the descriptor
+            self._fd = None
+
+
+@dataclass(slots=True)
+class _Step:
+    """One step's extents of the host's ranks, waiting to go up: [rank, start, end, wait]."""
+
+    timer: Optional[asyncio.TimerHandle] = None
+    extents: Dict[int, List[Any]] = field(default_factory=dict)
+
+
+class HostRelay:
+    """The leader's relay: its host's ranks in, one link to rank 0 out."""
+
+    def __init__(
+        self,
+        upstream: Address,
+        rank: int,
+        world_size: int,
+        wait_s: float,
+        secret: Optional[job_secret.JobKey] = None,
+        max_queue: int = 4096,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.wait_s = wait_s
+        self.secret = secret or job_secret.job_key()
+        self.address: Optional[Address] = None
+        self._upstream_address = upstream
+        self._upstream: Optional[CoordinatorClient] = None
+        self._max_queue = max_queue
+        self._ranks: Dict[int, asyncio.StreamWriter] = {}  # the host's ranks connected now
+        self._pending: OrderedDict[Tuple[str, int], _Step] = OrderedDict()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._server: Optional[asyncio.base_events.Server] = None
+        self._connections = 0
+
+    def serve(self) -> Optional[Address]:
+        """Listen on loopback (any port) and link to rank 0; the address, or None."""
+        loop = asyncio.new_event_loop()
+        try:
+            server = loop.run_until_complete(
+                asyncio.start_server(self._connection, "127.0.0.1", 0, limit=MAX_LINE)
+            )
+        except OSError as exc:
+            loop.close()
+            log_once("relay_bind", "tf_otel: host relay cannot listen (%s); ranks go direct", exc)
+            return None
+        loop.set_exception_handler(loop_error)
+        self._loop, self._server = loop, server
+        self.address = server.sockets[0].getsockname()[:2]
+        self._upstream = CoordinatorClient(
+            self._upstream_address,
+            self.rank,
+            self._max_queue,
+            secret=self.secret,
+            relay=True,
+            on_line=self._from_rank0,
+        )
+        threading.Thread(target=run_loop, args=(loop,), name="tf_otel-relay", daemon=True).start()
+        return self.address
+
+    def ranks(self) -> List[int]:
+        """The host's ranks connected to this relay now (tests, benches)."""
+        while True:
+            try:  # read from another thread than the relay's loop, which changes it
+                return sorted(self._ranks)
+            except RuntimeError:
+                continue
+
+    def _others(self, own_rank: Optional[int]) -> bool:
+        return bool(set(self.ranks()) - {own_rank})
+
+    # -- the host's ranks (on the relay's loop) -----------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if self._connections >= MAX_RANKS_A_HOST:
+            count("coordinator_refused")
+            writer.close()
+            return
+        self._connections += 1
+        rank: Optional[int] = None
+        try:
+            accepted = await accept_hello(
+                reader, writer, peer, self.secret.key, self.world_size, relays=False
+            )
+            if accepted is not None:
+                rank, _, welcome = accepted
+                writer.write(welcome)
+                self._ranks[rank] = writer
+                self._up(messages.encode({"t": messages.JOIN, "r": rank}))
+                await self._serve_rank(rank, reader)
+        except OSError:  # the rank died: its LEAVE below
+            pass
+        except Exception as exc:  # noqa: BLE001 - a peer's bytes must not raise
+            count("coordinator_conn_error")
+            log_once("relay_conn", "tf_otel: host relay connection ended (%s)", exc)
+        finally:
+            self._connections -= 1
+            if rank is not None and self._ranks.get(rank) is writer:
+                del self._ranks[rank]
+                for key_step, entry in list(self._pending.items()):
+                    if set(self._ranks) <= set(entry.extents):  # whole without it
+                        self._flush(key_step)
+                self._up(messages.encode({"t": messages.LEAVE, "r": rank}))
+            writer.close()
+
+    async def _serve_rank(self, rank: int, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:  # longer than MAX_LINE
+                count("coordinator_bad_message")
+                return
+            if not line:
+                return
+            if not line.endswith(b"\n"):
+                continue
+            message = decode_or_count(line)
+            if message is None:
+                continue
+            kind = message["t"]
+            if kind == messages.EXTENT:
+                self._add(rank, message)
+            elif kind == messages.BYE:
+                return
+            elif kind in messages.COORDINATOR_TYPES:
+                count("coordinator_bad_message")
+            else:  # an extension message: up as it came, named by its rank
+                self._up(messages.wrap(messages.VIA, rank, line))
+
+    def _add(self, rank: int, message: messages.Message) -> None:
+        key_step = (message["k"], message["s"])
+        entry = self._pending.get(key_step)
+        if entry is None:
+            assert self._loop is not None
+            entry = self._pending[key_step] = _Step()
+            entry.timer = self._loop.call_later(self.wait_s, self._flush, key_step)
+            while len(self._pending) > MAX_PENDING_STEPS:  # bounded: the oldest goes now
+                self._flush(next(iter(self._pending)))
+        entry.extents[rank] = [rank, message["a"], message["b"], message.get("w")]
+        if set(self._ranks) <= set(entry.extents):  # every rank of the host reported it
+            self._flush(key_step)
+
+    def _flush(self, key_step: Tuple[str, int]) -> None:
+        """A step's extents up to rank 0 in one message (a late one comes in a later one)."""
+        entry = self._pending.pop(key_step, None)
+        if entry is None:
+            return
+        if entry.timer is not None:
+            entry.timer.cancel()
+        extents = list(entry.extents.values())
+        self._up(messages.encode(messages.relay_extents(key_step[0], key_step[1], extents)))
+
+    def _up(self, data: bytes) -> None:
+        if self._upstream is not None:
+            self._upstream.send_bytes(data)
+
+    # -- rank 0's messages (on the link's reader thread) --------------------------------------
+
+    def _from_rank0(self, line: bytes) -> None:
+        """A broadcast: the same bytes to every rank here; TO: its inner bytes to its rank."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            if line.startswith(_PREFIX_TO):  # rank 0's wrap(): {"t":"to","r":N,"m":...}
+                comma = line.index(b",", len(_PREFIX_TO))
+                rank = int(line[len(_PREFIX_TO) : comma])
+                if not line.startswith(b',"m":', comma) or not line.endswith(b"}\n"):
+                    raise ValueError("not a wrapped message")
+                loop.call_soon_threadsafe(self._deliver, rank, line[comma + 5 : -2] + b"\n")
+            else:
+                loop.call_soon_threadsafe(self._fan_out, line)
+        except ValueError:
+            count("coordinator_bad_message")
+        except RuntimeError:  # the loop is closed: the relay is closing
+            pass
+
+    def _deliver(self, rank: int, data: bytes) -> None:
+        writer = self._ranks.get(rank)
+        if writer is None:  # it left, or reconnected elsewhere: rank 0 routes there next
+            count("relay_undelivered")
+            return
+        _write_bounded(writer, data)
+
+    def _fan_out(self, data: bytes) -> None:
+        for writer in list(self._ranks.values()):
+            _write_bounded(writer, data)
+
+    # -- end ------------------------------------------------------------------------------------
+
+    def close(self, timeout_s: float, own_rank: Optional[int] = None) -> None:
+        """Wait (up to LEAVE_WAIT_S) for the host's other ranks to say bye, send what waits
+        and bye to rank 0, then stop: ranks still here connect again elsewhere."""
+        loop, server = self._loop, self._server
+        if loop is None or server is None:
+            return
+        deadline = time.monotonic() + min(timeout_s, LEAVE_WAIT_S)
+        while self._others(own_rank) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        done = threading.Event()
+
+        def flush_all() -> None:
+            for key_step in list(self._pending):
+                self._flush(key_step)
+            done.set()
+
+        try:
+            loop.call_soon_threadsafe(flush_all)
+            done.wait(1.0)
+        except RuntimeError:
+            pass
+        if self._upstream is not None:
+            self._upstream.close(timeout_s)
+        self.abort()
+
+    def abort(self) -> None:
+        """Stop now: connections end (the host's ranks connect again), nothing more goes up."""
+        loop, server = self._loop, self._server
+        if loop is None or server is None:
+            return
+        writers = list(self._ranks.values())
+
+        def shut() -> None:
+            server.close()
+            for writer in writers:
+                writer.transport.abort()
+            loop.stop()
+
+        try:
+            loop.call_soon_threadsafe(shut)
+        except RuntimeError:  # already closed
+            pass
+
+
+def _write_bounded(writer: asyncio.StreamWriter, data: bytes) -> None:
+    transport = writer.transport
+    if transport.is_closing():
+        return
+    if transport.get_write_buffer_size() + len(data) > MAX_UNSENT_BYTES:
+        count("coordinator_send_dropped")  # the rank does not read: never unbounded
+        return
+    writer.write(data)
+
+
+class RelayRoute:
+    """Where a rank connects on each try: its own relay (it won the election), the leader's,
+    or rank 0 (rank 0's host, no leader found, no relay possible)."""
+
+    def __init__(
+        self,
+        election: HostElection,
+        coordinator: Address,
+        rank: int,
+        world_size: int,
+        wait_s: float,
+        secret: Optional[job_secret.JobKey] = None,
+        max_queue: int = 4096,
+    ) -> None:
+        self.election = election
+        self.coordinator = coordinator
+        self.rank = rank
+        self.world_size = world_size
+        self.wait_s = wait_s
+        self.secret = secret
+        self.max_queue = max_queue
+        self.relay: Optional[HostRelay] = None  # this rank leads: its relay
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Address:
+        with self._lock:
+            if self.relay is not None and self.relay.address is not None:
+                return self.relay.address
+            if self.election.claim():
+                return self._lead()
+        deadline = time.monotonic() + FIND_LEADER_S
+        while True:  # the leader publishes its address right after it took the lock
+            found = self.election.read()
+            if found == DIRECT:
+                return self.coordinator
+            if isinstance(found, tuple):
+                return found
+            if time.monotonic() > deadline:
+                count("relay_not_found")
+                return self.coordinator
+            time.sleep(0.02)
+
+    def _lead(self) -> Address:
+        relay = HostRelay(
+            self.coordinator,
+            self.rank,
+            self.world_size,
+            self.wait_s,
+            self.secret,
+            self.max_queue,
+        )
+        address = relay.serve()
+        if address is None:  # no relay here: nobody leads, every rank goes direct
+            self.election.publish(None)
+            return self.coordinator
+        self.relay = relay
+        self.election.publish(address)
+        return address
+
+    def close(self, timeout_s: float) -> None:
+        with self._lock:
+            relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.close(timeout_s, own_rank=self.rank)
+        self.election.release()  # another rank of the host takes over, if any still runs
+
+    def abort(self) -> None:
+        """As if this process died (tests): the relay stops, the lock is dropped."""
+        with self._lock:
+            relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.abort()
+            if relay._upstream is not None:
+                relay._upstream.close(0.0)
+        self.election.release()
+
+
+def relay_wanted(settings: Settings, topology: Topology) -> bool:
+    """TF_OTEL_HOST_RELAY, or by default: on where this host runs several ranks."""
+    if settings.host_relay is not None:
+        return settings.host_relay
+    return topology.local_size > 1
+
+
+def coordinator_link(
+    settings: Settings,
+    topology: Topology,
+    address: Address,
+    handlers: Optional[Handlers] = None,
+    secret: Optional[job_secret.JobKey] = None,
+) -> CoordinatorClient:
+    """A rank's link to rank 0: through its host's relay where relays are on (and a private
+    directory for the election exists), else directly."""
+    route: Optional[RelayRoute] = None
+    if relay_wanted(settings, topology):
+        election = HostElection.for_job(topology.job_id, topology.host)
+        if election is not None:
+            route = RelayRoute(
+                election,
+                address,
+                topology.rank,
+                topology.step_world_size,
+                min(RELAY_WAIT_MAX_S, settings.root_wait_ms / 4000.0),
+                secret,
+                settings.max_queue,
+            )
+    return CoordinatorClient(
+        address, topology.rank, settings.max_queue, secret=secret, handlers=handlers, route=route
+    )
+
+
+def close_link(client: CoordinatorClient, timeout_s: float) -> None:
+    """Close a rank's link, then its relay if it leads one (its followers' byes first)."""
+    client.close(timeout_s)
+    if isinstance(client.route, RelayRoute):
+        client.route.close(timeout_s)
+
+
+def lead_directly(settings: Settings, topology: Topology) -> Optional[HostElection]:
+    """Rank 0: lead its own host's election and publish "direct" (its host's ranks talk to it
+    directly); the election to release at the end, or None."""
+    if not relay_wanted(settings, topology):
+        return None
+    election = HostElection.for_job(topology.job_id, topology.host)
+    if election is None or not election.claim():
+        return None
+    election.publish(None)
+    return election
