@@ -4,21 +4,26 @@ No TensorFlow. Rank 0 is one process running the product's own services (``StepA
 for step extents, ``ClockSync``'s TCP clock server); the other ranks are threads in a few
 processes, each with the product's own ``CoordinatorClient`` and ``ClockSync`` client over real
 TCP with the HMAC handshake. Every rank reports each step's extent at STEPS_PER_S (the same
-steps at the same wall times on every rank, as a synchronous job does).
+steps at the same wall times on every rank, as a synchronous job does). By default each
+simulated host's ranks go through their host relay (pipeline/host_relay.py: one rank a host
+elected, one connection and one message a step and host to rank 0; rank 0's own host's ranks
+direct), as the product does where a host runs several ranks; ``--no-relay`` is the control
+(every rank connected to rank 0).
 
 Usage::
 
     python bench/bench_rank0.py                       # 64, 256, 1024 ranks, 40 s each
     python bench/bench_rank0.py --ranks 256 --seconds 30 --out /tmp/rank0.md
+    python bench/bench_rank0.py --ranks 256 --no-relay     # the control: no host relays
 
     import bench_rank0; result = bench_rank0.measure(256, seconds=20)
     result["connected_s"], result["complete_steady"], result["cores"]
 
 What rank 0 measures (its own process): CPU in all, and over the run's second half (after the
 clients' quick first clock rounds) in cores and in microseconds per rank-step; the time until every rank's coordinator
-connection was accepted and until every clock client connected; roots complete (every rank's
-extent in them) among the steady steps (after the first LEARN steps and once every rank was
-connected). Not simulated: Horovod collective detail (the per-step arrival answers).
+connection was accepted and until every clock client connected; the connections rank 0 holds
+at the end; roots complete (every rank's extent in them) among the steady steps (after the first
+LEARN steps and once every rank was connected). Not simulated: Horovod collective detail (the per-step arrival answers).
 """
 
 from __future__ import annotations
@@ -68,12 +73,13 @@ def _topology(rank: int, world: int, per_host: int, port: int) -> Any:
     )
 
 
-def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int) -> None:
+def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, relay: bool) -> None:
     """Rank 0's process: serve until the ranks stop, then print what it measured (JSON)."""
     from tf_otel import health
     from tf_otel.clock.sync import ClockSync
     from tf_otel.config import Settings
     from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
+    from tf_otel.pipeline.host_relay import lead_directly
 
     roots: Dict[int, Tuple[int, bool]] = {}
     lock = threading.Lock()
@@ -88,11 +94,14 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int) -> N
         raise SystemExit("rank 0: cannot listen")
     sync = ClockSync(publish=False, share_host=True)
     sync.start(_topology(0, world, per_host, port), _settings(port))
+    # as services.start_services: rank 0's host's ranks talk to it directly
+    election = lead_directly(_settings(port, relay), _topology(0, world, per_host, port))
     threading.Thread(target=_own_steps, args=(aggregator, seconds, t0), daemon=True).start()
     print("ready", flush=True)
     connected_at: Optional[float] = None
     clock_at: Optional[float] = None
     connected = 0
+    connections = 0
     leaders = (world - 1) // per_host  # one a host but rank 0's: they sync the hosts' clocks
     cpu_start = time.process_time()
     half = t0 + seconds / 2  # the clients' first clock rounds come quickly: CPU after them
@@ -102,6 +111,7 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int) -> N
         time.sleep(0.05)
         now = time.time()
         connected = max(connected, len(aggregator.connected_ranks()))
+        connections = aggregator.connection_count()
         if connected_at is None and connected >= world - 1:
             connected_at = now
         if clock_at is None and sync.server is not None and sync.server.connections >= leaders:
@@ -121,7 +131,9 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int) -> N
         steady = {s: v for s, v in steady.items() if s < last}
         result = {
             "ranks": world,
+            "relay": relay,
             "seconds": seconds,
+            "connections": connections,
             "connected": connected + 1,
             "connected_s": None if connected_at is None else round(connected_at - t0, 2),
             "clock_leaders": leaders,
@@ -141,6 +153,8 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int) -> N
     print("RESULT " + json.dumps(result), flush=True)
     sync.stop(0.5)
     aggregator.close()
+    if election is not None:
+        election.release()
 
 
 def _own_steps(aggregator: Any, seconds: float, t0: float) -> None:
@@ -151,23 +165,34 @@ def _own_steps(aggregator: Any, seconds: float, t0: float) -> None:
         aggregator.add(0, KEY, step, start, start + 200_000_000)
 
 
-def _settings(port: int) -> Any:
+def _settings(port: int, relay: bool = True) -> Any:
     from tf_otel.config import Settings
 
-    return Settings(coordinator=("127.0.0.1", port))
+    return Settings(coordinator=("127.0.0.1", port), host_relay=relay)
 
 
 def _ranks(
-    first: int, last: int, world: int, seconds: float, port: int, t0: float, per_host: int
+    first: int,
+    last: int,
+    world: int,
+    seconds: float,
+    port: int,
+    t0: float,
+    per_host: int,
+    relay: bool,
 ) -> None:
-    """Simulated ranks first..last-1: their clients connect, then report every step."""
+    """Simulated ranks first..last-1: their clients connect (through their host's relay, as
+    services.start_services does), then report every step."""
     from tf_otel import health
     from tf_otel.clock.sync import ClockSync
-    from tf_otel.pipeline.coordinator_client import CoordinatorClient
+    from tf_otel.pipeline.host_relay import close_link, coordinator_link
 
     clients, syncs = [], []
     for rank in range(first, last):
-        clients.append(CoordinatorClient(("127.0.0.1", port), rank))
+        topology = _topology(rank, world, per_host, port)
+        clients.append(
+            coordinator_link(_settings(port, relay), topology, ("127.0.0.1", port), None)
+        )
         sync = ClockSync(publish=False, share_host=True)
         sync.start(_topology(rank, world, per_host, port), _settings(port))
         syncs.append(sync)
@@ -179,7 +204,7 @@ def _ranks(
         end = start + 200_000_000
         for client in clients:
             client.report(KEY, step, start, end)
-    closing = [threading.Thread(target=c.close, args=(2.0,)) for c in clients]
+    closing = [threading.Thread(target=close_link, args=(c, 2.0)) for c in clients]
     closing += [threading.Thread(target=s.stop, args=(0.5,)) for s in syncs]
     for thread in closing:  # at once: one after another, a thousand ranks take minutes
         thread.start()
@@ -194,15 +219,17 @@ def measure(
     seconds: float = 40.0,
     per_host: int = PER_HOST,
     per_process: int = RANKS_PER_PROCESS,
+    relay: bool = True,
 ) -> Dict:
-    """One run at ``world`` ranks; rank 0's result (see the module docstring)."""
+    """One run at ``world`` ranks (host relays on, or off: the control); rank 0's result (see
+    the module docstring)."""
     import harness  # bench/ is on sys.path: run as a script, or put there by the caller
 
     port = harness.free_port_pair()
     env = _env(port)
     t0 = time.time() + 3.0  # every process starts its clock of steps at the same wall time
     me = [sys.executable, str(Path(__file__).resolve())]
-    args = [str(world), str(seconds), str(port), repr(t0), str(per_host)]
+    args = [str(world), str(seconds), str(port), repr(t0), str(per_host), str(int(relay))]
     rank0 = subprocess.Popen(
         [*me, "--rank0", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -242,14 +269,15 @@ def measure(
 
 def _table(results: List[Dict]) -> str:
     rows = [
-        "| ranks | every rank connected after | host clock leaders connected after "
-        "| steady roots complete "
+        "| ranks | host relays | connections at rank 0 | every rank connected after "
+        "| host clock leaders connected after | steady roots complete "
         "| rank-0 CPU, cores (second half) | µs per rank-step | rank-0 CPU in all |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rows.append(
-            f"| {r['ranks']} | {r['connected_s']} s ({r['connected']} of {r['ranks']}) "
+            f"| {r['ranks']} | {'on' if r['relay'] else 'off'} | {r['connections']} "
+            f"| {r['connected_s']} s ({r['connected']} of {r['ranks']}) "
             f"| {r['clock_connected_s']} s ({r['clock_leaders']}) "
             f"| {r['complete_steady']} of {r['steady_steps']} "
             f"| {r['cores']} | {r['us_per_rank_step']} | {r['cpu_s']} s |"
@@ -260,10 +288,10 @@ def _table(results: List[Dict]) -> str:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("--rank0", "--part"):
         if sys.argv[1] == "--rank0":
-            world, seconds, port, t0, per_host = sys.argv[2:7]
-            _rank0(int(world), float(seconds), int(port), float(t0), int(per_host))
+            world, seconds, port, t0, per_host, relay = sys.argv[2:8]
+            _rank0(int(world), float(seconds), int(port), float(t0), int(per_host), relay == "1")
         else:
-            first, last, world, seconds, port, t0, per_host = sys.argv[2:9]
+            first, last, world, seconds, port, t0, per_host, relay = sys.argv[2:10]
             _ranks(
                 int(first),
                 int(last),
@@ -272,18 +300,21 @@ def main() -> None:
                 int(port),
                 float(t0),
                 int(per_host),
+                relay == "1",
             )
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="64,256,1024", help="comma-separated rank counts")
     parser.add_argument("--seconds", type=float, default=40.0, help="each run's length")
     parser.add_argument("--per-host", type=int, default=PER_HOST, help="ranks a host")
+    parser.add_argument("--no-relay", action="store_true", help="the control: no host relays")
     parser.add_argument("--out", help="write the table (markdown) here too")
     options = parser.parse_args()
     results = []
+    relay = not options.no_relay
     for world in (int(n) for n in options.ranks.split(",")):
         print(f"{world} ranks, {options.seconds:.0f} s ...", file=sys.stderr, flush=True)
-        results.append(measure(world, options.seconds, options.per_host))
+        results.append(measure(world, options.seconds, options.per_host, relay=relay))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     table = _table(results)
     print(table)
@@ -293,7 +324,8 @@ def main() -> None:
         Path(options.out).write_text(
             f"# Rank 0 under many simulated ranks (issue 26)\n\n"
             f"`python bench/bench_rank0.py --ranks {options.ranks} --seconds "
-            f"{options.seconds:.0f} --per-host {options.per_host}`, {when}, load average "
+            f"{options.seconds:.0f} --per-host {options.per_host}"
+            f"{' --no-relay' if options.no_relay else ''}`, {when}, load average "
             f"{load:.1f} at the end, on 2 cores shared by rank 0 and every simulated rank.\n\n"
             + (__doc__ or "").split("\n\n", 1)[1].split("Usage::")[0]
             + table
