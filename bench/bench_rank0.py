@@ -141,6 +141,9 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, rela
             "roots": len(roots),
             "steady_steps": len(steady),
             "complete_steady": sum(1 for _, whole in steady.values() if whole),
+            # every root, start-up included: how many held every rank, the most ranks in one
+            "complete_roots": sum(1 for _, whole in roots.values() if whole),
+            "most_ranks_in_a_root": max((n for n, _ in roots.values()), default=0),
             "cpu_s": round(cpu_all, 2),
             "refused": health.counters["coordinator_refused"] + health.counters["clock_refused"],
             "cores": None if cpu is None or not wall else round(cpu / wall, 4),
@@ -204,6 +207,8 @@ def _ranks(
         end = start + 200_000_000
         for client in clients:
             client.report(KEY, step, start, end)
+    # never connected by the end (to rank 0 or to a relay): what a missing rank was doing
+    unconnected = [c.rank for c in clients if c.connected_to is None]
     closing = [threading.Thread(target=close_link, args=(c, 2.0)) for c in clients]
     closing += [threading.Thread(target=s.stop, args=(0.5,)) for s in syncs]
     for thread in closing:  # at once: one after another, a thousand ranks take minutes
@@ -211,7 +216,8 @@ def _ranks(
     for thread in closing:
         thread.join()
     failed = health.counters["coordinator_handshake_failed"]
-    print(json.dumps({"ranks": [first, last], "handshakes_failed": failed}), flush=True)
+    said = {"ranks": [first, last], "handshakes_failed": failed, "unconnected": unconnected}
+    print(json.dumps(said), flush=True)
 
 
 def measure(
@@ -250,6 +256,7 @@ def measure(
         )
     out, err = rank0.communicate(timeout=seconds + 120)
     failed = 0
+    unconnected: List[int] = []
     for part in parts:
         try:
             said = part.communicate(timeout=60)[0]
@@ -259,11 +266,13 @@ def measure(
         for line in said.splitlines():
             if line.startswith("{"):
                 failed += json.loads(line).get("handshakes_failed", 0)
+                unconnected += json.loads(line).get("unconnected", [])
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"rank 0 printed no result: {err[-2000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
     result["handshakes_failed"] = failed  # on the ranks' side: each was tried again
+    result["unconnected"] = sorted(unconnected)  # ranks whose link never connected anywhere
     return result
 
 
