@@ -202,7 +202,10 @@ class CoordinatorClient:
                         count("coordinator_bad_message")
                     break
                 if self.on_line is not None:
-                    self.on_line(line)
+                    try:
+                        self.on_line(line)
+                    except Exception as exc:  # noqa: BLE001 - the link must keep reading
+                        log_once("coordinator_on_line", "tf_otel: relay fan-out failed (%s)", exc)
                     continue
                 message = decode_or_count(line)
                 if message is not None:
