@@ -27,11 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tf_otel.analysis.analyze import analyze_spans  # noqa: E402
+from tf_otel.analysis.analyze import analyze_source, analyze_spans  # noqa: E402
 from tf_otel.analysis.gc_pause import paused_gc  # noqa: E402
 from tf_otel.analysis.load import _json  # noqa: E402
 from tf_otel.analysis.load.files import find_trace_files, load_paths, worker_count  # noqa: E402
 from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as MSGSPEC  # noqa: E402
+from tf_otel.analysis.load.spill import load_spilled  # noqa: E402
 from tf_otel.analysis.report.json_report import to_json  # noqa: E402
 
 EPOCH_NS = 1_700_000_000 * 10**9
@@ -221,11 +222,24 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _peak_rss_mb(who: int) -> float:
+    """Peak resident memory (Linux: ru_maxrss in KiB) of this process, or of the largest
+    finished child process."""
+    return round(resource.getrusage(who).ru_maxrss / 1024, 1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--keep", help="generate into (or reuse) this directory")
+    parser.add_argument(
+        "--engine",
+        choices=("spill", "memory"),
+        default="spill",
+        help="spill: trace files kept on disk by trace, one step in memory (the CLI's way); "
+        "memory: every span loaded first",
+    )
     args = parser.parse_args()
     directory = Path(args.keep or tempfile.mkdtemp(prefix="tf_otel_bench_"))
     if not any(directory.glob("rank*.jsonl")):
@@ -236,10 +250,19 @@ def main() -> int:
     with paused_gc():
         c0, t0 = time.process_time(), time.perf_counter()
         w0 = _children_cpu_s()
-        spans = load_paths([str(directory)], progress=False)
+        if args.engine == "memory":
+            spans = load_paths([str(directory)], progress=False)
+            count = len(spans)
+        else:
+            source = load_spilled([str(directory)], progress=False)
+            count = source.span_count
         c1, t1 = time.process_time(), time.perf_counter()
         workers_cpu = _children_cpu_s() - w0
-        result = analyze_spans(spans, source=str(directory))
+        if args.engine == "memory":
+            result = analyze_spans(spans, source=str(directory))
+        else:
+            result = analyze_source(source, source=str(directory))
+            source.close()
         c2, t2 = time.process_time(), time.perf_counter()
         json.dumps(to_json(result))
         c3, t3 = time.process_time(), time.perf_counter()
@@ -252,7 +275,8 @@ def main() -> int:
             {
                 "steps": args.steps,
                 "ranks": args.ranks,
-                "spans": len(spans),
+                "engine": args.engine,
+                "spans": count,
                 "input_mb": round(size_mb, 1),
                 "json_parser": _json.PARSER,
                 "fast_decoder": "msgspec" if MSGSPEC else None,
@@ -265,6 +289,9 @@ def main() -> int:
                 "cpu_analysis_s": round(c2 - c1, 2),
                 "cpu_json_report_s": round(c3 - c2, 2),
                 "cpu_total_s": round(c3 - c0 + workers_cpu, 2),
+                "spans_per_cpu_s": round(count / (c3 - c0 + workers_cpu)),
+                "peak_rss_mb": _peak_rss_mb(resource.RUSAGE_SELF),
+                "peak_rss_workers_mb": _peak_rss_mb(resource.RUSAGE_CHILDREN),
                 "load_workers": worker_count(find_trace_files([str(directory)])),
                 "load_average_1m": round(os.getloadavg()[0], 1),
                 "cpus": os.cpu_count(),

@@ -15,11 +15,12 @@ The statistics over all steps and the rules then read those few values per step.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, TypeVar
 
 from tf_otel.analysis.carry import Previous, carried_into, previous_steps
 from tf_otel.analysis.causality import CausalityRepair, repair_trace_causality
 from tf_otel.analysis.critical_path import critical_path
+from tf_otel.analysis.engine import Engine, InProcess
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.findings import evaluate_rules
 from tf_otel.analysis.gc_pause import paused_gc
@@ -35,6 +36,7 @@ from tf_otel.analysis.stragglers import keep_for_statistics, straggler_summary, 
 from tf_otel.analysis.trace_source import MemorySource, TraceSource
 
 StepRange = Tuple[Optional[int], Optional[int]]
+T = TypeVar("T")
 
 
 def analyze_spans(
@@ -72,10 +74,15 @@ def analyze_source(
     straggler_min_ns: int = 1_000_000,
     *,
     progress: Optional[bool] = False,
+    engine: Optional[Engine] = None,
 ) -> AnalysisResult:
+    """The analysis of ``traces``; ``engine`` runs its passes' batches (default: this
+    process)."""
     with paused_gc():
         return _analyze(
-            _Steps(traces, _chosen_job(traces, job_id)),
+            _Steps(
+                traces, _chosen_job(traces, job_id), straggler_min_share, straggler_min_ns, engine
+            ),
             source,
             job_id,
             step_range,
@@ -105,8 +112,17 @@ def _chosen_job(traces: TraceSource, job_id: Optional[str]) -> Optional[str]:
 class _Steps:
     """Steps built from the source's traces: the job's spans only, causality repaired."""
 
-    def __init__(self, traces: TraceSource, job_id: Optional[str]) -> None:
+    def __init__(
+        self,
+        traces: TraceSource,
+        job_id: Optional[str],
+        min_share: float,
+        min_ns: int,
+        engine: Optional[Engine] = None,
+    ) -> None:
         self.traces, self.job_id = traces, job_id
+        self.engine: Engine = engine or InProcess()
+        self.min_share, self.min_ns = min_share, min_ns  # the straggler floors
         self.repair = CausalityRepair()
         self.previous: Dict[str, Previous] = {}
 
@@ -117,10 +133,13 @@ class _Steps:
         if first or self.traces.fresh:  # the same objects are repaired once
             repair = repair_trace_causality({trace_id: spans})
             if first:
-                self.repair.violations += repair.violations
-                self.repair.traces += repair.traces
-                self.repair.max_shift_ns = max(self.repair.max_shift_ns, repair.max_shift_ns)
+                self.add_repair(repair)
         return build_step(trace_id, spans, warnings)
+
+    def add_repair(self, repair: CausalityRepair) -> None:
+        self.repair.violations += repair.violations
+        self.repair.traces += repair.traces
+        self.repair.max_shift_ns = max(self.repair.max_shift_ns, repair.max_shift_ns)
 
     def analysed(self, key: int, outline: StepTrace) -> StepResult:
         """The step ``outline`` analysed from its spans (read again where it was slimmed), then
@@ -130,7 +149,7 @@ class _Steps:
             raise AnalysisError(f"trace {outline.trace_id}: its spans changed while analysed")
         path = critical_path(trace, carried_into(trace, self.previous.get(trace.trace_id)))
         result = StepResult(key, trace, path, measured_categories(trace), facts=step_facts(trace))
-        keep_for_statistics(path)
+        keep_for_statistics(path, self.min_share, self.min_ns)
         trace.slim()
         return result
 
@@ -141,6 +160,53 @@ class _Steps:
             return step
         carried = carried_into(trace, self.previous.get(trace.trace_id))
         return replace(step, trace=trace, path=critical_path(trace, carried))
+
+
+BATCHES_PER_WORKER = 8  # enough to even out the workers, few enough to keep tasks cheap
+
+
+def _batches(items: List[T], workers: int) -> List[List[T]]:
+    """``items`` in order, cut into batches: one item each in one process."""
+    size = 1 if workers <= 1 else max(1, -(-len(items) // (workers * BATCHES_PER_WORKER)))
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def outline_batch(
+    task: Tuple[TraceSource, Optional[str], List[str]],
+) -> Tuple[List[StepTrace], List[str], CausalityRepair]:
+    """The first pass on a batch of traces (an engine's piece of work): their steps, slimmed
+    where the source reads them again, the warnings building them gave, and the repairs."""
+    traces, job_id, trace_ids = task
+    steps = _Steps(traces, job_id, 0.0, 0)
+    built: List[StepTrace] = []
+    warnings: List[str] = []
+    for trace_id in trace_ids:
+        step = steps.build(trace_id, warnings, True)
+        if step is not None:
+            if traces.fresh:  # its spans are read again when it is analysed
+                step.slim()
+            built.append(step)
+    return built, warnings, steps.repair
+
+
+def analyse_batch(
+    task: Tuple[
+        TraceSource,
+        Optional[str],
+        Tuple[float, int],
+        List[Tuple[int, StepTrace, Optional[Previous]]],
+    ],
+) -> List[StepResult]:
+    """The second pass on a batch of steps (an engine's piece of work): each analysed, with
+    the step before it (``carry.previous_steps``), then slimmed."""
+    traces, job_id, (min_share, min_ns), items = task
+    steps = _Steps(traces, job_id, min_share, min_ns)
+    results = []
+    for key, outline, previous in items:
+        if previous is not None:
+            steps.previous[outline.trace_id] = previous
+        results.append(steps.analysed(key, outline))
+    return results
 
 
 def _analyze(
@@ -156,15 +222,18 @@ def _analyze(
 ) -> AnalysisResult:
     warnings: List[str] = []
     all_steps: List[StepTrace] = []
-    trace_ids = sorted(steps.traces.trace_ids())
+    traces, engine = steps.traces, steps.engine
+    trace_ids = sorted(traces.trace_ids())
+    batches = _batches(trace_ids, engine.workers)
+    tasks = [(traces.view(batch), steps.job_id, batch) for batch in batches]
     with Progress("building steps", len(trace_ids), progress) as bar:
-        for trace_id in trace_ids:
-            step = steps.build(trace_id, warnings, True)
-            if step is not None:
-                all_steps.append(step)
-                if steps.traces.fresh:  # its spans are read again when it is analysed
-                    step.slim()
-            bar.advance()
+        for (built, batch_warnings, repair), batch in zip(
+            engine.map(outline_batch, tasks), batches
+        ):
+            all_steps.extend(built)
+            warnings.extend(batch_warnings)
+            steps.add_repair(repair)
+            bar.advance(len(batch))
     all_steps.sort(key=step_order)
     repair = steps.repair
     if repair.violations:
@@ -181,10 +250,19 @@ def _analyze(
     # matched over every step, so the first selected one still carries from the one before
     steps.previous = previous_steps(all_steps)
     results: List[StepResult] = []
+    floors = (steps.min_share, steps.min_ns)
+    items = [
+        (key, outline, steps.previous.get(outline.trace_id)) for key, outline in enumerate(selected)
+    ]
+    groups = _batches(items, engine.workers)
+    tasks2 = [
+        (traces.view([outline.trace_id for _, outline, _ in group]), steps.job_id, floors, group)
+        for group in groups
+    ]
     with Progress("analysing steps", len(selected), progress) as bar:
-        for key, outline in enumerate(selected):
-            results.append(steps.analysed(key, outline))
-            bar.advance()
+        for analysed, group in zip(engine.map(analyse_batch, tasks2), groups):
+            results.extend(analysed)
+            bar.advance(len(group))
     return _summarise(
         results, steps, source, job_id, warnings, straggler_min_share, straggler_min_ns
     )
@@ -199,12 +277,17 @@ def _summarise(
     straggler_min_share: float,
     straggler_min_ns: int,
 ) -> AnalysisResult:
-    """The statistics over all steps and the findings (no spans read)."""
+    """The statistics over all steps and the findings (spans read again only for a rare
+    straggler step, ``stragglers.keep_for_statistics``)."""
     warmup = warmup_keys({r.key: r.trace.duration_ns for r in results})
     for key in warmup:
         results[key].warmup = True
     stragglers = straggler_summary(
-        {r.key: r.path for r in results}, straggler_min_share, straggler_min_ns, warmup
+        {r.key: r.path for r in results},
+        straggler_min_share,
+        straggler_min_ns,
+        warmup,
+        lambda key: steps.with_spans(results[key]).path,
     )
     for step_result in results:
         step_result.straggler = stragglers.step_stragglers.get(step_result.key)

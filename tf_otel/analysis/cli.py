@@ -111,6 +111,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=1.0,
         help="and at least this many ms (1.0; the floor when the run shows no noise)",
     )
+    engine = parser.add_argument_group("where it runs (trace files)")
+    engine.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="a Dask scheduler (tcp://host:8786) to run on; default: this machine, one worker "
+        "process per CPU for big inputs (TF_OTEL_ANALYZE_WORKERS sets how many)",
+    )
+    engine.add_argument(
+        "--spill-dir",
+        metavar="DIR",
+        help="where the decoded spans wait, by trace (default: TMPDIR; with --scheduler: a "
+        "directory every worker sees)",
+    )
     output = parser.add_argument_group("output")
     output.add_argument("--format", choices=("table", "json"), default="table")
     output.add_argument(
@@ -162,7 +175,10 @@ def _load(
     if spill:  # kept on disk by trace: the analysis holds a step at a time
         from tf_otel.analysis.load.spill import load_spilled
 
-        return load_spilled(args.paths, args.progress), ", ".join(args.paths)
+        spilled = load_spilled(
+            args.paths, args.progress, engine=args.engine, spill_dir=args.spill_dir
+        )
+        return spilled, ", ".join(args.paths)
     from tf_otel.analysis.load.files import load_paths
 
     return load_paths(args.paths, args.progress), ", ".join(args.paths)
@@ -190,8 +206,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tf_otel.analysis.analyze import analyze_source, analyze_spans
-    from tf_otel.analysis.load.spill import SpillSource
     from tf_otel.analysis.steps import parse_step_range
 
     if args.png:
@@ -200,6 +214,39 @@ def _run(args: argparse.Namespace) -> int:
         require_matplotlib()
     step_range = parse_step_range(args.steps) if args.steps else None
     start_ns, end_ns = parse_time_ns(args.since), parse_time_ns(args.until)
+    if args.paths:  # trace files: read and analysed by the engine (Jaeger, Tempo: here)
+        from tf_otel.analysis.engine import open_engine
+        from tf_otel.analysis.load.files import requested_workers
+
+        size = _bytes_under(args.paths)
+        with open_engine(requested_workers(None), args.scheduler, size) as args.engine:
+            return _analyze(args, step_range, start_ns, end_ns)
+    args.engine = None
+    return _analyze(args, step_range, start_ns, end_ns)
+
+
+def _bytes_under(paths: List[str]) -> int:
+    """The size of the files under ``paths`` (what decides the engine; errors come later)."""
+    total = 0
+    for raw in paths:
+        path = Path(raw)
+        for file in path.rglob("*") if path.is_dir() else [path]:
+            try:
+                total += file.stat().st_size if file.is_file() else 0
+            except OSError:
+                continue
+    return total
+
+
+def _analyze(
+    args: argparse.Namespace,
+    step_range: Optional[Tuple[Optional[int], Optional[int]]],
+    start_ns: Optional[int],
+    end_ns: Optional[int],
+) -> int:
+    from tf_otel.analysis.analyze import analyze_source, analyze_spans
+    from tf_otel.analysis.load.spill import SpillSource
+
     loaded, source = _load(args, start_ns, end_ns, spill=True)
     options: Tuple[Any, ...] = (
         source,
@@ -214,7 +261,8 @@ def _run(args: argparse.Namespace) -> int:
         _report(args, analyze_spans(loaded, *options))
         return 0
     with loaded:  # the pictures read their steps' spans again
-        _report(args, analyze_source(loaded, *options, progress=args.progress))
+        result = analyze_source(loaded, *options, progress=args.progress, engine=args.engine)
+        _report(args, result)
     return 0
 
 

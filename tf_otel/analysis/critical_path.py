@@ -195,6 +195,12 @@ class CriticalPath:
     # the rank with the most excess and its excess by category (stragglers.keep_for_statistics:
     # taken while the step still holds its op spans)
     top_split: Optional[Tuple[int, Dict[str, int]]] = field(default=None, repr=False)
+    # what the straggler statistics count of the arrivals: rank -> collectives it was in, and
+    # (rank, ns later than the others' median) for each collective some rank was strictly
+    # last at (stragglers.keep_for_statistics; the arrivals and legs' windows then dropped)
+    arrival_tally: Optional[Tuple[Dict[int, int], List[Tuple[int, int]]]] = field(
+        default=None, repr=False
+    )
     # collectives on the path whose last arrival was unknown and unexplained (nobody blamed)
     unattributed_waits: int = 0
     _lateness: Optional[Dict[int, int]] = field(default=None, repr=False)

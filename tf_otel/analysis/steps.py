@@ -89,25 +89,34 @@ class StepTrace:
         """Drop the spans once the step is analysed; keep what later steps and the cross-step
         statistics read: the root, each rank's extent and step span, each rank's last
         collective (``carry.last_collectives``) and one sync span where there was any
-        (``carry.has_sync_spans``). A slim step has no op spans: it cannot be analysed again."""
+        (``carry.has_sync_spans``), as copies without their resource (the source's spans are
+        left as they are). A slim step has no op spans: it cannot be analysed again."""
         if self.slimmed:
             return
+        self.root = _light(self.root) if self.root is not None else None
         kept: List[Span] = [self.root] if self.root is not None else []
         for timeline in self.ranks.values():
             last: Optional[Span] = None
             for span in timeline.nodes:
                 if span.category == COLLECTIVE and (last is None or span.end_ns > last.end_ns):
                     last = span
-            timeline.nodes = [last] if last is not None else []
+            timeline.nodes = [_light(last)] if last is not None else []
             timeline.fillers, timeline.parts = [], {}
             if timeline.step_span is not None:
+                timeline.step_span = _light(timeline.step_span)
                 kept.append(timeline.step_span)
             kept.extend(timeline.nodes)
         sync = next((s for s in self.spans if s.category in SYNC_CATEGORIES), None)
-        if sync is not None and sync not in kept:
-            kept.append(sync)
+        if sync is not None and not any(k.span_id == sync.span_id for k in kept):
+            kept.append(_light(sync))
         self.spans = kept
         self.slimmed = True
+
+
+def _light(span: Span) -> Span:
+    """A copy of ``span`` without its resource (read only while the step is built)."""
+    row = span.to_row()
+    return Span.from_row(row[:7] + ({},) + row[8:])
 
 
 def _world_size(root: Optional[Span], spans: List[Span]) -> Optional[int]:

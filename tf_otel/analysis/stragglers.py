@@ -34,8 +34,10 @@ Usage::
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from functools import partial
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from tf_otel.analysis.critical_path import (
     PATH_BEFORE_STEP,
@@ -54,7 +56,9 @@ WARMUP_Z = 3.5
 WARMUP_MIN_RATIO = 1.0  # a warm-up step is at least twice the settled median
 EXCESS_CATEGORIES = (PATH_BEFORE_STEP, PATH_INPUT, PATH_COMPUTE, PATH_COMMUNICATION, PATH_FRAMEWORK)
 _SPAN_CATEGORY = {COLLECTIVE: PATH_COMMUNICATION, TRANSFER: PATH_COMMUNICATION, INPUT: PATH_INPUT}
-_PRIORITY = {PATH_COMMUNICATION: 3, PATH_INPUT: 2, PATH_COMPUTE: 1}
+# where spans overlap in a window, the first of these that is open names the time
+_BY_SLOT = (PATH_COMMUNICATION, PATH_INPUT, PATH_COMPUTE)
+_SLOT = {category: slot for slot, category in enumerate(_BY_SLOT)}
 
 
 @dataclass
@@ -115,26 +119,50 @@ def lateness_noise(paths: Sequence[CriticalPath], min_ns: int) -> StragglerNoise
     return noise_of([path.lateness_by_rank() for path in paths], min_ns)
 
 
-def window_split(step: StepTrace, timeline: RankTimeline, begin: int, end: int) -> Dict[str, int]:
+class _RankPieces:
+    """One rank's timeline nodes as (start, end, path category), by start (``window_split``)."""
+
+    def __init__(self, timeline: RankTimeline) -> None:
+        self.nodes = sorted(
+            (span.start_ns, span.end_ns, _SPAN_CATEGORY.get(span.category, PATH_COMPUTE))
+            for span in timeline.nodes
+        )
+        self.starts = [node[0] for node in self.nodes]
+        self.longest = max((end - start for start, end, _ in self.nodes), default=0)
+        detailed = any(span.category == COMPUTE for span in timeline.nodes)
+        self.rest = PATH_FRAMEWORK if detailed else PATH_COMPUTE
+
+
+def window_split(
+    timeline: RankTimeline, begin: int, end: int, pieces: Optional[_RankPieces] = None
+) -> Dict[str, int]:
     """How a rank spent [begin, end): before its step, input, communication, compute spans,
-    and the rest (its own step work: compute without op spans, else framework)."""
+    and the rest (its own step work: compute without op spans, else framework). Where spans
+    overlap, communication wins over input, input over compute."""
     split = dict.fromkeys(EXCESS_CATEGORIES, 0)
     if end <= begin:
         return split
+    pieces = pieces or _RankPieces(timeline)
     inside = max(begin, min(end, timeline.start_ns))
     split[PATH_BEFORE_STEP] = inside - begin
-    detailed = any(s.category == COMPUTE for s in timeline.nodes)
-    rest = PATH_FRAMEWORK if detailed else PATH_COMPUTE
-    pieces: List[Tuple[int, int, str]] = []
-    for span in timeline.nodes:
-        start, stop = max(inside, span.start_ns), min(end, span.end_ns)
+    # a node starting before inside - longest ends before inside
+    low = bisect_left(pieces.starts, inside - pieces.longest)
+    high = bisect_left(pieces.starts, end)
+    changes: Dict[int, List[int]] = {}  # time -> change in (communication, input, compute)
+    for node_start, node_end, category in pieces.nodes[low:high]:
+        start, stop = max(inside, node_start), min(end, node_end)
         if stop > start:
-            pieces.append((start, stop, _SPAN_CATEGORY.get(span.category, PATH_COMPUTE)))
-    cuts = sorted({inside, end} | {p[0] for p in pieces} | {p[1] for p in pieces})
+            slot = _SLOT[category]
+            changes.setdefault(start, [0, 0, 0])[slot] += 1
+            changes.setdefault(stop, [0, 0, 0])[slot] -= 1
+    cuts = sorted(changes.keys() | {inside, end})
+    open_now = [0, 0, 0]
     for a, b in zip(cuts, cuts[1:]):
-        covering = [c for s, e, c in pieces if s <= a and e >= b]
-        category = max(covering, key=_PRIORITY.__getitem__) if covering else rest
-        split[category] += b - a
+        change = changes.get(a)
+        if change is not None:
+            open_now = [n + c for n, c in zip(open_now, change)]
+        named = next((_BY_SLOT[i] for i, n in enumerate(open_now) if n), pieces.rest)
+        split[named] += b - a
     return split
 
 
@@ -142,14 +170,16 @@ def excess_split(path: CriticalPath, rank: int) -> Dict[str, int]:
     """The rank's excess by category: its legs' split minus the others' median split."""
     step = path.step
     totals = dict.fromkeys(EXCESS_CATEGORIES, 0)
+    pieces: Dict[int, _RankPieces] = {}
     for leg in path.legs:
         if leg.rank != rank or len(leg.windows) < 2:
             continue
-        splits = {
-            r: window_split(step, step.ranks[r], start, end)
-            for r, (start, end) in leg.windows.items()
-            if r in step.ranks
-        }
+        splits = {}
+        for r, (start, end) in leg.windows.items():
+            if r in step.ranks:
+                if r not in pieces:
+                    pieces[r] = _RankPieces(step.ranks[r])
+                splits[r] = window_split(step.ranks[r], start, end, pieces[r])
         own = splits.get(rank)
         if own is None:
             continue
@@ -160,8 +190,13 @@ def excess_split(path: CriticalPath, rank: int) -> Dict[str, int]:
 
 
 def step_straggler(
-    path: CriticalPath, noise: StragglerNoise, min_share: float = 0.0
+    path: CriticalPath,
+    noise: StragglerNoise,
+    min_share: float = 0.0,
+    with_spans: Optional[Callable[[], CriticalPath]] = None,
 ) -> Optional[StepStraggler]:
+    """The step's straggler, if any; ``with_spans``: the same path on the step's spans, for a
+    slimmed step whose split ``keep_for_statistics`` did not keep."""
     excess = path.excess_by_rank()
     if not excess:
         return None
@@ -175,6 +210,8 @@ def step_straggler(
     saving = min(path.saving_by_rank().get(rank, 0), value)
     if path.top_split is not None and path.top_split[0] == rank:
         split = path.top_split[1]
+    elif path.step.slimmed and with_spans is not None:
+        split = excess_split(with_spans(), rank)
     else:
         split = excess_split(path, rank)
     category = max(EXCESS_CATEGORIES, key=lambda c: (split[c], -EXCESS_CATEGORIES.index(c)))
@@ -186,15 +223,35 @@ def _top_rank(excess: Dict[int, int]) -> int:
     return min(excess, key=lambda r: (-excess[r], r))
 
 
-def keep_for_statistics(path: CriticalPath) -> None:
+def keep_for_statistics(path: CriticalPath, min_share: float = 0.0, min_ns: int = 0) -> None:
     """Take from the step's op spans what ``straggler_summary`` reads, so the step can be
-    slimmed (``StepTrace.slim``) before the statistics over all steps are made."""
-    if path.arrivals is None:
-        path.arrivals = _collective_arrivals(path.step)
+    slimmed (``StepTrace.slim``) before the statistics over all steps are made: the arrivals,
+    and the split of the top rank's excess where it passes the floors every threshold holds
+    (``min_ns``, ``min_share``; a rare step that passes its threshold without it is read again)."""
+    path.arrival_tally = _arrival_tally(path)
+    path.arrivals = None
+    path.lateness_by_rank()  # cached: the noise model reads it
     excess = path.excess_by_rank()
     if excess:
         rank = _top_rank(excess)
-        path.top_split = (rank, excess_split(path, rank))
+        value = min(excess[rank], path.step.duration_ns)
+        if value > min_ns and value >= min_share * path.step.duration_ns:
+            path.top_split = (rank, excess_split(path, rank))
+    for leg in path.legs:  # read only by the lateness and the split, both taken above
+        leg.windows = {}
+
+
+def _arrival_tally(path: CriticalPath) -> Tuple[Dict[int, int], List[Tuple[int, int]]]:
+    arrivals = path.arrivals if path.arrivals is not None else _collective_arrivals(path.step)
+    collectives: Dict[int, int] = {}
+    lasts: List[Tuple[int, int]] = []
+    for members in arrivals.values():
+        for rank in members:
+            collectives[rank] = collectives.get(rank, 0) + 1
+        last = _strictly_last(members)
+        if last is not None:
+            lasts.append((last, members[last] - _median_others(members, last)))
+    return collectives, lasts
 
 
 def _strictly_last(values: Dict[int, int]) -> Optional[int]:
@@ -225,8 +282,10 @@ def straggler_summary(
     min_share: float = 0.0,
     min_ns: int = 1_000_000,
     warmup: Optional[List[int]] = None,
+    with_spans: Optional[Callable[[int], CriticalPath]] = None,
 ) -> StragglerSummary:
-    """``paths``: step key -> critical path, in step order; ``warmup``: keys kept out."""
+    """``paths``: step key -> critical path, in step order; ``warmup``: keys kept out;
+    ``with_spans``: step key -> its path on its spans (``step_straggler``)."""
     summary = StragglerSummary()
     summary.warmup = list(warmup or [])
     skipped = set(summary.warmup)
@@ -242,21 +301,20 @@ def straggler_summary(
         step = path.step
         for rank in step.ranks:
             stats(rank).steps += 1
-        found = step_straggler(path, summary.noise, min_share)
+        again = None if with_spans is None else partial(with_spans, key)
+        found = step_straggler(path, summary.noise, min_share, again)
         if found is not None:
             summary.step_stragglers[key] = found
             rank_stats = stats(found.rank)
             rank_stats.straggler_steps.append(key)
             rank_stats.excess_ns += found.excess_ns
             rank_stats.saving_ns += found.saving_ns
-        arrivals = path.arrivals if path.arrivals is not None else _collective_arrivals(step)
-        for members in arrivals.values():
-            for rank in members:
-                stats(rank).collectives += 1
-            last = _strictly_last(members)
-            if last is not None:
-                stats(last).last_arrivals += 1
-                stats(last).arrival_lateness_ns += members[last] - _median_others(members, last)
+        collectives, lasts = path.arrival_tally or _arrival_tally(path)
+        for rank, count in collectives.items():
+            stats(rank).collectives += count
+        for latest, lateness in lasts:
+            stats(latest).last_arrivals += 1
+            stats(latest).arrival_lateness_ns += lateness
         ends = {rank: timeline.end_ns for rank, timeline in step.ranks.items()}
         last = _strictly_last(ends)
         if last is not None:

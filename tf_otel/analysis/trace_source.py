@@ -31,6 +31,10 @@ class TraceSource(Protocol):
 
     def job_ids(self) -> Set[str]: ...
 
+    def view(self, trace_ids: List[str]) -> TraceSource:
+        """A source of these traces only, to send to an engine's worker (``analysis.engine``)."""
+        ...
+
 
 class MemorySource:
     """Spans held in memory, split by trace (input order kept)."""
@@ -49,3 +53,6 @@ class MemorySource:
 
     def job_ids(self) -> Set[str]:
         return set(self._jobs)
+
+    def view(self, trace_ids: List[str]) -> MemorySource:
+        return self  # never sent to another process: the spans are here

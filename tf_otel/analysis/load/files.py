@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import gzip
 import marshal
-import multiprocessing
-import os
 import sys
 import zlib
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Iterable, List, Optional, Tuple, Union
 
+from tf_otel.analysis.engine import Engine, engine_workers, open_engine
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
@@ -32,7 +29,6 @@ from tf_otel.analysis.load.otlp_msgspec import LineDecoder
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Row, Span
 
-WORKERS_ENV = "TF_OTEL_ANALYZE_WORKERS"  # processes reading files; 1: no worker processes
 TRACE_SUFFIXES = (".json", ".jsonl", ".ndjson", ".otlp")
 _MAGIC = {b"\x89PNG": "a PNG image", b"%PDF": "a PDF", b"PK\x03\x04": "a zip archive"}
 
@@ -297,59 +293,53 @@ def _load_rows(part: Part) -> bytes:
         return marshal.dumps(load_part_rows(part))
 
 
-def usable_cpus(workers: Optional[int]) -> int:
+def requested_workers(workers: Optional[int]) -> int:
+    """The worker processes asked for: ``workers``, else ``TF_OTEL_ANALYZE_WORKERS``; 0: as
+    many as usable CPUs where the input is big enough (``analysis.engine``)."""
     if workers is None:
         from tf_otel.config import current
 
         workers = current().analyze_workers
-    if workers <= 0:
-        try:
-            workers = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            workers = os.cpu_count() or 1
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return 1  # the rows would be cheap to send, but re-importing per worker is not
-    return max(1, workers)
+    return max(0, workers)
 
 
-def _plan(files: List[Path], workers: Optional[int]) -> Tuple[List[Part], int]:
-    """The parts to read and the worker processes reading them (1: no worker processes)."""
-    cpus = usable_cpus(workers)
-    if cpus == 1:
-        return [(path, 0, -1) for path in files], 1
-    parts = plan_parts(files, cpus)
-    return parts, min(cpus, len(parts))
+def input_size(files: List[Path]) -> int:
+    return sum(_size(path) for path in files)
 
 
 def worker_count(files: List[Path], workers: Optional[int] = None) -> int:
-    """Processes reading ``files``: one per part (big files are cut) up to the usable CPUs."""
-    return _plan(files, workers)[1]
+    """Processes reading ``files``: 1 (this one) or the engine's workers."""
+    return engine_workers(requested_workers(workers), None, input_size(files))
 
 
 def load_paths(
-    paths: Iterable[str], progress: Optional[bool] = None, workers: Optional[int] = None
+    paths: Iterable[str],
+    progress: Optional[bool] = None,
+    workers: Optional[int] = None,
+    engine: Optional[Engine] = None,
 ) -> List[Span]:
-    """Spans of all trace files under ``paths``, in file order; several files are read in
-    parallel by forked worker processes (``workers``, default: usable CPUs)."""
+    """Spans of all trace files under ``paths``, in file order; with several workers the
+    files (big ones in parts) are decoded by ``engine``'s worker processes (default: one
+    chosen for ``workers`` and the input's size, closed before returning)."""
     files = find_trace_files(paths)
+    if engine is None:
+        with open_engine(requested_workers(workers), None, input_size(files)) as own:
+            return _load_files(files, progress, own)
+    return _load_files(files, progress, engine)
+
+
+def _load_files(files: List[Path], progress: Optional[bool], engine: Engine) -> List[Span]:
     spans: List[Span] = []
-    parts, jobs = _plan(files, workers)
-    with paused_gc(), Progress("reading trace files", len(parts), progress) as bar:
-        if jobs == 1:
+    if engine.workers <= 1:
+        with paused_gc(), Progress("reading trace files", len(files), progress) as bar:
             for path in files:
                 spans.extend(load_file(path))
                 bar.advance()
-            return spans
-        from_row = Span.from_row
-        context = multiprocessing.get_context("fork")
-        try:
-            with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-                for blob in pool.map(_load_rows, parts):  # in file order
-                    spans.extend([from_row(row) for row in marshal.loads(blob)])
-                    bar.advance()
-        except BrokenProcessPool:
-            raise AnalysisError(
-                f"reading trace files: a worker process died (out of memory?); "
-                f"{WORKERS_ENV}=1 reads them in this process"
-            ) from None
+        return spans
+    parts = plan_parts(files, engine.workers)
+    from_row = Span.from_row
+    with paused_gc(), Progress("reading trace files", len(parts), progress) as bar:
+        for blob in engine.map(_load_rows, parts):  # in file order
+            spans.extend([from_row(row) for row in marshal.loads(blob)])
+            bar.advance()
     return spans

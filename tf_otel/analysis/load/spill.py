@@ -21,26 +21,24 @@ from __future__ import annotations
 
 import gzip
 import marshal
-import multiprocessing
 import os
 import shutil
 import tempfile
 from collections import OrderedDict
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import BinaryIO, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
+from tf_otel.analysis.engine import Engine, open_engine
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load.files import (
-    WORKERS_ENV,
     Part,
     decode_line_block,
     find_trace_files,
+    input_size,
     load_part_rows,
     plan_parts,
-    usable_cpus,
+    requested_workers,
 )
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Row, Span
@@ -132,12 +130,31 @@ class SpillSource:
 
     fresh = True
 
-    def __init__(self, directory: Path, index: Dict[str, List[Piece]], jobs: Set[str]) -> None:
+    def __init__(
+        self, directory: Path, index: Dict[str, List[Piece]], jobs: Set[str], owner: bool = True
+    ) -> None:
         self.directory = directory
         self.span_count = 0
+        self.owner = owner  # removes the directory on close (a view does not)
         self._index = index
         self._jobs = jobs
         self._open: OrderedDict[int, int] = OrderedDict()  # spill file number -> descriptor
+
+    def view(self, trace_ids: List[str]) -> SpillSource:
+        """These traces only: what an engine's worker needs to read them (pickled small)."""
+        index = {
+            trace_id: self._index[trace_id] for trace_id in trace_ids if trace_id in self._index
+        }
+        return SpillSource(self.directory, index, self._jobs, owner=False)
+
+    def __getstate__(self) -> Dict[str, object]:
+        state = dict(self.__dict__)
+        state["_open"] = OrderedDict()  # descriptors stay with their process
+        state["owner"] = False
+        return state
+
+    def __del__(self) -> None:
+        self._close_files()
 
     def trace_ids(self) -> List[str]:
         return list(self._index)
@@ -163,11 +180,15 @@ class SpillSource:
         found = self._open[number] = os.open(self.directory / f"{number}.spill", os.O_RDONLY)
         return found
 
-    def close(self) -> None:
-        for descriptor in self._open.values():
+    def _close_files(self) -> None:
+        for descriptor in getattr(self, "_open", {}).values():
             os.close(descriptor)
-        self._open.clear()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self._open = OrderedDict()
+
+    def close(self) -> None:
+        self._close_files()
+        if self.owner:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> SpillSource:
         return self
@@ -177,21 +198,44 @@ class SpillSource:
 
 
 def load_spilled(
-    paths: Iterable[str], progress: Optional[bool] = None, workers: Optional[int] = None
+    paths: Iterable[str],
+    progress: Optional[bool] = None,
+    workers: Optional[int] = None,
+    engine: Optional[Engine] = None,
+    spill_dir: Optional[str] = None,
 ) -> SpillSource:
-    """Every trace file under ``paths`` read into a ``SpillSource`` (close it when done)."""
+    """Every trace file under ``paths`` read into a ``SpillSource`` (close it when done);
+    ``engine`` decodes the parts (default: one chosen for ``workers`` and the input's size,
+    closed before returning); ``spill_dir``: where the spill goes (default: ``TMPDIR``)."""
     paths = list(paths)
     files = find_trace_files(paths)
-    cpus = usable_cpus(workers)
-    parts = plan_parts(files, cpus)  # blocks, not parts, bound the memory
-    directory = Path(tempfile.mkdtemp(prefix="tf-otel-spill-"))
+    if engine is None:
+        with open_engine(requested_workers(workers), None, input_size(files)) as own:
+            return _spill(paths, files, progress, own, spill_dir)
+    return _spill(paths, files, progress, engine, spill_dir)
+
+
+def _spill(
+    paths: List[str],
+    files: List[Path],
+    progress: Optional[bool],
+    engine: Engine,
+    spill_dir: Optional[str],
+) -> SpillSource:
+    parts = plan_parts(files, max(engine.workers, 1))  # blocks, not parts, bound the memory
+    try:
+        directory = Path(tempfile.mkdtemp(prefix="tf-otel-spill-", dir=spill_dir))
+    except OSError as error:
+        raise AnalysisError(
+            f"{spill_dir or tempfile.gettempdir()}: cannot spill ({error})"
+        ) from None
     tasks = [(part, str(directory / f"{number}.spill")) for number, part in enumerate(parts)]
     index: Dict[str, List[Piece]] = {}
     jobs: Set[str] = set()
     source = SpillSource(directory, index, jobs)
     try:
         with Progress("reading trace files", len(parts), progress) as bar:
-            for number, blob in enumerate(_run(tasks, min(cpus, len(parts)))):
+            for number, blob in enumerate(engine.map(spill_part, tasks)):
                 pieces, part_jobs, count = marshal.loads(blob)
                 for trace_id, offset, length in pieces:
                     entry = (number, offset, length)
@@ -210,19 +254,3 @@ def load_spilled(
         source.close()
         raise AnalysisError(f"{', '.join(map(str, paths))}: no spans")
     return source
-
-
-def _run(tasks: List[Tuple[Part, str]], jobs: int) -> Iterator[bytes]:
-    if jobs <= 1:
-        for task in tasks:
-            yield spill_part(task)
-        return
-    context = multiprocessing.get_context("fork")
-    try:
-        with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-            yield from pool.map(spill_part, tasks)  # in part order
-    except BrokenProcessPool:
-        raise AnalysisError(
-            f"reading trace files: a worker process died (out of memory?); "
-            f"{WORKERS_ENV}=1 reads them in this process"
-        ) from None
