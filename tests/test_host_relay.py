@@ -186,6 +186,44 @@ def test_a_relay_is_refused_ranks_it_never_served_and_bad_messages() -> None:
         rank0.close()
 
 
+def test_a_late_rank_of_a_host_goes_up_in_a_later_message_and_rank0_merges_it() -> None:
+    """Rank 7 reports each step 0.6 s after host-b's other ranks: past the relay's wait (0.25 s),
+    within rank 0's root wait (1.5 s). The relay sends 4-6 first, 7 in a later message; rank
+    0's root still holds every rank, each with its own extent."""
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    rank0 = _Rank0(job_id, True)
+    ups: List[Tuple[int, List[int]]] = []  # what rank 0 got from host-b's relay, in order
+    add_many = rank0.aggregator.add_many
+
+    def recording(key: str, step: int, extents: Any) -> None:
+        extents = list(extents)
+        if extents[0][0] >= 4:
+            ups.append((step, sorted(e[0] for e in extents)))
+        add_many(key, step, extents)
+
+    rank0.aggregator.add_many = recording  # type: ignore[method-assign]
+    clients = {rank: _link(rank, job_id, rank0.address, True) for rank in range(1, WORLD)}
+    try:
+        assert _wait_until(lambda: len(rank0.aggregator.connected_ranks()) == WORLD - 1, 10)
+        for step in range(3):
+            for rank in range(1, WORLD - 1):
+                clients[rank].report(KEY, step, *_extent(rank, step))
+            rank0.aggregator.add(0, KEY, step, *_extent(0, step))
+            time.sleep(0.6)
+            clients[7].report(KEY, step, *_extent(7, step))
+        assert _wait_until(lambda: len(rank0.roots) == 3, 5)
+    finally:
+        for client in clients.values():
+            close_link(client, 1.0)
+        rank0.close()
+    assert ups == [(s, ranks) for s in range(3) for ranks in ([4, 5, 6], [7])], ups
+    for step, (start, end, n, partial, extents) in rank0.roots.items():
+        assert n == WORLD and partial is None
+        assert extents == {rank: (*_extent(rank, step), None) for rank in range(WORLD)}
+        assert start == _extent(0, step)[0] - ROOT_MARGIN_NS
+        assert end == _extent(7, step)[1] + ROOT_MARGIN_NS  # the late rank's end is the root's
+
+
 def _leader_main(port: int, job_id: str, steps: int, t0: float) -> None:
     """Rank 4 of host-b in a process of its own: it leads (the test starts it first) and
     reports every step on the test's clock of steps, until killed."""

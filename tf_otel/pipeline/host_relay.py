@@ -17,7 +17,9 @@ How it works:
   own (a rank may lead the clock and another the relay). The leader writes a random token into
   the lock file and its relay's loopback address with that token beside it: a rank takes an
   address only from the leader that holds the lock now. Rank 0 takes its own host's lock at
-  start and publishes "direct": the ranks on rank 0's host talk to rank 0 directly.
+  start and publishes "direct": the ranks on rank 0's host talk to rank 0 directly. A rank of
+  rank 0's host that starts its services first leads a relay there instead (seen in the 2-host
+  Horovod test): still correct, one connection for the host, one hop more.
 * Relay (``HostRelay``, in the leader's process, on an event loop of its own): it listens on
   127.0.0.1 with the same mutual HMAC handshake as rank 0 (coordinator.accept_hello), and links
   to rank 0 as a relay (coordinator_client with ``relay=True``). Each rank's step extent waits
