@@ -465,16 +465,6 @@ class RelayRoute:
             relay.close(timeout_s, own_rank=self.rank)
         self.election.release()  # another rank of the host takes over, if any still runs
 
-    def abort(self) -> None:
-        """As if this process died (tests): the relay stops, the lock is dropped."""
-        with self._lock:
-            relay, self.relay = self.relay, None
-        if relay is not None:
-            relay.abort()
-            if relay._upstream is not None:
-                relay._upstream.close(0.0)
-        self.election.release()
-
 
 def relay_wanted(settings: Settings, topology: Topology) -> bool:
     """TF_OTEL_HOST_RELAY, or by default: on where this host runs several ranks."""
