@@ -341,7 +341,7 @@ class StepAggregator:
                 for lost in gone:
                     self._writers.pop(lost, None)
             with self._lock:
-                self._finished.update(gone if relay else routed)
+                self._finished.update(gone)
             self._release()
             writer.close()
 
