@@ -107,6 +107,7 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, rela
     half = t0 + seconds / 2  # the clients' first clock rounds come quickly: CPU after them
     cpu_from: Optional[float] = None
     wall_from = 0.0
+    threads_from: Dict[str, float] = {}
     while time.time() < t0 + seconds - 1:
         time.sleep(0.05)
         now = time.time()
@@ -118,7 +119,14 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, rela
             clock_at = now
         if cpu_from is None and now >= half:
             cpu_from, wall_from = time.process_time(), time.monotonic()
+            threads_from = _thread_cpu()
     cpu_all = time.process_time() - cpu_start
+    threads_to = _thread_cpu()
+    by_thread = {  # the second half, by thread name (threads alive at both ends)
+        name: round(threads_to[name] - threads_from.get(name, 0.0), 2)
+        for name in threads_to
+        if cpu_from is not None and threads_to[name] - threads_from.get(name, 0.0) >= 0.01
+    }
     cpu = time.process_time() - cpu_from if cpu_from is not None else None
     wall = time.monotonic() - wall_from if cpu_from is not None else None
     aggregator.flush(wait_s + 2)
@@ -145,6 +153,7 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, rela
             "complete_roots": sum(1 for _, whole in roots.values() if whole),
             "most_ranks_in_a_root": max((n for n, _ in roots.values()), default=0),
             "cpu_s": round(cpu_all, 2),
+            "second_half_cpu_s_by_thread": by_thread,
             "refused": health.counters["coordinator_refused"] + health.counters["clock_refused"],
             "cores": None if cpu is None or not wall else round(cpu / wall, 4),
             "us_per_rank_step": (
@@ -158,6 +167,22 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, rela
     aggregator.close()
     if election is not None:
         election.release()
+
+
+def _thread_cpu() -> Dict[str, float]:
+    """CPU seconds so far of this process's live threads, summed by thread name (from /proc:
+    where rank 0's CPU goes: its coordinator loop, its clock service, its own steps)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    spent: Dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, ...
+        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        spent[thread.name] = spent.get(thread.name, 0.0) + cpu
+    return spent
 
 
 def _own_steps(aggregator: Any, seconds: float, t0: float) -> None:
@@ -320,10 +345,10 @@ def main() -> None:
     parser.add_argument("--out", help="write the table (markdown) here too")
     options = parser.parse_args()
     results = []
-    relay = not options.no_relay
-    for world in (int(n) for n in options.ranks.split(",")):
-        print(f"{world} ranks, {options.seconds:.0f} s ...", file=sys.stderr, flush=True)
-        results.append(measure(world, options.seconds, options.per_host, relay=relay))
+    relays = not options.no_relay
+    for size in (int(n) for n in options.ranks.split(",")):
+        print(f"{size} ranks, {options.seconds:.0f} s ...", file=sys.stderr, flush=True)
+        results.append(measure(size, options.seconds, options.per_host, relay=relays))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     table = _table(results)
     print(table)
