@@ -186,6 +186,32 @@ def test_a_relay_is_refused_ranks_it_never_served_and_bad_messages() -> None:
         rank0.close()
 
 
+def test_a_relay_refuses_strangers_and_other_relays_and_serves_a_rank_with_the_key() -> None:
+    from tf_otel.health import counters
+    from tf_otel.pipeline.host_relay import HostRelay
+
+    rank0 = _Rank0(f"relay-{uuid.uuid4().hex[:8]}", True)
+    relay = HostRelay(rank0.address, 4, WORLD, 0.25, _key())
+    address = relay.serve()
+    assert address is not None and address[0] == "127.0.0.1"  # loopback only
+    refused = counters["coordinator_refused"]
+    wrong = job_secret.job_key({"TF_OTEL_JOB_SECRET": "another-job-secret-0123456789abc"})
+    stranger = CoordinatorClient(address, 5, secret=wrong)
+    chained = CoordinatorClient(address, 6, secret=_key(), relay=True)  # relays do not chain
+    rank = CoordinatorClient(address, 7, secret=_key())
+    try:
+        assert _wait_until(lambda: counters["coordinator_refused"] >= refused + 2, 10)
+        assert _wait_until(lambda: rank0.aggregator.connected_ranks() == {7}, 10)
+        assert rank.connected_to == address
+        assert stranger.connected_to is None and chained.connected_to is None
+        assert relay.ranks() == [7]
+    finally:
+        for client in (stranger, chained, rank):
+            client.close(0.5)
+        relay.close(0.5)
+        rank0.close()
+
+
 def test_a_late_rank_of_a_host_goes_up_in_a_later_message_and_rank0_merges_it() -> None:
     """Rank 7 reports each step 0.6 s after host-b's other ranks: past the relay's wait (0.25 s),
     within rank 0's root wait (1.5 s). The relay sends 4-6 first, 7 in a later message; rank
