@@ -95,7 +95,8 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, rela
     sync = ClockSync(publish=False, share_host=True)
     sync.start(_topology(0, world, per_host, port), _settings(port))
     # as services.start_services: rank 0's host's ranks talk to it directly
-    election = lead_directly(_settings(port, relay), _topology(0, world, per_host, port))
+    topology = _topology(0, world, per_host, port)
+    election = lead_directly(_settings(port, relay), topology, aggregator.secret)
     threading.Thread(target=_own_steps, args=(aggregator, seconds, t0), daemon=True).start()
     print("ready", flush=True)
     connected_at: Optional[float] = None

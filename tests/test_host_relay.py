@@ -82,7 +82,7 @@ class _Rank0:
         assert self.aggregator.serve(("127.0.0.1", 0))
         assert self.aggregator.address is not None
         self.address: Tuple[str, int] = self.aggregator.address
-        self.election = lead_directly(Settings(host_relay=relay), _topology(0, job_id))
+        self.election = lead_directly(Settings(host_relay=relay), _topology(0, job_id), _key())
 
     def _emit(
         self, key: str, step: int, start: int, end: int, n: int, partial: Any, ex: Any
@@ -212,6 +212,61 @@ def test_a_relay_refuses_strangers_and_other_relays_and_serves_a_rank_with_the_k
         rank0.close()
 
 
+def test_two_jobs_with_one_id_but_other_secrets_elect_apart() -> None:
+    """A multi-host launch without a job id is "unknown" on every host: the job key keeps two
+    such jobs' elections apart (each would refuse the other's relay)."""
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    other = job_secret.job_key({"TF_OTEL_JOB_SECRET": "another-job-secret-0123456789abc"})
+    mine = HostElection.for_job(job_id, "host-b", _key().key)
+    theirs = HostElection.for_job(job_id, "host-b", other.key)
+    again = HostElection.for_job(job_id, "host-b", _key().key)
+    assert mine is not None and theirs is not None and again is not None
+    try:
+        assert mine.claim() and theirs.claim()  # apart
+        assert not again.claim()  # one job, one leader
+    finally:
+        mine.release()
+        theirs.release()
+
+
+def test_a_rank_that_its_leader_keeps_failing_goes_to_rank0() -> None:
+    """A "leader" that answers no handshake (it holds the lock, its address a plain listener
+    that closes each connection): after RELAY_TRIES tries the rank connects to rank 0."""
+    import socket
+
+    from tf_otel.health import counters
+
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    rank0 = _Rank0(job_id, True)
+    squatter = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def slam() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = squatter.accept()
+            except OSError:  # closed at the end
+                return
+            conn.close()
+
+    threading.Thread(target=slam, daemon=True).start()
+    leader = HostElection.for_job(job_id, "host-b", _key().key)
+    assert leader is not None and leader.claim()
+    leader.publish(squatter.getsockname()[:2])
+    given_up = counters["relay_given_up"]
+    client = _link(5, job_id, rank0.address, True)
+    try:
+        assert _wait_until(lambda: rank0.aggregator.connected_ranks() == {5}, 10)
+        assert client.connected_to == rank0.address
+        assert counters["relay_given_up"] == given_up + 1
+    finally:
+        stop.set()
+        client.close(0.5)
+        leader.release()
+        squatter.close()
+        rank0.close()
+
+
 def test_a_late_rank_of_a_host_goes_up_in_a_later_message_and_rank0_merges_it() -> None:
     """Rank 7 reports each step 0.6 s after host-b's other ranks: past the relay's wait (0.25 s),
     within rank 0's root wait (1.5 s). The relay sends 4-6 first, 7 in a later message; rank
@@ -276,7 +331,7 @@ def test_a_killed_leader_is_replaced_and_later_roots_hold_every_rank_still_runni
     )
     clients: Dict[int, CoordinatorClient] = {}
     try:
-        election = HostElection.for_job(job_id, "host-b")
+        election = HostElection.for_job(job_id, "host-b", _key().key)
         assert election is not None
         assert _wait_until(lambda: isinstance(election.read(), tuple), 10), "no leader"
         first = election.read()

@@ -74,6 +74,7 @@ from tf_otel.pipeline.messages import Handlers
 
 RELAY_WAIT_MAX_S = 0.25  # a step's extents wait this long at most for the host's other ranks
 FIND_LEADER_S = 2.0  # a rank that lost the election waits this long for the leader's address
+RELAY_TRIES = 3  # tries in a row at one relay address (each failed or ended), then rank 0 once
 MAX_RANKS_A_HOST = 1024  # connections a relay serves at once (a host's ranks, with room)
 LEAVE_WAIT_S = 1.0  # a leader that exits waits this long for its host's ranks to say bye
 DIRECT = "direct"  # published by rank 0 for its own host: talk to rank 0 directly
@@ -92,12 +93,14 @@ class HostElection:
         self._token = ""
 
     @classmethod
-    def for_job(cls, job_id: str, host: str) -> Optional[HostElection]:
+    def for_job(cls, job_id: str, host: str, key: bytes = b"") -> Optional[HostElection]:
+        """The election of ``host`` in a job; ``key`` (the job key) keeps apart two jobs that
+        share an id (a multi-host launch without one is "unknown") but not their secret."""
         directory = private_dir()
         if directory is None:
             return None
-        name = hashlib.sha256(f"{job_id}\0{host}".encode()).hexdigest()[:24]
-        return cls(directory, name)
+        digest = hashlib.sha256(f"{job_id}\0{host}\0".encode() + key)
+        return cls(directory, digest.hexdigest()[:24])
 
     @property
     def leading(self) -> bool:
@@ -422,6 +425,8 @@ class RelayRoute:
         self.max_queue = max_queue
         self.relay: Optional[HostRelay] = None  # this rank leads: its relay
         self._lock = threading.Lock()
+        self._last: Optional[Address] = None  # the relay address given last, and how often
+        self._tries = 0
 
     def __call__(self) -> Address:
         with self._lock:
@@ -435,11 +440,23 @@ class RelayRoute:
             if found == DIRECT:
                 return self.coordinator
             if isinstance(found, tuple):
-                return found
+                return self._at_most_tries(found)
             if time.monotonic() > deadline:
                 count("relay_not_found")
                 return self.coordinator
             time.sleep(0.02)
+
+    def _at_most_tries(self, found: Address) -> Address:
+        """``found``, unless it was given RELAY_TRIES times in a row: a new call means the try
+        before failed or its connection ended, and a leader that refuses this rank (it is not
+        this job's) must not keep it from rank 0."""
+        self._tries = self._tries + 1 if found == self._last else 1
+        self._last = found
+        if self._tries > RELAY_TRIES:
+            self._tries = 0
+            count("relay_given_up")
+            return self.coordinator
+        return found
 
     def _lead(self) -> Address:
         relay = HostRelay(
@@ -484,7 +501,8 @@ def coordinator_link(
     directory for the election exists), else directly."""
     route: Optional[RelayRoute] = None
     if relay_wanted(settings, topology):
-        election = HostElection.for_job(topology.job_id, topology.host)
+        secret = secret or job_secret.job_key()
+        election = HostElection.for_job(topology.job_id, topology.host, secret.key)
         if election is not None:
             route = RelayRoute(
                 election,
@@ -507,12 +525,15 @@ def close_link(client: CoordinatorClient, timeout_s: float) -> None:
         client.route.close(timeout_s)
 
 
-def lead_directly(settings: Settings, topology: Topology) -> Optional[HostElection]:
+def lead_directly(
+    settings: Settings, topology: Topology, secret: Optional[job_secret.JobKey] = None
+) -> Optional[HostElection]:
     """Rank 0: lead its own host's election and publish "direct" (its host's ranks talk to it
     directly); the election to release at the end, or None."""
     if not relay_wanted(settings, topology):
         return None
-    election = HostElection.for_job(topology.job_id, topology.host)
+    key = (secret or job_secret.job_key()).key
+    election = HostElection.for_job(topology.job_id, topology.host, key)
     if election is None or not election.claim():
         return None
     election.publish(None)

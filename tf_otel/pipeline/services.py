@@ -100,7 +100,9 @@ def start_services(
             bind_host = "127.0.0.1" if address[0] in ("127.0.0.1", "localhost") else "0.0.0.0"
             services.aggregator.serve((bind_host, address[1]))
             with fail_open("relay.direct"):  # its host's ranks talk to it directly
-                services.relay_election = lead_directly(settings, topology)
+                services.relay_election = lead_directly(
+                    settings, topology, services.aggregator.secret
+                )
     elif address is not None:
         services.client = coordinator_link(settings, topology, address, handlers)
     else:
