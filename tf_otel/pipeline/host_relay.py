@@ -12,7 +12,8 @@ Usage (done by pipeline.services)::
 How it works:
 
 * Election: the same mechanism as the clock's (clock/host_share.py), with its own lock file
-  (``relay-*.lock`` in the private 0700 directory, named by job id and host): an flock the
+  (``relay-*.lock`` in the private 0700 directory, named by job id, host and a digest with the
+  job key, so two jobs that share an id but not a secret elect apart): an flock the
   kernel drops when its holder dies. Its own lock so that each leader's death is survived on its
   own (a rank may lead the clock and another the relay). The leader writes a random token into
   the lock file and its relay's loopback address with that token beside it: a rank takes an
@@ -33,8 +34,9 @@ How it works:
   relay forwards its inner bytes. The ranks keep no direct connection to rank 0.
 * Fail-over: a rank connects through a ``RelayRoute``; when its connection ends (the leader
   died), the client connects again: the rank that wins the lock now starts a relay, the others
-  find it (waiting up to FIND_LEADER_S), else they go to rank 0 directly. Extents the dead relay
-  held are lost: those steps' roots go out partial (counted ``roots_partial``), later ones whole.
+  find it (waiting up to FIND_LEADER_S), else they go to rank 0 directly; so does a rank that
+  one relay address failed RELAY_TRIES times in a row. Extents the dead relay held are lost:
+  those steps' roots go out partial (counted ``roots_partial``), later ones whole.
 * TF_OTEL_HOST_RELAY=0 turns it off (every rank to rank 0); it is on where a host runs several
   ranks (topology.local_size > 1).
 """
