@@ -28,9 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tf_otel.analysis.analyze import analyze_source, analyze_spans  # noqa: E402
+from tf_otel.analysis.engine import open_engine  # noqa: E402
 from tf_otel.analysis.gc_pause import paused_gc  # noqa: E402
 from tf_otel.analysis.load import _json  # noqa: E402
-from tf_otel.analysis.load.files import find_trace_files, load_paths, worker_count  # noqa: E402
+from tf_otel.analysis.load.files import load_paths, requested_workers  # noqa: E402
 from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as MSGSPEC  # noqa: E402
 from tf_otel.analysis.load.spill import load_spilled  # noqa: E402
 from tf_otel.analysis.report.json_report import to_json  # noqa: E402
@@ -234,6 +235,10 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--keep", help="generate into (or reuse) this directory")
     parser.add_argument(
+        "--workers", type=int, help="worker processes (TF_OTEL_ANALYZE_WORKERS; 0: automatic)"
+    )
+    parser.add_argument("--scheduler", help="a Dask scheduler address (default: this machine)")
+    parser.add_argument(
         "--engine",
         choices=("spill", "memory"),
         default="spill",
@@ -250,22 +255,26 @@ def main() -> int:
     with paused_gc():
         c0, t0 = time.process_time(), time.perf_counter()
         w0 = _children_cpu_s()
-        if args.engine == "memory":
-            spans = load_paths([str(directory)], progress=False)
-            count = len(spans)
-        else:
-            source = load_spilled([str(directory)], progress=False)
-            count = source.span_count
-        c1, t1 = time.process_time(), time.perf_counter()
-        workers_cpu = _children_cpu_s() - w0
-        if args.engine == "memory":
-            result = analyze_spans(spans, source=str(directory))
-        else:
-            result = analyze_source(source, source=str(directory))
-            source.close()
-        c2, t2 = time.process_time(), time.perf_counter()
-        json.dumps(to_json(result))
-        c3, t3 = time.process_time(), time.perf_counter()
+        size = int(size_mb * 1e6)
+        with open_engine(requested_workers(args.workers), args.scheduler, size) as engine:
+            kind = type(engine).__name__
+            workers = engine.workers
+            if args.engine == "memory":
+                spans = load_paths([str(directory)], progress=False, engine=engine)
+                count = len(spans)
+            else:
+                source = load_spilled([str(directory)], progress=False, engine=engine)
+                count = source.span_count
+            c1, t1 = time.process_time(), time.perf_counter()
+            if args.engine == "memory":
+                result = analyze_spans(spans, source=str(directory))
+            else:
+                result = analyze_source(source, source=str(directory), engine=engine)
+                source.close()
+            c2, t2 = time.process_time(), time.perf_counter()
+            json.dumps(to_json(result))
+            c3, t3 = time.process_time(), time.perf_counter()
+        workers_cpu = _children_cpu_s() - w0  # the engine's processes, once they ended
 
     found = sorted(r.trace.step for r in result.steps if r.straggler)
     expected = list(range(0, args.steps, 10))
@@ -285,14 +294,15 @@ def main() -> int:
                 "json_report_s": round(t3 - t2, 2),
                 "total_s": round(t3 - t0, 2),
                 "cpu_load_s": round(c1 - c0, 2),
-                "cpu_load_workers_s": round(workers_cpu, 2),
+                "cpu_workers_s": round(workers_cpu, 2),
                 "cpu_analysis_s": round(c2 - c1, 2),
                 "cpu_json_report_s": round(c3 - c2, 2),
                 "cpu_total_s": round(c3 - c0 + workers_cpu, 2),
                 "spans_per_cpu_s": round(count / (c3 - c0 + workers_cpu)),
                 "peak_rss_mb": _peak_rss_mb(resource.RUSAGE_SELF),
                 "peak_rss_workers_mb": _peak_rss_mb(resource.RUSAGE_CHILDREN),
-                "load_workers": worker_count(find_trace_files([str(directory)])),
+                "engine_kind": kind,
+                "workers": workers,
                 "load_average_1m": round(os.getloadavg()[0], 1),
                 "cpus": os.cpu_count(),
                 "stragglers_found_exactly": found == expected and ranks == {SLOW_RANK},

@@ -151,6 +151,8 @@ class _Steps:
         result = StepResult(key, trace, path, measured_categories(trace), facts=step_facts(trace))
         keep_for_statistics(path, self.min_share, self.min_ns)
         trace.slim()
+        if outline.slimmed:  # the outline is this slim step already: keep one of the two
+            result.trace = path.step = outline
         return result
 
     def with_spans(self, step: StepResult) -> StepResult:
@@ -225,7 +227,7 @@ def _analyze(
     traces, engine = steps.traces, steps.engine
     trace_ids = sorted(traces.trace_ids())
     batches = _batches(trace_ids, engine.workers)
-    tasks = [(traces.view(batch), steps.job_id, batch) for batch in batches]
+    tasks = ((traces.view(batch), steps.job_id, batch) for batch in batches)
     with Progress("building steps", len(trace_ids), progress) as bar:
         for (built, batch_warnings, repair), batch in zip(
             engine.map(outline_batch, tasks), batches
@@ -255,14 +257,21 @@ def _analyze(
         (key, outline, steps.previous.get(outline.trace_id)) for key, outline in enumerate(selected)
     ]
     groups = _batches(items, engine.workers)
-    tasks2 = [
+    tasks2 = (
         (traces.view([outline.trace_id for _, outline, _ in group]), steps.job_id, floors, group)
         for group in groups
-    ]
+    )
     with Progress("analysing steps", len(selected), progress) as bar:
         for analysed, group in zip(engine.map(analyse_batch, tasks2), groups):
             results.extend(analysed)
             bar.advance(len(group))
+    # the analysed steps' slim traces stand in for their outlines from here on (one copy)
+    analysed_ids = {r.trace.trace_id for r in results}
+    del selected, items, groups
+    steps.previous = previous_steps(
+        [r.trace for r in results] + [s for s in all_steps if s.trace_id not in analysed_ids]
+    )
+    del all_steps
     return _summarise(
         results, steps, source, job_id, warnings, straggler_min_share, straggler_min_ns
     )

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+import sys
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Dict, List, NamedTuple, Optional, Tuple
@@ -113,7 +114,7 @@ STEP_END = SyncKey(STEP_EDGE, "end")
 READY = SyncKey(STEP_EDGE, "ready")  # where every rank was ready (no sync spans: unseen)
 
 
-@dataclass
+@dataclass(slots=True)
 class Segment:
     rank: int
     start_ns: int
@@ -127,7 +128,7 @@ class Segment:
         return self.end_ns - self.start_ns
 
 
-@dataclass
+@dataclass(slots=True)
 class Leg:
     """The path's stay on one rank between two sync points (collective keys or step edges)."""
 
@@ -497,7 +498,8 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
 
     def add(rank: int, start: int, end: int, category: str, name: str, span_id=None) -> None:
         if end > start:
-            backward.append(Segment(rank, start, end, category, name, span_id))
+            # names repeat step after step: one string each, however many steps are kept
+            backward.append(Segment(rank, start, end, category, sys.intern(name), span_id))
 
     def add_gap(rank: int, start: int, end: int) -> None:
         if end > start:
@@ -505,7 +507,8 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
             category = PATH_FRAMEWORK
             if rank not in detailed:  # no op spans: the gap is the rank's own step work
                 category, name = PATH_COMPUTE, (STEP_WORK if name == "(gap)" else name)
-            backward.append(Segment(rank, start, end, category, name, span_id))
+            # names repeat step after step: one string each, however many steps are kept
+            backward.append(Segment(rank, start, end, category, sys.intern(name), span_id))
 
     last_end = max(t.end_ns for t in step.ranks.values())
     rank = min(r for r, t in step.ranks.items() if t.end_ns == last_end)

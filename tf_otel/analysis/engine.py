@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Protocol, TypeVar
+from collections import deque
+from typing import Any, Callable, Deque, Iterable, Iterator, Optional, Protocol, TypeVar
 
 from tf_otel.analysis.errors import AnalysisError
 
@@ -34,6 +35,8 @@ R = TypeVar("R")
 
 LOCAL_CLUSTER_MIN_BYTES = 256 << 20  # below this, one process beats starting a cluster
 WORKERS_ENV = "TF_OTEL_ANALYZE_WORKERS"  # worker processes; 1: this process only
+IN_FLIGHT_PER_WORKER = 4  # pieces sent ahead of the answers read: keeps every worker busy
+_DONE = object()
 
 
 class Engine(Protocol):
@@ -82,21 +85,35 @@ class DaskEngine:
         self.workers = max(1, len(self._client.scheduler_info().get("workers", {})) or workers)
 
     def map(self, function: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        """``function`` over ``items`` on the workers, answers in order; at most
+        ``IN_FLIGHT_PER_WORKER`` pieces a worker are sent ahead, so neither the pieces nor the
+        answers pile up in this process."""
         from distributed.scheduler import KilledWorker
 
-        futures: List[Any] = self._client.map(function, list(items), pure=False)
+        pending: Deque[Any] = deque()
+        source = iter(items)
+        ahead = IN_FLIGHT_PER_WORKER * self.workers
         try:
-            for future in futures:
+            while True:
+                while len(pending) < ahead:
+                    item = next(source, _DONE)
+                    if item is _DONE:
+                        break
+                    pending.append(self._client.submit(function, item, pure=False))
+                if not pending:
+                    return
+                future = pending.popleft()
                 try:
-                    yield future.result()
+                    answer = future.result()
                 except KilledWorker:
                     raise AnalysisError(
                         f"a worker process died (out of memory?); {WORKERS_ENV}=1 analyses "
                         "in this process"
                     ) from None
                 future.release()
+                yield answer
         finally:
-            for future in futures:
+            for future in pending:
                 future.cancel()
 
     def close(self) -> None:

@@ -125,36 +125,67 @@ def spill_part(task: Tuple[Part, str]) -> bytes:
     return marshal.dumps((pieces, sorted(jobs), count))
 
 
+class _SpillFiles:
+    """The spill files open for reading in this process (a bounded cache of descriptors),
+    shared by a source and its views."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._open: OrderedDict[int, int] = OrderedDict()  # spill file number -> descriptor
+
+    def read(self, number: int, offset: int, length: int) -> bytes:
+        descriptor = self._open.get(number)
+        if descriptor is None:
+            if len(self._open) >= _MAX_OPEN:
+                os.close(self._open.popitem(last=False)[1])
+            descriptor = os.open(self.directory / f"{number}.spill", os.O_RDONLY)
+            self._open[number] = descriptor
+        else:
+            self._open.move_to_end(number)
+        return os.pread(descriptor, length, offset)
+
+    def close(self) -> None:
+        for descriptor in self._open.values():
+            os.close(descriptor)
+        self._open.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class SpillSource:
     """The spilled spans of a job's trace files (``analysis.trace_source.TraceSource``)."""
 
     fresh = True
 
     def __init__(
-        self, directory: Path, index: Dict[str, List[Piece]], jobs: Set[str], owner: bool = True
+        self,
+        directory: Path,
+        index: Dict[str, List[Piece]],
+        jobs: Set[str],
+        files: Optional[_SpillFiles] = None,
     ) -> None:
         self.directory = directory
         self.span_count = 0
-        self.owner = owner  # removes the directory on close (a view does not)
+        self.owner = files is None  # removes the directory on close (a view does not)
         self._index = index
         self._jobs = jobs
-        self._open: OrderedDict[int, int] = OrderedDict()  # spill file number -> descriptor
+        self._files = files or _SpillFiles(directory)
 
     def view(self, trace_ids: List[str]) -> SpillSource:
         """These traces only: what an engine's worker needs to read them (pickled small)."""
-        index = {
-            trace_id: self._index[trace_id] for trace_id in trace_ids if trace_id in self._index
-        }
-        return SpillSource(self.directory, index, self._jobs, owner=False)
+        index = {t: self._index[t] for t in trace_ids if t in self._index}
+        return SpillSource(self.directory, index, self._jobs, self._files)
 
     def __getstate__(self) -> Dict[str, object]:
         state = dict(self.__dict__)
-        state["_open"] = OrderedDict()  # descriptors stay with their process
+        state["_files"] = None  # descriptors stay with their process
         state["owner"] = False
         return state
 
-    def __del__(self) -> None:
-        self._close_files()
+    def __setstate__(self, state: Dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._files = _SpillFiles(self.directory)
 
     def trace_ids(self) -> List[str]:
         return list(self._index)
@@ -165,29 +196,13 @@ class SpillSource:
     def spans(self, trace_id: str) -> List[Span]:
         from_row = Span.from_row
         spans: List[Span] = []
-        for number, offset, length in self._index.get(trace_id, ()):
-            rows = marshal.loads(os.pread(self._descriptor(number), length, offset))
-            spans.extend([from_row(row) for row in rows])
+        for piece in self._index.get(trace_id, ()):
+            spans.extend([from_row(row) for row in marshal.loads(self._files.read(*piece))])
         return spans
 
-    def _descriptor(self, number: int) -> int:
-        found = self._open.get(number)
-        if found is not None:
-            self._open.move_to_end(number)
-            return found
-        if len(self._open) >= _MAX_OPEN:
-            os.close(self._open.popitem(last=False)[1])
-        found = self._open[number] = os.open(self.directory / f"{number}.spill", os.O_RDONLY)
-        return found
-
-    def _close_files(self) -> None:
-        for descriptor in getattr(self, "_open", {}).values():
-            os.close(descriptor)
-        self._open = OrderedDict()
-
     def close(self) -> None:
-        self._close_files()
         if self.owner:
+            self._files.close()
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> SpillSource:
