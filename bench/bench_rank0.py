@@ -153,6 +153,9 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, rela
             # every root, start-up included: how many held every rank, the most ranks in one
             "complete_roots": sum(1 for _, whole in roots.values() if whole),
             "most_ranks_in_a_root": max((n for n, _ in roots.values()), default=0),
+            # every extent rank 0 got: in a root, or after its root was out (late)
+            "extents_in_roots": sum(n for n, _ in roots.values()),
+            "late_extents": health.counters["roots_late_extent"],
             "cpu_s": round(cpu_all, 2),
             "second_half_cpu_s_by_thread": by_thread,
             "refused": health.counters["coordinator_refused"] + health.counters["clock_refused"],
@@ -242,7 +245,12 @@ def _ranks(
     for thread in closing:
         thread.join()
     failed = health.counters["coordinator_handshake_failed"]
-    said = {"ranks": [first, last], "handshakes_failed": failed, "unconnected": unconnected}
+    said = {
+        "ranks": [first, last],
+        "handshakes_failed": failed,
+        "unconnected": unconnected,
+        "cpu_s": time.process_time(),  # the simulated ranks' own cost (relays included)
+    }
     print(json.dumps(said), flush=True)
 
 
@@ -283,6 +291,7 @@ def measure(
     out, err = rank0.communicate(timeout=seconds + 120)
     failed = 0
     unconnected: List[int] = []
+    parts_cpu = 0.0
     for part in parts:
         try:
             said = part.communicate(timeout=60)[0]
@@ -293,12 +302,14 @@ def measure(
             if line.startswith("{"):
                 failed += json.loads(line).get("handshakes_failed", 0)
                 unconnected += json.loads(line).get("unconnected", [])
+                parts_cpu += json.loads(line).get("cpu_s", 0.0)
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"rank 0 printed no result: {err[-2000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
     result["handshakes_failed"] = failed  # on the ranks' side: each was tried again
     result["unconnected"] = sorted(unconnected)  # ranks whose link never connected anywhere
+    result["parts_cpu_s"] = round(parts_cpu, 1)  # every simulated rank's process, in all
     return result
 
 
