@@ -269,10 +269,14 @@ def main() -> int:
             if args.engine == "memory":
                 result = analyze_spans(spans, source=str(directory))
             else:
-                result = analyze_source(source, source=str(directory), engine=engine)
+                # as the CLI runs it without --with-path: each step's path totals kept
+                result = analyze_source(
+                    source, source=str(directory), engine=engine, keep_segments=False
+                )
                 source.close()
             c2, t2 = time.process_time(), time.perf_counter()
-            json.dumps(to_json(result))
+            peak_analysis = _peak_rss_mb(resource.RUSAGE_SELF)  # before the report is built
+            report = json.dumps(to_json(result))
             c3, t3 = time.process_time(), time.perf_counter()
         workers_cpu = _children_cpu_s() - w0  # the engine's processes, once they ended
 
@@ -299,9 +303,12 @@ def main() -> int:
                 "cpu_json_report_s": round(c3 - c2, 2),
                 "cpu_total_s": round(c3 - c0 + workers_cpu, 2),
                 "spans_per_cpu_s": round(count / (c3 - c0 + workers_cpu)),
+                "peak_rss_analysis_mb": peak_analysis,
                 "peak_rss_mb": _peak_rss_mb(resource.RUSAGE_SELF),
                 "peak_rss_workers_mb": _peak_rss_mb(resource.RUSAGE_CHILDREN),
                 "engine_kind": kind,
+                # the same input must give the same report on every engine
+                "report_md5": hashlib.md5(report.encode()).hexdigest(),
                 "workers": workers,
                 "load_average_1m": round(os.getloadavg()[0], 1),
                 "cpus": os.cpu_count(),

@@ -26,6 +26,7 @@ from tf_otel.analysis.load.files import load_paths
 from tf_otel.analysis.load.spill import load_spilled
 from tf_otel.analysis.report.html import render_html
 from tf_otel.analysis.report.json_report import to_json
+from tf_otel.analysis.report.terminal import render_table
 from tf_otel.analysis.result import AnalysisResult
 from tf_otel.analysis.steps import group_steps
 from tf_otel.analysis.stragglers import keep_for_statistics, step_straggler
@@ -67,6 +68,12 @@ def test_spilled_analysis_equals_the_in_memory_one(
             assert all(step.trace.slimmed for step in result.steps)
             assert _report(result) == _report(expected)
             assert render_html(result) == render_html(expected)  # pictures: read again
+            # without --with-path each step keeps its path's totals only: the same report
+            totals = analyze_source(source, source="t", engine=engine, keep_segments=False)
+            assert not any(step.path.segments for step in totals.steps)
+            assert json.dumps(to_json(totals)) == json.dumps(to_json(expected))
+            assert render_table(totals) == render_table(expected)
+            assert render_html(totals) == render_html(expected)
     assert not source.directory.exists()  # the spill is removed on close
 
 

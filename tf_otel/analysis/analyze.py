@@ -75,14 +75,18 @@ def analyze_source(
     *,
     progress: Optional[bool] = False,
     engine: Optional[Engine] = None,
+    keep_segments: bool = True,
 ) -> AnalysisResult:
     """The analysis of ``traces``; ``engine`` runs its passes' batches (default: this
-    process)."""
+    process); ``keep_segments``: False keeps each step's path totals only (what every report
+    but ``--with-path`` reads)."""
+    steps = _Steps(
+        traces, _chosen_job(traces, job_id), straggler_min_share, straggler_min_ns, engine
+    )
+    steps.keep_segments = keep_segments
     with paused_gc():
         return _analyze(
-            _Steps(
-                traces, _chosen_job(traces, job_id), straggler_min_share, straggler_min_ns, engine
-            ),
+            steps,
             source,
             job_id,
             step_range,
@@ -123,6 +127,7 @@ class _Steps:
         self.traces, self.job_id = traces, job_id
         self.engine: Engine = engine or InProcess()
         self.min_share, self.min_ns = min_share, min_ns  # the straggler floors
+        self.keep_segments = True  # False: each path keeps its totals only (drop_segments)
         self.repair = CausalityRepair()
         self.previous: Dict[str, Previous] = {}
 
@@ -150,6 +155,8 @@ class _Steps:
         path = critical_path(trace, carried_into(trace, self.previous.get(trace.trace_id)))
         result = StepResult(key, trace, path, measured_categories(trace), facts=step_facts(trace))
         keep_for_statistics(path, self.min_share, self.min_ns)
+        if not self.keep_segments:
+            path.drop_segments()
         trace.slim()
         if outline.slimmed:  # the outline is this slim step already: keep one of the two
             result.trace = path.step = outline
@@ -195,14 +202,15 @@ def analyse_batch(
     task: Tuple[
         TraceSource,
         Optional[str],
-        Tuple[float, int],
+        Tuple[float, int, bool],
         List[Tuple[int, StepTrace, Optional[Previous]]],
     ],
 ) -> List[StepResult]:
     """The second pass on a batch of steps (an engine's piece of work): each analysed, with
     the step before it (``carry.previous_steps``), then slimmed."""
-    traces, job_id, (min_share, min_ns), items = task
+    traces, job_id, (min_share, min_ns, keep_segments), items = task
     steps = _Steps(traces, job_id, min_share, min_ns)
+    steps.keep_segments = keep_segments
     results = []
     for key, outline, previous in items:
         if previous is not None:
@@ -252,13 +260,13 @@ def _analyze(
     # matched over every step, so the first selected one still carries from the one before
     steps.previous = previous_steps(all_steps)
     results: List[StepResult] = []
-    floors = (steps.min_share, steps.min_ns)
+    options = (steps.min_share, steps.min_ns, steps.keep_segments)
     items = [
         (key, outline, steps.previous.get(outline.trace_id)) for key, outline in enumerate(selected)
     ]
     groups = _batches(items, engine.workers)
     tasks2 = (
-        (traces.view([outline.trace_id for _, outline, _ in group]), steps.job_id, floors, group)
+        (traces.view([outline.trace_id for _, outline, _ in group]), steps.job_id, options, group)
         for group in groups
     )
     with Progress("analysing steps", len(selected), progress) as bar:

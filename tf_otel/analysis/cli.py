@@ -261,7 +261,13 @@ def _analyze(
         _report(args, analyze_spans(loaded, *options))
         return 0
     with loaded:  # the pictures read their steps' spans again
-        result = analyze_source(loaded, *options, progress=args.progress, engine=args.engine)
+        result = analyze_source(
+            loaded,
+            *options,
+            progress=args.progress,
+            engine=args.engine,
+            keep_segments=args.with_path,  # the pictures read their steps again
+        )
         _report(args, result)
     return 0
 

@@ -205,22 +205,37 @@ class CriticalPath:
     # collectives on the path whose last arrival was unknown and unexplained (nobody blamed)
     unattributed_waits: int = 0
     _lateness: Optional[Dict[int, int]] = field(default=None, repr=False)
+    # (by category, by rank, length) once the segments are dropped (``drop_segments``)
+    _totals: Optional[Tuple[Dict[str, int], Dict[int, int], int]] = field(default=None, repr=False)
 
     @property
     def length_ns(self) -> int:
+        if self._totals is not None:
+            return self._totals[2]
         return sum(segment.duration_ns for segment in self.segments)
 
     def by_category(self) -> Dict[str, int]:
+        if self._totals is not None:
+            return dict(self._totals[0])
         totals = dict.fromkeys(PATH_CATEGORIES, 0)
         for segment in self.segments:
             totals[segment.category] += segment.duration_ns
         return totals
 
     def by_rank(self) -> Dict[int, int]:
+        if self._totals is not None:
+            return dict(self._totals[1])
         totals: Dict[int, int] = {}
         for segment in self.segments:
             totals[segment.rank] = totals.get(segment.rank, 0) + segment.duration_ns
         return dict(sorted(totals.items()))
+
+    def drop_segments(self) -> None:
+        """Keep only the path's totals (what every report but ``--with-path`` reads): a
+        step's segments are most of what the analysis keeps of it."""
+        if self._totals is None:
+            self._totals = (self.by_category(), self.by_rank(), self.length_ns)
+            self.segments = []
 
     def excess_by_rank(self) -> Dict[int, int]:
         """Over the legs that end at a sync (a rank finishing its step late after the last

@@ -75,8 +75,9 @@ class DaskEngine:
                         n_workers=workers,
                         threads_per_worker=1,  # the work is pure Python: one per process
                         processes=True,
-                        dashboard_address=None,
-                        silence_logs=40,  # errors only: the report is the output
+                        host="127.0.0.1",  # this machine only
+                        dashboard_address="127.0.0.1:0",  # its HTTP server on a free port
+                        silence_logs=50,  # the report is the output (a closing race logs)
                     )
                 self._client = Client(self._cluster)
         except OSError as error:
