@@ -271,6 +271,9 @@ def _analyze(
     )
     with Progress("analysing steps", len(selected), progress) as bar:
         for analysed, group in zip(engine.map(analyse_batch, tasks2), groups):
+            for result, (_, outline, _) in zip(analysed, group):
+                if outline.slimmed:  # a worker's copy of this slim step: keep one
+                    result.trace = result.path.step = outline
             results.extend(analysed)
             bar.advance(len(group))
     # the analysed steps' slim traces stand in for their outlines from here on (one copy)

@@ -35,6 +35,7 @@ R = TypeVar("R")
 
 LOCAL_CLUSTER_MIN_BYTES = 256 << 20  # below this, one process beats starting a cluster
 WORKERS_ENV = "TF_OTEL_ANALYZE_WORKERS"  # worker processes; 1: this process only
+CONNECT_TIMEOUT = "10s"  # a scheduler that does not answer by then is reported
 IN_FLIGHT_PER_WORKER = 4  # pieces sent ahead of the answers read: keeps every worker busy
 _DONE = object()
 
@@ -68,7 +69,7 @@ class DaskEngine:
         self._cluster: Any = None
         try:
             if scheduler:
-                self._client = Client(scheduler, timeout="30s")
+                self._client = Client(scheduler, timeout=CONNECT_TIMEOUT)
             else:
                 with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
                     self._cluster = LocalCluster(
