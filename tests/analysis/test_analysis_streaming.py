@@ -144,3 +144,14 @@ def _steps() -> list:
 
 def _steps_by_number() -> dict:
     return {step.step: step for step in _steps()}
+
+
+def test_a_truncated_gzip_file_is_named_as_the_in_memory_loader_names_it(tmp_path: Path) -> None:
+    data = (GOLDEN / "synth" / "rank0.jsonl.gz").read_bytes()
+    (tmp_path / "rank0.jsonl.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(AnalysisError) as in_memory:
+        load_paths([str(tmp_path)], progress=False, workers=1)
+    with pytest.raises(AnalysisError) as spilled:
+        load_spilled([str(tmp_path)], progress=False, workers=1)
+    assert str(spilled.value) == str(in_memory.value)
+    assert "rank0.jsonl.gz: cannot read" in str(spilled.value)

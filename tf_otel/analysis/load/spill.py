@@ -24,6 +24,7 @@ import marshal
 import os
 import shutil
 import tempfile
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import BinaryIO, Dict, Iterable, Iterator, List, Optional, Set, Tuple
@@ -115,8 +116,8 @@ def spill_part(task: Tuple[Part, str]) -> bytes:
         try:
             for block in _blocks(part):
                 count += _write(out, decode_line_block(part[0], block), pieces, jobs)
-        except AnalysisError:
-            count = -1  # decoded again whole below: the error names the right line
+        except (AnalysisError, OSError, EOFError, zlib.error):
+            count = -1  # decoded again whole below: the error names the file and line
         if count <= 0:  # no spans, an error, or one JSON document: read as the loader does
             out.seek(0)
             out.truncate()
