@@ -10,11 +10,20 @@ elected, one connection and one message a step and host to rank 0; rank 0's own 
 direct), as the product does where a host runs several ranks; ``--no-relay`` is the control
 (every rank connected to rank 0).
 
+``--light-hosts``: a lighter simulation, for 1,024 ranks and more on a small machine. Each
+simulated host but rank 0's is ONE instance of the product's own relay (``HostRelay``: its link
+to rank 0 is the product's ``CoordinatorClient`` with the relay hello, real TCP, the HMAC
+handshake) fed in-process with its 8 ranks' extents each step, and one ``ClockSync`` (the host's
+clock leader); bypassed is only the host-local loopback hop from a rank to its relay (its own
+client, connection and thread), which never reaches rank 0. Rank 0's own host's ranks are
+direct ``CoordinatorClient``s as in the default mode.
+
 Usage::
 
     python bench/bench_rank0.py                       # 64, 256, 1024 ranks, 40 s each
     python bench/bench_rank0.py --ranks 256 --seconds 30 --out /tmp/rank0.md
     python bench/bench_rank0.py --ranks 256 --no-relay     # the control: no host relays
+    python bench/bench_rank0.py --ranks 1024,4096 --light-hosts  # one relay a host, in-process
 
     import bench_rank0; result = bench_rank0.measure(256, seconds=20)
     result["connected_s"], result["complete_steady"], result["cores"]
@@ -44,6 +53,7 @@ if str(REPO) not in sys.path:
 
 STEPS_PER_S = 2.0
 RANKS_PER_PROCESS = 128
+LIGHT_RANKS_PER_PROCESS = 1024  # --light-hosts: 128 simulated hosts (relays) a process
 KEY = "bench_step"
 SECRET = "bench-rank0-secret-0123456789abcdef"
 PER_HOST = 8  # ranks a simulated host: one of them syncs the host's clock with rank 0
@@ -73,7 +83,9 @@ def _topology(rank: int, world: int, per_host: int, port: int) -> Any:
     )
 
 
-def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, relay: bool) -> None:
+def _rank0(
+    world: int, seconds: float, port: int, t0: float, per_host: int, relay: bool, light: bool
+) -> None:
     """Rank 0's process: serve until the ranks stop, then print what it measured (JSON)."""
     from tf_otel import health
     from tf_otel.clock.sync import ClockSync
@@ -141,10 +153,12 @@ def _rank0(world: int, seconds: float, port: int, t0: float, per_host: int, rela
         result = {
             "ranks": world,
             "relay": relay,
+            "light": light,
             "seconds": seconds,
             "connections": connections,
             "connected": connected + 1,
             "connected_s": None if connected_at is None else round(connected_at - t0, 2),
+            "load_average": [round(x, 1) for x in os.getloadavg()],
             "clock_leaders": leaders,
             "clock_connected_s": None if clock_at is None else round(clock_at - t0, 2),
             "roots": len(roots),
@@ -254,15 +268,141 @@ def _ranks(
     print(json.dumps(said), flush=True)
 
 
+class _Sink:
+    """A simulated rank's end of its relay connection (--light-hosts): what the relay sends it
+    (rank 0's broadcasts, fanned out) is dropped, as a rank's client would read and drop it."""
+
+    def __init__(self) -> None:
+        self.transport = self
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def _light_hosts(
+    first: int,
+    last: int,
+    world: int,
+    seconds: float,
+    port: int,
+    t0: float,
+    per_host: int,
+) -> None:
+    """--light-hosts: ranks first..last-1 (whole hosts). Rank 0's host's ranks as in _ranks
+    (direct clients); every other host ONE product HostRelay (its own link to rank 0, relay
+    hello, real TCP, HMAC) fed in-process with its ranks' extents, and one ClockSync."""
+    from tf_otel import health
+    from tf_otel.clock.sync import ClockSync
+    from tf_otel.config import Settings
+    from tf_otel.pipeline import messages
+    from tf_otel.pipeline.host_relay import (
+        RELAY_WAIT_MAX_S,
+        HostRelay,
+        close_link,
+        coordinator_link,
+    )
+
+    settings = _settings(port)
+    wait_s = min(RELAY_WAIT_MAX_S, Settings().root_wait_ms / 4000.0)  # as coordinator_link
+    clients, syncs, relays = [], [], []
+    hosts: Dict[int, List[int]] = {}
+    for rank in range(first, last):
+        if rank < per_host:  # rank 0's host: direct, as in _ranks
+            topology = _topology(rank, world, per_host, port)
+            clients.append(coordinator_link(settings, topology, ("127.0.0.1", port), None))
+            sync = ClockSync(publish=False, share_host=True)
+            sync.start(topology, settings)
+            syncs.append(sync)
+        else:
+            hosts.setdefault(rank // per_host, []).append(rank)
+    for ranks in hosts.values():
+        relay = HostRelay(("127.0.0.1", port), ranks[0], world, wait_s)
+        if relay.serve() is None:
+            raise SystemExit("a host relay cannot listen")
+        loop = relay._loop
+        assert loop is not None
+
+        def join(relay: HostRelay = relay, ranks: List[int] = ranks) -> None:
+            for rank in ranks:  # as HostRelay._connection does once a rank's hello passed
+                relay._ranks[rank] = _Sink()  # type: ignore[assignment]
+                relay._up(messages.encode({"t": messages.JOIN, "r": rank}))
+
+        loop.call_soon_threadsafe(join)
+        relays.append((relay, ranks))
+        sync = ClockSync(publish=False, share_host=True)  # the host's clock leader
+        sync.start(_topology(ranks[0], world, per_host, port), settings)
+        syncs.append(sync)
+
+    def feed(relay: HostRelay, ranks: List[int], step: int, start: int, end: int) -> None:
+        for rank in ranks:  # as HostRelay._serve_rank does with each rank's extent line
+            relay._add(rank, messages.extent(KEY, step, start, end))
+
+    for step in range(int(seconds * STEPS_PER_S)):
+        time.sleep(max(0.0, t0 + step / STEPS_PER_S - time.time()))
+        start = time.time_ns()
+        end = start + 200_000_000
+        for client in clients:
+            client.report(KEY, step, start, end)
+        for relay, ranks in relays:
+            try:
+                assert relay._loop is not None
+                relay._loop.call_soon_threadsafe(feed, relay, ranks, step, start, end)
+            except RuntimeError:  # its loop closed
+                pass
+    unconnected = [c.rank for c in clients if c.connected_to is None]
+    for relay, ranks in relays:
+        upstream = relay._upstream
+        if upstream is None or upstream.connected_to is None:
+            unconnected += ranks
+
+    def leave(relay: HostRelay, ranks: List[int]) -> None:
+        for rank in ranks:  # as HostRelay._connection does when a rank says bye
+            relay._ranks.pop(rank, None)
+            relay._up(messages.encode({"t": messages.LEAVE, "r": rank}))
+
+    def close_host(relay: HostRelay, ranks: List[int]) -> None:
+        try:
+            assert relay._loop is not None
+            relay._loop.call_soon_threadsafe(leave, relay, ranks)
+        except RuntimeError:
+            pass
+        relay.close(2.0)
+
+    closing = [threading.Thread(target=close_link, args=(c, 2.0)) for c in clients]
+    closing += [threading.Thread(target=close_host, args=pair) for pair in relays]
+    closing += [threading.Thread(target=s.stop, args=(0.5,)) for s in syncs]
+    for thread in closing:
+        thread.start()
+    for thread in closing:
+        thread.join()
+    said = {
+        "ranks": [first, last],
+        "handshakes_failed": health.counters["coordinator_handshake_failed"],
+        "unconnected": unconnected,
+        "cpu_s": time.process_time(),
+    }
+    print(json.dumps(said), flush=True)
+
+
 def measure(
     world: int,
     seconds: float = 40.0,
     per_host: int = PER_HOST,
     per_process: int = RANKS_PER_PROCESS,
     relay: bool = True,
+    light: bool = False,
 ) -> Dict:
-    """One run at ``world`` ranks (host relays on, or off: the control); rank 0's result (see
-    the module docstring)."""
+    """One run at ``world`` ranks (host relays on, or off: the control; ``light``: one
+    in-process relay a simulated host, see the module docstring); rank 0's result."""
     import harness  # bench/ is on sys.path: run as a script, or put there by the caller
 
     port = harness.free_port_pair()
@@ -270,6 +410,10 @@ def measure(
     t0 = time.time() + 3.0  # every process starts its clock of steps at the same wall time
     me = [sys.executable, str(Path(__file__).resolve())]
     args = [str(world), str(seconds), str(port), repr(t0), str(per_host), str(int(relay))]
+    args.append(str(int(light)))
+    if light:  # whole hosts a process (a multiple of per_host)
+        per_process = max(per_host, LIGHT_RANKS_PER_PROCESS // per_host * per_host)
+        relay = True
     rank0 = subprocess.Popen(
         [*me, "--rank0", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -277,8 +421,11 @@ def measure(
     if rank0.stdout.readline().strip() != "ready":
         raise RuntimeError(f"rank 0 did not start: {rank0.communicate()[1][-2000:]}")
     parts: List[subprocess.Popen] = []
-    for first in range(1, world, per_process):
-        last = min(world, first + per_process)
+    bounds = list(range(1, world, per_process))
+    if light:
+        bounds = [1, *range(per_process, world, per_process)]
+    for i, first in enumerate(bounds):
+        last = bounds[i + 1] if i + 1 < len(bounds) else world
         parts.append(
             subprocess.Popen(
                 [*me, "--part", str(first), str(last), *args],
@@ -317,16 +464,19 @@ def _table(results: List[Dict]) -> str:
     rows = [
         "| ranks | host relays | connections at rank 0 | every rank connected after "
         "| host clock leaders connected after | steady roots complete "
-        "| rank-0 CPU, cores (second half) | µs per rank-step | rank-0 CPU in all |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| rank-0 CPU, cores (second half) | µs per rank-step | rank-0 CPU in all "
+        "| load average (1, 5, 15 min) at the end |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rows.append(
-            f"| {r['ranks']} | {'on' if r['relay'] else 'off'} | {r['connections']} "
+            f"| {r['ranks']} | {'light' if r.get('light') else 'on' if r['relay'] else 'off'} "
+            f"| {r['connections']} "
             f"| {r['connected_s']} s ({r['connected']} of {r['ranks']}) "
             f"| {r['clock_connected_s']} s ({r['clock_leaders']}) "
             f"| {r['complete_steady']} of {r['steady_steps']} "
-            f"| {r['cores']} | {r['us_per_rank_step']} | {r['cpu_s']} s |"
+            f"| {r['cores']} | {r['us_per_rank_step']} | {r['cpu_s']} s "
+            f"| {r.get('load_average')} |"
         )
     return "\n".join(rows)
 
@@ -334,10 +484,29 @@ def _table(results: List[Dict]) -> str:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("--rank0", "--part"):
         if sys.argv[1] == "--rank0":
-            world, seconds, port, t0, per_host, relay = sys.argv[2:8]
-            _rank0(int(world), float(seconds), int(port), float(t0), int(per_host), relay == "1")
+            world, seconds, port, t0, per_host, relay, light = sys.argv[2:9]
+            _rank0(
+                int(world),
+                float(seconds),
+                int(port),
+                float(t0),
+                int(per_host),
+                relay == "1",
+                light == "1",
+            )
         else:
-            first, last, world, seconds, port, t0, per_host, relay = sys.argv[2:10]
+            first, last, world, seconds, port, t0, per_host, relay, light = sys.argv[2:11]
+            if light == "1":
+                _light_hosts(
+                    int(first),
+                    int(last),
+                    int(world),
+                    float(seconds),
+                    int(port),
+                    float(t0),
+                    int(per_host),
+                )
+                return
             _ranks(
                 int(first),
                 int(last),
@@ -354,13 +523,22 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="each run's length")
     parser.add_argument("--per-host", type=int, default=PER_HOST, help="ranks a host")
     parser.add_argument("--no-relay", action="store_true", help="the control: no host relays")
+    parser.add_argument(
+        "--light-hosts",
+        action="store_true",
+        help="one in-process product relay a simulated host (see the module docstring)",
+    )
     parser.add_argument("--out", help="write the table (markdown) here too")
     options = parser.parse_args()
     results = []
     relays = not options.no_relay
     for size in (int(n) for n in options.ranks.split(",")):
         print(f"{size} ranks, {options.seconds:.0f} s ...", file=sys.stderr, flush=True)
-        results.append(measure(size, options.seconds, options.per_host, relay=relays))
+        results.append(
+            measure(
+                size, options.seconds, options.per_host, relay=relays, light=options.light_hosts
+            )
+        )
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     table = _table(results)
     print(table)
@@ -371,7 +549,8 @@ def main() -> None:
             f"# Rank 0 under many simulated ranks (issue 26)\n\n"
             f"`python bench/bench_rank0.py --ranks {options.ranks} --seconds "
             f"{options.seconds:.0f} --per-host {options.per_host}"
-            f"{' --no-relay' if options.no_relay else ''}`, {when}, load average "
+            f"{' --no-relay' if options.no_relay else ''}"
+            f"{' --light-hosts' if options.light_hosts else ''}`, {when}, load average "
             f"{load:.1f} at the end, on 2 cores shared by rank 0 and every simulated rank.\n\n"
             + (__doc__ or "").split("\n\n", 1)[1].split("Usage::")[0]
             + table
