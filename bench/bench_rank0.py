@@ -237,7 +237,13 @@ def _ranks(
     for rank in range(first, last):
         topology = _topology(rank, world, per_host, port)
         clients.append(
-            coordinator_link(_settings(port, relay), topology, ("127.0.0.1", port), None)
+            coordinator_link(
+                _settings(port, relay),
+                topology,
+                ("127.0.0.1", port),
+                None,
+                rank0_host_direct=False,  # one machine plays every host
+            )
         )
         sync = ClockSync(publish=False, share_host=True)
         sync.start(_topology(rank, world, per_host, port), _settings(port))

@@ -36,6 +36,7 @@ from tf_otel.pipeline.host_relay import (  # noqa: E402
     close_link,
     coordinator_link,
     lead_directly,
+    on_this_host,
 )
 from tf_otel.pipeline.messages import Handlers  # noqa: E402
 
@@ -102,6 +103,7 @@ def _link(rank: int, job_id: str, address: Tuple[str, int], relay: bool) -> Coor
         address,
         None,
         _key(),
+        rank0_host_direct=False,  # one machine plays both hosts
     )
 
 
@@ -373,3 +375,32 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--leader"]:
     port, job, n, start = sys.argv[2:6]
     threading.current_thread().name = "leader"
     _leader_main(int(port), job, int(n), float(start))
+
+
+def test_ranks_on_rank0s_host_talk_to_it_directly_whoever_starts_first() -> None:
+    """The race on rank 0's host: a rank there that starts before rank 0 must not lead a relay
+    (its host's reports would take a hop and a wait more). Relays are off unless asked for."""
+    assert on_this_host("127.0.0.1") and on_this_host("localhost")
+    assert not on_this_host("192.0.2.1")  # TEST-NET-1: never this machine's
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    topology = Topology(rank=1, world_size=WORLD, local_size=4, host="host-a", job_id=job_id)
+    rank0 = ("127.0.0.1", 1)  # never dialled: only where the rank would connect is asked
+    off = coordinator_link(Settings(), topology, rank0, secret=_key())
+    try:
+        assert off.route is None  # TF_OTEL_HOST_RELAY unset: every rank to rank 0
+    finally:
+        close_link(off, 1.0)
+    direct = coordinator_link(Settings(host_relay=True), topology, rank0, secret=_key())
+    try:
+        assert isinstance(direct.route, RelayRoute) and direct.route() == rank0
+        assert direct.route.relay is None and not direct.route.election.leading
+    finally:
+        close_link(direct, 1.0)
+    simulated = coordinator_link(
+        Settings(host_relay=True), topology, rank0, secret=_key(), rank0_host_direct=False
+    )
+    try:
+        assert isinstance(simulated.route, RelayRoute)
+        assert simulated.route() != rank0 and simulated.route.relay is not None  # it leads
+    finally:
+        close_link(simulated, 1.0)

@@ -37,7 +37,8 @@ docs/RELIABILITY.md "Stalls" says why),
 TF_OTEL_VERDICTS (rank 0's live verdict on each step root, the per-rank lateness histogram and
 persistent slowdowns, pipeline/verdicts.py; default 1; 0: off),
 TF_OTEL_HOST_RELAY (one rank a host gathers the host's step reports for rank 0,
-pipeline/host_relay.py; unset: on where a host runs several ranks; 0: every rank to rank 0).
+pipeline/host_relay.py; 1: on where a host runs several ranks, not on rank 0's own host;
+unset or 0: every rank to rank 0).
 """
 
 from __future__ import annotations
@@ -208,8 +209,8 @@ class Settings:
     stall_floor_s: float = STALL_FLOOR_S_DEFAULT
     stall_factor: float = STALL_FACTOR_DEFAULT
     verdicts: bool = True  # rank 0's live verdicts (pipeline/verdicts.py)
-    # one relay a host for the step reports (pipeline/host_relay.py); None: on when a host runs
-    # several ranks
+    # one relay a host for the step reports (pipeline/host_relay.py); True: on where a host runs
+    # several ranks; None / False: off
     host_relay: Optional[bool] = None
 
     @classmethod
