@@ -42,6 +42,21 @@ def private_dir() -> Optional[Path]:
     return path
 
 
+def take_lock(path: Path) -> Optional[int]:
+    """An exclusive flock on ``path`` (created 0600, never through a link): its descriptor, or
+    None where another live process holds it (the kernel drops it when its holder dies)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 class HostShare:
     """The host's clock model file and its leader lock, for one job."""
 
@@ -66,14 +81,8 @@ class HostShare:
         """Lead the host if nobody alive does; True while this process leads."""
         if self._lock_fd is not None:
             return True
-        try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+        fd = take_lock(self.lock_path)
+        if fd is None:
             return False
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())

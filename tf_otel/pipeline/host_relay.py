@@ -46,7 +46,6 @@ How it works:
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import json
 import os
@@ -59,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from tf_otel.clock.host_share import private_dir
+from tf_otel.clock.host_share import private_dir, take_lock
 from tf_otel.config import Settings
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
@@ -115,14 +114,8 @@ class HostElection:
         """Lead the host if nobody alive does; True while this holder leads."""
         if self._fd is not None:
             return True
-        try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+        fd = take_lock(self.lock_path)
+        if fd is None:
             return False
         # a token, not the pid: ranks simulated as threads of one process are leaders apart
         self._token = secrets.token_hex(8)
