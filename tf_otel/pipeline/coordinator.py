@@ -41,7 +41,8 @@ from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
 from tf_otel.pipeline import messages
-from tf_otel.pipeline.messages import BadMessage, Handlers, Message, Outgoing, decode, encode
+from tf_otel.pipeline.framing import next_message
+from tf_otel.pipeline.messages import BadMessage, Handlers, Outgoing, decode, encode
 
 if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
     from typing_extensions import TypeIs
@@ -88,19 +89,6 @@ class _Pending:
     end: int
     since: float
     extents: Dict[int, Extent] = field(default_factory=dict)
-
-
-def decode_or_count(line: bytes) -> Optional[Message]:
-    """A checked message, or None: a bad one, counted."""
-    try:
-        return decode(line)
-    except BadMessage as exc:
-        log_once(  # counts every time, logs the first: which field of what was bad
-            "coordinator_bad_message",
-            "tf_otel: dropped a malformed coordinator message (%s); later ones are only counted",
-            exc,
-        )
-        return None
 
 
 def _refuse(peer: Any, why: str) -> None:
@@ -375,18 +363,10 @@ class StepAggregator:
         message, their extension messages wrapped. A rank it did not name is refused."""
         served, now = self._served[writer], self._relayed[writer]
         while True:
-            try:
-                line = await reader.readline()
-            except ValueError:  # longer than MAX_LINE: a relay never sends this
-                count("coordinator_bad_message")
+            got = await next_message(reader)
+            if got is None:
                 return
-            if not line:
-                return
-            if not line.endswith(b"\n"):
-                continue
-            message = decode_or_count(line)
-            if message is None:
-                continue
+            message = got[1]
             kind = message["t"]
             if kind == messages.EXTENTS:  # checked by decode: ints, 0 <= a <= b, bounded
                 items = message["e"]
@@ -424,18 +404,10 @@ class StepAggregator:
 
     async def _serve_rank(self, rank: int, reader: asyncio.StreamReader) -> None:
         while True:
-            try:
-                line = await reader.readline()
-            except ValueError:  # longer than MAX_LINE: a rank never sends this, the stream broke
-                count("coordinator_bad_message")
+            got = await next_message(reader)  # MAX_LINE: the reader's limit (serve)
+            if got is None:
                 return
-            if not line:
-                return
-            if not line.endswith(b"\n"):
-                continue  # the last, unterminated line of a connection that ends
-            message = decode_or_count(line)
-            if message is None:
-                continue
+            message = got[1]
             kind = message["t"]
             if kind == messages.EXTENT:  # checked by decode: ints, 0 <= a <= b, short key
                 wait = message.get("w")

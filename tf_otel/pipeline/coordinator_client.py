@@ -35,9 +35,9 @@ from tf_otel.pipeline.coordinator import (
     MAX_LINE,
     RELAY_SERVICE,
     SERVICE,
-    decode_or_count,
     parse_hex,
 )
+from tf_otel.pipeline.framing import decode_or_count
 from tf_otel.pipeline.messages import BadMessage, Handlers, Message, Outgoing, decode, encode
 
 MAX_CLIENT_LINE = 32 << 20  # from rank 0: per-rank Horovod records (bounded by their sender)

@@ -69,11 +69,11 @@ from tf_otel.pipeline.coordinator import (
     MAX_PENDING_STEPS,
     MAX_UNSENT_BYTES,
     accept_hello,
-    decode_or_count,
     loop_error,
     run_loop,
 )
 from tf_otel.pipeline.coordinator_client import CoordinatorClient
+from tf_otel.pipeline.framing import next_message
 from tf_otel.pipeline.messages import Handlers
 
 RELAY_WAIT_MAX_S = 0.25  # a step's extents wait this long at most for the host's other ranks
@@ -263,18 +263,10 @@ class HostRelay:
 
     async def _serve_rank(self, rank: int, reader: asyncio.StreamReader) -> None:
         while True:
-            try:
-                line = await reader.readline()
-            except ValueError:  # longer than MAX_LINE
-                count("coordinator_bad_message")
+            got = await next_message(reader)  # MAX_LINE: the reader's limit (serve)
+            if got is None:
                 return
-            if not line:
-                return
-            if not line.endswith(b"\n"):
-                continue
-            message = decode_or_count(line)
-            if message is None:
-                continue
+            line, message = got
             kind = message["t"]
             if kind == messages.EXTENT:
                 self._add(rank, message)
