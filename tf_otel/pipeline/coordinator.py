@@ -165,27 +165,37 @@ class StepAggregator:
     ) -> None:
         """Extents of one step, (rank, start, end, input wait) each: a rank's own, or the ranks
         of a host relay's message (the same root as had each come alone)."""
+        batch = extents if isinstance(extents, (list, tuple)) else list(extents)
+        if not batch:
+            return
         ready: List[Tuple[Tuple[str, int], _Pending]] = []
+        key_step = (key, step)
         with self._lock:
-            if (key, step) in self._emitted:
+            if key_step in self._emitted:
                 # its root is out: a second one would split the step
-                count("roots_late_extent", sum(1 for _ in extents))
+                count("roots_late_extent", len(batch))
                 return
-            entry = self._pending.get((key, step))
-            for rank, start_ns, end_ns, wait_ns in extents:
-                self._reporters.add(rank)
-                if entry is None:
-                    entry = _Pending(start_ns, end_ns, time.monotonic())
-                    self._pending[(key, step)] = entry
-                    while len(self._pending) > MAX_PENDING_STEPS:
-                        count("roots_forced")
-                        ready.append(self._take(next(iter(self._pending))))
-                entry.start = min(entry.start, start_ns)
-                entry.end = max(entry.end, end_ns)
-                entry.extents[rank] = (start_ns, end_ns, wait_ns)
-            if entry is not None and (key, step) in self._pending:
-                if len(entry.extents) >= self.expected_ranks():
-                    ready.append(self._take((key, step)))
+            entry = self._pending.get(key_step)
+            if entry is None:
+                entry = _Pending(batch[0][1], batch[0][2], time.monotonic())
+                self._pending[key_step] = entry
+                while len(self._pending) > MAX_PENDING_STEPS:
+                    count("roots_forced")
+                    ready.append(self._take(next(iter(self._pending))))
+            # one pass, locals only: rank 0 runs this for every host's message of every step
+            got, start, end = entry.extents, entry.start, entry.end
+            for rank, start_ns, end_ns, wait_ns in batch:
+                got[rank] = (start_ns, end_ns, wait_ns)
+                if start_ns < start:
+                    start = start_ns
+                if end_ns > end:
+                    end = end_ns
+            entry.start, entry.end = start, end
+            reporters = self._reporters
+            if len(reporters) < self.world_size:  # every rank has reported: nothing to learn
+                reporters.update([item[0] for item in batch])
+            if key_step in self._pending and len(got) >= self.expected_ranks():
+                ready.append(self._take(key_step))
         for key_step, done in ready:
             self._emit(key_step, done)
 
@@ -232,8 +242,10 @@ class StepAggregator:
             late = []
             with self._lock:
                 wait_s = self.wait_s
-                unheard = self.world_size - len(self._reporters | self._finished)
-                if unheard > 0 and len(self._emitted) < LEARN_STEPS:
+                # the union only while learning: a set of every rank, five times a second
+                if len(self._emitted) < LEARN_STEPS and self.world_size > len(
+                    self._reporters | self._finished
+                ):
                     # a rank's first reports wait for its clock to settle (pipeline/exporter.py, up
                     # to clock.sync.SETTLE_MAX_S): the first roots wait rather than go out partial
                     wait_s += self.first_report_grace_s
