@@ -32,6 +32,7 @@ from tf_otel.pipeline.coordinator import ROOT_MARGIN_NS, StepAggregator  # noqa:
 from tf_otel.pipeline.coordinator_client import CoordinatorClient  # noqa: E402
 from tf_otel.pipeline.host_relay import (  # noqa: E402
     HostElection,
+    HostRelay,
     RelayRoute,
     close_link,
     coordinator_link,
@@ -404,3 +405,36 @@ def test_ranks_on_rank0s_host_talk_to_it_directly_whoever_starts_first() -> None
         assert simulated.route() != rank0 and simulated.route.relay is not None  # it leads
     finally:
         close_link(simulated, 1.0)
+
+
+def test_ranks_served_in_process_reach_rank0_as_connected_ranks_would() -> None:
+    """HostRelay.serve_local / report_local / leave_local (the light simulation of
+    bench_rank0): the host's ranks join rank 0 through the relay's one link, their extents
+    make whole roots with each rank's own extent, and they leave as on a bye."""
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    rank0 = _Rank0(job_id, relay=True)
+    relay = HostRelay(rank0.address, 4, WORLD, 0.2, _key())
+    direct = {rank: _link(rank, job_id, rank0.address, True) for rank in range(1, 4)}
+    try:
+        assert relay.serve() is not None
+        assert relay.serve_local([4, 5, 6, 7])
+        assert _wait_until(lambda: len(rank0.aggregator.connected_ranks()) == WORLD - 1, 10)
+        assert relay.linked and rank0.aggregator.connection_count() == 3 + 1
+        for step in range(3):
+            for rank, client in direct.items():
+                client.report(KEY, step, *_extent(rank, step))
+            rank0.aggregator.add(0, KEY, step, *_extent(0, step))
+            relay.report_local(KEY, step, [(r, *_extent(r, step)) for r in range(4, 8)])
+        assert _wait_until(lambda: len(rank0.roots) == 3, 5)
+        for step, (_, _, n, partial, extents) in rank0.roots.items():
+            assert n == WORLD and partial is None
+            assert {r: extents[r][:2] for r in extents} == {
+                r: _extent(r, step) for r in range(WORLD)
+            }
+        assert relay.leave_local([4, 5, 6, 7])
+        assert _wait_until(lambda: rank0.aggregator.connected_ranks() == {1, 2, 3}, 5)
+    finally:
+        for client in direct.values():
+            close_link(client, 1.0)
+        relay.close(1.0)
+        rank0.close()

@@ -9,6 +9,10 @@ Usage (done by pipeline.services)::
     election = lead_directly(topology)   # rank 0: its host's ranks talk to it directly
     close_link(client, timeout_s)        # a leader's relay goes with it
 
+    relay = HostRelay(address, rank, world_size, wait_s); relay.serve()  # benches, tests:
+    relay.serve_local([9, 10]); relay.report_local(key, step, [(9, a, b), (10, a, b)])
+    relay.leave_local([9, 10]); relay.close(timeout_s)  # ranks without their loopback hop
+
 How it works:
 
 * Election: the same mechanism as the clock's (clock/host_share.py), with its own lock file
@@ -56,7 +60,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 from tf_otel.clock.host_share import private_dir, take_lock
 from tf_otel.config import Settings
@@ -226,6 +230,57 @@ class HostRelay:
     def _others(self, own_rank: Optional[int]) -> bool:
         return bool(set(self.ranks()) - {own_rank})
 
+    @property
+    def linked(self) -> bool:
+        """Whether its link to rank 0 is connected now."""
+        upstream = self._upstream
+        return upstream is not None and upstream.connected_to is not None
+
+    # -- ranks in this process, without their loopback connection (benches, tests) ------------
+
+    def serve_local(self, ranks: List[int]) -> bool:
+        """Serve ``ranks`` as if each had connected and passed its hello (JOIN to rank 0);
+        what rank 0 sends them is dropped. Any thread; False if the relay's loop is closed."""
+        return self._on_loop(self._join_local, list(ranks))
+
+    def report_local(self, key: str, step: int, extents: List[Tuple[int, int, int]]) -> bool:
+        """Local ranks' (rank, start, end) of a step, as their extent lines give them."""
+        return self._on_loop(self._report_local, key, step, extents)
+
+    def leave_local(self, ranks: List[int]) -> bool:
+        """Local ranks leave, as on their bye (LEAVE to rank 0)."""
+        return self._on_loop(self._leave_local, list(ranks))
+
+    def _on_loop(self, callback: Callable[..., None], *args: Any) -> bool:
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed: the relay is closing
+            return False
+        return True
+
+    def _join_local(self, ranks: List[int]) -> None:
+        for rank in ranks:
+            self._ranks[rank] = cast(asyncio.StreamWriter, _LocalRank())
+            self._up(messages.encode({"t": messages.JOIN, "r": rank}))
+
+    def _report_local(self, key: str, step: int, extents: List[Tuple[int, int, int]]) -> None:
+        for rank, start, end in extents:
+            if rank in self._ranks:
+                line: messages.Message = {"k": key, "s": step, "a": start, "b": end}
+                self._add(rank, line)
+
+    def _leave_local(self, ranks: List[int]) -> None:
+        for rank in ranks:  # as _connection's end: steps whole without it go up now
+            if self._ranks.pop(rank, None) is None:
+                continue
+            for key_step, entry in list(self._pending.items()):
+                if set(self._ranks) <= set(entry.extents):
+                    self._flush(key_step)
+            self._up(messages.encode({"t": messages.LEAVE, "r": rank}))
+
     # -- the host's ranks (on the relay's loop) -----------------------------------------------
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -380,6 +435,26 @@ class HostRelay:
             loop.call_soon_threadsafe(shut)
         except RuntimeError:  # already closed
             pass
+
+
+class _LocalRank:
+    """A local rank's stand-in for its connection (serve_local): what is sent to it is
+    dropped, as its client would read and drop a message it has no handler for."""
+
+    def __init__(self) -> None:
+        self.transport = self
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
 
 
 def _write_bounded(writer: asyncio.StreamWriter, data: bytes) -> None:
