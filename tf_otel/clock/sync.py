@@ -12,6 +12,11 @@ and runs the rounds; the others read its model (clock/host_share.py), since they
 clock. Rank 0 leads its own host with the identity. A thousand ranks on 128 hosts thus run 127
 ranks' rounds against rank 0, not 1,023.
 
+Leaders start apart: each one's first round waits a random share of ``start_spread_s`` (10 ms
+a client of rank 0's clock service, at most 5 s), so 511 host leaders do not run their warm-up
+rounds against rank 0 in the same second (at 4,096 simulated ranks that storm took ~50 s to
+connect them all); a failed round is retried after a jittered back-off, for the same reason.
+
 Usage::
 
     sync = start_sync(topology, settings)   # on every rank; None for a world of one
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -51,6 +57,20 @@ SETTLED_ROUNDS = 6
 SETTLE_MAX_S = 15.0
 FOLLOW_EARLY_S = 0.2  # a host follower reads the leader's model this often until settled ...
 FOLLOW_S = 5.0  # ... then this often (the leader's rounds are a clock interval apart)
+# a leader's first round waits uniform(0, spread): spread = this much a client of rank 0's
+# clock service (its host leaders, or every rank without host sharing), at most the cap (well
+# inside SETTLE_MAX_S, which the warm-up rounds after it must also fit)
+START_SPREAD_PER_CLIENT_S = 0.01
+START_SPREAD_MAX_S = 5.0
+BACKOFF_MAX_S = 5.0
+
+
+def start_spread_s(world_size: int, local_size: int, share_host: bool) -> float:
+    """The window over which the job's clock clients start their first rounds: rank 0 serves
+    one client a host with host sharing (several ranks a host), else one a rank."""
+    per_host = max(1, local_size) if share_host else 1
+    clients = max(0, -(-world_size // per_host) - 1)  # every host (or rank) but rank 0's
+    return min(START_SPREAD_MAX_S, clients * START_SPREAD_PER_CLIENT_S)
 
 
 @dataclass
@@ -121,6 +141,7 @@ class ClockSync:
         self._round_done = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._interval_s = 60.0
+        self._start_spread_s = 0.0  # set by start(): see start_spread_s
         self._first_failure: Optional[float] = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -173,6 +194,8 @@ class ClockSync:
         if self.transport_used == "mpi":
             atexit.register(self.stop)  # before mpi4py's own finalize (atexit runs LIFO)
         if topology.rank != 0:
+            sharing = self.share is not None and topology.local_size > 1
+            self._start_spread_s = start_spread_s(topology.world_size, topology.local_size, sharing)
             self._thread = threading.Thread(
                 target=self._run, name="tf_otel-clock-sync", daemon=True
             )
@@ -231,6 +254,7 @@ class ClockSync:
         delay = 0.0
         warm = self.warmup_first_s
         backoff = 0.05
+        started = False
         while True:
             self._wake.wait(delay)
             self._wake.clear()
@@ -243,6 +267,11 @@ class ClockSync:
                     self._follow(share)
                 delay = FOLLOW_EARLY_S if self.stats.rounds < SETTLED_ROUNDS else FOLLOW_S
                 continue
+            if not started and not final:  # this rank runs rounds: start apart from the others
+                started = True
+                delay = random.uniform(0.0, self._start_spread_s)
+                if delay > 0:
+                    continue
             ok = False
             with fail_open("clock.round"):
                 ok = self._round(final)
@@ -254,8 +283,8 @@ class ClockSync:
                 backoff = 0.05
                 delay = min(warm, self._interval_s)
                 warm *= 2
-            else:
-                delay = min(backoff, 5.0, self._interval_s)
+            else:  # jittered: clients that failed together do not retry together
+                delay = min(backoff, BACKOFF_MAX_S, self._interval_s) * random.uniform(0.5, 1.0)
                 backoff *= 2
 
     def _follow(self, share: HostShare) -> None:
