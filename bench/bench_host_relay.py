@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List
+
+import harness  # bench/ is on sys.path: run as a script, or put there by the caller
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -30,22 +30,6 @@ if str(REPO) not in sys.path:
 
 RANKS = 9  # rank 0 and one host of 8
 SECRET = "bench-host-relay-secret-0123456789"
-
-
-def _thread_cpu() -> Dict[str, float]:
-    """CPU seconds of this process's live threads, summed by thread name."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    spent: Dict[str, float] = {}
-    for thread in threading.enumerate():
-        try:
-            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        spent[thread.name] = (
-            spent.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
-        )
-    return spent
 
 
 def measure(relay: bool, steps: int) -> Dict[str, Any]:
@@ -76,7 +60,7 @@ def measure(relay: bool, steps: int) -> Dict[str, Any]:
     while len(aggregator.connected_ranks()) < RANKS - 1:
         time.sleep(0.05)
     connections = aggregator.connection_count()
-    before, began = _thread_cpu(), time.monotonic()
+    before, began = harness.thread_cpu(), time.monotonic()
     for step in range(steps):
         for client in clients:
             client.report("k", step, 10**18 + step, 10**18 + step + 5)
@@ -84,7 +68,7 @@ def measure(relay: bool, steps: int) -> Dict[str, Any]:
         time.sleep(0.002)  # the links keep up: no queue grows
     while len(whole) < steps and time.monotonic() - began < 120:
         time.sleep(0.05)
-    after = _thread_cpu()
+    after = harness.thread_cpu()
     for client in clients:
         close_link(client, 1.0)
     aggregator.close()

@@ -13,10 +13,11 @@ direct), as the product does where a host runs several ranks; ``--no-relay`` is 
 ``--light-hosts``: a lighter simulation, for 1,024 ranks and more on a small machine. Each
 simulated host but rank 0's is ONE instance of the product's own relay (``HostRelay``: its link
 to rank 0 is the product's ``CoordinatorClient`` with the relay hello, real TCP, the HMAC
-handshake) fed in-process with its 8 ranks' extents each step, and one ``ClockSync`` (the host's
-clock leader); bypassed is only the host-local loopback hop from a rank to its relay (its own
-client, connection and thread), which never reaches rank 0. Rank 0's own host's ranks are
-direct ``CoordinatorClient``s as in the default mode.
+handshake) fed in-process with its 8 ranks' extents each step (``HostRelay.serve_local`` /
+``report_local``), and one ``ClockSync`` (the host's clock leader); bypassed is only the
+host-local loopback hop from a rank to its relay (its own client, connection and thread), which
+never reaches rank 0. Rank 0's own host's ranks are direct ``CoordinatorClient``s as in the
+default mode. Both modes build their ranks in one function (``_part``).
 
 Usage::
 
@@ -24,15 +25,23 @@ Usage::
     python bench/bench_rank0.py --ranks 256 --seconds 30 --out /tmp/rank0.md
     python bench/bench_rank0.py --ranks 256 --no-relay     # the control: no host relays
     python bench/bench_rank0.py --ranks 1024,4096 --light-hosts  # one relay a host, in-process
+    python bench/bench_rank0.py --ranks 1024 --light-hosts --profile /tmp/loop.pstats
+
+``--out FILE`` rewrites only FILE's generated section (between its ``bench_rank0`` markers;
+appended where there is none): the hand-written text around it stays. ``--profile`` adds
+cProfile's cost to the coordinator loop's CPU: read its figures for where, not how much.
 
     import bench_rank0; result = bench_rank0.measure(256, seconds=20)
     result["connected_s"], result["complete_steady"], result["cores"]
 
 What rank 0 measures (its own process): CPU in all, and over the run's second half (after the
-clients' quick first clock rounds) in cores and in microseconds per rank-step; the time until every rank's coordinator
-connection was accepted and until every clock client connected; the connections rank 0 holds
-at the end; roots complete (every rank's extent in them) among the steady steps (after the first
-LEARN steps and once every rank was connected). Not simulated: Horovod collective detail (the per-step arrival answers).
+clients' quick first clock rounds) in cores and in microseconds per rank-step, and by thread;
+the time until every rank's coordinator connection was accepted and until every clock client
+connected; the connections rank 0 holds at the end; roots complete (every rank's extent in them)
+among the steady steps (after the first LEARN steps and once every rank was connected). The
+bench's own polling in rank 0's process slows to twice a second once every rank is connected.
+Not simulated: Horovod collective detail (the per-step arrival answers); root export (rank 0's
+``emit_root`` here only records the root).
 """
 
 from __future__ import annotations
@@ -40,12 +49,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+import harness  # bench/ is on sys.path: run as a script, or put there by the caller
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -84,7 +96,14 @@ def _topology(rank: int, world: int, per_host: int, port: int) -> Any:
 
 
 def _rank0(
-    world: int, seconds: float, port: int, t0: float, per_host: int, relay: bool, light: bool
+    world: int,
+    seconds: float,
+    port: int,
+    t0: float,
+    per_host: int,
+    relay: bool,
+    light: bool,
+    profile: str = "",
 ) -> None:
     """Rank 0's process: serve until the ranks stop, then print what it measured (JSON)."""
     from tf_otel import health
@@ -121,10 +140,13 @@ def _rank0(
     cpu_from: Optional[float] = None
     wall_from = 0.0
     threads_from: Dict[str, float] = {}
+    profiler: Any = None
     while time.time() < t0 + seconds - 1:
-        time.sleep(0.05)
+        # this polling runs in rank 0's process: often only until every rank is connected
+        time.sleep(0.05 if connected_at is None or clock_at is None else 0.5)
         now = time.time()
-        connected = max(connected, len(aggregator.connected_ranks()))
+        if connected_at is None:
+            connected = max(connected, len(aggregator.connected_ranks()))
         connections = aggregator.connection_count()
         if connected_at is None and connected >= world - 1:
             connected_at = now
@@ -132,9 +154,14 @@ def _rank0(
             clock_at = now
         if cpu_from is None and now >= half:
             cpu_from, wall_from = time.process_time(), time.monotonic()
-            threads_from = _thread_cpu()
+            threads_from = harness.thread_cpu()
+            if profile:  # the coordinator loop's own CPU, by function (cProfile on its thread)
+                profiler = _on_loop(aggregator, _start_profile)
+    if profiler is not None:
+        _on_loop(aggregator, profiler.disable)
+        profiler.dump_stats(profile)
     cpu_all = time.process_time() - cpu_start
-    threads_to = _thread_cpu()
+    threads_to = harness.thread_cpu()
     by_thread = {  # the second half, by thread name (threads alive at both ends)
         name: round(threads_to[name] - threads_from.get(name, 0.0), 2)
         for name in threads_to
@@ -187,20 +214,19 @@ def _rank0(
         election.release()
 
 
-def _thread_cpu() -> Dict[str, float]:
-    """CPU seconds so far of this process's live threads, summed by thread name (from /proc:
-    where rank 0's CPU goes: its coordinator loop, its clock service, its own steps)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    spent: Dict[str, float] = {}
-    for thread in threading.enumerate():
-        try:
-            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, ...
-        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-        spent[thread.name] = spent.get(thread.name, 0.0) + cpu
-    return spent
+def _start_profile() -> Any:
+    import cProfile
+
+    profiler = cProfile.Profile(time.thread_time)
+    profiler.enable()  # on the calling thread only (Python 3.11)
+    return profiler
+
+
+def _on_loop(aggregator: Any, call: Any) -> Any:
+    """``call()`` run on the coordinator's event loop thread; its result."""
+    done: queue.Queue[Any] = queue.Queue()
+    aggregator._loop.call_soon_threadsafe(lambda: done.put(call()))
+    return done.get(timeout=5)
 
 
 def _own_steps(aggregator: Any, seconds: float, t0: float) -> None:
@@ -217,7 +243,7 @@ def _settings(port: int, relay: bool = True) -> Any:
     return Settings(coordinator=("127.0.0.1", port), host_relay=relay)
 
 
-def _ranks(
+def _part(
     first: int,
     last: int,
     world: int,
@@ -226,90 +252,13 @@ def _ranks(
     t0: float,
     per_host: int,
     relay: bool,
+    light: bool,
 ) -> None:
-    """Simulated ranks first..last-1: their clients connect (through their host's relay, as
-    services.start_services does), then report every step."""
+    """Simulated ranks first..last-1: their links connect (each rank's own, through its
+    host's relay where relays are on, as services.start_services does), then report every step.
+    ``light``: every host but rank 0's is ONE product HostRelay fed in-process
+    (HostRelay.serve_local) and one ClockSync, the host's clock leader."""
     from tf_otel import health
-    from tf_otel.clock.sync import ClockSync
-    from tf_otel.pipeline.host_relay import close_link, coordinator_link
-
-    clients, syncs = [], []
-    for rank in range(first, last):
-        topology = _topology(rank, world, per_host, port)
-        clients.append(
-            coordinator_link(
-                _settings(port, relay),
-                topology,
-                ("127.0.0.1", port),
-                None,
-                rank0_host_direct=False,  # one machine plays every host
-            )
-        )
-        sync = ClockSync(publish=False, share_host=True)
-        sync.start(_topology(rank, world, per_host, port), _settings(port))
-        syncs.append(sync)
-    steps = int(seconds * STEPS_PER_S)
-    for step in range(steps):
-        begin = t0 + step / STEPS_PER_S
-        time.sleep(max(0.0, begin - time.time()))
-        start = time.time_ns()
-        end = start + 200_000_000
-        for client in clients:
-            client.report(KEY, step, start, end)
-    # never connected by the end (to rank 0 or to a relay): what a missing rank was doing
-    unconnected = [c.rank for c in clients if c.connected_to is None]
-    closing = [threading.Thread(target=close_link, args=(c, 2.0)) for c in clients]
-    closing += [threading.Thread(target=s.stop, args=(0.5,)) for s in syncs]
-    for thread in closing:  # at once: one after another, a thousand ranks take minutes
-        thread.start()
-    for thread in closing:
-        thread.join()
-    failed = health.counters["coordinator_handshake_failed"]
-    said = {
-        "ranks": [first, last],
-        "handshakes_failed": failed,
-        "unconnected": unconnected,
-        "cpu_s": time.process_time(),  # the simulated ranks' own cost (relays included)
-    }
-    print(json.dumps(said), flush=True)
-
-
-class _Sink:
-    """A simulated rank's end of its relay connection (--light-hosts): what the relay sends it
-    (rank 0's broadcasts, fanned out) is dropped, as a rank's client would read and drop it."""
-
-    def __init__(self) -> None:
-        self.transport = self
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-
-def _light_hosts(
-    first: int,
-    last: int,
-    world: int,
-    seconds: float,
-    port: int,
-    t0: float,
-    per_host: int,
-) -> None:
-    """--light-hosts: ranks first..last-1 (whole hosts). Rank 0's host's ranks as in _ranks
-    (direct clients); every other host ONE product HostRelay (its own link to rank 0, relay
-    hello, real TCP, HMAC) fed in-process with its ranks' extents, and one ClockSync."""
-    from tf_otel import health
-    from tf_otel.clock.sync import ClockSync
-    from tf_otel.config import Settings
-    from tf_otel.pipeline import messages
     from tf_otel.pipeline.host_relay import (
         RELAY_WAIT_MAX_S,
         HostRelay,
@@ -317,76 +266,47 @@ def _light_hosts(
         coordinator_link,
     )
 
-    settings = _settings(port)
-    wait_s = min(RELAY_WAIT_MAX_S, Settings().root_wait_ms / 4000.0)  # as coordinator_link
-    clients, syncs, relays = [], [], []
+    settings = _settings(port, relay)
+    clients, syncs = [], []
     hosts: Dict[int, List[int]] = {}
     for rank in range(first, last):
-        if rank < per_host:  # rank 0's host: direct, as in _ranks
-            topology = _topology(rank, world, per_host, port)
-            clients.append(coordinator_link(settings, topology, ("127.0.0.1", port), None))
-            sync = ClockSync(publish=False, share_host=True)
-            sync.start(topology, settings)
-            syncs.append(sync)
-        else:
+        if light and rank >= per_host:  # not rank 0's host: one relay for the host, below
             hosts.setdefault(rank // per_host, []).append(rank)
+            continue
+        topology = _topology(rank, world, per_host, port)
+        # rank0_host_direct=False: one machine plays every host (rank 0's host: its election
+        # says "direct")
+        clients.append(coordinator_link(settings, topology, ("127.0.0.1", port), None, None, False))
+        syncs.append(_clock(topology, port))
+    relays: List[Tuple[HostRelay, List[int]]] = []
+    wait_s = min(RELAY_WAIT_MAX_S, settings.root_wait_ms / 4000.0)  # as coordinator_link
     for ranks in hosts.values():
-        relay = HostRelay(("127.0.0.1", port), ranks[0], world, wait_s)
-        if relay.serve() is None:
+        host = HostRelay(("127.0.0.1", port), ranks[0], world, wait_s)
+        if host.serve() is None:
             raise SystemExit("a host relay cannot listen")
-        loop = relay._loop
-        assert loop is not None
-
-        def join(relay: HostRelay = relay, ranks: List[int] = ranks) -> None:
-            for rank in ranks:  # as HostRelay._connection does once a rank's hello passed
-                relay._ranks[rank] = _Sink()  # type: ignore[assignment]
-                relay._up(messages.encode({"t": messages.JOIN, "r": rank}))
-
-        loop.call_soon_threadsafe(join)
-        relays.append((relay, ranks))
-        sync = ClockSync(publish=False, share_host=True)  # the host's clock leader
-        sync.start(_topology(ranks[0], world, per_host, port), settings)
-        syncs.append(sync)
-
-    def feed(relay: HostRelay, ranks: List[int], step: int, start: int, end: int) -> None:
-        for rank in ranks:  # as HostRelay._serve_rank does with each rank's extent line
-            relay._add(rank, messages.extent(KEY, step, start, end))
-
+        host.serve_local(ranks)
+        relays.append((host, ranks))
+        syncs.append(_clock(_topology(ranks[0], world, per_host, port), port))
     for step in range(int(seconds * STEPS_PER_S)):
         time.sleep(max(0.0, t0 + step / STEPS_PER_S - time.time()))
         start = time.time_ns()
         end = start + 200_000_000
         for client in clients:
             client.report(KEY, step, start, end)
-        for relay, ranks in relays:
-            try:
-                assert relay._loop is not None
-                relay._loop.call_soon_threadsafe(feed, relay, ranks, step, start, end)
-            except RuntimeError:  # its loop closed
-                pass
+        for host, ranks in relays:
+            host.report_local(KEY, step, [(rank, start, end) for rank in ranks])
+    # never connected by the end (to rank 0 or to a relay): what a missing rank was doing
     unconnected = [c.rank for c in clients if c.connected_to is None]
-    for relay, ranks in relays:
-        upstream = relay._upstream
-        if upstream is None or upstream.connected_to is None:
-            unconnected += ranks
+    unconnected += [rank for host, ranks in relays if not host.linked for rank in ranks]
 
-    def leave(relay: HostRelay, ranks: List[int]) -> None:
-        for rank in ranks:  # as HostRelay._connection does when a rank says bye
-            relay._ranks.pop(rank, None)
-            relay._up(messages.encode({"t": messages.LEAVE, "r": rank}))
-
-    def close_host(relay: HostRelay, ranks: List[int]) -> None:
-        try:
-            assert relay._loop is not None
-            relay._loop.call_soon_threadsafe(leave, relay, ranks)
-        except RuntimeError:
-            pass
-        relay.close(2.0)
+    def close_host(host: HostRelay, ranks: List[int]) -> None:
+        host.leave_local(ranks)
+        host.close(2.0)
 
     closing = [threading.Thread(target=close_link, args=(c, 2.0)) for c in clients]
     closing += [threading.Thread(target=close_host, args=pair) for pair in relays]
     closing += [threading.Thread(target=s.stop, args=(0.5,)) for s in syncs]
-    for thread in closing:
+    for thread in closing:  # at once: one after another, a thousand ranks take minutes
         thread.start()
     for thread in closing:
         thread.join()
@@ -394,9 +314,18 @@ def _light_hosts(
         "ranks": [first, last],
         "handshakes_failed": health.counters["coordinator_handshake_failed"],
         "unconnected": unconnected,
-        "cpu_s": time.process_time(),
+        "cpu_s": time.process_time(),  # the simulated ranks' own cost (relays included)
     }
     print(json.dumps(said), flush=True)
+
+
+def _clock(topology: Any, port: int) -> Any:
+    """A simulated rank's ClockSync (the host's leader runs the rounds, as in the product)."""
+    from tf_otel.clock.sync import ClockSync
+
+    sync = ClockSync(publish=False, share_host=True)
+    sync.start(topology, _settings(port))
+    return sync
 
 
 def measure(
@@ -406,11 +335,10 @@ def measure(
     per_process: int = RANKS_PER_PROCESS,
     relay: bool = True,
     light: bool = False,
+    profile: str = "",
 ) -> Dict:
     """One run at ``world`` ranks (host relays on, or off: the control; ``light``: one
     in-process relay a simulated host, see the module docstring); rank 0's result."""
-    import harness  # bench/ is on sys.path: run as a script, or put there by the caller
-
     port = harness.free_port_pair()
     env = _env(port)
     t0 = time.time() + 3.0  # every process starts its clock of steps at the same wall time
@@ -421,7 +349,11 @@ def measure(
         per_process = max(per_host, LIGHT_RANKS_PER_PROCESS // per_host * per_host)
         relay = True
     rank0 = subprocess.Popen(
-        [*me, "--rank0", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*me, "--rank0", *args, profile],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert rank0.stdout is not None
     if rank0.stdout.readline().strip() != "ready":
@@ -490,7 +422,7 @@ def _table(results: List[Dict]) -> str:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("--rank0", "--part"):
         if sys.argv[1] == "--rank0":
-            world, seconds, port, t0, per_host, relay, light = sys.argv[2:9]
+            world, seconds, port, t0, per_host, relay, light, profile = sys.argv[2:10]
             _rank0(
                 int(world),
                 float(seconds),
@@ -499,21 +431,11 @@ def main() -> None:
                 int(per_host),
                 relay == "1",
                 light == "1",
+                profile,
             )
         else:
             first, last, world, seconds, port, t0, per_host, relay, light = sys.argv[2:11]
-            if light == "1":
-                _light_hosts(
-                    int(first),
-                    int(last),
-                    int(world),
-                    float(seconds),
-                    int(port),
-                    float(t0),
-                    int(per_host),
-                )
-                return
-            _ranks(
+            _part(
                 int(first),
                 int(last),
                 int(world),
@@ -522,6 +444,7 @@ def main() -> None:
                 float(t0),
                 int(per_host),
                 relay == "1",
+                light == "1",
             )
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -534,7 +457,12 @@ def main() -> None:
         action="store_true",
         help="one in-process product relay a simulated host (see the module docstring)",
     )
-    parser.add_argument("--out", help="write the table (markdown) here too")
+    parser.add_argument(
+        "--out", help="write the table into this markdown file's generated section too"
+    )
+    parser.add_argument(
+        "--profile", default="", help="cProfile of rank 0's coordinator loop (second half)"
+    )
     options = parser.parse_args()
     results = []
     relays = not options.no_relay
@@ -542,25 +470,30 @@ def main() -> None:
         print(f"{size} ranks, {options.seconds:.0f} s ...", file=sys.stderr, flush=True)
         results.append(
             measure(
-                size, options.seconds, options.per_host, relay=relays, light=options.light_hosts
+                size,
+                options.seconds,
+                options.per_host,
+                relay=relays,
+                light=options.light_hosts,
+                profile=options.profile,
             )
         )
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     table = _table(results)
     print(table)
-    if options.out:
+    if options.out:  # only the file's generated section: its hand-written text stays
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        load = os.getloadavg()[0]
-        Path(options.out).write_text(
-            f"# Rank 0 under many simulated ranks (issue 26)\n\n"
+        harness.write_generated(
+            Path(options.out),
+            "bench_rank0",
+            f"## Latest run\n\n"
             f"`python bench/bench_rank0.py --ranks {options.ranks} --seconds "
             f"{options.seconds:.0f} --per-host {options.per_host}"
             f"{' --no-relay' if options.no_relay else ''}"
             f"{' --light-hosts' if options.light_hosts else ''}`, {when}, load average "
-            f"{load:.1f} at the end, on 2 cores shared by rank 0 and every simulated rank.\n\n"
-            + (__doc__ or "").split("\n\n", 1)[1].split("Usage::")[0]
-            + table
-            + "\n"
+            f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores shared by rank 0 "
+            f"and every simulated rank.\n\n{table}",
+            "Rank 0 under many simulated ranks (issue 26)",
         )
 
 

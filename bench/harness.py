@@ -257,6 +257,38 @@ def free_port_pair() -> int:
     raise RuntimeError("no two adjacent free ports on 127.0.0.1")
 
 
+def thread_cpu() -> Dict[str, float]:
+    """CPU seconds so far of this process's live threads, summed by thread name (from /proc:
+    where a service's CPU goes, e.g. rank 0's coordinator loop against its clock service)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    spent: Dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, ...
+        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        spent[thread.name] = spent.get(thread.name, 0.0) + cpu
+    return spent
+
+
+def write_generated(path: Path, name: str, text: str, title: str) -> None:
+    """Write ``text`` into the generated section of the markdown file at ``path``, between the
+    two ``name`` markers, and nothing else: the hand-written rest of the file stays. A file
+    without the markers gets the section at its end; a missing one, ``title`` and the section."""
+    begin = f"<!-- {name}: generated from here (the bench rewrites this section) -->"
+    end = f"<!-- {name}: generated up to here -->"
+    section = f"{begin}\n{text.strip()}\n{end}"
+    old = path.read_text() if path.exists() else f"# {title}\n"
+    head, found, rest = old.partition(begin)
+    if found and end in rest:
+        new = head + section + rest.split(end, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(new)
+
+
 def emit_result(result: Dict[str, Any]) -> None:
     """A worker's result line, for Job.results in the bench that launched it."""
     print(RESULT + json.dumps(result), flush=True)

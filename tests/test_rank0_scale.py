@@ -21,3 +21,14 @@ def test_256_ranks_all_connect_and_every_steady_root_is_complete() -> None:
     assert result["clock_connected_s"] is not None, result  # every clock client connected
     assert result["steady_steps"] >= 20, result
     assert result["complete_steady"] == result["steady_steps"], result
+
+
+def test_light_hosts_mode_connects_every_rank_and_completes_the_roots() -> None:
+    """bench_rank0 --light-hosts on a few dozen ranks: rank 0's host direct, every other host
+    one in-process product HostRelay (HostRelay.serve_local) and one clock leader."""
+    result = bench_rank0.measure(40, seconds=8, light=True)
+    assert result["connected"] == 40 and result["unconnected"] == [], result
+    assert result["connections"] == 7 + 4, result  # rank 0's host's 7 ranks + 4 relays
+    assert result["clock_connected_s"] is not None, result  # the 4 host clock leaders
+    assert result["steady_steps"] >= 8, result
+    assert result["complete_steady"] == result["steady_steps"], result
