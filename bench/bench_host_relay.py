@@ -54,6 +54,7 @@ def measure(relay: bool, steps: int) -> Dict[str, Any]:
             aggregator.address,
             None,
             key,
+            rank0_host_direct=False,  # rank 0 is on this machine too: relay all the same
         )
         for r in range(1, RANKS)
     ]
