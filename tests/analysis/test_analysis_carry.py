@@ -14,9 +14,11 @@ import random
 import statistics
 from typing import Dict, Optional, Tuple
 
+import pytest
 from analysis_builders import JobBuilder, decoded_spans, ms
 
 from tf_otel.analysis.analyze import analyze_spans
+from tf_otel.analysis.carry import CARRIED_NAME
 
 LATE_RANK = 1
 DELAY_MS = 40.0
@@ -400,3 +402,21 @@ def test_a_job_without_collective_spans_carries_nothing():
     late = persistent(result)
     assert list(late) == [LATE_RANK]
     assert ms(DELAY_MS - 3.0) <= late[LATE_RANK] <= ms(DELAY_MS + 3.0)
+
+
+@pytest.mark.parametrize("every", [1, SAMPLED_EVERY])
+def test_a_picture_read_again_carries_what_the_analysis_carried(every):
+    # once no step left to analyse reads a step's collectives they go (StepTrace.strip): a
+    # picture's carry reads its previous (and evidence) step again and must find the same path
+    job = chained_run(steps=24, collective_late_ms=DELAY_MS, collective_every=every)
+    result = analyze_spans(decoded_spans(job))
+    assert all(step.trace.stripped for step in result.steps)
+    carried = 0
+    for step in result.steps:
+        again = result.with_spans(step)
+        assert not again.trace.slimmed
+        assert again.path.segments == step.path.segments, step.label
+        assert again.path.lateness_by_rank() == step.path.lateness_by_rank(), step.label
+        carried += sum(s.name.startswith(CARRIED_NAME) for s in step.path.segments)
+        carried += sum(leg.inherited_ns > 0 for leg in again.path.legs)
+    assert carried, "nothing carried: the test would show nothing"

@@ -9,7 +9,9 @@ Two passes over the traces: the first builds every step and keeps only its exten
 spans and last collectives (``StepTrace.slim``), enough to order the steps and match each with
 the one before it; the second reads each selected step's spans again, finds its critical path
 and what the rules need (``step_facts``, ``stragglers.keep_for_statistics``), and slims it.
-The statistics over all steps and the rules then read those few values per step.
+Once no step left to analyse carries from a step, its last collectives go too
+(``StepTrace.strip``). The statistics over all steps and the rules then read those few values
+per step.
 """
 
 from __future__ import annotations
@@ -167,8 +169,18 @@ class _Steps:
         trace = self.build(step.trace.trace_id, [], False)
         if trace is None:  # pragma: no cover - the source changed between the passes
             return step
-        carried = carried_into(trace, self.previous.get(trace.trace_id))
+        previous = self.previous.get(trace.trace_id)
+        if previous is not None:  # a stripped step carries nothing: read it again too
+            evidence = previous.evidence
+            previous = Previous(self._whole(previous.trace), evidence and self._whole(evidence))
+        carried = carried_into(trace, previous)
         return replace(step, trace=trace, path=critical_path(trace, carried))
+
+    def _whole(self, trace: StepTrace) -> StepTrace:
+        """``trace`` itself, or built anew where it was stripped (``StepTrace.strip``)."""
+        if not trace.stripped:
+            return trace
+        return self.build(trace.trace_id, [], False) or trace
 
 
 BATCHES_PER_WORKER = 8  # enough to even out the workers, few enough to keep tasks cheap
@@ -269,23 +281,49 @@ def _analyze(
         (traces.view([outline.trace_id for _, outline, _ in group]), steps.job_id, options, group)
         for group in groups
     )
+    # the later steps' carry reads each step's collectives; once read, they go (``strip``)
+    readers = _readers(items)
     with Progress("analysing steps", len(selected), progress) as bar:
         for analysed, group in zip(engine.map(analyse_batch, tasks2), groups):
-            for result, (_, outline, _) in zip(analysed, group):
+            for result, (_, outline, previous) in zip(analysed, group):
                 if outline.slimmed:  # a worker's copy of this slim step: keep one
                     result.trace = result.path.step = outline
+                for read in _read_by(outline, previous):
+                    readers[read.trace_id] -= 1
+                    if not readers[read.trace_id]:
+                        read.strip()
             results.extend(analysed)
             bar.advance(len(group))
-    # the analysed steps' slim traces stand in for their outlines from here on (one copy)
-    analysed_ids = {r.trace.trace_id for r in results}
-    del selected, items, groups
-    steps.previous = previous_steps(
-        [r.trace for r in results] + [s for s in all_steps if s.trace_id not in analysed_ids]
-    )
-    del all_steps
+    # the analysed steps' slim traces are their outlines (one copy); the others go
+    steps.previous = {
+        r.trace.trace_id: steps.previous[r.trace.trace_id]
+        for r in results
+        if r.trace.trace_id in steps.previous
+    }
+    del selected, items, groups, all_steps
     return _summarise(
         results, steps, source, job_id, warnings, straggler_min_share, straggler_min_ns
     )
+
+
+def _read_by(outline: StepTrace, previous: Optional[Previous]) -> List[StepTrace]:
+    """The steps whose collectives analysing ``outline`` reads: itself, and its previous and
+    evidence steps."""
+    read = [outline]
+    if previous is not None:
+        read.append(previous.trace)
+        if previous.evidence is not None:
+            read.append(previous.evidence)
+    return read
+
+
+def _readers(items: List[Tuple[int, StepTrace, Optional[Previous]]]) -> Dict[str, int]:
+    """Trace id -> how many of ``items``' analyses read that step."""
+    readers: Dict[str, int] = {}
+    for _, outline, previous in items:
+        for read in _read_by(outline, previous):
+            readers[read.trace_id] = readers.get(read.trace_id, 0) + 1
+    return readers
 
 
 def _summarise(

@@ -71,6 +71,7 @@ class StepTrace:
     world_size: Optional[int]
     spans: List[Span]
     slimmed: bool = False  # ``slim``: spans dropped after the analysis
+    stripped: bool = False  # ``strip``: no step reads its collectives any more
 
     @property
     def duration_ns(self) -> int:
@@ -95,36 +96,60 @@ class StepTrace:
         if self.slimmed:
             return
         trace_id = self.trace_id
-        self.root = _light(self.root, trace_id) if self.root is not None else None
+        shared: Dict[Any, Any] = {}  # values its ranks repeat (category, step, job): one object
+        self.root = _light(self.root, trace_id, shared) if self.root is not None else None
         kept: List[Span] = [self.root] if self.root is not None else []
         for timeline in self.ranks.values():
             last: Optional[Span] = None
             for span in timeline.nodes:
                 if span.category == COLLECTIVE and (last is None or span.end_ns > last.end_ns):
                     last = span
-            timeline.nodes = [_light(last, trace_id)] if last is not None else []
-            timeline.fillers, timeline.parts = [], {}
+            timeline.nodes = [_light(last, trace_id, shared)] if last is not None else []
+            timeline.fillers, timeline.parts = _NO_SPANS, _NO_PARTS
             if timeline.step_span is not None:  # its attributes: the whole-step rules, GPU
-                timeline.step_span = _light(timeline.step_span, trace_id, keep_attributes=True)
+                timeline.step_span = _light(timeline.step_span, trace_id, shared, True)
                 kept.append(timeline.step_span)
             kept.extend(timeline.nodes)
         sync = next((s for s in self.spans if s.category in SYNC_CATEGORIES), None)
         if sync is not None and not any(k.span_id == sync.span_id for k in kept):
-            kept.append(_light(sync, trace_id))
+            kept.append(_light(sync, trace_id, shared))
         self.spans = kept
         self.slimmed = True
 
+    def strip(self) -> None:
+        """Drop a slim step's last collectives and sync span too, once no step left to analyse
+        reads them (``carry``: the step after it, or one it is the evidence step of): what
+        stays, the root, extents and step spans, is what the statistics and reports read. The
+        carry of a later picture reads the step again (``analyze._Steps.with_spans``)."""
+        if not self.slimmed or self.stripped:
+            return
+        for timeline in self.ranks.values():
+            timeline.nodes = _NO_SPANS
+        self.spans = [self.root] if self.root is not None else []
+        self.spans.extend(t.step_span for t in self.ranks.values() if t.step_span is not None)
+        self.stripped = True
 
-_NOTHING: Dict[str, Any] = {}  # shared by slim spans: never written
+
+# shared by every slim step, which is read only: an empty list and dict a rank cost 120 bytes
+_NOTHING: Dict[str, Any] = {}
+_NO_SPANS: List[Span] = []
+_NO_PARTS: Dict[str, List[Span]] = {}
 
 
-def _light(span: Span, trace_id: str, keep_attributes: bool = False) -> Span:
+def _light(
+    span: Span, trace_id: str, shared: Dict[Any, Any], keep_attributes: bool = False
+) -> Span:
     """A small copy of ``span`` for a slim step: its ids, name, times and slots; no parent,
-    no resource, attributes only where asked (about 300 bytes instead of 1-2 KB)."""
+    no resource, attributes only where asked (about 300 bytes instead of 1-2 KB). ``shared``:
+    the step's values seen so far, so that its ranks share one category, step and job object
+    (each rank's spans were decoded apart)."""
     light = Span.from_row(span.to_row())
     light.trace_id, light.parent_id = trace_id, None
     light.name = sys.intern(span.name)  # the same names step after step
     light.resource = _NOTHING
+    light.category = shared.setdefault(span.category, span.category)
+    light.step = shared.setdefault(span.step, span.step)
+    light.job_id = shared.setdefault(span.job_id, span.job_id)
     if not keep_attributes or not span.attributes:
         light.attributes = _NOTHING
     return light
