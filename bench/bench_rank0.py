@@ -141,6 +141,7 @@ def _rank0(
     wall_from = 0.0
     threads_from: Dict[str, float] = {}
     profiler: Any = None
+    pings_from = 0
     while time.time() < t0 + seconds - 1:
         # this polling runs in rank 0's process: often only until every rank is connected
         time.sleep(0.05 if connected_at is None or clock_at is None else 0.5)
@@ -155,6 +156,7 @@ def _rank0(
         if cpu_from is None and now >= half:
             cpu_from, wall_from = time.process_time(), time.monotonic()
             threads_from = harness.thread_cpu()
+            pings_from = _pings(sync)
             if profile:  # the coordinator loop's own CPU, by function (cProfile on its thread)
                 profiler = _on_loop(aggregator, _start_profile)
     if profiler is not None:
@@ -200,6 +202,9 @@ def _rank0(
             "cpu_s": round(cpu_all, 2),
             "second_half_cpu_s_by_thread": by_thread,
             "refused": health.counters["coordinator_refused"] + health.counters["clock_refused"],
+            # clock pings rank 0 answered in all, and in the second half (the CPU's window)
+            "clock_pings": _pings(sync),
+            "second_half_clock_pings": None if cpu_from is None else _pings(sync) - pings_from,
             "cores": None if cpu is None or not wall else round(cpu / wall, 4),
             "us_per_rank_step": (
                 None
@@ -212,6 +217,11 @@ def _rank0(
     aggregator.close()
     if election is not None:
         election.release()
+
+
+def _pings(sync: Any) -> int:
+    """Clock pings rank 0's clock service answered so far (a ping frame is 16 bytes)."""
+    return 0 if sync.server is None else int(sync.server.bytes_in) // 16
 
 
 def _start_profile() -> Any:
