@@ -17,7 +17,7 @@ per step.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Optional, Tuple, TypeVar
+from typing import Dict, List, Optional, Tuple, TypeVar, Union
 
 from tf_otel.analysis.carry import Previous, carried_into, previous_steps
 from tf_otel.analysis.causality import CausalityRepair, repair_trace_causality
@@ -41,32 +41,8 @@ StepRange = Tuple[Optional[int], Optional[int]]
 T = TypeVar("T")
 
 
-def analyze_spans(
-    spans: List[Span],
-    source: str = "",
-    job_id: Optional[str] = None,
-    step_range: Optional[StepRange] = None,
-    start_ns: Optional[int] = None,
-    end_ns: Optional[int] = None,
-    straggler_min_share: float = 0.0,
-    straggler_min_ns: int = 1_000_000,
-) -> AnalysisResult:
-    if not spans:
-        raise AnalysisError(f"{source or 'input'}: no spans")
-    return analyze_source(
-        MemorySource(spans),
-        source,
-        job_id,
-        step_range,
-        start_ns,
-        end_ns,
-        straggler_min_share,
-        straggler_min_ns,
-    )
-
-
 def analyze_source(
-    traces: TraceSource,
+    traces: Union[TraceSource, List[Span]],
     source: str = "",
     job_id: Optional[str] = None,
     step_range: Optional[StepRange] = None,
@@ -79,9 +55,13 @@ def analyze_source(
     engine: Optional[Engine] = None,
     keep_segments: bool = True,
 ) -> AnalysisResult:
-    """The analysis of ``traces``; ``engine`` runs its passes' batches (default: this
-    process); ``keep_segments``: False keeps each step's path totals only (what every report
-    but ``--with-path`` reads)."""
+    """The analysis of ``traces`` (a source, or spans held in memory); ``engine`` runs its
+    passes' batches (default: this process); ``keep_segments``: False keeps each step's path
+    totals only (what every report but ``--with-path`` reads)."""
+    if isinstance(traces, list):
+        if not traces:
+            raise AnalysisError(f"{source or 'input'}: no spans")
+        traces = MemorySource(traces)
     steps = _Steps(
         traces, _chosen_job(traces, job_id), straggler_min_share, straggler_min_ns, engine
     )
@@ -98,6 +78,9 @@ def analyze_source(
             straggler_min_ns,
             progress,
         )
+
+
+analyze_spans = analyze_source  # spans in a list: the same analysis, its options the same
 
 
 def _chosen_job(traces: TraceSource, job_id: Optional[str]) -> Optional[str]:
