@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 import threading
@@ -47,6 +48,8 @@ HANDSHAKE_TIMEOUT_S = 5.0
 MAX_HANDSHAKES = 64  # connections mid-handshake at once; the next wait in the listen backlog
 BACKLOG = 4096  # every rank may connect at once (the kernel caps it at net.core.somaxconn)
 MAX_RANK = 1 << 24
+HELLO_BYTES = FRAME.size + job_secret.MAC_BYTES + job_secret.NONCE_BYTES  # frame, MAC, nonce
+RECV_BYTES = 1 << 16  # read at most this much of a connection at a time
 MAX_REPORTS = 1 << 16
 
 # MPI tags (on COMM_WORLD: point-to-point only, so no collective call is needed to set up)
@@ -63,22 +66,44 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
     return True
 
 
+class _Peer:
+    """One connection of the clock service: its handshake, then its frames."""
+
+    __slots__ = ("sock", "buffer", "nonce", "deadline", "rank")
+
+    def __init__(self, sock: socket.socket, nonce: bytes, deadline: float) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+        self.nonce = nonce  # the challenge's: the hello's MAC must cover it
+        self.deadline = deadline  # the hello is due by then
+        self.rank = 0  # 0 while handshaking; the rank it proved afterwards
+
+
 class TcpServer:
-    """Rank 0's clock service: one daemon thread accepting, one per connected rank. At most
-    MAX_HANDSHAKES handshakes run at once (a silent stranger holds one for HANDSHAKE_TIMEOUT_S);
-    the rest wait in the listen backlog rather than be refused: at start-up every rank of the
-    job connects within the same second."""
+    """Rank 0's clock service: ONE daemon thread serves every connection from epoll (no
+    thread per rank: at 511 host leaders warming up at once, a thread per connection cost
+    ~25-50 us of CPU a ping in thread switches, and the handshakes starved). A ping is answered
+    as soon as its frame is read. At most MAX_HANDSHAKES handshakes run at once (a silent
+    stranger holds one for HANDSHAKE_TIMEOUT_S); the rest wait in the listen backlog rather than
+    be refused: at start-up every rank of the job connects within the same second."""
 
     def __init__(self, host: str, port: int, secret: Optional[job_secret.JobKey] = None) -> None:
         self.host, self.port = host, port
         self.secret = secret or job_secret.job_key()
         self._handshaking = 0
         self._conns_lock = threading.Lock()
-        self._slot_free = threading.Condition(self._conns_lock)
         self.reports: Dict[int, Dict[str, Any]] = {}
         self._reports_changed = threading.Condition()
         self._sock: Optional[socket.socket] = None
-        self._conns: List[socket.socket] = []
+        self._conns: Dict[socket.socket, _Peer] = {}  # live connections only (bounded)
+        # epoll (Linux), else poll: the same calls, poll's timeout in ms
+        self._poll: Any = select.epoll() if hasattr(select, "epoll") else select.poll()
+        self._tick = 1.0 if hasattr(select, "epoll") else 1000  # the expiry sweep's period
+        # fd -> its peer (the listener and the wake-up socket are not in it)
+        self._by_fd: Dict[int, _Peer] = {}
+        self._wake_r, self._wake_w = socket.socketpair()  # close() wakes the loop
+        self._accepting = False
+        self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.bytes_in = 0
         self.bytes_out = 0
@@ -98,104 +123,207 @@ class TcpServer:
         except OSError:
             sock.close()
             raise
+        sock.setblocking(False)
         self.port = sock.getsockname()[1]
         self._sock = sock
         job_secret.warn_if_weak(self.secret, self.host, "clock service")
-        threading.Thread(target=self._accept, name="tf_otel-clock-server", daemon=True).start()
+        self._wake_r.setblocking(False)
+        self._poll.register(self._wake_r.fileno(), select.POLLIN)
+        self._accept_more(True)
+        self._thread = threading.Thread(target=self._loop, name="tf_otel-clock-server", daemon=True)
+        self._thread.start()
+
+    def _accept_more(self, on: bool) -> None:
+        """Watch the listening socket, or not (MAX_HANDSHAKES running: the rest wait queued)."""
+        if on != self._accepting and self._sock is not None:
+            if on:
+                self._poll.register(self._sock.fileno(), select.POLLIN)
+            else:
+                self._poll.unregister(self._sock.fileno())
+            self._accepting = on
+
+    def _loop(self) -> None:
+        assert self._sock is not None
+        listener, wake, by_fd = self._sock.fileno(), self._wake_r.fileno(), self._by_fd
+        try:
+            while not self._closed:
+                events = self._poll.poll(self._tick if self._handshaking else -1)
+                for fd, _ in events:
+                    peer = by_fd.get(fd)
+                    if peer is not None:
+                        self._readable(peer)
+                    elif fd == listener:
+                        self._accept()
+                    elif fd == wake:  # close() woke the loop
+                        return
+                if self._handshaking:
+                    self._expire(time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - the service ends, training never does
+            log_once("clock:server", "tf_otel: clock service stopped (%s)", exc)
+        finally:
+            with self._conns_lock:
+                peers = list(self._conns.values())
+                self._conns.clear()
+            for peer in peers:
+                peer.sock.close()
+            if self._sock is not None:
+                self._sock.close()
+            getattr(self._poll, "close", lambda: None)()
+            self._wake_r.close()
 
     def _accept(self) -> None:
         assert self._sock is not None
-        while not self._closed:
-            with self._slot_free:  # a rank beyond MAX_HANDSHAKES waits its turn, never refused
-                while self._handshaking >= MAX_HANDSHAKES and not self._closed:
-                    self._slot_free.wait(1.0)
+        while self._handshaking < MAX_HANDSHAKES:
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
+            except (BlockingIOError, InterruptedError):
                 return
-            with self._conns_lock:
-                self._handshaking += 1
-                self._conns.append(conn)
+            except OSError:  # e.g. out of descriptors: try again on the next readiness
+                count("clock.server.conn_error")
+                return
+            conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(
-                target=self._serve, args=(conn,), name="tf_otel-clock-conn", daemon=True
-            ).start()
+            nonce = job_secret.nonce()
+            peer = _Peer(conn, nonce, time.monotonic() + HANDSHAKE_TIMEOUT_S)
+            try:
+                if conn.send(MAGIC + nonce) != len(MAGIC) + len(nonce):
+                    raise OSError("the challenge did not fit the socket's buffer")
+            except OSError:
+                _refuse("no hello in time")
+                conn.close()
+                continue
+            self._handshaking += 1
+            with self._conns_lock:
+                self._conns[conn] = peer
+            self._by_fd[conn.fileno()] = peer
+            self._poll.register(conn.fileno(), select.POLLIN)
+        self._accept_more(False)
 
-    def _handshake(self, conn: socket.socket) -> Optional[int]:
-        """The rank of a peer that proved the job key (rank 0's proof sent back), else None."""
-        conn.settimeout(HANDSHAKE_TIMEOUT_S)  # a silent stranger does not keep a thread
-        try:
-            server_nonce = job_secret.nonce()
-            conn.sendall(MAGIC + server_nonce)
-            hello = bytearray(FRAME.size + job_secret.MAC_BYTES + job_secret.NONCE_BYTES)
-            if not _recv_exact(conn, memoryview(hello)):
-                _refuse("closed during the handshake")
-                return None
-        except OSError:
+    def _expire(self, now: float) -> None:
+        """Handshakes past HANDSHAKE_TIMEOUT_S: refused (a silent stranger keeps no seat)."""
+        with self._conns_lock:
+            late = [p for p in self._conns.values() if not p.rank and now > p.deadline]
+        for peer in late:
             _refuse("no hello in time")
-            return None
+            self._drop(peer)
+
+    def _drop(self, peer: _Peer) -> None:
+        with self._conns_lock:
+            if self._conns.pop(peer.sock, None) is None:
+                return
+        if not peer.rank:
+            self._handshaking -= 1
+            self._accept_more(True)
+        fd = peer.sock.fileno()
+        self._by_fd.pop(fd, None)
+        try:
+            self._poll.unregister(fd)
+        except (OSError, ValueError, KeyError):
+            pass
+        peer.sock.close()
+
+    def _readable(self, peer: _Peer) -> None:
+        try:
+            data = peer.sock.recv(RECV_BYTES)
+            t1 = clock.now_ns()  # a ping's receive time: right after its frame arrived
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if not peer.rank:
+                _refuse("no hello in time")
+            else:
+                self._lost(exc)
+            self._drop(peer)
+            return
+        if not data:  # the peer closed
+            if not peer.rank:
+                _refuse("closed during the handshake")
+            self._drop(peer)
+            return
+        if not peer.buffer and len(data) == FRAME.size and peer.rank and data[0] == PING:
+            # the hot path: one ping alone, as a round's back-to-back exchanges come
+            self.bytes_in += FRAME.size
+            self.bytes_out += REPLY.size
+            try:
+                reply = HEAD.pack(FRAME.unpack(data)[1], t1) + STAMP.pack(clock.now_ns())
+                if peer.sock.send(reply) == REPLY.size:
+                    return
+                raise OSError("a rank does not read its clock replies")
+            except OSError as exc:
+                self._lost(exc)
+                self._drop(peer)
+                return
+        peer.buffer += data
+        try:
+            if not peer.rank and not self._hello(peer):
+                self._drop(peer)
+                return
+            if peer.rank and not self._frames(peer, t1):
+                self._drop(peer)
+        except Exception as exc:  # noqa: BLE001 - a peer's bytes end its connection only
+            self._lost(exc)
+            self._drop(peer)
+
+    def _lost(self, exc: BaseException) -> None:
+        if not self._closed:
+            count("clock.server.conn_error")
+            log_once("clock:server_conn", "tf_otel: clock service connection lost (%s)", exc)
+
+    def _hello(self, peer: _Peer) -> bool:
+        """The hello, once whole: True when the peer proved the job key (proof sent back), or
+        while it is still coming; False: refused."""
+        if len(peer.buffer) < HELLO_BYTES:
+            return True
+        hello = bytes(peer.buffer[:HELLO_BYTES])
+        del peer.buffer[:HELLO_BYTES]
         kind, rank = FRAME.unpack_from(hello)
-        mac = bytes(hello[FRAME.size : FRAME.size + job_secret.MAC_BYTES])
-        client_nonce = bytes(hello[FRAME.size + job_secret.MAC_BYTES :])
+        mac = hello[FRAME.size : FRAME.size + job_secret.MAC_BYTES]
+        client_nonce = hello[FRAME.size + job_secret.MAC_BYTES :]
         if kind != HELLO or not 0 < rank < MAX_RANK:
             _refuse("no hello")
-            return None
-        expected = job_secret.client_mac(self.secret.key, SERVICE, server_nonce, rank)
+            return False
+        expected = job_secret.client_mac(self.secret.key, SERVICE, peer.nonce, rank)
         if not job_secret.check(expected, mac):
             _refuse(f"wrong credentials for rank {rank}")
-            return None
-        conn.sendall(job_secret.server_mac(self.secret.key, SERVICE, client_nonce, rank))
-        conn.settimeout(None)
-        return int(rank)
+            return False
+        proof = job_secret.server_mac(self.secret.key, SERVICE, client_nonce, rank)
+        if peer.sock.send(proof) != len(proof):
+            return False
+        peer.rank = int(rank)
+        self._handshaking -= 1
+        self._accept_more(True)
+        return True
 
-    def _serve(self, conn: socket.socket) -> None:
-        now_ns = clock.now_ns
-        frame = bytearray(FRAME.size)
-        view = memoryview(frame)
-        reply = bytearray(REPLY.size)
-        try:
-            try:
-                rank = self._handshake(conn)
-            finally:
-                with self._slot_free:
-                    self._handshaking -= 1
-                    self._slot_free.notify()
-            if rank is None:
-                return
-            while True:
-                if not _recv_exact(conn, view):
-                    return
-                t1 = now_ns()
-                kind, arg = FRAME.unpack_from(frame)
-                if kind == PING:
-                    HEAD.pack_into(reply, 0, arg, t1)
-                    STAMP.pack_into(reply, 16, now_ns())  # t2: as late as possible
-                    conn.sendall(reply)
-                    self.bytes_in += FRAME.size
-                    self.bytes_out += REPLY.size
-                elif kind == REPORT and 0 < arg <= MAX_REPORT:
-                    payload = bytearray(arg)
-                    if not _recv_exact(conn, memoryview(payload)):
-                        return
-                    report = json.loads(payload.decode())
-                    if not isinstance(report, dict):
-                        raise ValueError("a clock report is not a JSON object")
-                    with self._reports_changed:
-                        if rank in self.reports or len(self.reports) < MAX_REPORTS:
-                            self.reports[rank] = report
-                        self._reports_changed.notify_all()
-                else:
-                    count("clock.server.bad_frame")
-                    return
-        except (OSError, ValueError, RecursionError) as exc:
-            if not self._closed:
-                count("clock.server.conn_error")
-                log_once("clock:server_conn", "tf_otel: clock service connection lost (%s)", exc)
-        finally:
-            with self._conns_lock:
-                if conn in self._conns:
-                    self._conns.remove(conn)  # bounded: only live connections are kept
-            conn.close()
+    def _frames(self, peer: _Peer, t1: int) -> bool:
+        """Answer the whole frames read; False: the connection ends (a bad frame, a rank that
+        does not read its replies)."""
+        buffer = peer.buffer
+        while len(buffer) >= FRAME.size:
+            kind, arg = FRAME.unpack_from(buffer)
+            if kind == PING:
+                del buffer[: FRAME.size]
+                self.bytes_in += FRAME.size
+                self.bytes_out += REPLY.size
+                reply = HEAD.pack(arg, t1) + STAMP.pack(clock.now_ns())  # t2: as late as possible
+                if peer.sock.send(reply) != REPLY.size:
+                    raise OSError("a rank does not read its clock replies")
+                t1 = clock.now_ns()  # a later frame of the same read
+            elif kind == REPORT and 0 < arg <= MAX_REPORT:
+                if len(buffer) < FRAME.size + arg:
+                    return True  # the rest of the report is still coming
+                payload = bytes(buffer[FRAME.size : FRAME.size + arg])
+                del buffer[: FRAME.size + arg]
+                report = json.loads(payload.decode())
+                if not isinstance(report, dict):
+                    raise ValueError("a clock report is not a JSON object")
+                with self._reports_changed:
+                    if peer.rank in self.reports or len(self.reports) < MAX_REPORTS:
+                        self.reports[peer.rank] = report
+                    self._reports_changed.notify_all()
+            else:
+                count("clock.server.bad_frame")
+                return False
+        return True
 
     def wait_reports(self, n: int, timeout: float) -> Dict[int, Dict[str, Any]]:
         deadline = time.monotonic() + timeout
@@ -208,21 +336,22 @@ class TcpServer:
             return dict(self.reports)
 
     def close(self) -> None:
+        """Stop serving: the loop closes every connection and the listening socket."""
+        if self._closed:
+            return
         self._closed = True
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._sock.close()
-        with self._conns_lock:
-            conns = list(self._conns)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2.0)
+        elif self._thread is None:  # never started
+            if self._sock is not None:
+                self._sock.close()
+            getattr(self._poll, "close", lambda: None)()
+            self._wake_r.close()
+        self._wake_w.close()
 
 
 class TcpClient:
