@@ -14,6 +14,7 @@ Usage::
     build.set_resource(attributes_dict(resource_attributes))
     found = FOUND_TEMPLATE.copy()             # then found[key] = value per analysis attribute
     row = build.row(trace_id, span_id, parent_id, name, start_ns, end_ns, found)
+    tail = build.tail(found)                  # the row's fields from ``attributes`` on
     SpanRow._make(row).category
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 from operator import itemgetter
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, SLOT_ATTRIBUTES, Row, as_int
 from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
@@ -35,6 +36,11 @@ _SLOT_KEYS = (ATTR_CATEGORY, ATTR_RANK, ATTR_STEP, ATTR_JOB_ID, ATTR_GPU_UTILIZA
 FOUND_TEMPLATE: Dict[str, Any] = dict(zip(_SLOT_KEYS, ("", None, None, None, None)))
 _slots = itemgetter(*_SLOT_KEYS)
 _SLOT_COUNT = len(_SLOT_KEYS)
+# A row's last seven fields (``model.SpanRow`` from ``attributes`` on): what a span's attribute
+# list and its resource give; spans with the same ones share it (``otlp_msgspec``).
+RowTail = Tuple[
+    Dict[str, Any], Dict[str, Any], str, Optional[int], Optional[int], Optional[str], Any
+]
 assert frozenset(_SLOT_KEYS) == SLOT_ATTRIBUTES
 
 
@@ -64,7 +70,7 @@ class RowBuilder:
     cheaper than reading attributes, which counts at 1.6 M spans (bench/bench_analysis.py).
     """
 
-    __slots__ = ("row", "set_resource")
+    __slots__ = ("row", "set_resource", "tail")
 
     def __init__(self) -> None:
         trace_ids: Dict[Any, str] = {}
@@ -84,6 +90,29 @@ class RowBuilder:
             has_resource_job = ATTR_JOB_ID in attributes
             resource_job = attributes.get(ATTR_JOB_ID)
 
+        def tail(found: Dict[str, Any]) -> RowTail:
+            """A row's fields from ``attributes`` on (``ROW_TAIL``). ``found``:
+            ``FOUND_TEMPLATE.copy()`` with the span's ``model.ANALYSIS_ATTRIBUTES`` stored over
+            it, decoded (the last of a repeated key wins); the slots are read from it, the other
+            attributes are kept."""
+            category, rank, step, job, gpu = _slots(found)
+            kept = NO_ATTRIBUTES
+            if len(found) > _SLOT_COUNT:  # attributes beyond the slots: kept, in their order
+                kept = {k: v for k, v in found.items() if k not in SLOT_ATTRIBUTES}
+            if has_resource_job:
+                job = resource_job
+            if rank is None:
+                rank = resource_rank
+            return (
+                kept,
+                resource,
+                category if type(category) is str else str(category),
+                rank if type(rank) is int else as_int(rank),
+                step if type(step) is int or step is None else as_int(step),
+                None if job is None else str(job),
+                gpu,
+            )
+
         def row(
             trace_id: Any,
             span_id: Any,
@@ -93,9 +122,7 @@ class RowBuilder:
             end_ns: int,
             found: Dict[str, Any],
         ) -> Row:
-            """One span's row. ``found``: ``FOUND_TEMPLATE.copy()`` with the span's
-            ``model.ANALYSIS_ATTRIBUTES`` stored over it, decoded (the last of a repeated key
-            wins); the slots are read from it, the other attributes are kept."""
+            """One span's row; ``found`` as ``tail`` takes it."""
             trace = trace_get(trace_id)
             if trace is None:
                 trace = trace_ids[trace_id] = normalise_id(trace_id, 16) or ""
@@ -106,29 +133,9 @@ class RowBuilder:
                 parent = parent_ids[parent_id] = normalise_id(parent_id, 8)
             if type(name) is str:  # names repeat every step: share one string
                 name = name_get(name, name)
-            category, rank, step, job, gpu = _slots(found)
-            kept = NO_ATTRIBUTES
-            if len(found) > _SLOT_COUNT:  # attributes beyond the slots: kept, in their order
-                kept = {k: v for k, v in found.items() if k not in SLOT_ATTRIBUTES}
-            if has_resource_job:
-                job = resource_job
-            if rank is None:
-                rank = resource_rank
-            return (
-                trace,
-                span_id,
-                parent or None,
-                name,
-                start_ns,
-                end_ns if end_ns >= start_ns else start_ns,
-                kept,
-                resource,
-                category if type(category) is str else str(category),
-                rank if type(rank) is int else as_int(rank),
-                step if type(step) is int or step is None else as_int(step),
-                None if job is None else str(job),
-                gpu,
-            )
+            head = (trace, span_id, parent or None, name, start_ns)
+            return head + (end_ns if end_ns >= start_ns else start_ns,) + tail(found)
 
         self.row: Callable[[Any, Any, Any, Any, int, int, Dict[str, Any]], Row] = row
         self.set_resource: Callable[[Dict[str, Any]], None] = set_resource
+        self.tail: Callable[[Dict[str, Any]], RowTail] = tail
