@@ -18,8 +18,11 @@ import sys
 import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as the leader script
@@ -27,7 +30,7 @@ if str(REPO) not in sys.path:  # run as the leader script
 
 from tf_otel.config import Settings  # noqa: E402
 from tf_otel.job import job_secret  # noqa: E402
-from tf_otel.job.topology import Topology  # noqa: E402
+from tf_otel.job.topology import KV_SCHEME, Topology, publish_reference  # noqa: E402
 from tf_otel.pipeline.coordinator import ROOT_MARGIN_NS, StepAggregator  # noqa: E402
 from tf_otel.pipeline.coordinator_client import CoordinatorClient  # noqa: E402
 from tf_otel.pipeline.host_relay import (  # noqa: E402
@@ -438,3 +441,64 @@ def test_ranks_served_in_process_reach_rank0_as_connected_ranks_would() -> None:
             close_link(client, 1.0)
         relay.close(1.0)
         rank0.close()
+
+
+class _RendezvousStore:
+    """Horovod's rendezvous key-value store as rank 0 and the ranks use it (PUT by rank 0, GET
+    by the others), on loopback: a Horovod launch names rank 0 only through it."""
+
+    def __init__(self) -> None:
+        values: Dict[str, bytes] = {}
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+                values[self.path] = self.rfile.read(int(self.headers["Content-Length"]))
+                self._answer(200, b"")
+
+            def do_GET(self) -> None:  # noqa: N802
+                found = values.get(self.path)
+                self._answer(404 if found is None else 200, found or b"")
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def reference(self, job_id: str) -> str:
+        return f"{KV_SCHEME}127.0.0.1:{self.server.server_address[1]}/tf_otel/rank0-{job_id}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_rank_on_rank0s_host_named_by_the_rendezvous_store_talks_to_it_directly() -> None:
+    """Horovod on several hosts: the ranks know rank 0's address only as a lookup in the
+    rendezvous store (``kv+http://...``), never a host name. A rank of rank 0's host that
+    starts first must still see that rank 0 is on its host and go to it directly, not lead a
+    relay there (the 2-host Horovod test had rank 1 lead one: an extra hop and loopback
+    connection for rank 0's own host). Before rank 0 published, the rank's try fails (and is
+    tried again); it does not take part in the election meanwhile."""
+    store = _RendezvousStore()
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    topology = Topology(rank=1, world_size=WORLD, local_size=4, host="host-a", job_id=job_id)
+    rank0 = (store.reference(job_id), 1)  # never dialled: only where the rank goes is asked
+    link = coordinator_link(Settings(host_relay=True), topology, rank0, secret=_key())
+    try:
+        assert isinstance(link.route, RelayRoute)
+        with pytest.raises(OSError, match="not published"):
+            link.route()
+        assert link.route.relay is None and not link.route.election.leading
+        publish_reference(rank0[0]).join(10)  # rank 0 starts: its address is 127.0.0.1
+        assert link.route() == rank0  # to rank 0 directly (the client resolves the lookup)
+        assert link.route.relay is None and not link.route.election.leading
+    finally:
+        close_link(link, 1.0)
+        store.close()

@@ -2,7 +2,8 @@
 over ssh from a separate login host), host B's clock 1.5 s ahead, no TF_OTEL_COORDINATOR. Rank 0's
 address must come from the launch itself (Horovod's rendezvous store), over the bridge: one trace
 per step holding all 4 ranks under one root, every child inside its parent, and the offsets
-applied to host B's ranks undoing the injected skew (median within 20 us)."""
+applied to host B's ranks undoing the injected skew (median within 20 us). Run with host relays
+off and on."""
 
 from __future__ import annotations
 
@@ -24,9 +25,14 @@ def cluster():
         yield c
 
 
-def test_two_hosts_skewed_clock_one_trace_per_step(cluster):
+# host relays (pipeline/host_relay.py) off (the default) and on: the ranks' environment is
+# built here (base_env drops the caller's TF_OTEL_*), so the test names both
+@pytest.mark.parametrize("relay", ["0", "1"], ids=["direct", "host_relay"])
+def test_two_hosts_skewed_clock_one_trace_per_step(cluster, relay):
     with OtlpReceiver(host=cluster.gateway) as receiver:
-        env = cluster.env(**receiver.env("grpc"), TF_OTEL_ENABLED="1", STEPS=str(STEPS))
+        env = cluster.env(
+            **receiver.env("grpc"), TF_OTEL_ENABLED="1", STEPS=str(STEPS), TF_OTEL_HOST_RELAY=relay
+        )
         assert "TF_OTEL_COORDINATOR" not in env
         result = cluster.horovodrun("horovod_tape.py", env)
         spans = receiver.wait_for(lambda s: False, 3)

@@ -189,6 +189,8 @@ class CoordinatorClient:
             return self.address
         try:
             return self.route()
+        except OSError:  # rank 0 unreachable (not published yet): this try fails, backs off
+            raise
         except Exception as exc:  # noqa: BLE001 - a broken route must not stop the reports
             log_once("coordinator_route", "tf_otel: host relay route failed (%s)", exc)
             return self.address

@@ -23,9 +23,10 @@ How it works:
   the lock file and its relay's loopback address with that token beside it: a rank takes an
   address only from the leader that holds the lock now. Rank 0 takes its own host's lock at
   start and publishes "direct"; and a rank whose rank-0 address is this machine's
-  (``on_this_host``) goes to rank 0 directly without taking part, so the ranks on rank 0's host
-  never relay, whichever of them starts first (a machine simulating several hosts turns that
-  off: ``coordinator_link(..., rank0_host_direct=False)``).
+  (``on_this_host``, after resolving a Horovod rendezvous lookup: ``kv+http://...`` names no
+  host) goes to rank 0 directly without taking part, so the ranks on rank 0's host never relay,
+  whichever of them starts first (a machine simulating several hosts turns that off:
+  ``coordinator_link(..., rank0_host_direct=False)``).
 * Relay (``HostRelay``, in the leader's process, on an event loop of its own): it listens on
   127.0.0.1 with the same mutual HMAC handshake as rank 0 (coordinator.accept_hello), and links
   to rank 0 as a relay (coordinator_client with ``relay=True``). Each rank's step extent waits
@@ -66,7 +67,7 @@ from tf_otel.clock.host_share import private_dir, take_lock
 from tf_otel.config import Settings
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
-from tf_otel.job.topology import Topology
+from tf_otel.job.topology import Topology, resolve_address
 from tf_otel.pipeline import messages
 from tf_otel.pipeline.coordinator import (
     MAX_LINE,
@@ -500,7 +501,9 @@ class RelayRoute:
     def __call__(self) -> Address:
         if self.skip_on_rank0_host:
             if self._rank0_here is None:  # looked up once, on the client's connecting thread
-                self._rank0_here = on_this_host(self.coordinator[0])
+                # a Horovod launch names rank 0 by a rendezvous lookup (kv+http://...), no host:
+                # resolved first (OSError while rank 0 has not published: this try fails)
+                self._rank0_here = on_this_host(resolve_address(self.coordinator)[0])
             if self._rank0_here:
                 return self.coordinator
         with self._lock:
