@@ -45,7 +45,9 @@ How it works:
   those steps' roots go out partial (counted ``roots_partial``), later ones whole.
 * TF_OTEL_HOST_RELAY=1 turns it on where a host runs several ranks (topology.local_size > 1).
   Off by default for now: with relays on, the 2-host Horovod test twice had a rank's step span
-  outside its root (rank 0's host's rank 1), which is not yet explained.
+  outside its root (rank 0's host's rank 1). Rank 1 then led a relay on rank 0's host (the
+  rank-0-host check did not resolve Horovod's rendezvous address; fixed), which it no longer
+  does; the failure was not reproduced since, even with rank 1 made to lead, so not explained.
 """
 
 from __future__ import annotations
