@@ -139,6 +139,32 @@ def test_roots_of_fewer_ranks_than_the_job_stay_partial_after_the_first_roots() 
         aggregator.close()
 
 
+def test_ranks_whose_extents_all_come_late_are_waited_for_from_then_on() -> None:
+    """World size 4, ranks 2 and 3 connect late (4,096 simulated ranks: a quarter of them after
+    the first roots): the roots learnt 2 reporters and go out at 2 extents, so every extent of
+    ranks 2 and 3 comes after its root. After LEARN_STEPS late extents a rank counts as a
+    reporter: the next root waits for it and holds all 4 ranks (before: partial for ever)."""
+    roots, emit_root = _recording()
+    aggregator = StepAggregator(4, wait_s=5.0, emit_root=emit_root, first_report_grace_s=0.0)
+    try:
+        for step in range(LEARN_STEPS):  # ranks 2 and 3 not there yet: roots timed out
+            aggregator.add(0, "k", step, 10, 20)
+            aggregator.add(1, "k", step, 10, 20)
+        aggregator.wait_s = 0.1
+        assert _wait_until(lambda: len(roots) == LEARN_STEPS, 5.0)
+        aggregator.wait_s = 5.0
+        for step in range(LEARN_STEPS, 2 * LEARN_STEPS):
+            for r in (0, 1, 2, 3):  # 2 and 3 after the root went out at 2 extents: late
+                aggregator.add(r, "k", step, 10, 20)
+            assert roots[-1][1] == step and roots[-1][4:6] == (2, (0, 1))
+        step = 2 * LEARN_STEPS
+        for r in (0, 1, 2, 3):  # the next root waits for them
+            aggregator.add(r, "k", step, 10, 20)
+        assert roots[-1][1:2] + roots[-1][4:6] == (step, 4, None), roots[-1]
+    finally:
+        aggregator.close()
+
+
 def test_after_complete_first_roots_a_timed_out_root_is_partial() -> None:
     """World size 4, the first roots complete; a later root timed out with 3 ranks is partial."""
     roots, emit_root = _recording()

@@ -35,7 +35,18 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.health import count, log_once
@@ -138,6 +149,7 @@ class StepAggregator:
         self._stop = threading.Event()
         self._emitted: OrderedDict[Tuple[str, int], None] = OrderedDict()  # bounded
         self._reporters: set = set()  # ranks that have reported any step
+        self._late: Dict[int, int] = {}  # rank not yet a reporter -> its late extents so far
         self._reaper = threading.Thread(target=self._reap_loop, name="tf_otel-roots", daemon=True)
         self._reaper.start()
 
@@ -171,9 +183,12 @@ class StepAggregator:
         ready: List[Tuple[Tuple[str, int], _Pending]] = []
         key_step = (key, step)
         with self._lock:
+            reporters = self._reporters
             if key_step in self._emitted:
                 # its root is out: a second one would split the step
                 count("roots_late_extent", len(batch))
+                if len(reporters) < self.world_size:
+                    self._learn_late(batch)
                 return
             entry = self._pending.get(key_step)
             if entry is None:
@@ -191,13 +206,28 @@ class StepAggregator:
                 if end_ns > end:
                     end = end_ns
             entry.start, entry.end = start, end
-            reporters = self._reporters
             if len(reporters) < self.world_size:  # every rank has reported: nothing to learn
                 reporters.update([item[0] for item in batch])
             if key_step in self._pending and len(got) >= self.expected_ranks():
                 ready.append(self._take(key_step))
         for key_step, done in ready:
             self._emit(key_step, done)
+
+    def _learn_late(self, batch: Sequence[Tuple[int, int, int, Optional[int]]]) -> None:
+        """A rank none of whose extents came in time (connected after the first roots, then
+        always behind them) reports all the same: after LEARN_STEPS late extents it is waited
+        for, else roots go out without it for ever (seen at 4,096 simulated ranks). One stray
+        late extent does not make a reporter. Under self._lock."""
+        for item in batch:
+            rank = item[0]
+            if rank in self._reporters:
+                continue
+            late = self._late.get(rank, 0) + 1
+            if late >= LEARN_STEPS:
+                self._reporters.add(rank)
+                self._late.pop(rank, None)
+            else:
+                self._late[rank] = late  # bounded: a rank of the job at most once
 
     def _take(self, key_step: Tuple[str, int]) -> Tuple[Tuple[str, int], _Pending]:
         """Take a step out of pending and mark it emitted in one change (under self._lock): an
