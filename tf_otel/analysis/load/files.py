@@ -116,16 +116,17 @@ def load_file(path: Path) -> List[Span]:
     return [from_row(row) for row in load_file_rows(path)]
 
 
-def _split_lines(data: bytes) -> List[Union[bytes, memoryview]]:
-    """``data.splitlines()`` without copying the lines (views: msgspec reads them as is)."""
-    if b"\r" in data:
-        return list(data.splitlines())
+def _split_lines(data: bytes, stop: int) -> List[Union[bytes, memoryview]]:
+    """``data[:stop].splitlines()`` without copying the lines (views: msgspec reads them as
+    is)."""
+    if data.find(b"\r", 0, stop) >= 0:
+        return list(data[:stop].splitlines())
     view = memoryview(data)
     lines: List[Union[bytes, memoryview]] = []
     start = 0
-    while start < len(data):
-        end = data.find(b"\n", start)
-        end = len(data) if end < 0 else end
+    while start < stop:
+        end = data.find(b"\n", start, stop)
+        end = stop if end < 0 else end
         lines.append(view[start:end])
         start = end + 1
     return lines
@@ -151,10 +152,14 @@ class _NotLines(Exception):
         self.line, self.line_count = line, line_count
 
 
-def _decode_lines(path: Path, data: bytes, first_line: int = 1) -> List[Row]:
-    """Spans of newline-delimited ``TracesData`` lines (numbered from ``first_line``)."""
+def _decode_lines(
+    path: Path, data: bytes, first_line: int = 1, stop: Optional[int] = None
+) -> List[Row]:
+    """Spans of newline-delimited ``TracesData`` lines (numbered from ``first_line``) in
+    ``data[:stop]``."""
     fast = LineDecoder() if FAST_DECODER else None  # msgspec; else only the generic path
-    lines = _split_lines(data) if fast is not None else data.splitlines()
+    stop = len(data) if stop is None else stop
+    lines = _split_lines(data, stop) if fast is not None else data[:stop].splitlines()
     spans: List[Row] = []
     for number, view in enumerate(lines, start=first_line):
         if fast is not None:
@@ -175,12 +180,13 @@ def _decode_lines(path: Path, data: bytes, first_line: int = 1) -> List[Row]:
     return spans
 
 
-def decode_line_block(path: Path, block: bytes) -> List[Row]:
-    """Spans of a block of whole ``TracesData`` lines from ``path``. Raises ``AnalysisError``
-    on any line that is not one, without its number: the caller decodes the whole part again
-    (``load_part_rows``) for the exact error, or as one JSON document."""
+def decode_line_block(path: Path, block: bytes, stop: Optional[int] = None) -> List[Row]:
+    """Spans of a block of whole ``TracesData`` lines from ``path`` (``block[:stop]``, read
+    without a copy). Raises ``AnalysisError`` on any line that is not one, without its number:
+    the caller decodes the whole part again (``load_part_rows``) for the exact error, or as one
+    JSON document."""
     try:
-        return _decode_lines(path, block)
+        return _decode_lines(path, block, 1, stop)
     except _NotLines:
         raise AnalysisError(f"{path}: not newline-delimited OTLP-JSON") from None
 

@@ -54,27 +54,34 @@ TracePieces = array
 Pieces = List[Tuple[str, int, int]]  # one part's pieces in order: (trace id, offset, length)
 
 
-def _blocks(part: Part) -> Iterator[bytes]:
-    """The part's bytes in blocks of whole lines (gzip read as a stream)."""
+def _blocks(part: Part) -> Iterator[Tuple[bytes, int]]:
+    """The part's whole lines in blocks: (data, where its whole lines end). Each read of
+    ``BLOCK_BYTES`` is decoded in place up to its last newline and the rest of that line follows
+    as a small block of its own: joining the blocks' ends to the next read copied 8 MiB twice a
+    block, and the allocator's heap grew with the copies (63 -> 80 MB over 64 parts of 47 MB)."""
     path, start, end = part
     with _open(path) as handle:
         if start:
             handle.seek(start)
         left = None if end < 0 else end - start
-        rest = b""
         while left is None or left > 0:
             data = handle.read(BLOCK_BYTES if left is None else min(BLOCK_BYTES, left))
             if not data:
                 break
             if left is not None:
                 left -= len(data)
-            data = rest + data
             cut = data.rfind(b"\n") + 1
-            rest = data[cut:]
+            if cut == len(data):
+                yield data, cut
+                continue
+            tail = handle.readline()  # parts end at a line's end: never past ``end``
+            if left is not None:
+                left -= len(tail)
             if cut:
-                yield data[:cut]
-        if rest:
-            yield rest
+                yield data, cut
+            rest = data[cut:] + tail
+            del data
+            yield rest, len(rest)
 
 
 def _open(path: Path) -> BinaryIO:
@@ -117,8 +124,8 @@ def spill_part(task: Tuple[Part, str]) -> bytes:
     count = 0
     with paused_gc(), open(target, "wb") as out:
         try:
-            for block in _blocks(part):
-                count += _write(out, decode_line_block(part[0], block), pieces, jobs)
+            for block, stop in _blocks(part):
+                count += _write(out, decode_line_block(part[0], block, stop), pieces, jobs)
         except (AnalysisError, OSError, EOFError, zlib.error):
             count = -1  # decoded again whole below: the error names the file and line
         if count <= 0:  # no spans, an error, or one JSON document: read as the loader does
