@@ -1,4 +1,4 @@
-"""A spill piece (one trace's rows by column) reads back as the spans written."""
+"""A spill piece (one trace's rows, marshalled) reads back as the spans written."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _row(span_id: str, start: int, end: int) -> tuple:
     return Span("ab" * 16, span_id, None, "op", start, end, {"k": 1}, {}).to_row()
 
 
-def test_pieces_read_back_as_the_rows_written_even_times_beyond_int64():
+def test_pieces_read_back_as_the_rows_written():
     rows = [_row("cd" * 8, 5, 9), _row("ef" * 8, 2**70, 2**70 + 1), _row("12" * 8, 1, 3)]
     out, pieces, jobs = io.BytesIO(), [], set()  # type: ignore[var-annotated]
     assert spill._write(out, rows, pieces, jobs) == 3
