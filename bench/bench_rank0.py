@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import harness  # bench/ is on sys.path: run as a script, or put there by the caller
 
@@ -95,17 +95,43 @@ def _topology(rank: int, world: int, per_host: int, port: int) -> Any:
     )
 
 
-def _rank0(
-    world: int,
-    seconds: float,
-    port: int,
-    t0: float,
-    per_host: int,
-    relay: bool,
-    light: bool,
-    profile: str = "",
-) -> None:
+class _Run(NamedTuple):
+    """One run's settings, as rank 0's process and the simulated ranks' processes get them."""
+
+    world: int
+    seconds: float
+    port: int
+    t0: float
+    per_host: int
+    relay: bool
+    light: bool
+
+    def words(self) -> List[str]:
+        """The settings as command-line words (``parse`` reads them back)."""
+        flags = [str(int(self.relay)), str(int(self.light))]
+        return (
+            [str(self.world), str(self.seconds), str(self.port), repr(self.t0)]
+            + [str(self.per_host)]
+            + flags
+        )
+
+    @classmethod
+    def parse(cls, words: List[str]) -> _Run:
+        world, seconds, port, t0, per_host, relay, light = words
+        return cls(
+            int(world),
+            float(seconds),
+            int(port),
+            float(t0),
+            int(per_host),
+            relay == "1",
+            light == "1",
+        )
+
+
+def _rank0(run: _Run, profile: str = "") -> None:
     """Rank 0's process: serve until the ranks stop, then print what it measured (JSON)."""
+    world, seconds, port, t0, per_host, relay, light = run
     from tf_otel import health
     from tf_otel.clock.sync import ClockSync
     from tf_otel.config import Settings
@@ -253,21 +279,12 @@ def _settings(port: int, relay: bool = True) -> Any:
     return Settings(coordinator=("127.0.0.1", port), host_relay=relay)
 
 
-def _part(
-    first: int,
-    last: int,
-    world: int,
-    seconds: float,
-    port: int,
-    t0: float,
-    per_host: int,
-    relay: bool,
-    light: bool,
-) -> None:
+def _part(first: int, last: int, run: _Run) -> None:
     """Simulated ranks first..last-1: their links connect (each rank's own, through its
     host's relay where relays are on, as services.start_services does), then report every step.
     ``light``: every host but rank 0's is ONE product HostRelay fed in-process
     (HostRelay.serve_local) and one ClockSync, the host's clock leader."""
+    world, seconds, port, t0, per_host, relay, light = run
     from tf_otel import health
     from tf_otel.pipeline.host_relay import (
         RELAY_WAIT_MAX_S,
@@ -353,8 +370,7 @@ def measure(
     env = _env(port)
     t0 = time.time() + 3.0  # every process starts its clock of steps at the same wall time
     me = [sys.executable, str(Path(__file__).resolve())]
-    args = [str(world), str(seconds), str(port), repr(t0), str(per_host), str(int(relay))]
-    args.append(str(int(light)))
+    args = _Run(world, seconds, port, t0, per_host, relay, light).words()
     if light:  # whole hosts a process (a multiple of per_host)
         per_process = max(per_host, LIGHT_RANKS_PER_PROCESS // per_host * per_host)
         relay = True
@@ -432,30 +448,9 @@ def _table(results: List[Dict]) -> str:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("--rank0", "--part"):
         if sys.argv[1] == "--rank0":
-            world, seconds, port, t0, per_host, relay, light, profile = sys.argv[2:10]
-            _rank0(
-                int(world),
-                float(seconds),
-                int(port),
-                float(t0),
-                int(per_host),
-                relay == "1",
-                light == "1",
-                profile,
-            )
+            _rank0(_Run.parse(sys.argv[2:9]), sys.argv[9])
         else:
-            first, last, world, seconds, port, t0, per_host, relay, light = sys.argv[2:11]
-            _part(
-                int(first),
-                int(last),
-                int(world),
-                float(seconds),
-                int(port),
-                float(t0),
-                int(per_host),
-                relay == "1",
-                light == "1",
-            )
+            _part(int(sys.argv[2]), int(sys.argv[3]), _Run.parse(sys.argv[4:11]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="64,256,1024", help="comma-separated rank counts")

@@ -13,7 +13,7 @@ attributes are never read, and decoding 1.6 M attribute lists was a third of the
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from tf_otel.analysis.step_attributes import WHOLE_STEP_ATTRIBUTES
 from tf_otel.record import (
@@ -173,8 +173,30 @@ class Span:
 
     @classmethod
     def from_row(cls, row: Row) -> Span:
-        """The span of a ``Row`` (``to_row``, ``load.rows.RowBuilder``)."""
-        span = cls.__new__(cls)
+        """The span of a ``Row`` (``to_row``, ``load.rows.RowBuilder``); many rows:
+        ``add_spans``."""
+        made: List[Span] = []
+        add_spans(made, (row,))
+        return made[0]
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def __repr__(self) -> str:
+        return (
+            f"Span({self.name!r}, {self.category}, rank={self.rank}, step={self.step}, "
+            f"{self.start_ns}..{self.end_ns})"
+        )
+
+
+def add_spans(spans: List[Span], rows: Iterable[Row]) -> None:
+    """Append the span of each row (``Span.from_row``) to ``spans``; written out in one loop,
+    since a call per span cost 10 % of reading a trace back."""
+    new = object.__new__
+    append = spans.append
+    for row in rows:
+        span = new(Span)
         (
             span.trace_id,
             span.span_id,
@@ -190,14 +212,4 @@ class Span:
             span.job_id,
             span.gpu_utilization,
         ) = row
-        return span
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-    def __repr__(self) -> str:
-        return (
-            f"Span({self.name!r}, {self.category}, rank={self.rank}, step={self.step}, "
-            f"{self.start_ns}..{self.end_ns})"
-        )
+        append(span)

@@ -27,7 +27,7 @@ from tf_otel.analysis.load.otlp import decode_traces_rows, is_traces_data
 from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as FAST_DECODER
 from tf_otel.analysis.load.otlp_msgspec import LineDecoder
 from tf_otel.analysis.load.progress import Progress
-from tf_otel.analysis.model import Row, Span
+from tf_otel.analysis.model import Row, Span, add_spans
 
 TRACE_SUFFIXES = (".json", ".jsonl", ".ndjson", ".otlp")
 _MAGIC = {b"\x89PNG": "a PNG image", b"%PDF": "a PDF", b"PK\x03\x04": "a zip archive"}
@@ -112,8 +112,9 @@ def _decode_document(obj: Any, origin: str) -> List[Row]:
 
 
 def load_file(path: Path) -> List[Span]:
-    from_row = Span.from_row
-    return [from_row(row) for row in load_file_rows(path)]
+    spans: List[Span] = []
+    add_spans(spans, load_file_rows(path))
+    return spans
 
 
 def _split_lines(data: bytes, stop: int) -> List[Union[bytes, memoryview]]:
@@ -343,9 +344,8 @@ def _load_files(files: List[Path], progress: Optional[bool], engine: Engine) -> 
                 bar.advance()
         return spans
     parts = plan_parts(files, engine.workers)
-    from_row = Span.from_row
     with paused_gc(), Progress("reading trace files", len(parts), progress) as bar:
         for blob in engine.map(_load_rows, parts):  # in file order
-            spans.extend([from_row(row) for row in marshal.loads(blob)])
+            add_spans(spans, marshal.loads(blob))
             bar.advance()
     return spans

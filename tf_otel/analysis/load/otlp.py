@@ -14,7 +14,7 @@ from typing import Any, List
 
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.load.rows import FOUND_TEMPLATE, RowBuilder, normalise_id
-from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, Row, Span
+from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, Row, Span, add_spans
 from tf_otel.analysis.otlp_values import any_value, attributes_dict, pair_value
 
 __all__ = [
@@ -37,8 +37,9 @@ def is_traces_data(obj: Any) -> bool:
 
 def decode_traces_data(obj: Any, origin: str) -> List[Span]:
     """All spans of one ``TracesData`` object; ``origin`` names the input in errors."""
-    from_row = Span.from_row
-    return [from_row(row) for row in decode_traces_rows(obj, origin)]
+    spans: List[Span] = []
+    add_spans(spans, decode_traces_rows(obj, origin))
+    return spans
 
 
 def decode_traces_rows(obj: Any, origin: str) -> List[Row]:
