@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import io
 from array import array
+from operator import itemgetter
 from pathlib import Path
 
 from tf_otel.analysis.load import spill
-from tf_otel.analysis.model import Span
+from tf_otel.analysis.model import Span, by_trace
 
 
 def _row(span_id: str, start: int, end: int) -> tuple:
@@ -32,4 +33,5 @@ def test_pieces_read_back_as_the_rows_written():
 def test_runs_of_a_trace_are_grouped_in_order():
     a, b = "a" * 32, "b" * 32
     rows = [(a, 1), (a, 2), (b, 3), (a, 4)]
-    assert spill._group(rows) == {a: [(a, 1), (a, 2), (a, 4)], b: [(b, 3)]}  # type: ignore[arg-type]
+    grouped = by_trace(rows, itemgetter(0))  # as the spill groups a block's rows
+    assert grouped == {a: [(a, 1), (a, 2), (a, 4)], b: [(b, 3)]}

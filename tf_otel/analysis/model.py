@@ -13,7 +13,8 @@ attributes are never read, and decoding 1.6 M attribute lists was a third of the
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from itertools import groupby
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, TypeVar
 
 from tf_otel.analysis.step_attributes import WHOLE_STEP_ATTRIBUTES
 from tf_otel.record import (
@@ -213,3 +214,19 @@ def add_spans(spans: List[Span], rows: Iterable[Row]) -> None:
             span.gpu_utilization,
         ) = row
         append(span)
+
+
+T = TypeVar("T")
+
+
+def by_trace(items: Iterable[T], trace_id: Callable[[T], str]) -> Dict[str, List[T]]:
+    """Spans or rows by their trace id, each trace's in input order (duplicates kept); a
+    trace's come in runs, each taken at C speed."""
+    traces: Dict[str, List[T]] = {}
+    for trace, run in groupby(items, key=trace_id):
+        found = traces.get(trace)
+        if found is None:
+            traces[trace] = list(run)
+        else:
+            found.extend(run)
+    return traces

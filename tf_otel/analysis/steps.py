@@ -14,12 +14,11 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
-from itertools import groupby
 from operator import attrgetter
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.model import Span
+from tf_otel.analysis.model import Span, by_trace
 from tf_otel.record import (
     ATTR_STEP_IN_FLIGHT,
     ATTR_STEP_WORLD_SIZE,
@@ -256,15 +255,8 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
 
 
 def spans_by_trace(spans: Iterable[Span]) -> Dict[str, List[Span]]:
-    """Each trace's spans in input order (duplicates kept); runs of one trace taken at C speed."""
-    traces: Dict[str, List[Span]] = {}
-    for trace_id, run in groupby(spans, key=_TRACE_ID):
-        found = traces.get(trace_id)
-        if found is None:
-            traces[trace_id] = list(run)
-        else:
-            found.extend(run)
-    return traces
+    """Each trace's spans in input order (duplicates kept)."""
+    return by_trace(spans, _TRACE_ID)
 
 
 def _unique_by_id(spans: List[Span]) -> Dict[str, Span]:

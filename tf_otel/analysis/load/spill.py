@@ -27,7 +27,6 @@ import tempfile
 import zlib
 from array import array
 from collections import OrderedDict
-from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO, Dict, Iterable, Iterator, List, Optional, Set, Tuple
@@ -45,7 +44,7 @@ from tf_otel.analysis.load.files import (
     requested_workers,
 )
 from tf_otel.analysis.load.progress import Progress
-from tf_otel.analysis.model import Row, Span, add_spans
+from tf_otel.analysis.model import Row, Span, add_spans, by_trace
 
 BLOCK_BYTES = 8 << 20  # whole lines decoded at once: bounds a reading process's memory
 _MAX_OPEN = 128  # spill files kept open for reading (a directory of thousands of rank files)
@@ -98,19 +97,8 @@ def _open(path: Path) -> BinaryIO:
         raise AnalysisError(f"{path}: cannot read ({error})") from None
 
 
-def _group(rows: List[Row]) -> Dict[str, List[Row]]:
-    by_trace: Dict[str, List[Row]] = {}
-    for trace_id, run in groupby(rows, _TRACE_ID):  # a trace's spans come in runs
-        found = by_trace.get(trace_id)
-        if found is None:
-            by_trace[trace_id] = list(run)
-        else:
-            found.extend(run)
-    return by_trace
-
-
 def _write(out: BinaryIO, rows: List[Row], pieces: Pieces, jobs: Set[str]) -> int:
-    for trace_id, group in _group(rows).items():
+    for trace_id, group in by_trace(rows, _TRACE_ID).items():
         blob = marshal.dumps(group)
         pieces.append((trace_id, out.tell(), len(blob)))
         out.write(blob)
