@@ -266,8 +266,7 @@ class HostRelay:
 
     def _join_local(self, ranks: List[int]) -> None:
         for rank in ranks:
-            self._ranks[rank] = cast(asyncio.StreamWriter, _LocalRank())
-            self._up(messages.encode({"t": messages.JOIN, "r": rank}))
+            self._joined(rank, cast(asyncio.StreamWriter, _LocalRank()))
 
     def _report_local(self, key: str, step: int, extents: List[Tuple[int, int, int]]) -> None:
         for rank, start, end in extents:
@@ -276,13 +275,22 @@ class HostRelay:
                 self._add(rank, line)
 
     def _leave_local(self, ranks: List[int]) -> None:
-        for rank in ranks:  # as _connection's end: steps whole without it go up now
-            if self._ranks.pop(rank, None) is None:
-                continue
-            for key_step, entry in list(self._pending.items()):
-                if set(self._ranks) <= set(entry.extents):
-                    self._flush(key_step)
-            self._up(messages.encode({"t": messages.LEAVE, "r": rank}))
+        for rank in ranks:
+            if rank in self._ranks:
+                self._left(rank)
+
+    def _joined(self, rank: int, writer: asyncio.StreamWriter) -> None:
+        """A rank served from now on (its hello passed, or a local one): JOIN to rank 0."""
+        self._ranks[rank] = writer
+        self._up(messages.encode({"t": messages.JOIN, "r": rank}))
+
+    def _left(self, rank: int) -> None:
+        """A served rank gone: the steps whole without it go up now, then LEAVE to rank 0."""
+        del self._ranks[rank]
+        for key_step, entry in list(self._pending.items()):
+            if set(self._ranks) <= set(entry.extents):  # whole without it
+                self._flush(key_step)
+        self._up(messages.encode({"t": messages.LEAVE, "r": rank}))
 
     # -- the host's ranks (on the relay's loop) -----------------------------------------------
 
@@ -301,8 +309,7 @@ class HostRelay:
             if accepted is not None:
                 rank, _, welcome = accepted
                 writer.write(welcome)
-                self._ranks[rank] = writer
-                self._up(messages.encode({"t": messages.JOIN, "r": rank}))
+                self._joined(rank, writer)
                 await self._serve_rank(rank, reader)
         except OSError:  # the rank died: its LEAVE below
             pass
@@ -312,11 +319,7 @@ class HostRelay:
         finally:
             self._connections -= 1
             if rank is not None and self._ranks.get(rank) is writer:
-                del self._ranks[rank]
-                for key_step, entry in list(self._pending.items()):
-                    if set(self._ranks) <= set(entry.extents):  # whole without it
-                        self._flush(key_step)
-                self._up(messages.encode({"t": messages.LEAVE, "r": rank}))
+                self._left(rank)
             writer.close()
 
     async def _serve_rank(self, rank: int, reader: asyncio.StreamReader) -> None:
