@@ -242,13 +242,9 @@ class TcpServer:
             return
         if not peer.buffer and len(data) == FRAME.size and peer.rank and data[0] == PING:
             # the hot path: one ping alone, as a round's back-to-back exchanges come
-            self.bytes_in += FRAME.size
-            self.bytes_out += REPLY.size
             try:
-                reply = HEAD.pack(FRAME.unpack(data)[1], t1) + STAMP.pack(clock.now_ns())
-                if peer.sock.send(reply) == REPLY.size:
-                    return
-                raise OSError("a rank does not read its clock replies")
+                self._pong(peer, FRAME.unpack(data)[1], t1)
+                return
             except OSError as exc:
                 self._lost(exc)
                 self._drop(peer)
@@ -302,11 +298,7 @@ class TcpServer:
             kind, arg = FRAME.unpack_from(buffer)
             if kind == PING:
                 del buffer[: FRAME.size]
-                self.bytes_in += FRAME.size
-                self.bytes_out += REPLY.size
-                reply = HEAD.pack(arg, t1) + STAMP.pack(clock.now_ns())  # t2: as late as possible
-                if peer.sock.send(reply) != REPLY.size:
-                    raise OSError("a rank does not read its clock replies")
+                self._pong(peer, arg, t1)
                 t1 = clock.now_ns()  # a later frame of the same read
             elif kind == REPORT and 0 < arg <= MAX_REPORT:
                 if len(buffer) < FRAME.size + arg:
@@ -324,6 +316,14 @@ class TcpServer:
                 count("clock.server.bad_frame")
                 return False
         return True
+
+    def _pong(self, peer: _Peer, arg: int, t1: int) -> None:
+        """Answer a ping received at ``t1``; OSError: the rank does not read its replies."""
+        self.bytes_in += FRAME.size
+        self.bytes_out += REPLY.size
+        reply = HEAD.pack(arg, t1) + STAMP.pack(clock.now_ns())  # t2: as late as possible
+        if peer.sock.send(reply) != REPLY.size:
+            raise OSError("a rank does not read its clock replies")
 
     def wait_reports(self, n: int, timeout: float) -> Dict[int, Dict[str, Any]]:
         deadline = time.monotonic() + timeout
