@@ -16,6 +16,15 @@ Leaders start apart: each one's first round waits a random share of ``start_spre
 a client of rank 0's clock service, at most 5 s), so 511 host leaders do not run their warm-up
 rounds against rank 0 in the same second (at 4,096 simulated ranks that storm took ~50 s to
 connect them all); a failed round is retried after a jittered back-off, for the same reason.
+The back-off doubles from 50 ms with each failure in a row and starts again after a success.
+It is capped at 5 s until rank 0 has answered a round (it is usually not listening yet, and
+a refused connection costs it nothing), then at the sync interval: a round that fails once
+rank 0 answers (a reply ran past the exchange timeout: rank 0 overloaded) is not run again
+every few seconds (the likely cause of rank 0 answering ~6x the planned pings at 4,096
+simulated ranks on a loaded VM, docs/BENCHMARKS_rank0.md).
+A round is thrown away only when rank 0 has stopped answering: over TCP each pong has the
+exchange timeout of its own, so a round whose pongs arrive slowly finishes however long it
+takes (over MPI, within 8 exchange timeouts for 64 pings).
 
 Usage::
 
@@ -62,7 +71,8 @@ FOLLOW_S = 5.0  # ... then this often (the leader's rounds are a clock interval 
 # inside SETTLE_MAX_S, which the warm-up rounds after it must also fit)
 START_SPREAD_PER_CLIENT_S = 0.01
 START_SPREAD_MAX_S = 5.0
-BACKOFF_MAX_S = 5.0
+BACKOFF_FIRST_S = 0.05  # a failed round's first retry waits this (x uniform(0.5, 1)) ...
+BACKOFF_MAX_S = 5.0  # ... doubling up to this until rank 0 answered a round, then the interval
 
 
 def start_spread_s(world_size: int, local_size: int, share_host: bool) -> float:
@@ -253,7 +263,7 @@ class ClockSync:
     def _run(self) -> None:
         delay = 0.0
         warm = self.warmup_first_s
-        backoff = 0.05
+        backoff = BACKOFF_FIRST_S
         started = False
         while True:
             self._wake.wait(delay)
@@ -280,12 +290,21 @@ class ClockSync:
             if final:
                 return
             if ok:
-                backoff = 0.05
+                backoff = BACKOFF_FIRST_S
                 delay = min(warm, self._interval_s)
                 warm *= 2
             else:  # jittered: clients that failed together do not retry together
-                delay = min(backoff, BACKOFF_MAX_S, self._interval_s) * random.uniform(0.5, 1.0)
+                delay = min(backoff, self._backoff_cap_s()) * random.uniform(0.5, 1.0)
                 backoff *= 2
+
+    def _backoff_cap_s(self) -> float:
+        """The longest wait before a failed round's retry: BACKOFF_MAX_S while rank 0 has never
+        answered (at start-up it is usually not listening yet, which costs it nothing), then
+        the sync interval (it answered, so now it is overloaded: a round failing again and
+        again comes 0.5-1 interval apart, about as often as the planned rounds)."""
+        if self.stats.rounds:
+            return self._interval_s
+        return min(BACKOFF_MAX_S, self._interval_s)
 
     def _follow(self, share: HostShare) -> None:
         """Take the host leader's model (and its rounds, for wait_rounds) when it has a new one."""
