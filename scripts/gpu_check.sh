@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# GPU-side checks of tf_otel (docs/GPU.md): run from the repository root on a machine with one
+# NVIDIA GPU, python3 with torch (+ its NCCL), jax[cuda], pynvml, gcc; opentelemetry-api/-sdk
+# either installed or as wheels in .whl/ (installed into /tmp/site).
+#
+#   scripts/gpu_check.sh OUTDIR [TOTAL_SECONDS] [STEPS...]
+#
+# STEPS (default: all, in this order): build env nccl xplane nvml bench. Each step has its own
+# time limit, bounded by what is left of TOTAL_SECONDS (default 280); one failing does not stop
+# the next. Everything (logs, JSON, rings, the XSpace) lands in OUTDIR, at most 8 files:
+#   gpu_check.log env.json nccl_run.json nccl_run.tar.gz xplane.json jax_gpu.xplane.pb.gz
+#   nvml.json bench.json
+set -u
+out="${1:?usage: scripts/gpu_check.sh OUTDIR [TOTAL_SECONDS] [STEPS...]}"
+total="${2:-280}"
+shift $(( $# >= 2 ? 2 : 1 ))
+steps="${*:-build env nccl xplane nvml bench}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+logf="$out/gpu_check.log"
+deadline=$(( $(date +%s) + total ))
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+py="${PYTHON:-python3}"
+plugin="/tmp/tf_otel_gpu_check/libnccl-profiler-tf_otel.so"
+mkdir -p "$(dirname "$plugin")"
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >>"$logf" 2>&1 && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+# step NAME LIMIT_SECONDS CMD...: run with min(LIMIT, time left - 5 s), output into the log
+step() {
+  local name="$1" limit="$2"; shift 2
+  case " $steps " in *" $name "*) ;; *) return 0 ;; esac
+  local left=$(( deadline - $(date +%s) - 5 ))
+  (( left < limit )) && limit=$left
+  if (( limit < 5 )); then echo "=== $name skipped: no time left" | tee -a "$logf"; return 0; fi
+  echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$logf"
+  timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$logf"
+  echo "=== $name rc=${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$logf"
+}
+
+step build 40 env PYTHON="$py" scripts/build_nccl_plugin.sh "$plugin"
+if [[ " $steps " == *" build "* && ! -f "$plugin" ]]; then  # e.g. the nccl.h check failed
+  echo "=== build: plain gcc, vendored ABI header only" | tee -a "$logf"
+  gcc -std=c11 -O2 -fPIC -shared -fvisibility=hidden -pthread -Itf_otel/nccl/plugin \
+    -o "$plugin" tf_otel/nccl/plugin/tf_otel_nccl_profiler.c 2>&1 | tee -a "$logf"
+fi
+step env 60 "$py" scripts/gpu_check.py env --out "$out"
+step nccl 110 "$py" scripts/gpu_check.py nccl --plugin "$plugin" --world 1 2 --ops 400 \
+  --timeout 45 --out "$out" --bundle
+step xplane 70 "$py" scripts/gpu_check.py xplane --out "$out"
+step nvml 40 "$py" scripts/gpu_check.py nvml --out "$out"
+step bench 150 "$py" scripts/gpu_check.py bench --plugin "$plugin" --rounds 3 --out "$out"
+ls -la "$out" | tee -a "$logf"
+exit 0
