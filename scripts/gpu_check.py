@@ -148,6 +148,11 @@ def cmd_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.pin and hasattr(os, "sched_setaffinity"):  # 4 cores a rank: less jitter in timings
+        cores = sorted(os.sched_getaffinity(0))
+        mine = set(cores[4 * rank + 2 : 4 * rank + 6])
+        if len(mine) == 4:
+            os.sched_setaffinity(0, mine)
     cpu = args.device == "cpu"
     dev = torch.device("cpu") if cpu else torch.device("cuda", 0)
     if not cpu:
@@ -194,6 +199,12 @@ def cmd_rank(args: argparse.Namespace) -> None:
             bufs[key] = (inp, outp)
         sync()
         issued = []
+        prof = None
+        if args.profile_kernels and not cpu:  # CUPTI (through torch's Kineto): real NCCL kernels
+            from torch.profiler import ProfilerActivity, profile
+
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            prof.__enter__()
         t0 = time.time_ns()
         for p in plan:
             inp, outp = bufs[(p["coll"], p["dtype"], p["count"])]
@@ -211,6 +222,12 @@ def cmd_rank(args: argparse.Namespace) -> None:
                 sync()
         sync()
         out.update(ops_start_ns=t0, ops_end_ns=time.time_ns(), issued=issued)
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            trace = Path(args.out) / f"rank{rank}_trace.json"
+            prof.export_chrome_trace(str(trace))
+            out["kineto"] = kineto_kernels(trace)
+            trace.unlink()
     else:  # bench: all_reduce loops, host enqueue time per call and wall time per collective
         x = torch.ones(args.count, dtype=torch.float32, device=dev)
         for _ in range(args.warmup):
@@ -231,6 +248,52 @@ def cmd_rank(args: argparse.Namespace) -> None:
     dist.destroy_process_group()  # NCCL finalizes the plugin: the ring is flushed
     out["done_ns"] = time.time_ns()
     write_json(Path(args.out) / f"rank{rank}.json", out)
+
+
+def kineto_kernels(path: Path) -> Dict[str, Any]:
+    """The GPU kernel events (and the NCCL CPU ops) of a torch.profiler chrome trace, with the
+    trace's own time base, small enough to keep as a fixture."""
+    t = json.loads(path.read_text())
+    keep = []
+    for ev in t.get("traceEvents", []):
+        cat = str(ev.get("cat", ""))
+        name = str(ev.get("name", ""))
+        if cat == "kernel" or (cat == "cpu_op" and ("nccl" in name or "c10d" in name)):
+            args = ev.get("args", {})
+            keep.append(
+                {
+                    "cat": cat,
+                    "name": name,
+                    "ts": ev.get("ts"),
+                    "dur": ev.get("dur"),
+                    "tid": ev.get("tid"),
+                    "args": {
+                        k: v
+                        for k, v in args.items()
+                        if k
+                        in (
+                            "correlation",
+                            "stream",
+                            "device",
+                            "grid",
+                            "block",
+                            "External id",
+                            "Collective name",
+                            "dtype",
+                            "In msg nelems",
+                            "Out msg nelems",
+                            "Process Group Name",
+                            "Group size",
+                            "Sequence number",
+                            "Record function id",
+                        )
+                    },
+                }
+            )
+    return {
+        "top_level": {k: v for k, v in t.items() if k not in ("traceEvents", "deviceProperties")},
+        "events": keep,
+    }
 
 
 def run_ranks(
@@ -330,7 +393,7 @@ def nccl_job(args: argparse.Namespace, world: int, d: Path, multi_rank_gpu: bool
         "functional",
         args.plugin,
         args.device,
-        ["--ops", str(args.ops)],
+        ["--ops", str(args.ops)] + (["--profile-kernels"] if args.profile_kernels else []),
         hostid=not multi_rank_gpu,
         timeout=args.timeout,
         env_extra={"NCCL_MULTI_RANK_GPU_ENABLE": "1"} if multi_rank_gpu else None,
@@ -407,7 +470,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
                     str(args.batches),
                     "--count",
                     str(args.count),
-                ],
+                ]
+                + (["--pin"] if args.pin else []),
                 hostid=not multi,
                 timeout=args.timeout,
                 env_extra={"NCCL_MULTI_RANK_GPU_ENABLE": "1"} if multi else None,
@@ -669,6 +733,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--count", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--profile-kernels", action="store_true")
+    p.add_argument("--pin", action="store_true")
     p = sub.add_parser("nccl")
     p.add_argument("--out", required=True)
     p.add_argument("--plugin", default=None)
@@ -677,6 +743,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--timeout", type=float, default=45)
     p.add_argument("--tag", default="run")
+    p.add_argument("--profile-kernels", action="store_true", help="torch.profiler: CUPTI kernels")
     p.add_argument("--bundle", action="store_true", help="tar.gz the rank folders")
     p.add_argument(
         "--multi-rank-gpu",
@@ -694,6 +761,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--timeout", type=float, default=40)
     p.add_argument("--multi-rank-gpu", action="store_true")
+    p.add_argument("--pin", action="store_true", help="each rank on 4 cores of its own")
     p = sub.add_parser("nvml")
     p.add_argument("--out", required=True)
     p.add_argument("--interval", type=float, default=0.1)

@@ -50,9 +50,10 @@ if [[ " $steps " == *" build "* && ! -f "$plugin" ]]; then  # e.g. the nccl.h ch
 fi
 step env 60 "$py" scripts/gpu_check.py env --out "$out"
 step nccl 110 "$py" scripts/gpu_check.py nccl --plugin "$plugin" --world 1 2 --ops 400 \
-  --timeout 45 --out "$out" --bundle
+  --timeout 45 --out "$out" --bundle --profile-kernels
 step xplane 70 "$py" scripts/gpu_check.py xplane --out "$out"
 step nvml 40 "$py" scripts/gpu_check.py nvml --out "$out"
-step bench 150 "$py" scripts/gpu_check.py bench --plugin "$plugin" --rounds 3 --out "$out"
+step bench 150 "$py" scripts/gpu_check.py bench --plugin "$plugin" --rounds 4 --ops 200 \
+  --batches 4 --pin --out "$out"
 ls -la "$out" | tee -a "$logf"
 exit 0
