@@ -201,10 +201,14 @@ def cmd_rank(args: argparse.Namespace) -> None:
         issued = []
         prof = None
         if args.profile_kernels and not cpu:  # CUPTI (through torch's Kineto): real NCCL kernels
-            from torch.profiler import ProfilerActivity, profile
+            try:
+                from torch.profiler import ProfilerActivity, profile
 
-            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-            prof.__enter__()
+                prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                prof.__enter__()
+            except Exception as e:
+                prof = None
+                out["kineto_error"] = repr(e)
         t0 = time.time_ns()
         for p in plan:
             inp, outp = bufs[(p["coll"], p["dtype"], p["count"])]
@@ -223,11 +227,14 @@ def cmd_rank(args: argparse.Namespace) -> None:
         sync()
         out.update(ops_start_ns=t0, ops_end_ns=time.time_ns(), issued=issued)
         if prof is not None:
-            prof.__exit__(None, None, None)
-            trace = Path(args.out) / f"rank{rank}_trace.json"
-            prof.export_chrome_trace(str(trace))
-            out["kineto"] = kineto_kernels(trace)
-            trace.unlink()
+            try:
+                prof.__exit__(None, None, None)
+                trace = Path(args.out) / f"rank{rank}_trace.json"
+                prof.export_chrome_trace(str(trace))
+                out["kineto"] = kineto_kernels(trace)
+                trace.unlink()
+            except Exception as e:
+                out["kineto_error"] = repr(e)
     else:  # bench: all_reduce loops, host enqueue time per call and wall time per collective
         x = torch.ones(args.count, dtype=torch.float32, device=dev)
         for _ in range(args.warmup):
