@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -28,9 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as the leader script
     sys.path.insert(0, str(REPO))
 
+from tf_otel.clock import host_share  # noqa: E402
+from tf_otel.clock.host_share import private_dir  # noqa: E402
 from tf_otel.config import Settings  # noqa: E402
 from tf_otel.job import job_secret  # noqa: E402
 from tf_otel.job.topology import KV_SCHEME, Topology, publish_reference  # noqa: E402
+from tf_otel.pipeline import host_relay  # noqa: E402
 from tf_otel.pipeline.coordinator import ROOT_MARGIN_NS, StepAggregator  # noqa: E402
 from tf_otel.pipeline.coordinator_client import CoordinatorClient  # noqa: E402
 from tf_otel.pipeline.host_relay import (  # noqa: E402
@@ -502,3 +506,144 @@ def test_a_rank_on_rank0s_host_named_by_the_rendezvous_store_talks_to_it_directl
     finally:
         close_link(link, 1.0)
         store.close()
+
+
+# -- the election's files in the private directory (/tmp/tf_otel-<uid>) -------------------------
+
+
+def _private_dir(tmp_path: Path, monkeypatch: Any) -> Path:
+    """The private directory under a temp dir of this test's own (nothing else sweeps it)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    directory = private_dir()
+    assert directory is not None and directory.parent == tmp_path
+    return directory
+
+
+def _relay_files(directory: Path) -> List[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("relay-"))
+
+
+def test_a_job_whose_leaders_and_followers_leave_leaves_no_relay_files(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Before, each job left its elections' lock and address files behind (hundreds of them
+    in a user's /tmp/tf_otel-<uid> after a while): rank 0's "direct" for host-a, host-b's
+    relay leader's. Now a leader removes its own as it lets go."""
+    directory = _private_dir(tmp_path, monkeypatch)
+    job_id = f"relay-{uuid.uuid4().hex[:8]}"
+    rank0 = _Rank0(job_id, relay=True)
+    clients: Dict[int, CoordinatorClient] = {}
+    try:
+        clients = {rank: _link(rank, job_id, rank0.address, True) for rank in range(1, WORLD)}
+        assert _wait_until(lambda: len(rank0.aggregator.connected_ranks()) == WORLD - 1, 10)
+        assert rank0.aggregator.connection_count() == 3 + 1  # host-b through its relay
+        assert len(_relay_files(directory)) == 4  # two elections: a lock and an address each
+        _report(clients, rank0, range(3))
+        assert _wait_until(lambda: len(rank0.roots) == 3, 5)
+    finally:
+        for client in clients.values():
+            close_link(client, 1.0)
+        rank0.close()
+    assert _relay_files(directory) == []
+
+
+def test_a_leader_that_leaves_is_followed_by_a_new_one_with_new_files(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    directory = _private_dir(tmp_path, monkeypatch)
+    first = HostElection.for_job("job-files", "host-b", _key().key)
+    second = HostElection.for_job("job-files", "host-b", _key().key)
+    third = HostElection.for_job("job-files", "host-b", _key().key)
+    assert first is not None and second is not None and third is not None
+    assert first.claim() and not second.claim()
+    first.publish(("127.0.0.1", 1111))
+    assert third.read() == ("127.0.0.1", 1111)
+    first.release()
+    assert _relay_files(directory) == [] and third.read() is None
+    assert second.claim()  # a new lock file at the path, not the one removed
+    second.publish(("127.0.0.1", 2222))
+    assert third.read() == ("127.0.0.1", 2222) and not third.claim()
+    second.release()
+    assert _relay_files(directory) == []
+
+
+def test_a_process_sweeps_stale_relay_files_but_never_a_live_or_recent_elections(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """At a process's first election: a dead job's files (their lock not held, untouched for
+    an hour) are removed; a live rank's (its lock held by another process, files as old) and a
+    recent election's (a leader that left a minute ago) are not, nor files that are not an
+    election's."""
+    directory = _private_dir(tmp_path, monkeypatch)
+    old = time.time() - 2 * host_relay.STALE_AGE_S
+
+    def files(name: str, mtime: float) -> List[Path]:
+        made = [
+            directory / f"relay-{name}.lock",
+            directory / f"relay-{name}.json",
+            directory / f"relay-{name}.0123456789abcdef.tmp",
+        ]
+        for path in made:
+            path.write_text("x")
+            os.utime(path, (mtime, mtime))
+        return made
+
+    dead = files("a" * 24, old)
+    live = files("b" * 24, old)
+    recent = files("c" * 24, time.time() - 60)
+    others = [directory / "clock-0123.lock", directory / "relay-notanelection.lock"]
+    for path in others:
+        path.write_text("x")
+        os.utime(path, (old, old))
+    holder = subprocess.Popen(  # a live rank of another process: holds the lock
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+            str(live[0]),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(host_relay, "_swept", False)  # as in a new process
+        assert HostElection.for_job("another-job", "host-a", _key().key) is not None
+        assert not any(path.exists() for path in dead)
+        assert all(path.exists() for path in live + recent + others)
+        assert HostElection.for_job("a-third-job", "host-a") is not None  # once a process
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(10)
+    # once its holder is gone the live job's files are stale too (a later process's sweep)
+    assert host_relay.sweep_stale(directory) == 1
+    assert not any(path.exists() for path in live)
+    assert all(path.exists() for path in recent + others)
+
+
+def test_a_lock_won_on_a_file_its_leader_removed_is_let_go_and_the_path_tried_again(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A rank opens the lock file, its leader removes it and lets go, the rank's flock wins on
+    the removed file: that is no lead (the next rank would create and lock a new file at the
+    path), so take_lock opens the path again."""
+    path = tmp_path / "relay-x.lock"
+    flock = host_share.fcntl.flock
+    tries: List[int] = []
+
+    def removed_meanwhile(fd: int, operation: int) -> None:
+        if not tries:
+            path.unlink()  # the leader leaving between this rank's open and its flock
+        tries.append(fd)
+        flock(fd, operation)
+
+    monkeypatch.setattr(host_share.fcntl, "flock", removed_meanwhile)
+    fd = host_share.take_lock(path)
+    try:
+        assert fd is not None and len(tries) == 2 and host_share.same_file(fd, path)
+    finally:
+        if fd is not None:
+            os.close(fd)

@@ -44,17 +44,34 @@ def private_dir() -> Optional[Path]:
 
 def take_lock(path: Path) -> Optional[int]:
     """An exclusive flock on ``path`` (created 0600, never through a link): its descriptor, or
-    None where another live process holds it (the kernel drops it when its holder dies)."""
+    None where another live process holds it (the kernel drops it when its holder dies).
+
+    A holder may remove the file as it lets go (the host relay's election does): a lock won on
+    a file no longer at ``path`` is no lock at all (the next rank would create and lock a new
+    one), so it is let go and ``path`` opened again."""
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        if same_file(fd, path):
+            return fd
+        os.close(fd)  # its holder removed it between our open and our flock
+    return None
+
+
+def same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` (not followed if a link) is the file open as ``fd``."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        opened, named = os.fstat(fd), os.lstat(path)
     except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+        return False
+    return (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino)
 
 
 class HostShare:
