@@ -10,9 +10,17 @@ Usage::
 
 The plugin (tf_otel/nccl/plugin/tf_otel_nccl_profiler.c) writes one fixed-size record per
 Coll event (layout: plugin/tf_otel_nccl_ring.h), possibly several times per collective as its
-child events finish; ``poll`` keeps the latest per (comm_hash, seq, rank) and emits it once it
-has been quiet for ``settle_ns``. (comm_hash, seq) is the same on every rank for one
-collective: the cross-rank join key (``nccl.comm_hash`` + ``nccl.seq``).
+child events finish (NCCL 2.28.9 on an H100: twice, at the Coll stop and at the last child's);
+``poll`` keeps the latest per (comm_hash, func, seq, rank) and emits it once it has been quiet
+for ``settle_ns``. NCCL numbers collectives per communicator *and collective type*
+(``comm->seqNumber[func]``): (comm_hash, collective, seq) is the same on every rank for one
+collective, the cross-rank join key (``nccl.comm_hash`` + ``nccl.collective`` + ``nccl.seq``).
+
+Times: ``start_ns`` is when NCCL starts the Coll event, just after it launched the kernel
+(``ncclLaunchKernelAfter``), so on an idle stream the kernel may begin a few microseconds
+before it and on a busy one long after; ``end_ns`` (``nccl.timing=execution``) is the last
+child event's stop, microseconds after the kernel's end. ``nccl.gpu_duration_ns`` is the
+kernel's own run time from the GPU timers NCCL passes with KernelCh events (v4+).
 """
 
 from __future__ import annotations
@@ -79,8 +87,11 @@ class CollEvent:
     op: str
 
     @property
-    def key(self) -> Tuple[int, int, int]:
-        return (self.comm_hash, self.seq, self.rank)
+    def key(self) -> Tuple[int, str, int, int]:
+        """One collective on one rank: NCCL numbers collectives per communicator *and type*
+        (``comm->seqNumber[func]``), so the first AllReduce and the first AllGather both have
+        seq 0."""
+        return (self.comm_hash, self.func, self.seq, self.rank)
 
 
 def _s(b: bytes) -> str:
@@ -100,7 +111,7 @@ class RingReader:
         self.capacity = capacity
         self._next = 0
         self.lost = 0  # records overwritten before they were read
-        self._pending: Dict[Tuple[int, int, int], CollEvent] = {}
+        self._pending: Dict[Tuple[int, str, int, int], CollEvent] = {}
 
     @classmethod
     def open(cls, path: str) -> RingReader:
@@ -234,6 +245,8 @@ def to_record(ev: CollEvent, rank: int | None = None, step: int | None = None) -
         "nccl.timing": "execution" if ev.flags & FLAG_CHILD_TIMING else "enqueue",
         "nccl.profiler_version": ev.api_version,
     }
+    if ev.gpu_start and ev.gpu_end > ev.gpu_start:  # GPU globaltimer: a duration, no epoch
+        attrs["nccl.gpu_duration_ns"] = ev.gpu_end - ev.gpu_start
     if rank is not None:
         attrs["tf_otel.rank"] = rank
     end = max(ev.end_ns, ev.enqueued_ns, ev.start_ns)
@@ -247,11 +260,26 @@ def to_record(ev: CollEvent, rank: int | None = None, step: int | None = None) -
     )
 
 
-def join_kernels(kernel_records: Iterable[Record], ring_records: Iterable[Record]) -> int:
+# what the ring says of a collective is what NCCL ran; a kernel name says what the kernel was
+# specialised for (NCCL 2.28: a Max AllReduce of int8 runs in ncclDevKernel_AllReduce_Sum_u8_..)
+_RAN = ("nccl.dtype", "nccl.algorithm", "nccl.protocol", "nccl.count", "nccl.bytes")
+
+
+def join_kernels(
+    kernel_records: Iterable[Record], ring_records: Iterable[Record], slack_ns: int = 1_000_000
+) -> int:
     """Copy ``nccl.comm_hash`` / ``nccl.seq`` from ring Records onto the CUPTI kernel Records
-    of the same rank that they launched, so kernel spans join across ranks. Matching is in
-    launch order per collective type: the n-th kernel of a type starting after the n-th
-    enqueue of that type. Returns how many kernels got a key."""
+    of the same rank that they launched, so kernel spans join across ranks, and replace the
+    kernel's dtype / algorithm / protocol (its specialisation) by what NCCL ran, with count
+    and bytes; ``nccl.op`` is dropped unless the ring has it (profiler v1 only).
+
+    Matching is in launch order per collective type: each kernel takes the next ring record of
+    its type unless that record starts more than ``slack_ns`` after the kernel (the kernel is
+    not one the ring knows); NCCL starts its Coll event just after the launch, so a kernel on
+    an idle stream may start first (17 us seen on an H100). A record with execution timing that
+    ended more than ``slack_ns`` before the kernel started is skipped: its kernel is not among
+    ``kernel_records`` (e.g. before the CUPTI capture began). Returns how many kernels got a
+    key."""
     by_coll: Dict[str, List[Record]] = {}
     for r in sorted(ring_records, key=lambda r: r.start_ns):
         by_coll.setdefault(str(r.attributes.get("nccl.collective")), []).append(r)
@@ -263,12 +291,26 @@ def join_kernels(kernel_records: Iterable[Record], ring_records: Iterable[Record
             continue
         cands = by_coll.get(str(coll), [])
         i = pos.get(str(coll), 0)
-        # a kernel starting before the next enqueue of its type belongs to none we know
-        if i < len(cands) and cands[i].start_ns <= kr.start_ns:
-            kr.attributes["nccl.comm_hash"] = cands[i].attributes["nccl.comm_hash"]
-            kr.attributes["nccl.seq"] = cands[i].attributes["nccl.seq"]
-            pos[str(coll)] = i + 1
+        while i < len(cands):
+            c = cands[i]
+            if c.start_ns - slack_ns > kr.start_ns:
+                break  # launched after this kernel started: this kernel is none we know
+            if c.attributes.get("nccl.timing") == "execution" and c.end_ns + slack_ns < kr.start_ns:
+                i += 1  # finished before this kernel began: its own kernel was not captured
+                continue
+            kr.attributes["nccl.comm_hash"] = c.attributes["nccl.comm_hash"]
+            kr.attributes["nccl.seq"] = c.attributes["nccl.seq"]
+            for a in _RAN:
+                if c.attributes.get(a) is not None:
+                    kr.attributes[a] = c.attributes[a]
+            if c.attributes.get("nccl.op"):
+                kr.attributes["nccl.op"] = c.attributes["nccl.op"]
+            else:
+                kr.attributes.pop("nccl.op", None)
+            i += 1
             joined += 1
+            break
+        pos[str(coll)] = i
     return joined
 
 
