@@ -16,6 +16,11 @@ Structure read (TSL xplane.proto / xplane_schema, as the CUPTI collector writes 
 - time: epoch_ns = ``profile_start_time`` stat of the "Task Environment" plane (else
   ``base_ns``) + ``line.timestamp_ns`` + ``event.offset_ps // 1000``.
 
+Kernels XLA launched (JAX, TF with ``jit_compile``) carry ``tf_op`` = "XlaModule:" (the module's
+annotation, not an op) and ``hlo_module`` / ``hlo_op`` / ``name`` (the op_name metadata): they
+become ``xla.hlo_module``, ``xla.hlo_op``, ``xla.op_name``, and no ``tensorflow.op.name``.
+Checked on a real capture: JAX 0.11.2 on an H100 (tests/nccl/fixtures/h100/).
+
 Memcpy / memset activities (no ``kernel_details``, not an NCCL name) are not kernels: skipped.
 TensorFlow is imported only when an XSpace is parsed (tf_otel.sources.xplane, for its schema).
 """
@@ -37,6 +42,7 @@ GPU_PLANE = re.compile(r"^/device:GPU:(\d{1,9})$")
 STREAM_LINE = re.compile(r"^Stream #(\d{1,20})(?!\d)")
 TASK_ENV_PLANE = "Task Environment"
 MAX_EVENTS = 200_000
+XLA_MODULE = "XlaModule:"  # tf_op of kernels XLA launched (JAX; TF with jit_compile)
 
 _stats = {"skipped_lines": 0, "dropped_events": 0}
 _warned = [False]
@@ -144,12 +150,19 @@ def _kernel_record(
     attrs: Dict[str, Any] = {"gpu.device": device, "gpu.stream": stream}
     if nccl is not None:
         attrs.update(nccl.attributes())
+    if str(stats.get("tf_op", "")).startswith(XLA_MODULE):
+        del stats["tf_op"]  # an XLA module's annotation, not a TF op: the HLO op says more
+    elif "hlo_op" not in stats:
+        stats.pop("name", None)
     for key, attr in (
         ("correlation_id", "gpu.correlation_id"),
         ("context_id", "gpu.context_id"),
         ("kernel_details", "gpu.kernel_details"),
         ("tf_op", "tensorflow.op.name"),
         ("annotation", "gpu.annotation"),
+        ("hlo_module", "xla.hlo_module"),
+        ("hlo_op", "xla.hlo_op"),
+        ("name", "xla.op_name"),
     ):
         v = stats.get(key)
         if v is not None and v != "":
