@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# GPU-side checks of tf_otel (docs/GPU.md): run from the repository root on a machine with one
-# NVIDIA GPU, python3 with torch (+ its NCCL), jax[cuda], pynvml, gcc; opentelemetry-api/-sdk
-# either installed or as wheels in .whl/ (installed into /tmp/site).
+# GPU-side checks of tf_otel (docs/NCCL.md, "Verified on a GPU"): run from the repository root
+# on a machine with one NVIDIA GPU, python3 with torch (+ its NCCL), jax[cuda], pynvml, gcc;
+# opentelemetry-api/-sdk either installed or as wheels in .whl/ (installed into /tmp/site).
 #
 #   scripts/gpu_check.sh OUTDIR [TOTAL_SECONDS] [STEPS...]
 #
-# STEPS (default: all, in this order): build env nccl xplane nvml bench. Each step has its own
-# time limit, bounded by what is left of TOTAL_SECONDS (default 280); one failing does not stop
-# the next. Everything (logs, JSON, rings, the XSpace) lands in OUTDIR, at most 8 files:
+# STEPS (default: all, in this order): build plugin_cost env nccl xplane nvml bench. Each step
+# has its own time limit, bounded by what is left of TOTAL_SECONDS (default 280); one failing
+# does not stop the next. Everything (logs, JSON, rings, the XSpace) lands in OUTDIR, at most 8 files:
 #   gpu_check.log env.json nccl_run.json nccl_run.tar.gz xplane.json jax_gpu.xplane.pb.gz
 #   nvml.json bench.json
 set -u
 out="${1:?usage: scripts/gpu_check.sh OUTDIR [TOTAL_SECONDS] [STEPS...]}"
 total="${2:-280}"
 shift $(( $# >= 2 ? 2 : 1 ))
-steps="${*:-build env nccl xplane nvml bench}"
+steps="${*:-build plugin_cost env nccl xplane nvml bench}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 logf="$out/gpu_check.log"
@@ -48,6 +48,9 @@ if [[ " $steps " == *" build "* && ! -f "$plugin" ]]; then  # e.g. the nccl.h ch
   gcc -std=c11 -O2 -fPIC -shared -fvisibility=hidden -pthread -Itf_otel/nccl/plugin \
     -o "$plugin" tf_otel/nccl/plugin/tf_otel_nccl_profiler.c 2>&1 | tee -a "$logf"
 fi
+step plugin_cost 40 bash -c "gcc -O2 -std=c11 -Itf_otel/nccl/plugin -o /tmp/tf_otel_gpu_check/cost \
+  scripts/nccl_plugin_cost.c -ldl && TF_OTEL_NCCL_RING_DIR=/tmp/tf_otel_gpu_check \
+  /tmp/tf_otel_gpu_check/cost $plugin; rm -f /tmp/tf_otel_gpu_check/tf_otel_nccl_*"
 step env 60 "$py" scripts/gpu_check.py env --out "$out"
 step nccl 110 "$py" scripts/gpu_check.py nccl --plugin "$plugin" --world 1 2 --ops 400 \
   --timeout 45 --out "$out" --bundle --profile-kernels
