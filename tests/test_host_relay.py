@@ -34,7 +34,6 @@ from tf_otel.clock.host_share import private_dir  # noqa: E402
 from tf_otel.config import Settings  # noqa: E402
 from tf_otel.job import job_secret  # noqa: E402
 from tf_otel.job.topology import KV_SCHEME, Topology, publish_reference  # noqa: E402
-from tf_otel.pipeline import host_relay  # noqa: E402
 from tf_otel.pipeline.coordinator import ROOT_MARGIN_NS, StepAggregator  # noqa: E402
 from tf_otel.pipeline.coordinator_client import CoordinatorClient  # noqa: E402
 from tf_otel.pipeline.host_relay import (  # noqa: E402
@@ -575,7 +574,7 @@ def test_a_process_sweeps_stale_relay_files_but_never_a_live_or_recent_elections
     recent election's (a leader that left a minute ago) are not, nor files that are not an
     election's."""
     directory = _private_dir(tmp_path, monkeypatch)
-    old = time.time() - 2 * host_relay.STALE_AGE_S
+    old = time.time() - 2 * host_share.STALE_AGE_S
 
     def files(name: str, mtime: float) -> List[Path]:
         made = [
@@ -609,7 +608,7 @@ def test_a_process_sweeps_stale_relay_files_but_never_a_live_or_recent_elections
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        monkeypatch.setattr(host_relay, "_swept", False)  # as in a new process
+        monkeypatch.setattr(host_share, "_swept", set())  # as in a new process
         assert HostElection.for_job("another-job", "host-a", _key().key) is not None
         assert not any(path.exists() for path in dead)
         assert all(path.exists() for path in live + recent + others)
@@ -619,7 +618,7 @@ def test_a_process_sweeps_stale_relay_files_but_never_a_live_or_recent_elections
         holder.stdin.close()
         holder.wait(10)
     # once its holder is gone the live job's files are stale too (a later process's sweep)
-    assert host_relay.sweep_stale(directory) == 1
+    assert host_share.sweep_stale(directory, "relay") == 1
     assert not any(path.exists() for path in live)
     assert all(path.exists() for path in recent + others)
 

@@ -10,6 +10,7 @@ late at the end of a step really moves its next step.
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from typing import Dict, Optional, Tuple
@@ -17,8 +18,9 @@ from typing import Dict, Optional, Tuple
 import pytest
 from analysis_builders import JobBuilder, decoded_spans, ms
 
-from tf_otel.analysis.analyze import analyze_spans
+from tf_otel.analysis.analyze import analyze_source, analyze_spans
 from tf_otel.analysis.carry import CARRIED_NAME
+from tf_otel.analysis.load.spill import load_spilled
 
 LATE_RANK = 1
 DELAY_MS = 40.0
@@ -405,12 +407,23 @@ def test_a_job_without_collective_spans_carries_nothing():
 
 
 @pytest.mark.parametrize("every", [1, SAMPLED_EVERY])
-def test_a_picture_read_again_carries_what_the_analysis_carried(every):
-    # once no step left to analyse reads a step's collectives they go (StepTrace.strip): a
+@pytest.mark.parametrize("spilled", [False, True], ids=["memory", "spilled"])
+def test_a_picture_read_again_carries_what_the_analysis_carried(every, spilled, tmp_path):
+    # spilled, each analysed step waits on disk without its collectives (StepTrace.strip): a
     # picture's carry reads its previous (and evidence) step again and must find the same path
     job = chained_run(steps=24, collective_late_ms=DELAY_MS, collective_every=every)
-    result = analyze_spans(decoded_spans(job))
-    assert all(step.trace.stripped for step in result.steps)
+    if spilled:
+        path = tmp_path / "job.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in job.otlp_lines()))
+        with load_spilled([str(path)], progress=False, workers=1) as source:
+            result = analyze_source(source)
+            assert all(step.trace.stripped for step in result.steps)
+            _pictures_carry_the_same(result)
+    else:
+        _pictures_carry_the_same(analyze_spans(decoded_spans(job)))
+
+
+def _pictures_carry_the_same(result):
     carried = 0
     for step in result.steps:
         again = result.with_spans(step)

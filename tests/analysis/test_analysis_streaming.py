@@ -11,6 +11,7 @@ import gzip
 import json
 import sys
 import tracemalloc
+from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List
 
@@ -126,6 +127,39 @@ def test_peak_memory_does_not_grow_with_the_steps(tmp_path: Path) -> None:
     # the control: loading every span first grows with the job (4x the steps: ~3x the peak)
     assert growth["in memory"] > 1.5, peaks
     assert growth["spilled"] < 0.25 * growth["in memory"], peaks
+
+
+def _held(run: Callable[[], object]) -> int:
+    """The memory what ``run`` returned still holds once it returned."""
+    with paused_gc():
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            kept = run()
+            held = tracemalloc.get_traced_memory()[0] - before
+            del kept
+            return held
+        finally:
+            tracemalloc.stop()
+
+
+def test_the_analysed_steps_wait_on_disk(tmp_path: Path) -> None:
+    # spilled, a result holds a few values a step in memory (its steps are read back from
+    # disk, step_store); the control, the same analysis of spans in memory, holds its steps
+    short = _generate(tmp_path / "short", 10)
+    long = _generate(tmp_path / "long", 40)
+    spilled: List[int] = []
+    for path in (short, long):
+        with load_spilled([str(path)], progress=False, workers=1) as source:
+            spilled.append(_held(lambda: analyze_source(source, source="t")))
+    spans = {path: load_paths([str(path)], progress=False) for path in (short, long)}
+    in_memory = [_held(partial(analyze_spans, spans[path], source="t")) for path in (short, long)]
+    per_step = {
+        "spilled": (spilled[1] - spilled[0]) / 30,
+        "in memory": (in_memory[1] - in_memory[0]) / 30,
+    }
+    assert per_step["in memory"] > 2_000, per_step  # 4 ranks: their step spans and paths
+    assert per_step["spilled"] < 0.2 * per_step["in memory"], per_step
 
 
 def test_a_straggler_step_without_a_kept_split_is_read_again() -> None:

@@ -6,22 +6,25 @@ Usage::
     result = analyze_source(load_spilled(["traces/"]), source="traces/")   # bounded memory
 
 Two passes over the traces: the first builds every step and keeps only its extent, its step
-spans and last collectives (``StepTrace.slim``), enough to order the steps and match each with
-the one before it; the second reads each selected step's spans again, finds its critical path
-and what the rules need (``step_facts``, ``stragglers.keep_for_statistics``), and slims it.
-Once no step left to analyse carries from a step, its last collectives go too
-(``StepTrace.strip``). The statistics over all steps and the rules then read those few values
-per step.
+spans and last collectives (``StepTrace.slim``, an outline) and a few values to order the steps
+and match each with the one before it (``carry.StepKey``); the second reads each selected step's
+spans again, finds its critical path (reading the outlines of the step before it and of its
+evidence step) and what the rules need (``step_facts``, ``stragglers.keep_for_statistics``), and
+slims it. The statistics over all steps and the rules then read those few values per step.
+
+From a source that reads the spans anew (spilled trace files), the outlines and the analysed
+steps (without their collectives: ``StepTrace.strip``) wait on disk (``step_store``) and are read
+back one at a time: memory holds the steps in flight and a few values a step, not the job.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
-from tf_otel.analysis.carry import Previous, carried_into, previous_steps
+from tf_otel.analysis.carry import Previous, StepKey, carried_into, previous_keys, step_key
 from tf_otel.analysis.causality import CausalityRepair, repair_trace_causality
-from tf_otel.analysis.critical_path import critical_path
+from tf_otel.analysis.critical_path import CriticalPath, critical_path
 from tf_otel.analysis.engine import Engine, InProcess
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.findings import evaluate_rules
@@ -33,6 +36,7 @@ from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
 from tf_otel.analysis.result import AnalysisResult, StepResult
 from tf_otel.analysis.step_facts import step_facts
+from tf_otel.analysis.step_store import Paged, PagedSteps
 from tf_otel.analysis.steps import StepTrace, build_step, select_steps, step_order
 from tf_otel.analysis.stragglers import keep_for_statistics, straggler_summary, warmup_keys
 from tf_otel.analysis.trace_source import MemorySource, TraceSource
@@ -114,7 +118,11 @@ class _Steps:
         self.min_share, self.min_ns = min_share, min_ns  # the straggler floors
         self.keep_segments = True  # False: each path keeps its totals only (drop_segments)
         self.repair = CausalityRepair()
-        self.previous: Dict[str, Previous] = {}
+        self.previous: Dict[str, Previous] = {}  # a batch's steps (``analyse_batch``)
+        # the whole selection's: trace id -> the previous and evidence steps' keys, and where
+        # every step's outline is kept (``_previous_of``)
+        self.previous_keys: Dict[str, Tuple[StepKey, Optional[StepKey]]] = {}
+        self.outlines: Sequence[StepTrace] = []
 
     def build(self, trace_id: str, warnings: List[str], first: bool) -> Optional[StepTrace]:
         spans = self.traces.spans(trace_id)
@@ -152,18 +160,19 @@ class _Steps:
         trace = self.build(step.trace.trace_id, [], False)
         if trace is None:  # pragma: no cover - the source changed between the passes
             return step
-        previous = self.previous.get(trace.trace_id)
-        if previous is not None:  # a stripped step carries nothing: read it again too
-            evidence = previous.evidence
-            previous = Previous(self._whole(previous.trace), evidence and self._whole(evidence))
-        carried = carried_into(trace, previous)
+        carried = carried_into(trace, self.previous_of(trace.trace_id))
         return replace(step, trace=trace, path=critical_path(trace, carried))
 
-    def _whole(self, trace: StepTrace) -> StepTrace:
-        """``trace`` itself, or built anew where it was stripped (``StepTrace.strip``)."""
-        if not trace.stripped:
-            return trace
-        return self.build(trace.trace_id, [], False) or trace
+    def previous_of(self, trace_id: str) -> Optional[Previous]:
+        """The step before ``trace_id``'s and its evidence step, as outlined (read back)."""
+        found = self.previous_keys.get(trace_id)
+        if found is None:
+            return None
+        before, evidence = found
+        outlines = self.outlines
+        return Previous(
+            outlines[before.index], outlines[evidence.index] if evidence is not None else None
+        )
 
 
 BATCHES_PER_WORKER = 8  # enough to even out the workers, few enough to keep tasks cheap
@@ -226,8 +235,13 @@ def _analyze(
     progress: Optional[bool],
 ) -> AnalysisResult:
     warnings: List[str] = []
-    all_steps: List[StepTrace] = []
     traces, engine = steps.traces, steps.engine
+    # read anew from the source (spilled), the outlines and results wait on disk: memory holds
+    # a few values a step (``StepKey``), not every step of the job
+    paged = traces.fresh
+    where = getattr(traces, "directory", None)  # beside the spill
+    outlines: Union[Paged[StepTrace], List[StepTrace]] = Paged(where) if paged else []
+    keys: List[StepKey] = []
     trace_ids = sorted(traces.trace_ids())
     batches = _batches(trace_ids, engine.workers)
     tasks = ((traces.view(batch), steps.job_id, batch) for batch in batches)
@@ -235,11 +249,14 @@ def _analyze(
         for (built, batch_warnings, repair), batch in zip(
             engine.map(outline_batch, tasks), batches
         ):
-            all_steps.extend(built)
+            for outline in built:
+                keys.append(step_key(outline, len(outlines)))
+                outlines.append(outline)
+            del built
             warnings.extend(batch_warnings)
             steps.add_repair(repair)
             bar.advance(len(batch))
-    all_steps.sort(key=step_order)
+    keys.sort(key=step_order)
     repair = steps.repair
     if repair.violations:
         warnings.append(
@@ -247,70 +264,54 @@ def _analyze(
             f"rank before the last rank began them; shifted forward by up to "
             f"{repair.max_shift_ns / 1e3:.1f} us (controlled logical clock)"
         )
-    if not all_steps:
+    if not keys:
         raise AnalysisError(f"{source or 'input'}: no step traces (no step.root or step spans)")
-    selected = select_steps(all_steps, step_range, start_ns, end_ns)
+    selected = select_steps(keys, step_range, start_ns, end_ns)
     if not selected:
         raise AnalysisError(f"{source or 'input'}: no steps in the selected range")
     # matched over every step, so the first selected one still carries from the one before
-    steps.previous = previous_steps(all_steps)
-    results: List[StepResult] = []
+    steps.previous_keys, steps.outlines = previous_keys(keys), outlines
+    del keys
+    results: Union[PagedSteps, List[StepResult]] = PagedSteps(where) if paged else []
     options = (steps.min_share, steps.min_ns, steps.keep_segments)
-    items = [
-        (key, outline, steps.previous.get(outline.trace_id)) for key, outline in enumerate(selected)
-    ]
-    groups = _batches(items, engine.workers)
-    tasks2 = (
-        (traces.view([outline.trace_id for _, outline, _ in group]), steps.job_id, options, group)
-        for group in groups
-    )
-    # the later steps' carry reads each step's collectives; once read, they go (``strip``)
-    readers = _readers(items)
+    groups = _batches(list(enumerate(selected)), engine.workers)
+
+    def task(group: List[Tuple[int, StepKey]]) -> Tuple[Any, ...]:
+        items = [(n, outlines[k.index], steps.previous_of(k.trace_id)) for n, k in group]
+        view = traces.view([k.trace_id for _, k in group])
+        return (view, steps.job_id, options, items)
+
     with Progress("analysing steps", len(selected), progress) as bar:
-        for analysed, group in zip(engine.map(analyse_batch, tasks2), groups):
-            for result, (_, outline, previous) in zip(analysed, group):
-                if outline.slimmed:  # a worker's copy of this slim step: keep one
-                    result.trace = result.path.step = outline
-                for read in _read_by(outline, previous):
-                    readers[read.trace_id] -= 1
-                    if not readers[read.trace_id]:
-                        read.strip()
-            results.extend(analysed)
+        for analysed, group in zip(engine.map(analyse_batch, map(task, groups)), groups):
+            for result in analysed:
+                if paged:  # kept on disk: only what the reports read
+                    result.trace.strip()
+                results.append(result)
             bar.advance(len(group))
-    # the analysed steps' slim traces are their outlines (one copy); the others go
-    steps.previous = {
-        r.trace.trace_id: steps.previous[r.trace.trace_id]
-        for r in results
-        if r.trace.trace_id in steps.previous
-    }
-    del selected, items, groups, all_steps
+    del selected, groups
     return _summarise(
         results, steps, source, job_id, warnings, straggler_min_share, straggler_min_ns
     )
 
 
-def _read_by(outline: StepTrace, previous: Optional[Previous]) -> List[StepTrace]:
-    """The steps whose collectives analysing ``outline`` reads: itself, and its previous and
-    evidence steps."""
-    read = [outline]
-    if previous is not None:
-        read.append(previous.trace)
-        if previous.evidence is not None:
-            read.append(previous.evidence)
-    return read
+class _Paths(Mapping[int, CriticalPath]):
+    """Step key -> its critical path, read from the analysed steps when asked."""
 
+    def __init__(self, results: Sequence[StepResult]) -> None:
+        self._results = results
 
-def _readers(items: List[Tuple[int, StepTrace, Optional[Previous]]]) -> Dict[str, int]:
-    """Trace id -> how many of ``items``' analyses read that step."""
-    readers: Dict[str, int] = {}
-    for _, outline, previous in items:
-        for read in _read_by(outline, previous):
-            readers[read.trace_id] = readers.get(read.trace_id, 0) + 1
-    return readers
+    def __getitem__(self, key: int) -> CriticalPath:
+        return self._results[key].path
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self._results)))
+
+    def __len__(self) -> int:
+        return len(self._results)
 
 
 def _summarise(
-    results: List[StepResult],
+    results: Union[PagedSteps, List[StepResult]],
     steps: _Steps,
     source: str,
     job_id: Optional[str],
@@ -319,23 +320,34 @@ def _summarise(
     straggler_min_ns: int,
 ) -> AnalysisResult:
     """The statistics over all steps and the findings (spans read again only for a rare
-    straggler step, ``stragglers.keep_for_statistics``)."""
-    warmup = warmup_keys({r.key: r.trace.duration_ns for r in results})
-    for key in warmup:
-        results[key].warmup = True
+    straggler step, ``stragglers.keep_for_statistics``), the steps read one at a time."""
+    durations = {r.key: r.trace.duration_ns for r in results}
+    warmup = warmup_keys(durations)
     stragglers = straggler_summary(
-        {r.key: r.path for r in results},
+        _Paths(results),
         straggler_min_share,
         straggler_min_ns,
         warmup,
         lambda key: steps.with_spans(results[key]).path,
     )
+    skipped = set(warmup)
+    outliers = step_outliers({k: d for k, d in durations.items() if k not in skipped})
+    slow = set(outliers.outliers)
+    unattributed: List[str] = []
+    job = job_id
     for step_result in results:
-        step_result.straggler = stragglers.step_stragglers.get(step_result.key)
+        key = step_result.key
+        step_result.warmup = key in skipped
+        step_result.straggler = stragglers.step_stragglers.get(key)
+        step_result.outlier = key in slow
+        if isinstance(results, PagedSteps):
+            results[key] = step_result
         missing = step_result.trace.missing_ranks
         if missing:
             warnings.append(f"step {step_result.label}: no spans from ranks {missing}")
-    unattributed = [r.label for r in results if r.path.unattributed_waits and not r.warmup]
+        if step_result.path.unattributed_waits and not step_result.warmup:
+            unattributed.append(step_result.label)
+        job = job or step_result.trace.job_id
     if unattributed:
         warnings.append(
             f"{len(unattributed)} step(s) (first: {', '.join(unattributed[:5])}) waited at a "
@@ -343,10 +355,6 @@ def _summarise(
             "work explains the wait: counted as straggler_wait, nobody blamed "
             "(TF_OTEL_HOROVOD_EXACT=1 records every arrival)"
         )
-    outliers = step_outliers({r.key: r.trace.duration_ns for r in results if not r.warmup})
-    for key in outliers.outliers:
-        results[key].outlier = True
-    job = job_id or next((r.trace.job_id for r in results if r.trace.job_id), None)
     result = AnalysisResult(
         source=source,
         job_id=job,

@@ -5,6 +5,7 @@ Usage::
 
     previous = previous_steps(all_steps)             # trace id -> Previous (the step numbered
     carried = carried_into(step, previous.get(step.trace_id))   # one less, its evidence step)
+    found = previous_keys([step_key(s, i) for i, s in enumerate(all_steps)])  # the same, on keys
     carried[1].inherited_ns                          # not rank 1's own lateness in this step
 
 In a ring all-reduce over a slow link, one rank gets its last chunk well after the others: it
@@ -92,30 +93,69 @@ def step_name(step: StepTrace) -> Optional[str]:
     return names.pop() if len(names) == 1 else None
 
 
+@dataclass(frozen=True)
+class StepKey:
+    """What the match of steps reads of one step (``step_key``), small enough to keep for every
+    step of a job while the steps themselves wait on disk (``analysis.step_store``)."""
+
+    trace_id: str
+    step: Optional[int]
+    start_ns: int
+    name: Optional[str]  # ``step_name``
+    collective: bool  # it has a collective span
+    sync: bool  # ``has_sync_spans``
+    index: int  # where the step is kept (a list's or a ``Paged``'s position)
+
+
+def step_key(step: StepTrace, index: int) -> StepKey:
+    """``step``'s ``StepKey``, the step kept at ``index``."""
+    return StepKey(
+        step.trace_id,
+        step.step,
+        step.start_ns,
+        step_name(step),
+        _has_collective(step),
+        has_sync_spans(step),
+        index,
+    )
+
+
 def previous_steps(steps: Sequence[StepTrace]) -> Dict[str, Previous]:
     """Trace id -> the step numbered one less with the same name, where exactly one is, with its
     evidence step (``Previous``); none where no step has a collective span (there is nothing to
     carry: module docstring)."""
-    if not any(_has_collective(step) for step in steps):
+    found = previous_keys([step_key(step, index) for index, step in enumerate(steps)])
+    return {
+        trace_id: Previous(
+            steps[before.index], steps[evidence.index] if evidence is not None else None
+        )
+        for trace_id, (before, evidence) in found.items()
+    }
+
+
+def previous_keys(keys: Sequence[StepKey]) -> Dict[str, Tuple[StepKey, Optional[StepKey]]]:
+    """``previous_steps`` on the steps' keys: trace id -> (the previous step's key, the evidence
+    step's key)."""
+    if not any(key.collective for key in keys):
         return {}
-    by_key: Dict[Tuple[Optional[str], int], List[StepTrace]] = {}
-    for step in steps:
-        if step.step is not None:
-            by_key.setdefault((step_name(step), step.step), []).append(step)
+    by_key: Dict[Tuple[Optional[str], int], List[StepKey]] = {}
+    for key in keys:
+        if key.step is not None:
+            by_key.setdefault((key.name, key.step), []).append(key)
     # per name, the numbers of the (unambiguous) steps with collective spans, in order
     detail: Dict[Optional[str], List[int]] = {}
     for (name, number), group in sorted(by_key.items(), key=lambda item: item[0][1]):
-        if len(group) == 1 and _has_collective(group[0]):
+        if len(group) == 1 and group[0].collective:
             detail.setdefault(name, []).append(number)
-    found: Dict[str, Previous] = {}
+    found: Dict[str, Tuple[StepKey, Optional[StepKey]]] = {}
     for (name, number), group in by_key.items():
         before = by_key.get((name, number - 1), [])
         if len(before) == 1 and len(group) == 1 and name is not None:
             evidence = None
-            if not has_sync_spans(before[0]):
+            if not before[0].sync:
                 near = _nearest(detail.get(name, []), number)
                 evidence = by_key[(name, near)][0] if near is not None else None
-            found[group[0].trace_id] = Previous(before[0], evidence)
+            found[group[0].trace_id] = (before[0], evidence)
     return found
 
 

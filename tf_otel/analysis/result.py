@@ -10,7 +10,7 @@ Usage::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set
 
 from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
 from tf_otel.analysis.measured import (
@@ -67,7 +67,7 @@ class Finding:
 class AnalysisResult:
     source: str
     job_id: Optional[str]
-    steps: List[StepResult]
+    steps: Sequence[StepResult]  # a list, or read from disk a step at a time (step_store)
     stragglers: StragglerSummary
     outliers: OutlierStats
     gpu_utilization: Dict[int, List[float]] = field(default_factory=dict)
@@ -91,12 +91,12 @@ class AnalysisResult:
         return sum(step.what_if_ns for step in self.steps)
 
     @property
-    def steady_steps(self) -> List[StepResult]:
-        return [step for step in self.steps if not step.warmup]
+    def steady_steps(self) -> Sequence[StepResult]:
+        return _marked(self.steps, False)
 
     @property
-    def warmup_steps(self) -> List[StepResult]:
-        return [step for step in self.steps if step.warmup]
+    def warmup_steps(self) -> Sequence[StepResult]:
+        return _marked(self.steps, True)
 
     def by_category(self) -> Dict[str, int]:
         """Critical path time by category over the steady steps (warm-up kept out); a category
@@ -135,3 +135,12 @@ class AnalysisResult:
         for step in self.steps:
             seen.update(step.trace.ranks)
         return sorted(seen)
+
+
+def _marked(steps: Sequence[StepResult], warmup: bool) -> Sequence[StepResult]:
+    """The steps whose warm-up mark is ``warmup``; steps on disk (``step_store.PagedSteps``)
+    keep their marks in memory and are read only when asked for."""
+    where = getattr(steps, "where", None)
+    if where is not None:
+        return where(warmup)
+    return [step for step in steps if step.warmup == warmup]

@@ -15,7 +15,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Set, Tuple, TypeVar
 
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.model import Span, by_trace
@@ -116,10 +116,9 @@ class StepTrace:
         self.slimmed = True
 
     def strip(self) -> None:
-        """Drop a slim step's last collectives and sync span too, once no step left to analyse
-        reads them (``carry``: the step after it, or one it is the evidence step of): what
-        stays, the root, extents and step spans, is what the statistics and reports read. The
-        carry of a later picture reads the step again (``analyze._Steps.with_spans``)."""
+        """Drop a slim step's last collectives and sync span too, where its outline is kept
+        apart (``analyze``: on disk) for the steps that carry from it: what stays, the root,
+        extents and step spans, is what the statistics and reports read."""
         if not self.slimmed or self.stripped:
             return
         for timeline in self.ranks.values():
@@ -275,7 +274,23 @@ def build_step(trace_id: str, spans: List[Span], warnings: List[str]) -> Optiona
     return _build_step(trace_id, _unique_by_id(spans), warnings)
 
 
-def step_order(step: StepTrace) -> Tuple[int, int, str]:
+class Ordered(Protocol):
+    """A step, or what is kept of one (``carry.StepKey``): enough to order and select it."""
+
+    @property
+    def trace_id(self) -> str: ...
+
+    @property
+    def step(self) -> Optional[int]: ...
+
+    @property
+    def start_ns(self) -> int: ...
+
+
+StepLike = TypeVar("StepLike", bound=Ordered)
+
+
+def step_order(step: Ordered) -> Tuple[int, int, str]:
     """Steps sort by step number, then start, then trace id."""
     return (step.step if step.step is not None else -1, step.start_ns, step.trace_id)
 
@@ -335,11 +350,11 @@ def parse_step_range(text: str) -> Tuple[Optional[int], Optional[int]]:
 
 
 def select_steps(
-    steps: List[StepTrace],
+    steps: List[StepLike],
     step_range: Optional[Tuple[Optional[int], Optional[int]]] = None,
     start_ns: Optional[int] = None,
     end_ns: Optional[int] = None,
-) -> List[StepTrace]:
+) -> List[StepLike]:
     selected = []
     for step in steps:
         if step_range is not None:

@@ -37,7 +37,7 @@ import statistics
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from tf_otel.analysis.critical_path import (
     PATH_BEFORE_STEP,
@@ -111,12 +111,6 @@ def warmup_keys(durations: Dict[int, int]) -> List[int]:
             break
         warm.append(key)
     return warm
-
-
-def lateness_noise(paths: Sequence[CriticalPath], min_ns: int) -> StragglerNoise:
-    """The threshold a step's worst lateness must pass (``tf_otel.lateness.noise_of``: the same
-    model rank 0 judges its live verdicts with)."""
-    return noise_of([path.lateness_by_rank() for path in paths], min_ns)
 
 
 class _RankPieces:
@@ -278,26 +272,37 @@ def _collective_arrivals(step: StepTrace) -> Arrivals:
 
 
 def straggler_summary(
-    paths: Dict[int, CriticalPath],
+    paths: Mapping[int, CriticalPath],
     min_share: float = 0.0,
     min_ns: int = 1_000_000,
     warmup: Optional[List[int]] = None,
     with_spans: Optional[Callable[[int], CriticalPath]] = None,
 ) -> StragglerSummary:
-    """``paths``: step key -> critical path, in step order; ``warmup``: keys kept out;
-    ``with_spans``: step key -> its path on its spans (``step_straggler``)."""
+    """``paths``: step key -> critical path, in step order, read twice a step (it may read them
+    from disk: ``analysis.step_store``); ``warmup``: keys kept out; ``with_spans``: step key ->
+    its path on its spans (``step_straggler``)."""
     summary = StragglerSummary()
     summary.warmup = list(warmup or [])
     skipped = set(summary.warmup)
-    steady = {key: path for key, path in paths.items() if key not in skipped}
-    summary.noise = lateness_noise(list(steady.values()), min_ns)
+    steady = [key for key in paths if key not in skipped]
+    late_by_step: List[Dict[int, int]] = []
+    durations: List[int] = []
+    for key in paths:
+        path = paths[key]
+        for rank in path.step.ranks:  # warm-up ranks still listed
+            summary.ranks.setdefault(rank, RankStragglerStats(rank))
+        if key not in skipped:
+            late_by_step.append(path.lateness_by_rank())
+            durations.append(path.step.duration_ns)
+    summary.noise = noise_of(late_by_step, min_ns)
     if steady:
-        summary.noise.typical_step_ns = int(_median(p.step.duration_ns for p in steady.values()))
+        summary.noise.typical_step_ns = int(_median(durations))
 
     def stats(rank: int) -> RankStragglerStats:
         return summary.ranks.setdefault(rank, RankStragglerStats(rank))
 
-    for key, path in steady.items():
+    for key in steady:
+        path = paths[key]
         step = path.step
         for rank in step.ranks:
             stats(rank).steps += 1
@@ -320,8 +325,5 @@ def straggler_summary(
         if last is not None:
             stats(last).last_to_end += 1
             stats(last).end_lateness_ns += ends[last] - _median_others(ends, last)
-    for path in paths.values():  # warm-up ranks still listed
-        for rank in path.step.ranks:
-            stats(rank)
     summary.ranks = dict(sorted(summary.ranks.items()))
     return summary

@@ -25,8 +25,9 @@ How it works:
   ends: the pipeline's shutdown, also from atexit) first removes its files, still holding the
   lock (a rank that locked the removed file meanwhile lets go and tries the path again:
   host_share.take_lock); a process's first election sweeps the files of elections nobody
-  leads, untouched for STALE_AGE_S (a leader killed), each under its lock: never the files of
-  an election a live rank leads. Rank 0 takes its own host's lock at
+  leads, untouched for host_share.STALE_AGE_S (a leader killed), each under its lock: never
+  the files of an election a live rank leads (host_share.let_go, sweep_once: the clock's host
+  share does the same). Rank 0 takes its own host's lock at
   start and publishes "direct"; and a rank whose rank-0 address is this machine's
   (``on_this_host``, after resolving a Horovod rendezvous lookup: ``kv+http://...`` names no
   host) goes to rank 0 directly without taking part, so the ranks on rank 0's host never relay,
@@ -61,7 +62,6 @@ import asyncio
 import hashlib
 import json
 import os
-import re
 import secrets
 import socket
 import threading
@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
-from tf_otel.clock.host_share import private_dir, same_file, take_lock
+from tf_otel.clock.host_share import let_go, private_dir, sweep_once, take_lock
 from tf_otel.config import Settings
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
@@ -95,9 +95,6 @@ RELAY_TRIES = 3  # tries in a row at one relay address (each failed or ended), t
 MAX_RANKS_A_HOST = 1024  # connections a relay serves at once (a host's ranks, with room)
 LEAVE_WAIT_S = 1.0  # a leader that exits waits this long for its host's ranks to say bye
 DIRECT = "direct"  # published by rank 0 for its own host: talk to rank 0 directly
-STALE_AGE_S = 3600.0  # an election's files untouched this long, its lock not held: swept
-_FILE = re.compile(r"relay-([0-9a-f]{24})\.")  # an election's files: its lock, address, temp
-_swept = False  # this process swept the private directory (at its first election)
 _PREFIX_TO = b'{"t":"%s","r":' % messages.TO.encode()
 
 Address = Tuple[str, int]
@@ -116,13 +113,10 @@ class HostElection:
     def for_job(cls, job_id: str, host: str, key: bytes = b"") -> Optional[HostElection]:
         """The election of ``host`` in a job; ``key`` (the job key) keeps apart two jobs that
         share an id (a multi-host launch without one is "unknown") but not their secret."""
-        global _swept
         directory = private_dir()
         if directory is None:
             return None
-        if not _swept:  # once a process: the files of elections long left by their leaders
-            _swept = True
-            sweep_stale(directory)
+        sweep_once(directory, "relay")  # the files of elections long left by their leaders
         digest = hashlib.sha256(f"{job_id}\0{host}\0".encode() + key)
         return cls(directory, digest.hexdigest()[:24])
 
@@ -176,60 +170,8 @@ class HostElection:
         fd, self._fd = self._fd, None
         if fd is None:
             return
-        if same_file(fd, self.lock_path):
-            temp = self.address_path.with_suffix(f".{self._token}.tmp")  # a publish cut short
-            for path in (self.address_path, temp, self.lock_path):
-                _unlink(path)
-        os.close(fd)  # the kernel drops the flock with the descriptor
-
-
-def sweep_stale(directory: Path, max_age_s: float = STALE_AGE_S) -> int:
-    """Remove the relay election files in ``directory`` of elections nobody leads and nobody
-    touched for ``max_age_s`` (a leader killed, a process gone without its shutdown): each
-    election's under its lock, so never one a live rank holds; the elections swept."""
-    named: Dict[str, List[Path]] = {}
-    try:
-        for entry in os.scandir(directory):
-            found = _FILE.match(entry.name)
-            if found is not None:
-                named.setdefault(found.group(1), []).append(Path(entry.path))
-    except OSError:
-        return 0
-    now, swept = time.time(), 0
-    for name, paths in named.items():
-        lock_path = directory / f"relay-{name}.lock"
-        try:
-            seen = {path: os.lstat(path) for path in paths}
-        except OSError:  # one went meanwhile: its leader just left, or another rank swept
-            continue
-        if any(now - info.st_mtime < max_age_s for info in seen.values()):
-            continue  # recent: a leader's (live, or just gone: left as it was)
-        fd = take_lock(lock_path)
-        if fd is None:  # a live rank leads that election
-            continue
-        try:
-            before = seen.get(lock_path)
-            if before is not None and not os.path.samestat(os.fstat(fd), before):
-                continue  # a new lock file since: a rank's, just created
-            for path in paths:
-                if path != lock_path:
-                    _unlink(path)
-            _unlink(lock_path)  # last, still locked (take_lock created it if it was gone)
-            swept += 1
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    if swept:
-        count("relay_files_swept", swept)
-    return swept
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:  # gone already
-        pass
+        temp = self.address_path.with_suffix(f".{self._token}.tmp")  # a publish cut short
+        let_go(fd, self.lock_path, self.address_path, temp)
 
 
 @dataclass(slots=True)

@@ -20,5 +20,6 @@ def notable_steps(result: AnalysisResult, limit: int) -> List[StepResult]:
         flagged = step.outlier or step.straggler is not None
         return (not flagged, -step.trace.duration_ns, step.key)
 
-    chosen = sorted(result.steps, key=priority)[:limit]
-    return sorted(chosen, key=lambda step: step.key)
+    # keys first: the steps may be read from disk one at a time (``step_store``)
+    chosen = sorted(priority(step) for step in result.steps)[:limit]
+    return [result.steps[key] for key in sorted(key for _, _, key in chosen)]

@@ -1,0 +1,131 @@
+"""Steps kept on disk while the analysis runs: each pickled into one unlinked temporary file and
+read back when asked for, so memory holds the steps in use, not every step of the job.
+
+Usage::
+
+    pages = Paged(directory)          # directory: where the file goes (None: TMPDIR)
+    index = pages.append(outline)     # its position
+    outline = pages[index]            # a new copy, read back from the file
+    pages[index] = changed            # written again (the old bytes stay behind, unread)
+    steps = PagedSteps(directory)     # a Paged of StepResults that keeps their warm-up marks
+    steps.where(warmup=False)         # a view of the steady steps, read one at a time
+
+Every read makes new objects: a change to one is lost unless it is stored again. Used where the
+traces are read from a source that builds them anew (``TraceSource.fresh``); with the spans in
+memory a plain list holds the steps.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from array import array
+from typing import IO, Generic, Iterator, List, Optional, Sequence, TypeVar, Union, overload
+
+from tf_otel.analysis.result import StepResult
+
+T = TypeVar("T")
+
+
+class Paged(Sequence[T], Generic[T]):
+    """A list of picklable objects on disk (one file, an offset and length each in memory)."""
+
+    def __init__(self, directory: Optional[Union[str, os.PathLike[str]]] = None) -> None:
+        self._file: IO[bytes] = tempfile.TemporaryFile(prefix="tf-otel-steps-", dir=directory)
+        self._where = array("q")  # offset, length: two a piece
+        self._end = 0
+
+    def _write(self, item: T) -> int:
+        data = pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
+        offset = self._end
+        self._file.seek(offset)
+        self._file.write(data)
+        self._end = offset + len(data)
+        return offset
+
+    def append(self, item: T) -> int:
+        offset = self._write(item)
+        self._where.extend((offset, self._end - offset))
+        return len(self) - 1
+
+    def __setitem__(self, index: int, item: T) -> None:
+        index = self._at(index)
+        offset = self._write(item)
+        self._where[2 * index], self._where[2 * index + 1] = offset, self._end - offset
+
+    def __len__(self) -> int:
+        return len(self._where) // 2
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[T]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[T, Sequence[T]]:
+        if isinstance(index, slice):
+            return View(self, range(len(self))[index])
+        index = self._at(index)
+        offset, length = self._where[2 * index], self._where[2 * index + 1]
+        self._file.seek(offset)
+        return pickle.loads(self._file.read(length))
+
+    def __iter__(self) -> Iterator[T]:
+        for index in range(len(self)):
+            yield self[index]
+
+    def _at(self, index: int) -> int:
+        count = len(self)
+        if not -count <= index < count:
+            raise IndexError(f"step {index} of {count}")
+        return index % count
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class View(Sequence[T], Generic[T]):
+    """Some of a ``Paged``'s items, by position, read when asked for."""
+
+    def __init__(self, pages: Paged[T], indices: Sequence[int]) -> None:
+        self._pages, self._indices = pages, indices
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[T]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[T, Sequence[T]]:
+        if isinstance(index, slice):
+            return View(self._pages, self._indices[index])
+        return self._pages[self._indices[index]]
+
+    def __iter__(self) -> Iterator[T]:
+        for index in self._indices:
+            yield self._pages[index]
+
+
+class PagedSteps(Paged[StepResult]):
+    """Analysed steps on disk, with each one's warm-up mark in memory (the reports filter on it
+    again and again)."""
+
+    def __init__(self, directory: Optional[Union[str, os.PathLike[str]]] = None) -> None:
+        super().__init__(directory)
+        self._warmup: List[bool] = []
+
+    def append(self, item: StepResult) -> int:
+        self._warmup.append(item.warmup)
+        return super().append(item)
+
+    def __setitem__(self, index: int, item: StepResult) -> None:
+        super().__setitem__(index, item)
+        self._warmup[self._at(index)] = item.warmup
+
+    def where(self, warmup: bool) -> View[StepResult]:
+        """The steps whose warm-up mark is ``warmup``, in order."""
+        return View(self, [i for i, mark in enumerate(self._warmup) if mark == warmup])
