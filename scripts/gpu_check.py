@@ -16,7 +16,9 @@ so each rank gets its own NCCL_HOSTID: NCCL then sees two "nodes" of one GPU eac
 them over its socket transport on the loopback interface (NCCL_SOCKET_IFNAME=lo), which also
 exercises the proxy thread's events. The two processes' kernels time-share the GPU.
 
-Dry run (no GPU; checks the plumbing): --device cpu uses gloo, no plugin, no NCCL.
+Without a GPU: tests/nccl/test_gpu_check_script.py runs the nccl and nvml steps on the stand-in
+torch / pynvml of tests/nccl/standins (PYTHONPATH=tests/nccl/standins:.). ``--device cpu``
+(gloo, no NCCL) is untried.
 """
 
 from __future__ import annotations

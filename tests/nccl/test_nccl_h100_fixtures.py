@@ -280,7 +280,7 @@ def test_step_summaries_of_the_real_samples_follow_the_load(nvml):
         got[p["phase"]] = sampler.step_summary(0, p["start_ns"], p["end_ns"])
         assert got[p["phase"]] == pytest.approx(p["step_summary"])
     assert got["idle_before"]["hw.gpu.utilization"] < 0.1
-    assert got["matmul_load"]["hw.gpu.utilization"] > 0.8  # NVML lags ~0.5-1 s behind the load
+    assert got["matmul_load"]["hw.gpu.utilization"] > 0.8  # NVML follows the load ~0.3 s late
     assert got["matmul_load"]["hw.gpu.memory.usage"] > got["idle_after"]["hw.gpu.memory.usage"]
 
 

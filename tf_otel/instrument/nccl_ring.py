@@ -10,7 +10,8 @@ its first communicator is created, and the plugin writes every collective into t
 ring (``/dev/shm/tf_otel_nccl_<pid>``, unlinked once both sides have mapped it). For each
 sampled step the export thread reads the ring and emits the collectives that began inside the
 step as ``nccl.<Coll>`` kernel spans under the step span, with ``nccl.comm_hash`` +
-``nccl.seq`` (the same on every rank for one collective). Collectives of unsampled steps are
+``nccl.collective`` + ``nccl.seq`` (the same on every rank for one collective; NCCL numbers
+collectives per type). Collectives of unsampled steps are
 read and dropped. Nothing runs on the training thread but one list append per sampled step.
 """
 

@@ -2,7 +2,8 @@
 
 - ``kernels``: parse ``ncclDevKernel_*`` / ``ncclKernel_*`` names.
 - ``ring``: the NCCL profiler plugin's shared-memory ring -> ``kernel`` Records keyed by
-  (``nccl.comm_hash``, ``nccl.seq``), the cross-rank key of one collective.
+  (``nccl.comm_hash``, ``nccl.collective``, ``nccl.seq``), the cross-rank key of one
+  collective (NCCL numbers collectives per type).
 - ``plugin/``: the plugin's C source (scripts/build_nccl_plugin.sh builds it).
 
 XPlane GPU planes are parsed in ``tf_otel.sources.xplane_gpu``; NVML gauges come from

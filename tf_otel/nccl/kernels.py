@@ -12,8 +12,12 @@ Two naming schemes exist (NCCL src/device/generate.py and its predecessor):
   and ``ncclDevKernel_Generic[_N]`` (one kernel that runs any function from a table).
 - older: ``ncclKernel_<Coll>_<ALGO>_<PROTO>_<RedOp>_<ctype>`` (e.g. ``..._Sum_float``).
 
-Note: a kernel's algorithm/protocol is the kernel's *specialisation*; NCCL runs other
-(algorithm, protocol) pairs through the same kernel. The plugin ring (ring.py) has the real ones.
+Note: a kernel name gives the kernel's *specialisation*, not what it ran: NCCL runs other
+(algorithm, protocol) pairs, reduction ops and types through the same kernel. Seen with NCCL
+2.28.9 on an H100: every collective of a 2-rank job ran in a ``..._RING_LL`` kernel (the ring:
+RING/PAT, LL/SIMPLE), Max reductions in ``..._Sum_...`` kernels, int8 / int32 in ``_u8`` /
+``_u32`` ones. The plugin ring (ring.py) has the real ones; ``ring.join_kernels`` puts them on
+the kernel's Record.
 
 Unknown or malformed names give fields of None; nothing here raises. The ``normalize_*``
 helpers map the profiler plugin's spellings ("ncclFloat32", "Ring", "Simple") onto the

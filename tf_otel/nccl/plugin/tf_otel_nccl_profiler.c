@@ -11,7 +11,8 @@
  * Timing: NCCL stops a Coll event when it is enqueued. Its ProxyOp / KernelCh child events
  * (activated unless TF_OTEL_NCCL_CHILD_EVENTS=0) tell when it really ends: the coll is
  * reference-counted and written each time its count drops to zero, so a record may be written
- * again with a later end; the reader keeps the latest per (commHash, seqNumber, rank).
+ * again with a later end; the reader keeps the latest per (commHash, func, seqNumber, rank):
+ * NCCL numbers collectives per communicator and type (comm->seqNumber[func]).
  *
  * Never blocks NCCL: fixed pools, no allocation after init, full pools drop (counted).
  */
