@@ -11,7 +11,8 @@ Horovod's response cache stays on (its default). The graph carries the stamp ops
 (they are built once); their standing cost is in docs/BENCHMARKS_real_model.md.
 
     .venv/bin/python bench/bench_arrivals.py [--np 4] [--rounds 6] [--block 10] [--layers 24]
-Prints a markdown table and writes docs/BENCHMARKS_arrivals.md.
+Prints a markdown table and writes it into docs/BENCHMARKS_arrivals.md, between the file's
+generated-section markers (harness.write_generated: the hand-written rest of the file stays).
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ import harness
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("untraced", "steps", "arrivals")
+TITLE = "Exact per-rank arrivals: cost per sampled step"
+
+
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(path, "bench_arrivals", text, TITLE)
 
 
 def worker(rounds: int, block: int, layers: int) -> None:
@@ -98,11 +105,11 @@ def main() -> None:
                 spans[value] = spans.get(value, 0) + 1
     table = summarise(results, args, load, spans)
     print(table)
-    Path(args.doc).write_text(
-        "# Exact per-rank arrivals: cost per sampled step\n\n`bench/bench_arrivals.py` "
-        "(see its docstring). Last run: "
+    write_doc(
+        Path(args.doc),
+        "`bench/bench_arrivals.py` (see its docstring). Last run: "
         f"{time.strftime('%Y-%m-%d %H:%M')} UTC, "
-        f"`{' '.join(['bench/bench_arrivals.py'] + sys.argv[1:])}`\n\n{table}\n"
+        f"`{' '.join(['bench/bench_arrivals.py'] + sys.argv[1:])}`\n\n{table}\n",
     )
 
 

@@ -9,6 +9,9 @@ Usage::
 
     .venv/bin/python bench/bench_clock.py                 # writes docs/BENCHMARKS_clock.md
     .venv/bin/python bench/bench_clock.py --quick --out /tmp/b.md
+
+The tables go between the doc's generated-section markers (harness.write_generated); the
+hand-written rest of the file (the caveat below them) stays.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import harness  # noqa: E402
 from tests.clock.helpers import env_with_path, free_port_pair, percentile, run_pair  # noqa: E402
 
 SKEW = "1:2000000000:200"
+TITLE = "Clock sync benchmarks (bench/bench_clock.py)"
 TCPIP_HEADERS = 52  # IPv4 20 + TCP 20 + timestamps option 12, per segment on loopback
 
 
@@ -101,6 +105,11 @@ HEAD = (
 )
 
 
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(path, "bench_clock", text, TITLE)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "BENCHMARKS_clock.md"))
@@ -136,7 +145,6 @@ def main() -> int:
         results["mpi-64"] = merged(mpi_runs)
         print(row("mpi4py, 64", results["mpi-64"]), flush=True)
 
-    lines.append("# Clock sync benchmarks (bench/bench_clock.py)\n")
     lines.append(
         f"Generated {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()} "
         f"({os.cpu_count()} cores shared with other work, {platform.python_version()}); "
@@ -186,11 +194,7 @@ def main() -> int:
             f"| tf_otel, mpi4py shared memory, 64/round (this host) | median "
             f"{m['median_us']:.2f} µs, p99 {m['p99_us']:.2f} µs |"
         )
-    lines.append(
-        "\nCaveat: one host, loopback. Across hosts the RTT (and its asymmetry) grows; the "
-        "reported uncertainty (min RTT/2 + fit residual) is the bound to expect there.\n"
-    )
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    write_doc(Path(args.out), "\n".join(lines))
     print("wrote", args.out)
     return 0
 

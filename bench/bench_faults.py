@@ -5,8 +5,9 @@ exit line counts them. The job is examples/custom_loop.py (STEPS tf.function ste
     .venv/bin/python bench/bench_faults.py [--rounds 3] [--steps 300]
 
 Faults: collector down (closed port), refusing (HTTP 503), hanging (accepts, never answers),
-slow (answers after 300 ms), full disk for TF_OTEL_FILE (a 64 KiB tmpfs; root). Writes
-docs/BENCHMARKS_faults.md.
+slow (answers after 300 ms), full disk for TF_OTEL_FILE (a 64 KiB tmpfs; root). Writes the
+table into docs/BENCHMARKS_faults.md (--out), between its generated-section markers
+(harness.write_generated: the hand-written rest of the file stays).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import harness
 
 REPO = Path(__file__).resolve().parent.parent
+TITLE = "Export faults: what they cost the job"
 sys.path.insert(0, str(REPO / "tests"))
 from otlp_receiver import OtlpReceiver  # noqa: E402
 from ports import free_ports  # noqa: E402
@@ -86,6 +88,11 @@ def run_job(extra: Dict[str, str], steps: int) -> Tuple[float, float, str]:
     return job.wall_s, job.peak_rss_mb, lost.group(1) if lost else ""
 
 
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(path, "bench_faults", text, TITLE)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -132,8 +139,6 @@ def main() -> int:
     load = os.getloadavg()
     base = statistics.median(w for w, _, _ in results["healthy collector"])
     rows = [
-        "# Export faults: what they cost the job",
-        "",
         f"`bench/bench_faults.py --rounds {args.rounds} --steps {args.steps}`: "
         "examples/custom_loop.py, whole-process wall time (TF import included) against a healthy "
         f"collector, interleaved rounds. Load average at the end: {load[0]:.1f} {load[1]:.1f} "
@@ -152,7 +157,7 @@ def main() -> int:
         )
     text = "\n".join(rows) + "\n"
     print(text)
-    Path(args.out).write_text(text)
+    write_doc(Path(args.out), text)
     return 0
 
 

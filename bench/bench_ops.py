@@ -9,6 +9,10 @@
   in thread CPU time (what the export thread spends).
 
     .venv/bin/python bench/bench_ops.py [--rounds 6] [--block 200] [--out docs/BENCHMARKS_ops.md]
+
+The tables go between the doc's generated-section markers (harness.write_generated); the
+hand-written rest of the file (the reading below them) stays. TensorFlow is imported by main()
+(after tf_otel.instrument()), not at import: tests/test_bench_docs.py imports write_doc.
 """
 
 from __future__ import annotations
@@ -22,26 +26,40 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Dict
 
 import harness
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ["OTEL_TRACES_EXPORTER"] = "none"  # spans are built, not sent
-os.environ.pop("TF_OTEL_OPS_EVERY", None)
+TITLE = "Op-level tracing benchmarks"
 
-import tf_otel  # noqa: E402
+# bound by _load_tensorflow(), called by main()
+np: Any = None
+tf: Any = None
+_pywrap_profiler: Any = None
+ops: Any = None  # tf_otel.instrument.ops.hook
+PROFILER_OPTIONS: Dict[str, Any] = {}
 
-tf_otel.instrument()
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.python.profiler.internal import _pywrap_profiler  # noqa: E402
+def _load_tensorflow() -> None:
+    """tf_otel instrumented, then TensorFlow and the op hook imported into this module."""
+    global np, tf, _pywrap_profiler, ops, PROFILER_OPTIONS
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["OTEL_TRACES_EXPORTER"] = "none"  # spans are built, not sent
+    os.environ.pop("TF_OTEL_OPS_EVERY", None)
 
-from tf_otel.instrument.ops import hook as ops  # noqa: E402
+    import tf_otel
 
-PROFILER_OPTIONS = dict(ops._PROFILER_OPTIONS)
+    tf_otel.instrument()
+
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.profiler.internal import _pywrap_profiler
+
+    from tf_otel.instrument.ops import hook as ops
+
+    PROFILER_OPTIONS = dict(ops._PROFILER_OPTIONS)
 
 
 def profiled(fn):
@@ -253,8 +271,6 @@ def report(tf2, tf1, conv, total_ops, args):
         return rows
 
     lines = [
-        "# Op-level tracing benchmarks",
-        "",
         f"`bench/bench_ops.py --rounds {args.rounds} --block {args.block}` on {platform.node()} "
         f"({os.cpu_count()} cores, shared; TF {tf.__version__} CPU). Modes interleaved "
         "round-robin (order rotated each round) in one process, `rounds` blocks of `block` steps each; step tracing on in "
@@ -282,6 +298,11 @@ def report(tf2, tf1, conv, total_ops, args):
     return "\n".join(lines) + "\n"
 
 
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(path, "bench_ops", text, TITLE)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=6)
@@ -290,6 +311,7 @@ def main():
     parser.add_argument("--parts", default="overhead,conversion")
     parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_ops.md"))
     args = parser.parse_args()
+    _load_tensorflow()
     parts = set(args.parts.split(","))
     conv = tf1 = tf2 = None
     total_ops = 0
@@ -306,7 +328,7 @@ def main():
     text = report(tf2, tf1, conv, total_ops, args)
     print(text)
     if args.out:
-        Path(args.out).write_text(text)
+        write_doc(Path(args.out), text)
 
 
 if __name__ == "__main__":

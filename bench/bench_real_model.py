@@ -28,7 +28,9 @@ rotated order, so slow and fast windows of a shared machine fall on every mode. 
 
 Spans are really built and written (TF_OTEL_FILE, OTLP-JSON); the table counts them per
 category so a mode that silently recorded nothing shows. Prints the ratio table with the load
-average and writes docs/BENCHMARKS_real_model.md.
+average and writes it into docs/BENCHMARKS_real_model.md (--doc), between the file's
+generated-section markers (harness.write_generated; --inprocess: its own section): the
+hand-written rest of the file stays.
 
     .venv/bin/python bench/bench_real_model.py                 # 3 rounds, both models
     .venv/bin/python bench/bench_real_model.py --rounds 1 --quick
@@ -555,27 +557,27 @@ def summarise(rows: List[dict], args: argparse.Namespace, loads: List[float]) ->
     return head + "\n\n" + "\n".join(lines)
 
 
-def write_doc(table: str, args: argparse.Namespace) -> None:
-    command = " ".join(["bench/bench_real_model.py"] + sys.argv[1:])
-    doc = Path(args.doc)
-    old = doc.read_text() if doc.exists() else _DOC_INTRO
-    intro = old.split("<!-- table -->")[0]
-    kept = old.split("<!-- inprocess -->", 1)[1] if "<!-- inprocess -->" in old else ""
-    doc.write_text(
-        intro
-        + "<!-- table -->\n"
-        + f"Last run: {time.strftime('%Y-%m-%d %H:%M')} UTC, `{command}`\n\n"
-        + table
-        + "\n"
-        + (f"\n<!-- inprocess -->{kept}" if kept else "")
-    )
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the process-level runs' generated section of the doc at ``path``; the rest
+    of the file (the in-process section too) stays. A new file starts with _DOC_INTRO."""
+    if not path.exists():
+        path.write_text(_DOC_INTRO)
+    harness.write_generated(path, "bench_real_model", text, TITLE)
 
 
-_DOC_INTRO = """# tf_otel on real models: throughput
+def write_inprocess_doc(path: Path, text: str) -> None:
+    """``text`` as the in-process runs' (--inprocess) generated section of the doc at
+    ``path``; the rest of the file (the process-level section too) stays."""
+    if not path.exists():
+        path.write_text(_DOC_INTRO)
+    harness.write_generated(path, "bench_real_model_inprocess", text, TITLE)
 
-`bench/bench_real_model.py` (see its docstring for the modes). Written by the script; the text
-above the table marker is kept between runs.
 
+TITLE = "tf_otel on real models: throughput"
+_DOC_INTRO = f"""# {TITLE}
+
+`bench/bench_real_model.py` (see its docstring for the modes). The script rewrites only its
+generated sections (between their markers); the rest of the file is kept between runs.
 """
 
 
@@ -616,10 +618,7 @@ def main() -> None:
         table = run_inprocess(args)
         print(table)
         if not args.no_doc:
-            doc = Path(args.doc)
-            text = doc.read_text() if doc.exists() else _DOC_INTRO + "<!-- table -->\n"
-            marker = "<!-- inprocess -->"
-            doc.write_text(text.split(marker)[0].rstrip() + f"\n\n{marker}\n{table}\n")
+            write_inprocess_doc(Path(args.doc), table)
         return
     global METRICS_ENDPOINT, TRACE_SINK
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -671,7 +670,9 @@ def main() -> None:
     table = summarise(rows, args, loads)
     print("\n" + table)
     if not args.no_doc:
-        write_doc(table, args)
+        command = " ".join(["bench/bench_real_model.py"] + sys.argv[1:])
+        when = time.strftime("%Y-%m-%d %H:%M")
+        write_doc(Path(args.doc), f"Last run: {when} UTC, `{command}`\n\n{table}")
         print(f"\nwrote {args.doc}")
 
 

@@ -10,7 +10,8 @@
 
     .venv/bin/python bench/bench_step_metrics.py [--rounds 30] [--block 10000]
 
-Writes docs/BENCHMARKS_step_metrics.md.
+Writes the table into docs/BENCHMARKS_step_metrics.md (--out), between its generated-section
+markers (harness.write_generated: the hand-written rest of the file stays).
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ from pathlib import Path
 import harness
 
 REPO = Path(__file__).resolve().parent.parent
+TITLE = "Step histograms: cost per step (bench/bench_step_metrics.py)"
+
+
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(path, "bench_step_metrics", text, TITLE)
 
 
 def main() -> None:
@@ -94,9 +101,7 @@ def main() -> None:
 
     med_on, med_off = statistics.median(on), statistics.median(off)
     diffs = sorted(a - b for a, b in zip(on, off))
-    text = f"""## Step histograms: cost per step (bench/bench_step_metrics.py)
-
-OpenTelemetry SDK {_sdk_version()}, Python {sys.version.split()[0]}; {args.rounds} rounds,
+    text = f"""OpenTelemetry SDK {_sdk_version()}, Python {sys.version.split()[0]}; {args.rounds} rounds,
 blocks of {args.block} steps with the step metrics on and off in alternating order in one
 process. Load average at the end: {os.getloadavg()[0]:.1f} (2 cores, shared).
 
@@ -108,12 +113,8 @@ process. Load average at the end: {os.getloadavg()[0]:.1f} (2 cores, shared).
 | export thread, CPU per unsampled step recorded (duration) | {statistics.median(drain_us):.1f} |
 | export thread, CPU per unsampled step recorded (duration + input wait) | {statistics.median(drain_wait_us):.1f} |
 | export thread, CPU per sampled step recorded with its exemplar | {statistics.median(sampled_us):.1f} |
-
-The training thread never calls the SDK: a sampled step's histogram point is recorded where its
-span is built (that span costs ~250–300 µs of export-thread CPU, docs/BENCHMARKS.md), an
-unsampled step's when the export thread next wakes (at most every 0.5 s).
 """
-    Path(args.out).write_text(text)
+    write_doc(Path(args.out), text)
     print(text)
 
 

@@ -6,7 +6,8 @@ job with no collector listening vs untraced, whole-process wall time.
 
     .venv/bin/python bench/bench_steps.py [--rounds 10] [--steps 150] [--width 1024]
 
-Writes docs/BENCHMARKS_steps.md.
+Writes the table into docs/BENCHMARKS_steps.md (--out), between its generated-section markers
+(harness.write_generated: the hand-written rest of the file stays).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import harness
 
 REPO = Path(__file__).resolve().parent.parent
+TITLE = "Step tracing overhead (bench/bench_steps.py)"
 sys.path.insert(0, str(REPO / "tests"))
 from otlp_receiver import OtlpReceiver  # noqa: E402
 from ports import free_ports  # noqa: E402
@@ -48,6 +50,11 @@ def _serve_receiver(conn) -> None:
         conn.send(receiver.env("grpc"))
         conn.recv()  # until the bench is done
         conn.send(len([s for s in receiver.spans() if s.category == "step"]))
+
+
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(path, "bench_steps", text, TITLE)
 
 
 def main() -> None:
@@ -99,9 +106,7 @@ def main() -> None:
     traced_step_ms = median_fit["traced"] / args.steps * 1000
     nc_step_ms = median_fit["no_collector"] / args.steps * 1000
     runs = "; ".join(f"{name} {', '.join(f'{f:.3f}' for f, _ in results[name])}" for name in names)
-    text = f"""## Step tracing overhead (bench/bench_steps.py)
-
-Keras 3 `fit`, {args.steps} steps of ~{step_ms:.1f} ms (Dense {args.width}×2, batch 256,
+    text = f"""Keras 3 `fit`, {args.steps} steps of ~{step_ms:.1f} ms (Dense {args.width}×2, batch 256,
 TF-CPU), one process per run, {args.rounds} rounds each running every variant back to back in
 rotating order; fit time measured inside the process after a 3-step warm-up. Ratio: median of
 the per-round ratios to the same round's untraced run [quartiles]. The OTLP receiver runs in a
@@ -119,7 +124,7 @@ the untraced one per round (SDK start-up and the bounded exit flush included). T
 
 Runs (fit s, in round order): {runs}.
 """
-    Path(args.out).write_text(text)
+    write_doc(Path(args.out), text)
     print(text)
 
 

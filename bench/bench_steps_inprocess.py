@@ -8,7 +8,9 @@ tf_otel (an artefact of fit's epoch machinery here), which would swamp the compa
 
     .venv/bin/python bench/bench_steps_inprocess.py [--rounds 20] [--block 60] [--width 1024]
 
-Writes docs/BENCHMARKS_steps_inprocess.md.
+Writes the run into docs/BENCHMARKS_steps_inprocess.md (--out), between its generated-section
+markers (harness.write_generated: the hand-written rest of the file stays); --append adds the run
+to the runs already in that section instead of replacing them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from bench_steps import _serve_receiver  # noqa: E402
 
+MARKER = "bench_steps_inprocess"
+TITLE = "Step tracing overhead in one process"
+
+
+def write_doc(path: Path, text: str, append: bool = False) -> None:
+    """``text`` as the generated section of the doc at ``path`` (``append``: after the runs
+    already there); the rest of the file stays."""
+    if append:
+        text = harness.read_generated(path, MARKER) + "\n\n" + text
+    harness.write_generated(path, MARKER, text, TITLE)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,7 +47,9 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=60)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--sample", type=float, default=1.0, help="traceidratio sampler arg")
-    parser.add_argument("--append", action="store_true", help="append to --out")
+    parser.add_argument(
+        "--append", action="store_true", help="add to the runs in --out's generated section"
+    )
     parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_steps_inprocess.md"))
     args = parser.parse_args()
     os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
@@ -115,9 +130,7 @@ another process. Load average at the end: {os.getloadavg()[0]:.1f}.
 
 Goal ≤ 1.01×.
 """
-    out = Path(args.out)
-    previous = out.read_text() if out.exists() and args.append else ""
-    out.write_text(previous + text)
+    write_doc(Path(args.out), text, append=args.append)
     print(text)
 
 

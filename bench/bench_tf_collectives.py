@@ -22,8 +22,9 @@ on_train_batch_end calls, after the warm-up: the twin is traced on step 0 and fi
 step 1). A run's step time is the mean of its timed steps (throughput: 1 in 20 detail steps
 included), its median as well (a typical step); the steps that got detail are read back from
 the spans (TF_OTEL_FILE in a temporary directory; OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER
-none). Prints the table and writes docs/BENCHMARKS_tf_collectives.md (not with --quick unless
---doc is given; --no-doc: never).
+none). Prints the table and writes it into docs/BENCHMARKS_tf_collectives.md (not with --quick
+unless --doc is given; --no-doc: never), between the file's generated-section markers
+(harness.write_generated: the hand-written rest of the file stays).
 
     .venv/bin/python bench/bench_tf_collectives.py                  # 5 rounds x 3 modes
     .venv/bin/python bench/bench_tf_collectives.py --quick          # smoke: 1 round, 8 steps
@@ -281,31 +282,23 @@ def summarise(rows: List[Dict[str, Any]], args: argparse.Namespace) -> str:
     return head + "\n\n" + "\n".join(lines) + notes
 
 
-def write_doc(table: str, doc: Path) -> None:
-    """Below the table marker: this run; above it: kept between runs (the intro)."""
-    command = " ".join(["bench/bench_tf_collectives.py"] + sys.argv[1:])
-    old = doc.read_text() if doc.exists() else _DOC_INTRO
-    if not doc.exists() and doc.name == DOCS["mirrored"].name:
-        old = _MIRRORED_INTRO
-    intro = old.split("<!-- table -->")[0]
-    doc.write_text(
-        intro
-        + "<!-- table -->\n"
-        + f"Last run: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, `{command}`\n\n"
-        + table
-        + "\n"
-    )
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file (the
+    intro, the reading) stays. A new file starts with the intro of its strategy's doc."""
+    if not path.exists():
+        path.write_text(_MIRRORED_INTRO if path.name == DOCS["mirrored"].name else _DOC_INTRO)
+    harness.write_generated(path, "bench_tf_collectives", text, TITLE)
 
 
-_DOC_INTRO = """# tf_otel: the cost of timing TensorFlow's collectives
+TITLE = "tf_otel: the cost of timing TensorFlow's collectives"
+_DOC_INTRO = f"""# {TITLE}
 
 `bench/bench_tf_collectives.py` (its docstring has the modes): Keras `fit` of MobileNetV2
 (tf_keras, 96², batch 8 per worker, synthetic data) under `MultiWorkerMirroredStrategy`, 2
 workers on 127.0.0.1, one job per mode and round, modes rotated each round; step times measured
 in-process by each worker. `default` (collective detail on 1 step in 20, the step function's
-twin) against `off` (`TF_OTEL_HOROVOD=0`: step spans only). Written by the script; the text
-above the table marker is kept between runs.
-
+twin) against `off` (`TF_OTEL_HOROVOD=0`: step spans only). The script rewrites only its
+generated section (between its markers); the rest of the file is kept between runs.
 """
 
 
@@ -317,8 +310,8 @@ one process over 2 logical CPU devices (its default cross-device ops: collective
 one job per mode and round, modes rotated each round; step times measured in-process.
 `default` (collective detail on 1 step in 20, the step function's twin, both replicas' stamps
 merged into the process's one collective span) against `off` (`TF_OTEL_HOROVOD=0`: step spans
-only). Written by the script; the text above the table marker is kept between runs.
-
+only). The script rewrites only its generated section (between its markers); the rest of the
+file is kept between runs.
 """
 
 
@@ -372,7 +365,9 @@ def main() -> None:
     print("\n" + table)
     if not args.no_doc and (args.doc or not args.quick):  # smoke numbers are not results
         doc = Path(args.doc or DOCS[args.strategy])
-        write_doc(table, doc)
+        command = " ".join(["bench/bench_tf_collectives.py"] + sys.argv[1:])
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+        write_doc(doc, f"Last run: {when} UTC, `{command}`\n\n{table}")
         print(f"\nwrote {doc}")
 
 

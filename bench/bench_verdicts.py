@@ -8,7 +8,8 @@ arrivals, as the coordinator hands them over), thread CPU time per step, steady 
 
     .venv/bin/python bench/bench_verdicts.py [--rounds 5] [--steps 400] [--ranks 4,64,256,1024]
 
-Writes docs/BENCHMARKS_verdicts.md (--out).
+Writes the table into docs/BENCHMARKS_verdicts.md (--out), between its generated-section markers
+(harness.write_generated: the hand-written rest of the file stays).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Dict, List
 import harness
 
 REPO = Path(__file__).resolve().parent.parent
+TITLE = "Rank 0's live verdicts: CPU per step (bench/bench_verdicts.py)"
 sys.path.insert(0, str(REPO))
 
 MS = 1_000_000
@@ -65,6 +67,11 @@ def _per_step_us(ranks: int, steps: int, with_metrics: bool, seed: int) -> float
     return statistics.median(spent) / 1000 if spent else 0.0
 
 
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(path, "bench_verdicts", text, TITLE)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -85,9 +92,7 @@ def main() -> None:
         both = statistics.median(results[(n, True)])
         rows.append(f"| {n} | {judge:.0f} | {both:.0f} | {both / n:.2f} | {both / 1e3 / 100:.3%} |")
     text = (
-        f"""## Rank 0's live verdicts: CPU per step (bench/bench_verdicts.py)
-
-Thread CPU time on rank 0 per step root, median of {args.rounds} interleaved rounds of
+        f"""Thread CPU time on rank 0 per step root, median of {args.rounds} interleaved rounds of
 {args.steps} synthetic steps (steady state: after the 64-step window), arrivals on 1 step in 20.
 "with histogram": plus recording every rank's lateness (`tf_otel.rank.lateness`). The share is
 of one core at 100 ms steps.
@@ -99,7 +104,7 @@ of one core at 100 ms steps.
         + "\n"
     )
     print(text)
-    Path(args.out).write_text(text)
+    write_doc(Path(args.out), text)
 
 
 if __name__ == "__main__":

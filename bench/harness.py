@@ -273,12 +273,30 @@ def thread_cpu() -> Dict[str, float]:
     return spent
 
 
+def generated_markers(name: str) -> Tuple[str, str]:
+    """The two lines around ``name``'s generated section of a markdown file (write_generated)."""
+    return (
+        f"<!-- {name}: generated from here (the bench rewrites this section) -->",
+        f"<!-- {name}: generated up to here -->",
+    )
+
+
+def read_generated(path: Path, name: str) -> str:
+    """The text of ``name``'s generated section of the file at ``path`` ('' if there is none):
+    what a bench that adds to its last run's section (``--append``) starts from."""
+    begin, end = generated_markers(name)
+    old = path.read_text() if path.exists() else ""
+    _, found, rest = old.partition(begin)
+    if not found or end not in rest:
+        return ""
+    return rest.split(end, 1)[0].strip()
+
+
 def write_generated(path: Path, name: str, text: str, title: str) -> None:
     """Write ``text`` into the generated section of the markdown file at ``path``, between the
     two ``name`` markers, and nothing else: the hand-written rest of the file stays. A file
     without the markers gets the section at its end; a missing one, ``title`` and the section."""
-    begin = f"<!-- {name}: generated from here (the bench rewrites this section) -->"
-    end = f"<!-- {name}: generated up to here -->"
+    begin, end = generated_markers(name)
     section = f"{begin}\n{text.strip()}\n{end}"
     old = path.read_text() if path.exists() else f"# {title}\n"
     head, found, rest = old.partition(begin)
