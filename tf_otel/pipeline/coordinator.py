@@ -35,6 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -52,7 +53,7 @@ from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
 from tf_otel.pipeline import messages
-from tf_otel.pipeline.framing import next_message
+from tf_otel.pipeline.framing import LineConnection, LineSource, decode_or_count, lines_from
 from tf_otel.pipeline.messages import BadMessage, Handlers, Outgoing, decode, encode
 
 if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
@@ -293,12 +294,11 @@ class StepAggregator:
         backlog = max(MIN_BACKLOG, self.world_size + MAX_CONNECTIONS)  # every rank at once
         try:
             server = loop.run_until_complete(
-                asyncio.start_server(
-                    self._connection,
+                loop.create_server(
+                    lines_from(self._connection, MAX_LINE),
                     address[0],
                     address[1],
                     backlog=backlog,
-                    limit=MAX_LINE,
                     reuse_address=True,
                 )
             )
@@ -333,7 +333,7 @@ class StepAggregator:
         with self._lock:
             self._connections -= 1
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(self, reader: LineConnection, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         if not self._admit():
             _refuse(peer, "too many connections at once")
@@ -347,9 +347,10 @@ class StepAggregator:
                 rank, relay, welcome = accepted
                 self._welcome(rank, relay, writer, welcome)
                 if relay:
-                    await self._serve_relay(reader, writer)
+                    served, now = self._served[writer], self._relayed[writer]
+                    await reader.serve(partial(self._relay_line, served, now, writer))
                 else:
-                    await self._serve_rank(rank, reader)
+                    await reader.serve(partial(self._rank_line, rank))
         except OSError as exc:  # a rank died or its host went away
             log_once(
                 "coordinator_conn_lost",
@@ -398,68 +399,67 @@ class StepAggregator:
         with self._lock:
             self._finished.discard(rank)
 
-    async def _serve_relay(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """A host relay's messages: its ranks come and go, their extents of a step in one
-        message, their extension messages wrapped. A rank it did not name is refused."""
-        served, now = self._served[writer], self._relayed[writer]
-        while True:
-            got = await next_message(reader)
-            if got is None:
-                return
-            message = got[1]
-            kind = message["t"]
-            if kind == messages.EXTENTS:  # checked by decode: ints, 0 <= a <= b, bounded
-                items = message["e"]
-                if not all(item[0] in served for item in items):
+    def _relay_line(
+        self, served: Set[int], now: Set[int], writer: asyncio.StreamWriter, line: bytes
+    ) -> bool:
+        """A host relay's line (False: it said bye): its ranks come and go, their extents of a
+        step in one message, their extension messages wrapped. A rank it did not name is
+        refused."""
+        message = decode_or_count(line)
+        if message is None:
+            return True
+        kind = message["t"]
+        if kind == messages.EXTENTS:  # checked by decode: ints, 0 <= a <= b, bounded
+            items = message["e"]
+            for item in items:
+                if item[0] not in served:
                     count("coordinator_bad_message")  # a rank this relay never served
-                    continue
-                self.add_many(message["k"], message["s"], [tuple(item) for item in items])
-            elif kind == messages.JOIN and message["r"] < self.world_size:
-                with self._write_lock:
-                    served.add(message["r"])
-                    now.add(message["r"])
-                self._route(message["r"], writer)
-            elif kind == messages.LEAVE and message["r"] in served:
-                with self._write_lock:
-                    now.discard(message["r"])
-                    left = self._writers.get(message["r"]) is writer
-                    if left:  # not if it came back through another route meanwhile
-                        self._writers.pop(message["r"], None)
-                if left:
-                    with self._lock:
-                        self._finished.add(message["r"])
-            elif kind == messages.VIA and message["r"] in now:
-                try:
-                    inner = messages.check(message["m"])
-                except BadMessage:
-                    inner = None
-                if inner is None or inner["t"] in messages.COORDINATOR_TYPES:
-                    count("coordinator_bad_message")
-                    continue
-                self.handlers.at_reference(message["r"], inner)
-            elif kind == messages.BYE:
-                return
-            else:  # a rank out of range or not this relay's, or a type a relay never sends
+                    return True
+            self.add_many(message["k"], message["s"], items)
+        elif kind == messages.JOIN and message["r"] < self.world_size:
+            with self._write_lock:
+                served.add(message["r"])
+                now.add(message["r"])
+            self._route(message["r"], writer)
+        elif kind == messages.LEAVE and message["r"] in served:
+            with self._write_lock:
+                now.discard(message["r"])
+                left = self._writers.get(message["r"]) is writer
+                if left:  # not if it came back through another route meanwhile
+                    self._writers.pop(message["r"], None)
+            if left:
+                with self._lock:
+                    self._finished.add(message["r"])
+        elif kind == messages.VIA and message["r"] in now:
+            try:
+                inner = messages.check(message["m"])
+            except BadMessage:
+                inner = None
+            if inner is None or inner["t"] in messages.COORDINATOR_TYPES:
                 count("coordinator_bad_message")
+                return True
+            self.handlers.at_reference(message["r"], inner)
+        elif kind == messages.BYE:
+            return False
+        else:  # a rank out of range or not this relay's, or a type a relay never sends
+            count("coordinator_bad_message")
+        return True
 
-    async def _serve_rank(self, rank: int, reader: asyncio.StreamReader) -> None:
-        while True:
-            got = await next_message(reader)  # MAX_LINE: the reader's limit (serve)
-            if got is None:
-                return
-            message = got[1]
-            kind = message["t"]
-            if kind == messages.EXTENT:  # checked by decode: ints, 0 <= a <= b, short key
-                wait = message.get("w")
-                self.add(rank, message["k"], message["s"], message["a"], message["b"], wait)
-            elif kind == messages.BYE:
-                return
-            elif kind in messages.COORDINATOR_TYPES:
-                count("coordinator_bad_message")
-            else:
-                self.handlers.at_reference(rank, message)
+    def _rank_line(self, rank: int, line: bytes) -> bool:
+        """A rank's own line (False: it said bye)."""
+        message = decode_or_count(line)
+        if message is None:
+            return True
+        kind = message["t"]
+        if kind == messages.EXTENT:  # checked by decode: ints, 0 <= a <= b, short key
+            self.add(rank, message["k"], message["s"], message["a"], message["b"], message.get("w"))
+        elif kind == messages.BYE:
+            return False
+        elif kind in messages.COORDINATOR_TYPES:
+            count("coordinator_bad_message")
+        else:
+            self.handlers.at_reference(rank, message)
+        return True
 
     def send(self, rank: int, message: Outgoing) -> bool:
         """Send an extension message to one rank (held until it connects); False if lost."""
@@ -541,7 +541,7 @@ class StepAggregator:
 
 
 async def accept_hello(
-    reader: asyncio.StreamReader,
+    reader: LineSource,
     writer: asyncio.StreamWriter,
     peer: Any,
     key: bytes,
