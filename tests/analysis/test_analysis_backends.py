@@ -74,9 +74,48 @@ def test_jaeger_search_matches_the_file_analysis(server: str, tmp_path: Path):
     assert done.returncode == 0, done.stderr
     assert comparable(json.loads(done.stdout)) == comparable(file_report(tmp_path))
     searches = [query for path, query in Backend.requests if path == "/api/traces"]
-    assert [q["service"] for q in searches] == [["train.py"]]  # jaeger's own service skipped
+    # this server answers every search with every trace, none in the default window (the last
+    # week): it does not search by time, so the whole range is asked for once, as before
+    assert [q["service"] for q in searches] == [["train.py"]] * 2  # jaeger's own one skipped
     assert json.loads(searches[0]["tags"][0]) == {"tf_otel.job.id": "job-42"}
     assert int(searches[0]["end"][0]) > int(searches[0]["start"][0])
+    assert searches[1]["limit"] == ["10000"] and searches[1]["start"] == searches[0]["start"]
+
+
+def _window_search(traces: list):
+    """A Jaeger search that, as the real one, answers the traces with a span starting in
+    [start, end] (µs), at most ``limit``, the latest first."""
+
+    def answer(query: dict) -> dict:
+        low, high, most = (int(query[key][0]) for key in ("start", "end", "limit"))
+        found = [t for t in traces if any(low <= s["startTime"] <= high for s in t["spans"])]
+        found.sort(key=lambda t: -min(s["startTime"] for s in t["spans"]))
+        return {"data": found[:most]}
+
+    return answer
+
+
+def test_a_long_jaeger_search_comes_a_page_at_a_time(server: str, tmp_path: Path, monkeypatch):
+    from tf_otel.analysis.analyze import analyze_source
+    from tf_otel.analysis.load import jaeger
+    from tf_otel.analysis.load.spill import spill_batches
+    from tf_otel.analysis.report.json_report import to_json
+
+    traces = straggler_job().jaeger_traces()
+    starts = [s["startTime"] for t in traces for s in t["spans"]]
+    Backend.routes["/api/traces"] = _window_search(traces)
+    monkeypatch.setattr(jaeger, "SEARCH_PAGE", 2)
+    window = (min(starts) * 1000, max(starts) * 1000)
+    batches = list(jaeger.jaeger_batches(server, "train.py", None, *window, progress=False))
+    searches = [query for path, query in Backend.requests if path == "/api/traces"]
+    assert len(searches) > 3  # 6 traces, 2 a page: the window was halved
+    assert all(len({s.trace_id for s in batch}) <= 2 for batch in batches)
+    found = [trace_id for batch in batches for trace_id in {s.trace_id for s in batch}]
+    assert sorted(found) == sorted(t["traceID"] for t in traces)  # each trace once
+    with spill_batches(iter(batches), server) as source:
+        paged = to_json(analyze_source(source, source="x"))
+    in_memory = to_json(analyze_source(jaeger.convert_jaeger_traces(traces, server), source="x"))
+    assert paged == in_memory
 
 
 def test_jaeger_trace_ids_fetch_each_trace(server: str, tmp_path: Path):

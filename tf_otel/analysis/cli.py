@@ -147,31 +147,36 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _load(
     args: argparse.Namespace, start_ns: Optional[int], end_ns: Optional[int], spill: bool = False
 ):
-    """The spans (or, ``spill``, a ``SpillSource`` of trace files) and what they came from."""
+    """The spans (or, ``spill``, a ``SpillSource`` of the trace files or the backend's answers)
+    and what they came from."""
     sources = [bool(args.paths), bool(args.jaeger), bool(args.tempo)]
     if sum(sources) != 1:
         raise AnalysisError("give exactly one source: trace files/directories, --jaeger or --tempo")
-    if args.jaeger:
-        from tf_otel.analysis.load.jaeger import fetch_jaeger
+    if args.jaeger or args.tempo:
+        from tf_otel.analysis.load.jaeger import jaeger_batches
+        from tf_otel.analysis.load.spill import spill_batches
+        from tf_otel.analysis.load.tempo import tempo_batches
 
-        spans = fetch_jaeger(
-            args.jaeger,
-            args.service,
-            args.job,
-            start_ns,
-            end_ns,
-            args.limit,
-            args.trace_ids,
-            args.progress,
-        )
-        return spans, args.jaeger
-    if args.tempo:
-        from tf_otel.analysis.load.tempo import fetch_tempo
-
-        spans = fetch_tempo(
-            args.tempo, args.job, start_ns, end_ns, args.limit, args.trace_ids, args.progress
-        )
-        return spans, args.tempo
+        if args.jaeger:
+            url = args.jaeger
+            batches = jaeger_batches(
+                url,
+                args.service,
+                args.job,
+                start_ns,
+                end_ns,
+                args.limit,
+                args.trace_ids,
+                args.progress,
+            )
+        else:
+            url = args.tempo
+            batches = tempo_batches(
+                url, args.job, start_ns, end_ns, args.limit, args.trace_ids, args.progress
+            )
+        if spill:  # each answer kept on disk by trace as it comes: memory holds one
+            return spill_batches(batches, url, args.spill_dir), url
+        return [span for batch in batches for span in batch], url
     if spill:  # kept on disk by trace: the analysis holds a step at a time
         from tf_otel.analysis.load.spill import load_spilled
 

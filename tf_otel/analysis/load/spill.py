@@ -15,6 +15,12 @@ and reading the decoded spans once more (about a third of the JSON's size on dis
 
 A file that is one JSON document (pretty-printed, a Jaeger download) is decoded whole, as
 ``files.load_file_rows`` does; errors are the same as the in-memory loader's.
+
+A backend's answers (``load.jaeger.jaeger_batches``, ``load.tempo.tempo_batches``: a trace or a
+search page at a time) are spilled the same way as they come (``spill_batches``), so memory
+holds one answer, not the selection::
+
+    with spill_batches(tempo_batches(url, job_id="j"), url) as source: ...
 """
 
 from __future__ import annotations
@@ -247,12 +253,7 @@ def _spill(
     spill_dir: Optional[str],
 ) -> SpillSource:
     parts = plan_parts(files, max(engine.workers, 1))  # blocks, not parts, bound the memory
-    try:
-        directory = Path(tempfile.mkdtemp(prefix="tf-otel-spill-", dir=spill_dir))
-    except OSError as error:
-        raise AnalysisError(
-            f"{spill_dir or tempfile.gettempdir()}: cannot spill ({error})"
-        ) from None
+    directory = _spill_directory(spill_dir)
     tasks = [(part, str(directory / f"{number}.spill")) for number, part in enumerate(parts)]
     index: Dict[str, TracePieces] = {}
     jobs: Set[str] = set()
@@ -275,4 +276,42 @@ def _spill(
     if not source.span_count:
         source.close()
         raise AnalysisError(f"{', '.join(map(str, paths))}: no spans")
+    return source
+
+
+def _spill_directory(spill_dir: Optional[str]) -> Path:
+    try:
+        return Path(tempfile.mkdtemp(prefix="tf-otel-spill-", dir=spill_dir))
+    except OSError as error:
+        raise AnalysisError(
+            f"{spill_dir or tempfile.gettempdir()}: cannot spill ({error})"
+        ) from None
+
+
+def spill_batches(
+    batches: Iterable[List[Span]], origin: str, spill_dir: Optional[str] = None
+) -> SpillSource:
+    """Spans that come in batches (a backend's answers) kept on disk by trace as they come, in
+    one spill file: memory holds one batch. A trace may span several batches."""
+    directory = _spill_directory(spill_dir)
+    index: Dict[str, TracePieces] = {}
+    jobs: Set[str] = set()
+    source = SpillSource(directory, index, jobs)
+    pieces: Pieces = []
+    try:
+        with paused_gc(), open(directory / "0.spill", "wb") as out:
+            for batch in batches:
+                source.span_count += _write(out, [span.to_row() for span in batch], pieces, jobs)
+                for trace_id, offset, length in pieces:
+                    found = index.get(trace_id)
+                    if found is None:
+                        found = index[trace_id] = array("q")
+                    found.extend((0, offset, length))
+                pieces.clear()
+    except BaseException:
+        source.close()
+        raise
+    if not source.span_count:
+        source.close()
+        raise AnalysisError(f"{origin}: no spans")
     return source

@@ -3,6 +3,8 @@
 Usage::
 
     spans = fetch_tempo("http://localhost:3200", job_id="42", start_ns=None, end_ns=None)
+    for spans in tempo_batches("http://localhost:3200", job_id="42"):  # a trace at a time
+        ...                                  # (load.spill.spill_batches keeps them on disk)
 
 The job id is a resource attribute, so the query uses the unscoped ``.tf_otel.job.id`` (span
 or resource); without a job id it searches the step roots.
@@ -11,7 +13,7 @@ or resource); without a job id it searches the step roots.
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.load.http import build_url, get_json, url_part
@@ -64,11 +66,26 @@ def fetch_tempo(
     trace_ids: Optional[List[str]] = None,
     progress: Optional[bool] = None,
 ) -> List[Span]:
-    ids = trace_ids or search_trace_ids(base_url, job_id, start_ns, end_ns, limit)
+    """Every span of the search's (or the given) traces, in memory."""
     spans: List[Span] = []
+    for batch in tempo_batches(base_url, job_id, start_ns, end_ns, limit, trace_ids, progress):
+        spans.extend(batch)
+    return spans
+
+
+def tempo_batches(
+    base_url: str,
+    job_id: Optional[str] = None,
+    start_ns: Optional[int] = None,
+    end_ns: Optional[int] = None,
+    limit: int = 10000,
+    trace_ids: Optional[List[str]] = None,
+    progress: Optional[bool] = None,
+) -> Iterator[List[Span]]:
+    """The search's (or the given) traces' spans, one trace at a time as fetched."""
+    ids = trace_ids or search_trace_ids(base_url, job_id, start_ns, end_ns, limit)
     with Progress("tempo: fetching traces", len(ids), progress) as bar:
         for trace_id in ids:
             url = build_url(base_url, f"/api/traces/{url_part(trace_id)}")
-            spans.extend(decode_traces_data(_trace_document(get_json(url)), url))
+            yield decode_traces_data(_trace_document(get_json(url)), url)
             bar.advance()
-    return spans
