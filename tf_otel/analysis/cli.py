@@ -175,13 +175,16 @@ def _load(
                 url, args.job, start_ns, end_ns, args.limit, args.trace_ids, args.progress
             )
         if spill:  # each answer kept on disk by trace as it comes: memory holds one
-            return spill_batches(batches, url, args.spill_dir), url
+            return spill_batches(batches, url, getattr(args, "spill_dir", None)), url
         return [span for batch in batches for span in batch], url
     if spill:  # kept on disk by trace: the analysis holds a step at a time
         from tf_otel.analysis.load.spill import load_spilled
 
         spilled = load_spilled(
-            args.paths, args.progress, engine=args.engine, spill_dir=args.spill_dir
+            args.paths,
+            args.progress,
+            engine=getattr(args, "engine", None),
+            spill_dir=getattr(args, "spill_dir", None),
         )
         return spilled, ", ".join(args.paths)
     from tf_otel.analysis.load.files import load_paths

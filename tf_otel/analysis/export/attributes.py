@@ -11,10 +11,11 @@ Usage::
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Collection, Dict, Iterable, Iterator, Optional, Tuple
 
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
-from tf_otel.analysis.load.files import find_trace_files, read_trace_bytes
+from tf_otel.analysis.load.files import find_trace_files, open_trace_file, read_trace_bytes
 from tf_otel.analysis.load.otlp import MALFORMED, is_traces_data, normalise_id
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.otlp_values import attributes_dict
@@ -22,22 +23,27 @@ from tf_otel.analysis.otlp_values import attributes_dict
 Key = Tuple[str, str]  # (trace id, span id), lowercase hex
 
 
-def _documents(data: bytes) -> Iterator[Any]:
-    """The JSON documents of a file: one per line, or the whole file (pretty-printed)."""
-    lines = data.splitlines()
-    for number, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            yield loads(line)
-        except DECODE_ERRORS:
-            if number == 0:
-                try:
-                    yield loads(data)
-                except DECODE_ERRORS:
-                    pass
-                return
-            continue  # the loader already accepted the file: a torn last line
+def _documents(path: Path) -> Iterator[Any]:
+    """The JSON documents of a file, read a line at a time: one per line, or the whole file
+    where its first line is not one (pretty-printed)."""
+    first = True
+    with open_trace_file(path) as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                document = loads(line)
+            except DECODE_ERRORS:
+                if first:
+                    try:
+                        document = loads(read_trace_bytes(path))
+                    except DECODE_ERRORS:
+                        return
+                    yield document
+                    return
+                continue  # the loader already accepted the file: a torn last line
+            first = False
+            yield document
 
 
 def _spans(document: Any) -> Iterator[Any]:
@@ -60,8 +66,7 @@ def full_attributes(
     files = find_trace_files(paths)
     with Progress("export: reading span attributes", len(files), progress) as bar:
         for path in files:
-            data = read_trace_bytes(path)
-            for document in _documents(data):
+            for document in _documents(path):
                 for raw in _spans(document):
                     try:
                         trace_id = normalise_id(raw["traceId"], 16)

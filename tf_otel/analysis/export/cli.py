@@ -10,6 +10,8 @@ Usage::
 Every rank is a process, every span category a track, collectives are flows between ranks;
 times are the clock-corrected ones the spans carry. Without --steps / --slowest the first
 --max-steps steps are written (and a line says so). An output ending in .gz is gzipped.
+The input is kept on disk by trace (``load.spill``), as ``tf-otel analyze`` keeps it: memory
+holds one step while the steps are chosen, then the chosen ones.
 
 Exit codes: 0 done, 2 bad input (one line on stderr naming the bad value, file or URL).
 """
@@ -21,11 +23,13 @@ import gzip
 import json
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 from tf_otel.analysis.cli import add_source_arguments
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.gc_pause import paused_gc
+from tf_otel.analysis.load.spill import SpillSource
 
 DEFAULT_MAX_STEPS = 50
 Range = Tuple[Optional[int], Optional[int]]
@@ -120,10 +124,46 @@ def select(
     return chosen, note
 
 
+@dataclass(frozen=True)
+class _Outline:
+    """What the selection reads of a step (its spans wait on disk until it is chosen)."""
+
+    trace_id: str
+    step: Optional[int]
+    start_ns: int
+    duration_ns: int
+
+
+def _outlines(traces: SpillSource, job_id: Optional[str]) -> Tuple[List[_Outline], List[str]]:
+    """Every step of the job in the input, built one at a time (``steps.group_steps``' order
+    and warnings), kept as its ``_Outline``."""
+    from tf_otel.analysis.steps import build_step, step_order
+
+    jobs = traces.job_ids()
+    if job_id is None and len(jobs) > 1:
+        listed = ", ".join(sorted(jobs)[:10])
+        raise AnalysisError(f"the traces hold {len(jobs)} jobs ({listed}): choose one with --job")
+    if job_id is not None and job_id not in jobs:
+        raise AnalysisError(f"no spans of job {job_id!r} in the input")
+    outlines: List[_Outline] = []
+    warnings: List[str] = []
+    for trace_id in sorted(traces.trace_ids()):
+        step = build_step(trace_id, _job_spans(traces, trace_id, job_id), warnings)
+        if step is not None:
+            outlines.append(_Outline(trace_id, step.step, step.start_ns, step.duration_ns))
+    outlines.sort(key=step_order)
+    return outlines, warnings
+
+
+def _job_spans(traces: SpillSource, trace_id: str, job_id: Optional[str]) -> List[Any]:
+    spans = traces.spans(trace_id)
+    return spans if job_id is None else [s for s in spans if s.job_id == job_id]
+
+
 def _run(args: argparse.Namespace) -> int:
     from tf_otel.analysis.cli import _load, parse_time_ns
     from tf_otel.analysis.export.chrome_trace import build_trace
-    from tf_otel.analysis.steps import filter_job, group_steps, select_steps
+    from tf_otel.analysis.steps import build_step, select_steps
 
     ranges = parse_steps(args.steps) if args.steps else None
     _positive("--slowest", args.slowest)
@@ -133,21 +173,27 @@ def _run(args: argparse.Namespace) -> int:
     if not os.path.isdir(parent):
         raise AnalysisError(f"bad --output {output!r}: no directory {parent}")
     start_ns, end_ns = parse_time_ns(args.since), parse_time_ns(args.until)
-    spans, source = _load(args, start_ns, end_ns)
-    spans = filter_job(spans, args.job)
-    steps, warnings = group_steps(spans)
-    for warning in warnings[:5]:
-        print(f"tf-otel export: warning: {warning}", file=sys.stderr)
-    steps = select_steps(steps, None, start_ns, end_ns)
-    if not steps:
-        raise AnalysisError(f"{source}: no steps (no step.root or step spans) in the input")
-    chosen, note = select(steps, ranges, args.slowest, args.max_steps)
-    if not chosen:
-        numbers = [s.step for s in steps if s.step is not None]
-        span = f"{min(numbers)}..{max(numbers)}" if numbers else "none numbered"
-        raise AnalysisError(f"bad --steps {args.steps!r}: no such steps (the input has {span})")
-    if note:
-        print(f"tf-otel export: {note}", file=sys.stderr)
+    # kept on disk by trace: memory holds a step at a time, then the chosen steps
+    traces, source = _load(args, start_ns, end_ns, spill=True)
+    with traces:
+        outlines, warnings = _outlines(traces, args.job)
+        for warning in warnings[:5]:
+            print(f"tf-otel export: warning: {warning}", file=sys.stderr)
+        outlines = select_steps(outlines, None, start_ns, end_ns)
+        if not outlines:
+            raise AnalysisError(f"{source}: no steps (no step.root or step spans) in the input")
+        picked, note = select(outlines, ranges, args.slowest, args.max_steps)
+        if not picked:
+            numbers = [s.step for s in outlines if s.step is not None]
+            span = f"{min(numbers)}..{max(numbers)}" if numbers else "none numbered"
+            raise AnalysisError(f"bad --steps {args.steps!r}: no such steps (the input has {span})")
+        if note:
+            print(f"tf-otel export: {note}", file=sys.stderr)
+        chosen = [
+            step
+            for o in picked
+            if (step := build_step(o.trace_id, _job_spans(traces, o.trace_id, args.job), []))
+        ]
     attributes = None
     if args.paths:  # the file loader kept only the analysis' attributes: read the rest
         from tf_otel.analysis.export.attributes import full_attributes

@@ -16,7 +16,7 @@ import marshal
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Iterable, List, Optional, Tuple, Union
 
 from tf_otel.analysis.engine import Engine, engine_workers, open_engine
 from tf_otel.analysis.errors import AnalysisError
@@ -75,6 +75,19 @@ def find_trace_files(paths: Iterable[str]) -> List[Path]:
         else:
             raise AnalysisError(f"{path}: no such file or directory")
     return files
+
+
+def open_trace_file(path: Path) -> BinaryIO:
+    """A trace file open for reading its (gunzipped) bytes as they are needed."""
+    try:
+        handle: BinaryIO = open(path, "rb")  # noqa: SIM115 - returned to a with block
+        if handle.read(2) == b"\x1f\x8b":
+            handle.close()
+            return gzip.open(path, "rb")  # type: ignore[return-value]
+        handle.seek(0)
+        return handle
+    except OSError as error:
+        raise AnalysisError(f"{path}: cannot read ({error})") from None
 
 
 def read_trace_bytes(path: Path) -> bytes:

@@ -25,7 +25,6 @@ holds one answer, not the selection::
 
 from __future__ import annotations
 
-import gzip
 import marshal
 import os
 import shutil
@@ -46,6 +45,7 @@ from tf_otel.analysis.load.files import (
     find_trace_files,
     input_size,
     load_part_rows,
+    open_trace_file,
     plan_parts,
     requested_workers,
 )
@@ -67,7 +67,7 @@ def _blocks(part: Part) -> Iterator[Tuple[bytes, int]]:
     as a small block of its own: joining the blocks' ends to the next read copied 8 MiB twice a
     block, and the allocator's heap grew with the copies (63 -> 80 MB over 64 parts of 47 MB)."""
     path, start, end = part
-    with _open(path) as handle:
+    with open_trace_file(path) as handle:
         if start:
             handle.seek(start)
         left = None if end < 0 else end - start
@@ -89,18 +89,6 @@ def _blocks(part: Part) -> Iterator[Tuple[bytes, int]]:
             rest = data[cut:] + tail
             del data
             yield rest, len(rest)
-
-
-def _open(path: Path) -> BinaryIO:
-    try:
-        handle: BinaryIO = open(path, "rb")  # noqa: SIM115 - returned to a with block
-        if handle.read(2) == b"\x1f\x8b":
-            handle.close()
-            return gzip.open(path, "rb")  # type: ignore[return-value]
-        handle.seek(0)
-        return handle
-    except OSError as error:
-        raise AnalysisError(f"{path}: cannot read ({error})") from None
 
 
 def _write(out: BinaryIO, rows: List[Row], pieces: Pieces, jobs: Set[str]) -> int:
