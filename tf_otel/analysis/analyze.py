@@ -120,7 +120,7 @@ class _Steps:
         self.repair = CausalityRepair()
         self.previous: Dict[str, Previous] = {}  # a batch's steps (``analyse_batch``)
         # the whole selection's: trace id -> the previous and evidence steps' keys, and where
-        # every step's outline is kept (``_previous_of``)
+        # every step's outline is kept (``previous_of``)
         self.previous_keys: Dict[str, Tuple[StepKey, Optional[StepKey]]] = {}
         self.outlines: Sequence[StepTrace] = []
 
