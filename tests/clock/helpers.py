@@ -31,6 +31,7 @@ def run_pair(
     interval: float = 0.5,
     rank_env: Optional[Dict[int, Dict[str, str]]] = None,
     timeout: float = 60.0,
+    min_probes: int = 0,
 ) -> Dict:
     """Rank 0 and rank 1 of tf_otel.clock.pair over TCP on 127.0.0.1; rank 1's JSON result."""
     port = free_port_pair()
@@ -51,6 +52,7 @@ def run_pair(
         env.update((rank_env or {}).get(rank, {}))
         cmd = [sys.executable, "-m", "tf_otel.clock.pair", "--duration", str(duration)]
         cmd += ["--exchanges", str(exchanges), "--interval", str(interval)]
+        cmd += ["--min-probes", str(min_probes)]
         procs.append(
             subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -29,14 +29,18 @@ pytestmark = pytest.mark.integration
     ["1:2000000000:200", "1:-2000000000:-200", "1:-2000000000:200", ""],
     ids=["+2s+200ppm", "-2s-200ppm", "-2s+200ppm", "no-skew"],
 )
-@pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 def test_recovered_offset_matches_injected_error(test_clock: str) -> None:
-    result = run_pair(test_clock, duration=2.0)
+    # at least 200 probes whatever the load (a 5 ms sleep takes 15+ ms on a busy box)
+    result = run_pair(test_clock, duration=2.0, min_probes=200)
     errors = [abs(e) for e in result["errors_ns"]]
-    assert len(errors) > 100
-    median, p99 = percentile(errors, 0.5), percentile(errors, 0.99)
-    assert median <= 5_000, (median, p99)
-    assert p99 <= 20_000, (median, p99)
+    bounds = result["bounds_ns"]
+    assert len(errors) == len(bounds) >= 200
+    # Every probe's error lies within the uncertainty the model in force claimed: half the
+    # fastest exchange's RTT plus the fit residual. That is the estimator's guarantee; a fixed
+    # few us is not (the RTTs a loaded box leaves, 30-60 us, allow a few us of asymmetry).
+    worst = max(e / b for e, b in zip(errors, bounds))
+    assert all(b > 0 for b in bounds)
+    assert worst <= 1.0, (worst, percentile(errors, 0.5), percentile(errors, 0.99), bounds[-1])
     if test_clock:
         skew, ppm = (float(x) for x in test_clock.split(":")[1:])
         assert abs(result["drift_ppm"] - -ppm) < 5  # reference - local drifts the other way
@@ -44,10 +48,11 @@ def test_recovered_offset_matches_injected_error(test_clock: str) -> None:
     else:
         assert abs(result["drift_ppm"]) < 5
     assert result["rounds"] >= 5
-    assert result["uncertainty_ns"] > 0
+    # and that claim is tight: half the window's fastest RTT (<= the last round's) + a residual
+    # below half of it; keeping slow exchanges or a poor fit would break it
+    assert 0 < result["uncertainty_ns"] <= result["rtt_min_ns"], result["rtt_min_ns"]
 
 
-@pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 def test_libfaketime_rank_offset_recovered() -> None:
     """Rank 0 runs under libfaketime FAKETIME=+2s (its libc clock_gettime is shifted), rank 1 not.
 
@@ -58,8 +63,12 @@ def test_libfaketime_rank_offset_recovered() -> None:
     result = run_pair(
         "", duration=0.5, rank_env={0: {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": "+2s"}}
     )
-    # the reference is 2 s ahead of rank 1: reference - local = +2 s
-    assert abs(result["offset_ns"] - 2_000_000_000) < 20_000, result["offset_ns"]
+    # the reference is 2 s ahead of rank 1: reference - local = +2 s, within the uncertainty
+    # the model claims (min RTT / 2 + residual), not a fixed figure that a loaded box's RTTs break
+    error = abs(result["offset_ns"] - 2_000_000_000)
+    claim = {k: result[k] for k in ("offset_ns", "uncertainty_ns", "rtt_min_ns", "residual_ns")}
+    assert 0 < result["uncertainty_ns"] <= result["rtt_min_ns"], claim  # tight, as above
+    assert error <= result["uncertainty_ns"], claim
     assert abs(result["drift_ppm"]) < 5
 
 

@@ -30,6 +30,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--exchanges", type=int, default=64)
     parser.add_argument("--interval", type=float, default=0.5, help="clock_interval_s")
     parser.add_argument("--every", type=float, default=0.005, help="error probe period (s)")
+    parser.add_argument(
+        "--min-probes",
+        type=int,
+        default=0,
+        help="probe past --duration until this many (a loaded box stretches every sleep)",
+    )
     parser.add_argument("--transport", default="tcp")
     args = parser.parse_args(argv)
     topo = detect()
@@ -58,16 +64,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     shift = clock.test_clock()
     errors: List[int] = []
+    bounds: List[int] = []  # the uncertainty the model in force claimed at each probe
     end = time.monotonic() + args.duration
-    while time.monotonic() < end:
+    while time.monotonic() < end or len(errors) < args.min_probes:
         local = clock.now_ns()
         model = clock.current_model()
         truth = -shift.error_at_local(local) if shift is not None else 0
         errors.append(model.offset_at(local) - truth)
+        bounds.append(model.uncertainty_ns)
         time.sleep(args.every)
     sync.resync_now(wait_s=2.0)
     report = sync.report()
     report["errors_ns"] = errors
+    report["bounds_ns"] = bounds
     report["every_s"] = args.every
     report["rtt_min_ns"] = sync.stats.last_round.rtt_min_ns if sync.stats.last_round else 0
     sync.send_report()
