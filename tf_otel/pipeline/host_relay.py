@@ -39,8 +39,11 @@ How it works:
   in the relay until every rank connected to it reported that step, or ``wait_s`` (at most
   RELAY_WAIT_MAX_S, a quarter of the root wait) passed; then the step's extents go to rank 0 in
   one message, per rank (rank 0 builds the same root, with the same partial flag, as from
-  single reports). A late extent goes in a later message; rank 0 merges it as it merges a late
-  report. Extension messages go up wrapped (VIA) without being encoded again.
+  single reports). A late extent (of a step already sent: a rank behind by more than the wait,
+  or its first steps queued while it connected) goes up at once in a message of its own,
+  before the host's later steps, so the roots go out in step order as without relays (rank 0
+  judges each step as its root goes out, pipeline/verdicts.py); rank 0 merges it as it merges
+  a late report. Extension messages go up wrapped (VIA) without being encoded again.
 * Messages from rank 0: a broadcast (stall asks, Gather answers) comes once per host and the
   relay fans the same bytes out to its ranks; a message for one rank comes wrapped (TO) and the
   relay forwards its inner bytes. The ranks keep no direct connection to rank 0.
@@ -204,6 +207,8 @@ class HostRelay:
         self._max_queue = max_queue
         self._ranks: Dict[int, asyncio.StreamWriter] = {}  # the host's ranks connected now
         self._pending: OrderedDict[Tuple[str, int], _Step] = OrderedDict()
+        # the steps sent up (bounded): a host rank's extent of one of them goes up at once
+        self._sent: OrderedDict[Tuple[str, int], None] = OrderedDict()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._server: Optional[asyncio.base_events.Server] = None
         self._connections = 0
@@ -351,6 +356,14 @@ class HostRelay:
 
     def _add(self, rank: int, message: messages.Message) -> None:
         key_step = (message["k"], message["s"])
+        extent = [rank, message["a"], message["b"], message.get("w")]
+        if key_step in self._sent:
+            # a rank behind the wait (or its first steps, queued while it connected): the step
+            # went up without it, the others will not report it again. Up now, in its order:
+            # waiting again would let the host's next steps, whole with it, go first (rank 0
+            # judges the roots in the order they go out)
+            self._up(messages.encode(messages.relay_extents(key_step[0], key_step[1], [extent])))
+            return
         entry = self._pending.get(key_step)
         if entry is None:
             assert self._loop is not None
@@ -358,7 +371,7 @@ class HostRelay:
             entry.timer = self._loop.call_later(self.wait_s, self._flush, key_step)
             while len(self._pending) > MAX_PENDING_STEPS:  # bounded: the oldest goes now
                 self._flush(next(iter(self._pending)))
-        entry.extents[rank] = [rank, message["a"], message["b"], message.get("w")]
+        entry.extents[rank] = extent
         if set(self._ranks) <= set(entry.extents):  # every rank of the host reported it
             self._flush(key_step)
 
@@ -369,6 +382,9 @@ class HostRelay:
             return
         if entry.timer is not None:
             entry.timer.cancel()
+        self._sent[key_step] = None
+        while len(self._sent) > MAX_PENDING_STEPS:
+            self._sent.popitem(last=False)
         extents = list(entry.extents.values())
         self._up(messages.encode(messages.relay_extents(key_step[0], key_step[1], extents)))
 
