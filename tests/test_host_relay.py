@@ -386,18 +386,22 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--leader"]:
 
 def test_ranks_on_rank0s_host_talk_to_it_directly_whoever_starts_first() -> None:
     """The race on rank 0's host: a rank there that starts before rank 0 must not lead a relay
-    (its host's reports would take a hop and a wait more). Relays are off unless asked for."""
+    (its host's reports would take a hop and a wait more). Relays are on by default,
+    TF_OTEL_HOST_RELAY=0 turns them off."""
     assert on_this_host("127.0.0.1") and on_this_host("localhost")
     assert not on_this_host("192.0.2.1")  # TEST-NET-1: never this machine's
     job_id = f"relay-{uuid.uuid4().hex[:8]}"
     topology = Topology(rank=1, world_size=WORLD, local_size=4, host="host-a", job_id=job_id)
     rank0 = ("127.0.0.1", 1)  # never dialled: only where the rank would connect is asked
-    off = coordinator_link(Settings(), topology, rank0, secret=_key())
+    assert Settings().host_relay and Settings.from_env({}).host_relay
+    off = Settings.from_env({"TF_OTEL_HOST_RELAY": "0"})
+    assert not off.host_relay
+    link = coordinator_link(off, topology, rank0, secret=_key())
     try:
-        assert off.route is None  # TF_OTEL_HOST_RELAY unset: every rank to rank 0
+        assert link.route is None  # every rank to rank 0
     finally:
-        close_link(off, 1.0)
-    direct = coordinator_link(Settings(host_relay=True), topology, rank0, secret=_key())
+        close_link(link, 1.0)
+    direct = coordinator_link(Settings(), topology, rank0, secret=_key())  # the default
     try:
         assert isinstance(direct.route, RelayRoute) and direct.route() == rank0
         assert direct.route.relay is None and not direct.route.election.leading

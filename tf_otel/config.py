@@ -37,8 +37,8 @@ docs/RELIABILITY.md "Stalls" says why),
 TF_OTEL_VERDICTS (rank 0's live verdict on each step root, the per-rank lateness histogram and
 persistent slowdowns, pipeline/verdicts.py; default 1; 0: off),
 TF_OTEL_HOST_RELAY (one rank a host gathers the host's step reports for rank 0,
-pipeline/host_relay.py; 1: on where a host runs several ranks, not on rank 0's own host;
-unset or 0: every rank to rank 0).
+pipeline/host_relay.py; default 1: on where a host runs several ranks, not on rank 0's own
+host; 0: every rank to rank 0).
 """
 
 from __future__ import annotations
@@ -209,9 +209,9 @@ class Settings:
     stall_floor_s: float = STALL_FLOOR_S_DEFAULT
     stall_factor: float = STALL_FACTOR_DEFAULT
     verdicts: bool = True  # rank 0's live verdicts (pipeline/verdicts.py)
-    # one relay a host for the step reports (pipeline/host_relay.py); True: on where a host runs
-    # several ranks; None / False: off
-    host_relay: Optional[bool] = None
+    # one relay a host for the step reports (pipeline/host_relay.py): on where a host runs
+    # several ranks (not rank 0's own host); False: every rank to rank 0
+    host_relay: bool = True
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Settings:
@@ -266,7 +266,7 @@ class Settings:
             ),
             stall_factor=read(env, "TF_OTEL_STALL_FACTOR", _positive_float, STALL_FACTOR_DEFAULT),
             verdicts=read(env, "TF_OTEL_VERDICTS", _bool, True),
-            host_relay=read(env, "TF_OTEL_HOST_RELAY", _bool, None),
+            host_relay=read(env, "TF_OTEL_HOST_RELAY", _bool, True),
         )
 
 

