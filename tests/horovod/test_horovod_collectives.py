@@ -109,18 +109,23 @@ def test_straggler_is_last_and_rank0_waits_50ms(receiver, tmp_path):
     by_id = {s.span_id: s for s in spans}
     slow = [c for c in collectives if by_id[c.parent_id].attributes["tf_otel.step"] == slow_step]
     assert {c.rank for c in slow} == {0, 1}
-    for c in slow:
-        assert c.attributes["horovod.last_arrival"] is (c.rank == 1)
-        if c.rank == 0:
-            assert 40e6 <= c.attributes["horovod.wait_ns"] <= 60e6, c.attributes
-            waits = [s for s in spans if s.parent_id == c.span_id and s.category.endswith("wait")]
-            assert len(waits) == 1 and 40e6 <= waits[0].end_ns - waits[0].start_ns <= 60e6
     others = [
         c
         for c in collectives
         if c.rank == 0 and by_id[c.parent_id].attributes["tf_otel.step"] not in (0, slow_step)
     ]
-    assert others and max(c.attributes["horovod.wait_ns"] for c in others) < 30e6
+    assert others
+    noise = max(c.attributes["horovod.wait_ns"] for c in others)  # the waits nothing injected
+    assert noise < 30e6
+    # the injected 50 ms, give or take 10 ms, plus what rank 0 waits at most without it (a
+    # loaded machine delays either rank's own work a little, as the other steps show)
+    high = 60e6 + noise
+    for c in slow:
+        assert c.attributes["horovod.last_arrival"] is (c.rank == 1)
+        if c.rank == 0:
+            assert 40e6 <= c.attributes["horovod.wait_ns"] <= high, (c.attributes, noise)
+            waits = [s for s in spans if s.parent_id == c.span_id and s.category.endswith("wait")]
+            assert len(waits) == 1 and 40e6 <= waits[0].end_ns - waits[0].start_ns <= high
 
 
 def test_killed_job_exports_what_it_had_and_keeps_its_exit_code(receiver, tmp_path):
