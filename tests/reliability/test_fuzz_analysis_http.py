@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from reliability.test_fuzz_analysis_files import JAEGER_TRACE, TRACES_DATA, _json, _strings
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.load.jaeger import fetch_jaeger
-from tf_otel.analysis.load.tempo import fetch_tempo
+from tf_otel.analysis.load.jaeger import jaeger_batches
+from tf_otel.analysis.load.tempo import tempo_batches
 
 FUZZ = settings(
     max_examples=150,
@@ -123,7 +123,7 @@ _services = st.fixed_dictionaries(
 @example(b"", b"garbage\r\n\r\n", "svc")  # not HTTP: was http.client.BadStatusLine
 def test_jaeger_search(server, services, traces, service):
     server.responses = {"/api/services": services, "/api/traces": traces}
-    fetched(lambda: fetch_jaeger(server.url, service=service, progress=False), server.url)
+    fetched(lambda: list(jaeger_batches(server.url, service=service, progress=False)), server.url)
 
 
 @FUZZ
@@ -131,7 +131,9 @@ def test_jaeger_search(server, services, traces, service):
 @example(["a b\r\n"], b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")  # was InvalidURL
 def test_jaeger_trace_ids(server, trace_ids, traces):
     server.responses = {"/api/traces/": traces}
-    fetched(lambda: fetch_jaeger(server.url, trace_ids=trace_ids, progress=False), server.url)
+    fetched(
+        lambda: list(jaeger_batches(server.url, trace_ids=trace_ids, progress=False)), server.url
+    )
 
 
 _tempo_search = st.fixed_dictionaries(
@@ -151,10 +153,10 @@ _tempo_trace = TRACES_DATA | st.fixed_dictionaries({"trace": TRACES_DATA})
 @example(b'HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{"traces":[1]}', b"")  # AttributeError
 def test_tempo(server, search, trace):
     server.responses = {"/api/search": search, "/api/traces/": trace}
-    fetched(lambda: fetch_tempo(server.url, job_id="j", progress=False), server.url)
+    fetched(lambda: list(tempo_batches(server.url, job_id="j", progress=False)), server.url)
 
 
 @pytest.mark.parametrize("base", ["localhost:16686", "http://127.0.0.1:1 2", "ftp//x"])
 def test_an_unusable_url_is_one_clear_error(base):
     with pytest.raises(AnalysisError, match="not a usable URL|cannot connect"):
-        fetch_jaeger(base, service="svc", progress=False)  # was ValueError / InvalidURL
+        list(jaeger_batches(base, service="svc", progress=False))  # was ValueError / InvalidURL

@@ -2,14 +2,15 @@
 
 Usage::
 
-    spans = fetch_jaeger("http://localhost:16686", service="train.py", job_id="42",
-                         start_ns=None, end_ns=None, limit=1000)
+    for spans in jaeger_batches("http://localhost:16686", service="train.py", job_id="42",
+                                start_ns=None, end_ns=None, limit=1000):
+        ...                                  # a trace (given ids) or a search page at a time
     spans = convert_jaeger_traces(json.load(open("jaeger-ui-download.json"))["data"], "file")
 
 Jaeger keeps microseconds: times come back as multiples of 1,000 ns. Resource attributes are
 Jaeger "process" tags; ``service.name`` is the process's ``serviceName``.
 
-``jaeger_batches`` gives the same spans a page at a time (``load.spill.spill_batches`` keeps
+A search page at a time (``load.spill.spill_batches`` keeps
 them on disk): a search answer holds whole traces (a step of 64 ranks is ~7 MB of JSON), so a
 time window whose answer would hold more than ``SEARCH_PAGE`` traces is searched again in
 halves, and memory holds one page. A trace found in two windows is taken once.
@@ -96,26 +97,6 @@ def _services(base_url: str) -> List[str]:
     return sorted(str(name) for name in names if name and not str(name).startswith("jaeger"))
 
 
-def fetch_jaeger(
-    base_url: str,
-    service: Optional[str] = None,
-    job_id: Optional[str] = None,
-    start_ns: Optional[int] = None,
-    end_ns: Optional[int] = None,
-    limit: int = 10000,
-    trace_ids: Optional[List[str]] = None,
-    progress: Optional[bool] = None,
-) -> List[Span]:
-    """Search (per service, by job id tag and time range) or fetch given trace ids; every span
-    in memory."""
-    spans: List[Span] = []
-    for batch in jaeger_batches(
-        base_url, service, job_id, start_ns, end_ns, limit, trace_ids, progress
-    ):
-        spans.extend(batch)
-    return spans
-
-
 SEARCH_PAGE = 16  # traces a search answer may hold before its window is searched in halves
 
 
@@ -129,8 +110,8 @@ def jaeger_batches(
     trace_ids: Optional[List[str]] = None,
     progress: Optional[bool] = None,
 ) -> Iterator[List[Span]]:
-    """``fetch_jaeger``'s spans a trace (given ids) or a search page at a time; at most
-    ``limit`` traces in all."""
+    """Search (per service, by job id tag and time range) or fetch the given trace ids: their
+    spans a trace (given ids) or a search page at a time; at most ``limit`` traces in all."""
     if trace_ids:
         with Progress("jaeger: fetching traces", len(trace_ids), progress) as bar:
             for trace_id in trace_ids:

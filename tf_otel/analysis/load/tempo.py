@@ -2,7 +2,6 @@
 
 Usage::
 
-    spans = fetch_tempo("http://localhost:3200", job_id="42", start_ns=None, end_ns=None)
     for spans in tempo_batches("http://localhost:3200", job_id="42"):  # a trace at a time
         ...                                  # (load.spill.spill_batches keeps them on disk)
 
@@ -55,22 +54,6 @@ def search_trace_ids(
     if not isinstance(traces, list) or not all(isinstance(t, dict) for t in traces):
         raise AnalysisError(f"{url}: not a Tempo search response")
     return [str(trace["traceID"]) for trace in traces if trace.get("traceID")]
-
-
-def fetch_tempo(
-    base_url: str,
-    job_id: Optional[str] = None,
-    start_ns: Optional[int] = None,
-    end_ns: Optional[int] = None,
-    limit: int = 10000,
-    trace_ids: Optional[List[str]] = None,
-    progress: Optional[bool] = None,
-) -> List[Span]:
-    """Every span of the search's (or the given) traces, in memory."""
-    spans: List[Span] = []
-    for batch in tempo_batches(base_url, job_id, start_ns, end_ns, limit, trace_ids, progress):
-        spans.extend(batch)
-    return spans
 
 
 def tempo_batches(
