@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as the leader script
     sys.path.insert(0, str(REPO))
 
+from locks import held_elsewhere  # noqa: E402
+
 from tf_otel.clock import host_share  # noqa: E402
 from tf_otel.clock.host_share import private_dir  # noqa: E402
 from tf_otel.config import Settings  # noqa: E402
@@ -145,6 +147,21 @@ def _run(relay: bool, steps: int = 12) -> Tuple[_Rank0, int, Dict[int, List[Dict
             close_link(client, 1.0)
         rank0.close()
     return rank0, connections, got
+
+
+def _host_b_ups(rank0: Any) -> List[Tuple[int, List[int]]]:
+    """What rank 0 gets from host-b's relay (ranks 4 and up), in order: (step, its ranks)."""
+    ups: List[Tuple[int, List[int]]] = []
+    add_many = rank0.aggregator.add_many
+
+    def recording(key: str, step: int, extents: Any) -> None:
+        extents = list(extents)
+        if extents[0][0] >= 4:
+            ups.append((step, sorted(e[0] for e in extents)))
+        add_many(key, step, extents)
+
+    rank0.aggregator.add_many = recording
+    return ups
 
 
 def test_rank0_holds_one_connection_per_other_host_and_the_roots_are_the_controls() -> None:
@@ -282,16 +299,7 @@ def test_a_late_rank_of_a_host_goes_up_in_a_later_message_and_rank0_merges_it() 
     0's root still holds every rank, each with its own extent."""
     job_id = f"relay-{uuid.uuid4().hex[:8]}"
     rank0 = _Rank0(job_id, True, wait_s=3.0)  # room for 7's 0.6 s on a loaded machine
-    ups: List[Tuple[int, List[int]]] = []  # what rank 0 got from host-b's relay, in order
-    add_many = rank0.aggregator.add_many
-
-    def recording(key: str, step: int, extents: Any) -> None:
-        extents = list(extents)
-        if extents[0][0] >= 4:
-            ups.append((step, sorted(e[0] for e in extents)))
-        add_many(key, step, extents)
-
-    rank0.aggregator.add_many = recording  # type: ignore[method-assign]
+    ups = _host_b_ups(rank0)
     clients = {rank: _link(rank, job_id, rank0.address, True) for rank in range(1, WORLD)}
     try:
         assert _wait_until(lambda: len(rank0.aggregator.connected_ranks()) == WORLD - 1, 10)
@@ -598,29 +606,12 @@ def test_a_process_sweeps_stale_relay_files_but_never_a_live_or_recent_elections
     for path in others:
         path.write_text("x")
         os.utime(path, (old, old))
-    holder = subprocess.Popen(  # a live rank of another process: holds the lock
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
-            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
-            str(live[0]),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_elsewhere(live[0]):  # a live rank of another process holds the lock
         monkeypatch.setattr(host_share, "_swept", set())  # as in a new process
         assert HostElection.for_job("another-job", "host-a", _key().key) is not None
         assert not any(path.exists() for path in dead)
         assert all(path.exists() for path in live + recent + others)
         assert HostElection.for_job("a-third-job", "host-a") is not None  # once a process
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(10)
     # once its holder is gone the live job's files are stale too (a later process's sweep)
     assert host_share.sweep_stale(directory, "relay") == 1
     assert not any(path.exists() for path in live)
@@ -662,16 +653,7 @@ def test_an_extent_of_a_step_the_relay_already_sent_goes_up_before_later_steps()
     before 0-3, so injected step 5 fell in the warm-up and went unjudged)."""
     job_id = f"relay-{uuid.uuid4().hex[:8]}"
     rank0 = _Rank0(job_id, True, wait_s=5.0)
-    ups: List[Tuple[int, List[int]]] = []  # what rank 0 got from host-b's relay, in order
-    add_many = rank0.aggregator.add_many
-
-    def recording(key: str, step: int, extents: Any) -> None:
-        extents = list(extents)
-        if extents[0][0] >= 4:
-            ups.append((step, sorted(e[0] for e in extents)))
-        add_many(key, step, extents)
-
-    rank0.aggregator.add_many = recording  # type: ignore[method-assign]
+    ups = _host_b_ups(rank0)
     relay = HostRelay(rank0.address, 4, WORLD, 0.2, _key())
     try:
         assert relay.serve() is not None and relay.serve_local([4, 5, 6, 7])

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, List
 
 from conftest import free_port_pair
+from locks import held_elsewhere
 
 from tf_otel import clock
 from tf_otel.clock.host_share import HostShare, private_dir
@@ -198,27 +199,10 @@ def test_a_process_sweeps_stale_clock_files_but_never_a_live_or_recent_shares(
     for path in others:
         path.write_text("x")
         os.utime(path, (old, old))
-    holder = subprocess.Popen(  # a live rank of another process: holds the lock
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
-            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
-            str(live[0]),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_elsewhere(live[0]):  # a live rank of another process holds the lock
         _first_share_of_a_process(tmp_path)
         assert not any(path.exists() for path in dead)
         assert all(path.exists() for path in live + recent + others)
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(10)
     # once its holder is gone the live job's files are stale too (a later process's sweep)
     _first_share_of_a_process(tmp_path)
     assert not any(path.exists() for path in live)
