@@ -68,6 +68,7 @@ RANKS_PER_PROCESS = 128
 LIGHT_RANKS_PER_PROCESS = 1024  # --light-hosts: 128 simulated hosts (relays) a process
 KEY = "bench_step"
 SECRET = "bench-rank0-secret-0123456789abcdef"
+RELAY_THREAD = "tf_otel-relay"  # a host relay's event loop (pipeline/host_relay.py)
 PER_HOST = 8  # ranks a simulated host: one of them syncs the host's clock with rank 0
 
 
@@ -314,14 +315,19 @@ def _part(first: int, last: int, run: _Run) -> None:
         host.serve_local(ranks)
         relays.append((host, ranks))
         syncs.append(_clock(_topology(ranks[0], world, per_host, port), port))
-    for step in range(int(seconds * STEPS_PER_S)):
+    steps = int(seconds * STEPS_PER_S)
+    relay_from: Optional[Tuple[float, Dict[str, float]]] = None
+    for step in range(steps):
         time.sleep(max(0.0, t0 + step / STEPS_PER_S - time.time()))
+        if step == steps // 2:  # the relays' own CPU over the second half, as rank 0's
+            relay_from = (time.monotonic(), harness.thread_cpu())
         start = time.time_ns()
         end = start + 200_000_000
         for client in clients:
             client.report(KEY, step, start, end)
         for host, ranks in relays:
             host.report_local(KEY, step, [(rank, start, end) for rank in ranks])
+    relay_cost = _relay_cost(relay_from)
     # never connected by the end (to rank 0 or to a relay): what a missing rank was doing
     unconnected = [c.rank for c in clients if c.connected_to is None]
     unconnected += [rank for host, ranks in relays if not host.linked for rank in ranks]
@@ -342,8 +348,25 @@ def _part(first: int, last: int, run: _Run) -> None:
         "handshakes_failed": health.counters["coordinator_handshake_failed"],
         "unconnected": unconnected,
         "cpu_s": time.process_time(),  # the simulated ranks' own cost (relays included)
+        **relay_cost,
     }
     print(json.dumps(said), flush=True)
+
+
+def _relay_cost(since: Optional[Tuple[float, Dict[str, float]]]) -> Dict[str, Any]:
+    """What the host relays in this process cost from ``since`` (wall time, ``thread_cpu``) to
+    now: CPU seconds of their event loop threads, the threads' count and the wall time. In a
+    job each runs in its leader rank's training process: this is what it takes from it."""
+    if since is None:
+        return {}
+    wall_from, threads_from = since
+    threads = [t for t in threading.enumerate() if t.name == RELAY_THREAD]
+    spent = harness.thread_cpu().get(RELAY_THREAD, 0.0) - threads_from.get(RELAY_THREAD, 0.0)
+    return {
+        "relay_threads": len(threads),
+        "relay_cpu_s": round(spent, 3),
+        "relay_wall_s": round(time.monotonic() - wall_from, 2),
+    }
 
 
 def _clock(topology: Any, port: int) -> Any:
@@ -403,6 +426,7 @@ def measure(
     failed = 0
     unconnected: List[int] = []
     parts_cpu = 0.0
+    relay_cpu, relay_threads, relay_wall = 0.0, 0, 0.0
     for part in parts:
         try:
             said = part.communicate(timeout=60)[0]
@@ -414,6 +438,9 @@ def measure(
                 failed += json.loads(line).get("handshakes_failed", 0)
                 unconnected += json.loads(line).get("unconnected", [])
                 parts_cpu += json.loads(line).get("cpu_s", 0.0)
+                relay_cpu += json.loads(line).get("relay_cpu_s", 0.0)
+                relay_threads += json.loads(line).get("relay_threads", 0)
+                relay_wall = max(relay_wall, json.loads(line).get("relay_wall_s", 0.0))
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"rank 0 printed no result: {err[-2000:]}")
@@ -421,6 +448,13 @@ def measure(
     result["handshakes_failed"] = failed  # on the ranks' side: each was tried again
     result["unconnected"] = sorted(unconnected)  # ranks whose link never connected anywhere
     result["parts_cpu_s"] = round(parts_cpu, 1)  # every simulated rank's process, in all
+    # one host relay's CPU (second half), taken from its leader rank's process in a job
+    result["relays"] = relay_threads
+    if relay_threads and relay_wall:
+        per_relay = relay_cpu / relay_threads / relay_wall
+        result["relay_cores"] = round(per_relay, 5)
+        # a relay serves its host's ranks (its leader's own included)
+        result["relay_us_per_rank_step"] = round(per_relay * 1e6 / (STEPS_PER_S * per_host), 1)
     return result
 
 
