@@ -463,8 +463,9 @@ def _table(results: List[Dict]) -> str:
         "| ranks | host relays | connections at rank 0 | every rank connected after "
         "| host clock leaders connected after | steady roots complete "
         "| rank-0 CPU, cores (second half) | µs per rank-step | rank-0 CPU in all "
+        "| one host relay's CPU, cores (µs per relayed rank-step) "
         "| load average (1, 5, 15 min) at the end |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rows.append(
@@ -474,9 +475,15 @@ def _table(results: List[Dict]) -> str:
             f"| {r['clock_connected_s']} s ({r['clock_leaders']}) "
             f"| {r['complete_steady']} of {r['steady_steps']} "
             f"| {r['cores']} | {r['us_per_rank_step']} | {r['cpu_s']} s "
-            f"| {r.get('load_average')} |"
+            f"| {_relay_column(r)} | {r.get('load_average')} |"
         )
     return "\n".join(rows)
+
+
+def _relay_column(result: Dict) -> str:
+    if "relay_cores" not in result:
+        return "no relay"
+    return f"{result['relay_cores']} ({result['relay_us_per_rank_step']})"
 
 
 def main() -> None:
