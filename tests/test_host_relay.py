@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,9 +35,16 @@ from locks import held_elsewhere  # noqa: E402
 from tf_otel.clock import host_share  # noqa: E402
 from tf_otel.clock.host_share import private_dir  # noqa: E402
 from tf_otel.config import Settings  # noqa: E402
+from tf_otel.health import counters  # noqa: E402
 from tf_otel.job import job_secret  # noqa: E402
 from tf_otel.job.topology import KV_SCHEME, Topology, publish_reference  # noqa: E402
-from tf_otel.pipeline.coordinator import ROOT_MARGIN_NS, StepAggregator  # noqa: E402
+from tf_otel.pipeline import messages  # noqa: E402
+from tf_otel.pipeline.coordinator import (  # noqa: E402
+    MAX_LINE,
+    ROOT_MARGIN_NS,
+    SERVICE,
+    StepAggregator,
+)
 from tf_otel.pipeline.coordinator_client import CoordinatorClient  # noqa: E402
 from tf_otel.pipeline.host_relay import (  # noqa: E402
     HostElection,
@@ -674,6 +682,140 @@ def test_an_extent_of_a_step_the_relay_already_sent_goes_up_before_later_steps()
             assert {r: extents[r][:2] for r in extents} == {
                 r: _extent(r, step) for r in range(WORLD)
             }
+    finally:
+        relay.close(1.0)
+        rank0.close()
+
+
+# -- the relay's server path, a rank's bytes by hand (framing.LineConnection, as rank 0's) ------
+
+RAW_RANK = 5  # the one rank connected: each of its extents makes its step whole at the relay
+
+
+def _relay_recording(monkeypatch: pytest.MonkeyPatch) -> Tuple[_Rank0, HostRelay, List[bytes]]:
+    """Rank 0, a relay linked to it, and every line the relay sends up, in order."""
+    rank0 = _Rank0(f"relay-{uuid.uuid4().hex[:8]}", True)
+    relay = HostRelay(rank0.address, 4, WORLD, 5.0, _key())
+    ups: List[bytes] = []
+    up = relay._up
+
+    def recording(data: bytes) -> None:  # on the relay's loop
+        ups.append(data)
+        up(data)
+
+    monkeypatch.setattr(relay, "_up", recording)
+    assert relay.serve() is not None
+    return rank0, relay, ups
+
+
+def _rank_by_hand(address: Tuple[str, int], first: bytes = b"") -> socket.socket:
+    """RAW_RANK's connection to its relay: the product's hello written by hand, ``first`` in
+    the same send right behind it (before the welcome), then the welcome checked."""
+    sock = socket.create_connection(address, timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each send its own segment
+    rfile = sock.makefile("rb")
+    challenge = messages.decode(rfile.readline())
+    nonce, client_nonce = bytes.fromhex(challenge["n"]), job_secret.nonce()
+    mac = job_secret.client_mac(_key().key, SERVICE, nonce, RAW_RANK)
+    hello = {"t": messages.HELLO, "rank": RAW_RANK, "mac": mac.hex(), "cn": client_nonce.hex()}
+    sock.sendall(messages.encode(hello) + first)
+    welcome = messages.decode(rfile.readline())
+    proof = job_secret.server_mac(_key().key, SERVICE, client_nonce, RAW_RANK).hex()
+    assert welcome["t"] == messages.WELCOME and welcome["mac"] == proof
+    return sock
+
+
+def _extent_line(step: int) -> bytes:
+    return messages.encode(messages.extent(KEY, step, *_extent(RAW_RANK, step)))
+
+
+def _up_extents(step: int) -> bytes:
+    extents = [[RAW_RANK, *_extent(RAW_RANK, step), None]]
+    return messages.encode(messages.relay_extents(KEY, step, extents))
+
+
+def _joined_left(*between: bytes) -> List[bytes]:
+    join = messages.encode({"t": messages.JOIN, "r": RAW_RANK})
+    return [join, *between, messages.encode({"t": messages.LEAVE, "r": RAW_RANK})]
+
+
+def _relay_ended(sock: socket.socket) -> bool:
+    """Whether the relay closed the connection (nothing more comes from it)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:  # closed with our bytes unread
+        return True
+
+
+def test_a_ranks_lines_in_pieces_go_up_whole_in_order_and_a_bad_one_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A line in the hello's read is served after the welcome, a line split over reads is one
+    line; lines in one read go up in order, an extension message as it came (VIA); a
+    malformed line is counted and the next one read; bye ends the connection (LEAVE)."""
+    rank0, relay, ups = _relay_recording(monkeypatch)
+    bad = counters["coordinator_bad_message"]
+    own = messages.encode({"t": "test.up", "n": 1})
+    one, two = _extent_line(1), _extent_line(2)
+    try:
+        sock = _rank_by_hand(relay.address or ("", 0), _extent_line(0) + one[:7])
+        with sock:
+            for piece in (one[7:20], one[20:] + two[:3], two[3:] + own):
+                time.sleep(0.05)
+                sock.sendall(piece)
+            sock.sendall(b'{"t":"extent","k":"x"}\n' + _extent_line(3))
+            sock.sendall(messages.encode({"t": messages.BYE}) + _extent_line(4))
+            assert _relay_ended(sock)
+        assert _wait_until(lambda: len(ups) == 7, 5), ups
+        via = messages.wrap(messages.VIA, RAW_RANK, own)
+        steps = [_up_extents(step) for step in range(4)]
+        assert ups == _joined_left(*steps[:3], via, steps[3])  # nothing after bye
+        assert counters["coordinator_bad_message"] == bad + 1
+        assert relay.ranks() == []
+    finally:
+        relay.close(1.0)
+        rank0.close()
+
+
+@pytest.mark.parametrize("ended", [True, False], ids=["line end", "no line end"])
+def test_a_ranks_line_over_the_limit_ends_its_connection_counted(
+    monkeypatch: pytest.MonkeyPatch, ended: bool
+) -> None:
+    """A line longer than MAX_LINE (with or without its end: the relay buffers no more) ends
+    the rank's connection, counted; nothing after it goes up."""
+    rank0, relay, ups = _relay_recording(monkeypatch)
+    bad = counters["coordinator_bad_message"]
+    try:
+        sock = _rank_by_hand(relay.address or ("", 0))
+        with sock:
+            sock.sendall(_extent_line(0))
+            long = b"x" * (MAX_LINE + 10) + (b"\n" + _extent_line(1) if ended else b"")
+            try:
+                sock.sendall(long)
+            except OSError:  # the relay closed it already
+                pass
+            assert _relay_ended(sock)  # the rank's side still open: the relay ended it
+        assert _wait_until(lambda: len(ups) == 3, 5), ups
+        assert ups == _joined_left(_up_extents(0))
+        assert counters["coordinator_bad_message"] == bad + 1
+    finally:
+        relay.close(1.0)
+        rank0.close()
+
+
+def test_a_rank_closed_mid_line_leaves_and_its_cut_line_is_dropped_uncounted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rank0, relay, ups = _relay_recording(monkeypatch)
+    bad, errors = counters["coordinator_bad_message"], counters["coordinator_conn_error"]
+    try:
+        with _rank_by_hand(relay.address or ("", 0)) as sock:
+            sock.sendall(_extent_line(0) + _extent_line(1)[:-5])
+        assert _wait_until(lambda: len(ups) == 3, 5), ups
+        assert ups == _joined_left(_up_extents(0))
+        assert counters["coordinator_bad_message"] == bad
+        assert counters["coordinator_conn_error"] == errors
+        assert _wait_until(lambda: relay.ranks() == [], 5)
     finally:
         relay.close(1.0)
         rank0.close()

@@ -53,7 +53,7 @@ from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
 from tf_otel.pipeline import messages
-from tf_otel.pipeline.framing import LineConnection, LineSource, decode_or_count, lines_from
+from tf_otel.pipeline.framing import LineConnection, decode_or_count, lines_from
 from tf_otel.pipeline.messages import BadMessage, Handlers, Outgoing, decode, encode
 
 if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
@@ -541,7 +541,7 @@ class StepAggregator:
 
 
 async def accept_hello(
-    reader: LineSource,
+    reader: LineConnection,
     writer: asyncio.StreamWriter,
     peer: Any,
     key: bytes,

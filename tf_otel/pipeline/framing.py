@@ -1,24 +1,20 @@
-"""Reading newline-delimited messages off a peer's stream: the loop a host relay
-(pipeline/host_relay.py) runs for every connection, and the protocol rank 0's coordinator
-(pipeline/coordinator.py) serves its connections with.
+"""Reading newline-delimited messages off a peer's stream: the protocol rank 0's coordinator
+(pipeline/coordinator.py) and each host relay (pipeline/host_relay.py) serve their
+connections with.
 
 Usage::
-
-    while True:
-        got = await next_message(reader)  # reader: asyncio.StreamReader(limit=MAX_LINE)
-        if got is None:
-            return  # the peer closed, or its stream broke
-        line, message = got  # the raw line (forwarded as is) and its checked message
 
     server = await loop.create_server(lines_from(on_connect, MAX_LINE), host, port)
     # on_connect(connection, writer): a coroutine a connection; in it:
     line = await connection.readline()           # the handshake, a line at a time
     await connection.serve(on_line)              # then on_line(line) as lines arrive, on the
                                                  # loop, until it returns False or the peer ends
+    message = decode_or_count(line)              # in on_line: the checked message, or None
 
-The length limit is the reader's own (``limit=`` where the server is started): a longer line
-ends the connection, counted ``coordinator_bad_message``. A line that fails decoding is
-dropped and counted the same way (the first one logged), and the next line is read.
+The length limit is the connection's own (``limit``, as a ``StreamReader``'s): a longer line
+ends the connection, counted ``coordinator_bad_message``. An unterminated last line of a
+connection that ends is not served. A line that fails decoding is dropped and counted the
+same way (the first one logged), and the next line is read.
 
 ``LineConnection`` hands each line to its callback from ``data_received``: no task wakes up
 for a line. At 1,024 simulated ranks the stream reader's per-line wake-ups (a future, a task
@@ -29,16 +25,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Callable, Coroutine, Deque, Optional, Protocol, Tuple
+from typing import Any, Callable, Coroutine, Deque, Optional
 
 from tf_otel.health import count, log_once
 from tf_otel.pipeline.messages import BadMessage, Message, decode
-
-
-class LineSource(Protocol):
-    """Where a handshake reads its lines: an ``asyncio.StreamReader`` or a ``LineConnection``."""
-
-    async def readline(self) -> bytes: ...
 
 
 def decode_or_count(line: bytes) -> Optional[Message]:
@@ -52,23 +42,6 @@ def decode_or_count(line: bytes) -> Optional[Message]:
             exc,
         )
         return None
-
-
-async def next_message(reader: asyncio.StreamReader) -> Optional[Tuple[bytes, Message]]:
-    """The peer's next good message with its line; None once the connection is done with."""
-    while True:
-        try:
-            line = await reader.readline()
-        except ValueError:  # longer than the reader's limit: a peer never sends this, it broke
-            count("coordinator_bad_message")
-            return None
-        if not line:
-            return None
-        if not line.endswith(b"\n"):
-            continue  # the last, unterminated line of a connection that ends
-        message = decode_or_count(line)
-        if message is not None:
-            return line, message
 
 
 class LineConnection(asyncio.Protocol):

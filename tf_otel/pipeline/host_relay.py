@@ -34,7 +34,8 @@ How it works:
   whichever of them starts first (a machine simulating several hosts turns that off:
   ``coordinator_link(..., rank0_host_direct=False)``).
 * Relay (``HostRelay``, in the leader's process, on an event loop of its own): it listens on
-  127.0.0.1 with the same mutual HMAC handshake as rank 0 (coordinator.accept_hello), and links
+  127.0.0.1 with the same mutual HMAC handshake as rank 0 (coordinator.accept_hello) and the
+  same framing (framing.LineConnection: each rank's lines handled as they arrive), and links
   to rank 0 as a relay (coordinator_client with ``relay=True``). Each rank's step extent waits
   in the relay until every rank connected to it reported that step, or ``wait_s`` (at most
   RELAY_WAIT_MAX_S, a quarter of the root wait) passed; then the step's extents go to rank 0 in
@@ -69,6 +70,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
@@ -87,7 +89,7 @@ from tf_otel.pipeline.coordinator import (
     run_loop,
 )
 from tf_otel.pipeline.coordinator_client import CoordinatorClient
-from tf_otel.pipeline.framing import next_message
+from tf_otel.pipeline.framing import LineConnection, decode_or_count, lines_from
 from tf_otel.pipeline.messages import Handlers
 
 RELAY_WAIT_MAX_S = 0.25  # a step's extents wait this long at most for the host's other ranks
@@ -216,7 +218,7 @@ class HostRelay:
         loop = asyncio.new_event_loop()
         try:
             server = loop.run_until_complete(
-                asyncio.start_server(self._connection, "127.0.0.1", 0, limit=MAX_LINE)
+                loop.create_server(lines_from(self._connection, MAX_LINE), "127.0.0.1", 0)
             )
         except OSError as exc:
             loop.close()
@@ -308,7 +310,7 @@ class HostRelay:
 
     # -- the host's ranks (on the relay's loop) -----------------------------------------------
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(self, reader: LineConnection, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         if self._connections >= MAX_RANKS_A_HOST:
             count("coordinator_refused")
@@ -324,7 +326,7 @@ class HostRelay:
                 rank, _, welcome = accepted
                 writer.write(welcome)
                 self._joined(rank, writer)
-                await self._serve_rank(rank, reader)
+                await reader.serve(partial(self._rank_line, rank))
         except OSError:  # the rank died: its LEAVE below
             pass
         except Exception as exc:  # noqa: BLE001 - a peer's bytes must not raise
@@ -336,21 +338,22 @@ class HostRelay:
                 self._left(rank)
             writer.close()
 
-    async def _serve_rank(self, rank: int, reader: asyncio.StreamReader) -> None:
-        while True:
-            got = await next_message(reader)  # MAX_LINE: the reader's limit (serve)
-            if got is None:
-                return
-            line, message = got
-            kind = message["t"]
-            if kind == messages.EXTENT:
-                self._add(rank, message)
-            elif kind == messages.BYE:
-                return
-            elif kind in messages.COORDINATOR_TYPES:
-                count("coordinator_bad_message")
-            else:  # an extension message: up as it came, named by its rank
-                self._up(messages.wrap(messages.VIA, rank, line))
+    def _rank_line(self, rank: int, line: bytes) -> bool:
+        """A served rank's line, from its connection's ``data_received`` (False: it said bye).
+        A line over MAX_LINE (the connection's limit, serve) ends the connection, counted."""
+        message = decode_or_count(line)
+        if message is None:
+            return True
+        kind = message["t"]
+        if kind == messages.EXTENT:
+            self._add(rank, message)
+        elif kind == messages.BYE:
+            return False
+        elif kind in messages.COORDINATOR_TYPES:
+            count("coordinator_bad_message")
+        else:  # an extension message: up as it came, named by its rank
+            self._up(messages.wrap(messages.VIA, rank, line))
+        return True
 
     def _add(self, rank: int, message: messages.Message) -> None:
         key_step = (message["k"], message["s"])
