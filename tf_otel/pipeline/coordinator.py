@@ -610,8 +610,8 @@ def run_loop(loop: asyncio.AbstractEventLoop) -> None:
 
 def loop_error(loop: asyncio.AbstractEventLoop, context: Dict[str, Any]) -> None:
     """What escapes a connection's task or a callback: counted and logged once, never raised
-    (asyncio's default prints a traceback on stderr). A connection's task cancelled as the loop
-    closes is no error: Python 3.11's start_server callback reports it as one."""
+    (asyncio's default prints a traceback on stderr). A connection's handshake task
+    (framing.lines_from) cancelled as the loop closes is no error."""
     if isinstance(context.get("exception"), asyncio.CancelledError):
         return
     count("coordinator_conn_error")
