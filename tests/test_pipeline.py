@@ -145,6 +145,23 @@ def test_child_records_are_clamped_inside_their_parents() -> None:
     assert counters["spans_clamped"] >= 2
 
 
+def test_records_that_come_before_their_step_ends_go_under_it() -> None:
+    # rank 0 parses its Horovod timeline and sends a rank its collectives as soon as its own step
+    # ended; on a loaded machine that rank can still be in the step (it lost them before)
+    provider, exporter = _provider()
+    pipeline = Pipeline(Settings(), Topology(job_id="j9"), provider)
+    handle = pipeline.begin_step("k", "n", record.TF_FUNCTION)
+    early = record.Record("allreduce", handle.start_ns, handle.start_ns + 10**5, record.COLLECTIVE)
+    pipeline.add_records("k", handle.step, [early])  # queued, so exported, before the step
+    time.sleep(0.002)
+    pipeline.end_step(handle)
+    pipeline.shutdown()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    step, coll = spans["rank 0 n"], spans["allreduce"]
+    assert coll.parent.span_id == step.context.span_id
+    assert coll.attributes[record.ATTR_STEP] == handle.step
+
+
 def test_full_queue_drops_and_counts_instead_of_blocking() -> None:
     provider, _ = _provider()
     pipeline = Pipeline(Settings(max_queue=16), Topology(job_id="j6"), provider)

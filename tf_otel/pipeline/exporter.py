@@ -7,7 +7,8 @@ Usage (the Pipeline owns one; nothing else calls it)::
     threading.Thread(target=exporter.run).start()   # until a None comes off the queue
 
 The training thread only puts ``StepHandle`` objects (ended steps) and ``(key, step, records)``
-tuples (records after their step) on the queue; every span is built here.
+tuples (records produced elsewhere for a step; those of a step that has not ended here wait
+for it) on the queue; every span is built here.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from tf_otel.pipeline.trace_log import log_in_trace
 from tf_otel.pipeline.verdicts import Change, LiveVerdicts, slowdown_record, verdict_attributes
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
+# steps whose records came before the step ended on this rank (rank 0 parsed its Horovod
+# timeline while this rank was still in the step): the records wait for the step's export
+_EARLY_STEPS = 64
 _US = 1000
 ATTR_TEST_CLOCK_ERROR = "tf_otel.clock.test_error_ns"
 EXPORT_INTERVAL_S = 0.5
@@ -65,6 +69,7 @@ class StepExporter:
         self.clock_settled = topology.is_reference
         self._wake = threading.Event()  # no pause before the next batch (wake, shutdown)
         self._steps: Dict[tuple, Any] = {}  # (key, step) -> (span context, start, end), bounded
+        self._early: Dict[tuple, List[record.Record]] = {}  # (key, step) -> records, bounded
 
     @property
     def job_id(self) -> str:
@@ -188,6 +193,7 @@ class StepExporter:
             with fail_open("step_metrics.record"):
                 self.metrics.record_step(handle, span.get_span_context())
         records = list(handle.records)
+        records.extend(self._early.pop((handle.key, handle.step), ()))
         for produce in handle.deferred:
             with fail_open("export.deferred"):
                 records.extend(produce() or ())
@@ -219,8 +225,11 @@ class StepExporter:
 
     def export_late(self, key: str, step: int, records: List[record.Record]) -> None:
         known = self._steps.get((key, step))
-        if known is None:
-            count("records_orphaned")
+        if known is None:  # the step has not ended here yet: its export takes them
+            self._early.setdefault((key, step), []).extend(records)
+            while len(self._early) > _EARLY_STEPS:
+                self._early.pop(next(iter(self._early)))
+                count("records_orphaned")
             return
         self.export_records(step, records, *known)
         self._record_collective_wait(key, step, records, known[0])

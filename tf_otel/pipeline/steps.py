@@ -181,7 +181,8 @@ class Pipeline:
         self._queue.put(handle)
 
     def add_records(self, key: str, step: int, records: List[record.Record]) -> None:
-        """Records of a step that were produced after it ended (e.g. parsed timelines)."""
+        """Records of a step produced off its step hooks (e.g. rank 0's parsed timeline), which
+        may come before the step ended on this rank: they then wait for its export."""
         if records and not self._closed:
             if self._queue.qsize() >= self.settings.max_queue:  # bounded like end_step's
                 count("records_dropped", len(records))
