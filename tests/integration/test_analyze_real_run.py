@@ -1,6 +1,7 @@
 """`tf-otel analyze` on a real `horovodrun -np 2` job in which rank 1 is slowed by a known delay
 in some steps: it names rank 1 as the straggler of exactly those steps, with the delay within
-10 %, both from the OTLP-JSON files (TF_OTEL_FILE) and from a real Jaeger v2."""
+15 ms plus the lateness the same run shows in its steps with nothing injected, both from the
+OTLP-JSON files (TF_OTEL_FILE) and from a real Jaeger v2."""
 
 from __future__ import annotations
 
@@ -12,11 +13,23 @@ from backends import JaegerServer
 from conftest import VENV_BIN, base_env, horovodrun, run
 from detail_steps import job_with_detail
 
+from tf_otel.analysis.analyze import analyze_spans
+from tf_otel.analysis.load.files import load_paths
+
 pytestmark = pytest.mark.integration
 
-DELAY_MS = 150
-SLOW_STEPS = {3, 6}
+# well beyond the run's own noise: the analysis names a straggler only past median + 5 robust
+# sigmas of the steady steps' worst lateness (91 ms at load 10 on this 2-core machine; 150 ms
+# left little room above it)
+DELAY_MS = 300
+SLEEP_MS = 15  # what the delay itself may be off by (a sleep's overshoot), before the noise
+SLOW_STEPS = {10, 20}
+# enough steady steps that the noise is learned over a few load hiccups: with 10 steps, 2 of the
+# 8 unslowed ones late by 82 and 144 ms (load 9) made the upper quartile, and the threshold
+# 905 ms; steps take 10-40 ms past the first, so 20 more cost about a second
+STEPS = 30
 SERVICE = "analyze-real"
+MIN_MS = 50  # --straggler-min-ms
 
 
 def _stragglers(report: dict) -> dict:
@@ -25,6 +38,16 @@ def _stragglers(report: dict) -> dict:
         for s in report["steps"]
         if s["step"] > 0 and s.get("straggler")  # step 0 traces and compiles the function
     }
+
+
+def _wait_for_spans(jaeger: JaegerServer, count: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = sum(len(t.get("spans") or []) for t in jaeger.traces(SERVICE))
+        if held >= count or time.monotonic() > deadline:
+            assert held >= count, (held, count)
+            return
+        time.sleep(0.25)
 
 
 def _analyze(args) -> dict:
@@ -36,13 +59,17 @@ def _analyze(args) -> dict:
             "--format",
             "json",
             "--straggler-min-ms",
-            "50",  # ms: above the scheduling noise of a loaded 2-core machine
+            str(MIN_MS),  # ms: above the scheduling noise of a loaded 2-core machine
         ],
         base_env(),
     )
     return json.loads(result.stdout)
 
 
+# Still load-dependent: a load hiccup of >= --straggler-min-ms in an unslowed step is a real
+# straggler the analysis rightly names (step 9, rank 1, 89 ms at load 10 in a 30-step run), and
+# "exactly those steps" then fails; telling it from the injected delay needs a source the test
+# does not have yet (e.g. rank 0's own collective waits)
 @pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
 def test_rank1_named_as_the_straggler_of_exactly_the_slowed_steps(tmp_path):
     with JaegerServer() as jaeger:
@@ -56,23 +83,34 @@ def test_rank1_named_as_the_straggler_of_exactly_the_slowed_steps(tmp_path):
             OTEL_SERVICE_NAME=SERVICE,
             OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.otlp_grpc_endpoint,
             OTEL_EXPORTER_OTLP_INSECURE="true",
-            STEPS="10",
+            STEPS=str(STEPS),
             SLOW_RANK="1",
             SLOW_MS=str(DELAY_MS),
             SLOW_STEPS=",".join(map(str, sorted(SLOW_STEPS))),
         )
         horovodrun("horovod_tape.py", env, backend="gloo")
-        time.sleep(2)  # the last batches reach Jaeger
+        exported = load_paths([str(tmp_path)])  # the same spans went to the files and Jaeger
+        _wait_for_spans(jaeger, len(exported))  # Jaeger stores what it received a moment later
         from_files = _analyze([str(tmp_path)])
         from_jaeger = _analyze(["--jaeger", jaeger.query_url, "--service", SERVICE])
+    # The control: how late either rank is in the steady steps with nothing injected (signed,
+    # as the analysis measures a straggler's excess). A slowed step's excess is the delay plus
+    # that same lateness: on a loaded machine the other rank's own work in the window stretches
+    # or shrinks by 10-20 ms (an excess of 136.4 ms for 150 ms injected was seen at load 10).
+    control = analyze_spans(exported, straggler_min_ns=int(MIN_MS * 1e6))
+    unslowed = [s for s in control.steady_steps if s.trace.step not in SLOW_STEPS]
+    assert len(unslowed) >= STEPS * 3 // 4 - len(SLOW_STEPS), [s.trace.step for s in unslowed]
+    noise_ms = max(abs(v) for s in unslowed for v in s.path.lateness_by_rank().values()) / 1e6
+    tolerance_ms = SLEEP_MS + noise_ms
     for report in (from_files, from_jaeger):
         train = [s for s in report["steps"] if s["step"] > 0]
-        assert len(train) >= 9
+        assert len(train) >= STEPS - 1
         stragglers = _stragglers(report)
-        assert set(stragglers) == SLOW_STEPS, stragglers
+        context = (stragglers, report["summary"]["lateness_noise"], noise_ms)
+        assert set(stragglers) == SLOW_STEPS, context
         for straggler in stragglers.values():
             assert straggler["rank"] == 1
-            assert abs(straggler["excess_ms"] - DELAY_MS) <= 0.1 * DELAY_MS, straggler
+            assert abs(straggler["excess_ms"] - DELAY_MS) <= tolerance_ms, (straggler, context)
 
 
 def test_collective_detail_off_says_communication_not_measured_never_zero(tmp_path):
