@@ -249,7 +249,9 @@ class ClockSync:
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
-            limit = timeout_s if timeout_s is not None else self.final_timeout_s * 2 + 0.5
+            limit = self.final_timeout_s * 2 + 0.5
+            if timeout_s is not None:  # what is left of the exit's time (services.stop)
+                limit = min(limit, timeout_s)
             self._thread.join(timeout=limit)
         if self.server is not None:
             self.server.close()

@@ -89,6 +89,7 @@ from tf_otel.pipeline.coordinator import (
     run_loop,
 )
 from tf_otel.pipeline.coordinator_client import CoordinatorClient
+from tf_otel.pipeline.exit_deadline import Deadline
 from tf_otel.pipeline.framing import LineConnection, decode_or_count, lines_from
 from tf_otel.pipeline.messages import Handlers
 
@@ -647,10 +648,12 @@ def coordinator_link(
 
 
 def close_link(client: CoordinatorClient, timeout_s: float) -> None:
-    """Close a rank's link, then its relay if it leads one (its followers' byes first)."""
-    client.close(timeout_s)
+    """Close a rank's link, then its relay if it leads one (its followers' byes first), within
+    ``timeout_s`` in all."""
+    deadline = Deadline(timeout_s)
+    client.close(deadline.left())
     if isinstance(client.route, RelayRoute):
-        client.route.close(timeout_s)
+        client.route.close(deadline.left())
 
 
 def lead_directly(

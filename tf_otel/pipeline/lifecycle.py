@@ -9,7 +9,7 @@ Usage::
     current_pipeline()                  # the pipeline if one exists, else None (no side effect)
     with_pipeline(lambda p: p.handlers.on_rank(kind, handler))  # set up once it exists
     before_shutdown(timeline.flush)     # sources that still hold records hand them over first
-    shutdown(timeout_s=5.0)             # bounded; safe to call more than once
+    shutdown(timeout_s=5.0)             # within 5 s in all; safe to call more than once
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Callable, List, Optional
 
 from tf_otel import config
 from tf_otel.health import fail_open, run_bounded
+from tf_otel.pipeline.exit_deadline import Deadline
 from tf_otel.pipeline.steps import Pipeline
 
 _pipeline: Optional[Pipeline] = None
@@ -149,11 +150,13 @@ _exit_reported = False
 
 
 def shutdown(timeout_s: Optional[float] = None) -> None:
-    """Flush this process's step spans (bounded by timeout_s, default TF_OTEL_EXIT_TIMEOUT_S),
-    then say in one line what was lost, if anything. Safe to call more than once."""
+    """Flush this process's step spans, then say in one line what was lost, if anything; within
+    timeout_s in all (default TF_OTEL_EXIT_TIMEOUT_S): every stage takes what the ones before it
+    left. Safe to call more than once."""
     global _exit_reported
     if timeout_s is None:
         timeout_s = config.current().exit_timeout_s
+    deadline = Deadline(timeout_s)
     with _shutdown_lock:
         for callback in list(_before_shutdown):
             with fail_open("shutdown.before"):
@@ -161,13 +164,13 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
         pipeline = _pipeline
         if pipeline is not None:
             with fail_open("shutdown"):
-                pipeline.shutdown(timeout_s)
+                pipeline.shutdown(deadline.left())
         with fail_open("shutdown.provider"):
             from opentelemetry import trace
 
             from tf_otel.pipeline.sdk import bounded_flush
 
-            bounded_flush(trace.get_tracer_provider(), timeout_s)
+            bounded_flush(trace.get_tracer_provider(), deadline.left())
         if not _exit_reported:
             _exit_reported = True
             with fail_open("shutdown.report"):
@@ -177,11 +180,10 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
             with fail_open("shutdown.metrics"):  # the final counts, never holding the exit
                 from tf_otel.pipeline import health_metrics
 
-                run_bounded(
-                    "tf_otel-metrics-flush", min(timeout_s, 2.0), health_metrics.flush, timeout_s
-                )
+                flush_s = deadline.left(2.0)
+                run_bounded("tf_otel-metrics-flush", flush_s, health_metrics.flush, flush_s)
             with fail_open("shutdown.meter_provider"):
-                _stop_own_meter_provider(min(timeout_s, 2.0))
+                _stop_own_meter_provider(deadline.left(2.0))
 
 
 def _stop_own_meter_provider(timeout_s: float) -> None:

@@ -6,7 +6,7 @@ Usage::
 
     services = start_services(settings, topology, tracer, emit_root, handlers)
     services.report(rank, key, step, start_ns, end_ns)  # a step's extent -> rank 0's root
-    services.stop(timeout_s=5.0, root_wait_s=2.0)
+    services.stop(timeout_s=5.0, root_wait_s=2.0)     # within 5 s in all
 
 Each service fails open on its own: one that cannot start leaves its field None and the others
 run.
@@ -27,6 +27,7 @@ from tf_otel.health import fail_open, log_once
 from tf_otel.job.topology import Topology
 from tf_otel.pipeline.coordinator import StepAggregator
 from tf_otel.pipeline.coordinator_client import CoordinatorClient
+from tf_otel.pipeline.exit_deadline import Deadline
 from tf_otel.pipeline.host_relay import close_link, coordinator_link, lead_directly
 from tf_otel.pipeline.messages import Handlers
 
@@ -61,22 +62,24 @@ class Services:
             self.client.report(key, step, start_ns, end_ns, wait_ns)
 
     def stop(self, timeout_s: float, root_wait_s: float) -> None:
+        """Stop every service within ``timeout_s`` in all (each stage takes what is left)."""
+        deadline = Deadline(timeout_s)
         if self.client is not None:
-            close_link(self.client, min(timeout_s, 2.0))
+            close_link(self.client, deadline.left(2.0))
         if self.aggregator is not None:
-            self.aggregator.flush(min(timeout_s, root_wait_s))
+            self.aggregator.flush(deadline.left(root_wait_s))
             self.aggregator.close()
         if self.relay_election is not None:
             self.relay_election.release()
         if self.clock_sync is not None:
             with fail_open("clock.stop"):
-                self.clock_sync.stop()
+                self.clock_sync.stop(deadline.left())
         if self.gpu is not None:
             with fail_open("gpu_metrics.stop"):
                 self.gpu.stop()
         if self.system is not None:
             with fail_open("system_metrics.stop"):
-                self.system.stop(min(timeout_s, 2.0))
+                self.system.stop(deadline.left(2.0))
         if self.job_span is not None:
             self.job_span.end(end_time=clock.now_ns())
 

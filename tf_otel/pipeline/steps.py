@@ -26,6 +26,7 @@ from tf_otel import clock, record
 from tf_otel.config import Settings
 from tf_otel.health import count, counters, fail_open, log_once, logger
 from tf_otel.job.topology import Topology
+from tf_otel.pipeline.exit_deadline import Deadline
 from tf_otel.pipeline.exporter import StepExporter
 from tf_otel.pipeline.ids import PrimedIdGenerator, fast_root_decision, step_trace_id
 from tf_otel.pipeline.messages import Handlers, Outgoing
@@ -298,12 +299,13 @@ class Pipeline:
             self._stall_watch.stop()
         with fail_open("shutdown.in_flight"):  # SIGTERM / exit in the middle of a step
             self.export_in_flight(reason="exit")
+        deadline = Deadline(timeout_s)  # the worker and the services share it
         self._queue.put(None)
         self.exporter.wake()
-        self._worker.join(timeout_s)
+        self._worker.join(deadline.left())
         if self._metrics is not None:  # steps that ended while the worker stopped
             with fail_open("step_metrics.drain"):
                 self._metrics.drain()
-        self.exporter.services.stop(timeout_s, self.settings.root_wait_ms / 1000.0)
+        self.exporter.services.stop(deadline.left(), self.settings.root_wait_ms / 1000.0)
         if counters:
             logger.debug("tf_otel counters: %s", dict(counters))
