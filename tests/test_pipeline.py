@@ -162,6 +162,19 @@ def test_records_that_come_before_their_step_ends_go_under_it() -> None:
     assert coll.attributes[record.ATTR_STEP] == handle.step
 
 
+def test_records_of_a_step_that_never_ends_here_are_counted_lost_at_exit() -> None:
+    provider, exporter = _provider()
+    pipeline = Pipeline(Settings(), Topology(job_id="j10"), provider)
+    handle = pipeline.begin_step("k", "n", record.TF_FUNCTION)
+    pipeline.end_step(handle)
+    orphaned = counters["records_orphaned"]
+    early = record.Record("allreduce", handle.start_ns, handle.start_ns + 10**5, record.COLLECTIVE)
+    pipeline.add_records("k", handle.step + 1, [early])  # a step this rank never ran
+    pipeline.shutdown()
+    assert counters["records_orphaned"] == orphaned + 1
+    assert "allreduce" not in {s.name for s in exporter.get_finished_spans()}
+
+
 def test_full_queue_drops_and_counts_instead_of_blocking() -> None:
     provider, _ = _provider()
     pipeline = Pipeline(Settings(max_queue=16), Topology(job_id="j6"), provider)

@@ -99,6 +99,9 @@ class StepExporter:
                     metrics.drain()
             for item in batch:
                 if item is None:
+                    if self._early:  # records of steps that never ended here: lost, counted
+                        count("records_orphaned", len(self._early))
+                        self._early.clear()
                     return
                 self._wait_for_clock()
                 with fail_open("export.step"):
