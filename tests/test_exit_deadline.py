@@ -1,16 +1,23 @@
 """A rank's exit within TF_OTEL_EXIT_TIMEOUT_S in all: the shutdown's stages share one deadline
-(pipeline/exit_deadline.py) instead of each taking up to its own limit one after another."""
+(pipeline/exit_deadline.py) instead of each taking up to its own limit one after another, and
+the spans' flush comes before the stages that only wait (the link to rank 0, clock, metrics)."""
 
 from __future__ import annotations
 
 import time
+from typing import List
 
 from conftest import free_ports
+from opentelemetry.sdk.trace import TracerProvider
 
+from tf_otel import record
+from tf_otel.config import Settings
+from tf_otel.job.topology import Topology
 from tf_otel.pipeline.coordinator import StepAggregator
 from tf_otel.pipeline.coordinator_client import CoordinatorClient
 from tf_otel.pipeline.exit_deadline import Deadline
 from tf_otel.pipeline.services import Services
+from tf_otel.pipeline.steps import Pipeline
 
 
 def test_deadline_counts_down_to_zero_and_caps() -> None:
@@ -23,30 +30,50 @@ def test_deadline_counts_down_to_zero_and_caps() -> None:
     assert Deadline(-1.0).left() == 0.0  # a negative timeout is none
 
 
-def _stalled_services(root_wait_s: float) -> Services:
-    """Two stages that each need all the time they are given, as at a real exit: a link to a
-    rank 0 that is gone (its client is still trying to connect: it may yet deliver what is
-    queued), and rank 0's last step, whose root still waits for a rank that never reports."""
-    dead = ("127.0.0.1", free_ports()[0])  # nothing listens there
-    client = CoordinatorClient(dead, 1)
+def _gone_rank0() -> tuple:
+    return ("127.0.0.1", free_ports()[0])  # nothing listens there
+
+
+def test_a_link_to_a_gone_rank0_stops_within_the_time_given() -> None:
+    # the client is still trying to connect (it may yet deliver what is queued): it takes all
+    # the time it is given, 2 s at most, and no more than what is left
+    client = CoordinatorClient(_gone_rank0(), 1)
     client.report("k", 0, 10, 20)
-    aggregator = StepAggregator(3, root_wait_s, lambda *args: None, first_report_grace_s=0.0)
-    aggregator.add(0, "k", 0, 10, 20)  # ranks 1 and 2 never report
-    return Services(aggregator=aggregator, client=client)
-
-
-def test_services_stop_within_the_time_given_in_all() -> None:
-    services = _stalled_services(root_wait_s=5.0)
     started = time.monotonic()
-    services.stop(timeout_s=1.5, root_wait_s=5.0)
-    took = time.monotonic() - started
-    # each stage alone may take 1.5 s (the link's cap is 2 s, the root's wait 5 s): one after
-    # the other they took 3 s before they shared the deadline
-    assert 1.0 <= took < 2.0, took
-
-
-def test_stages_after_a_spent_deadline_take_no_time() -> None:
-    services = _stalled_services(root_wait_s=5.0)
+    Services(client=client).stop(timeout_s=0.8)
+    assert 0.6 <= time.monotonic() - started < 1.3
+    client = CoordinatorClient(_gone_rank0(), 1)
     started = time.monotonic()
-    services.stop(timeout_s=0.0, root_wait_s=5.0)
+    Services(client=client).stop(timeout_s=0.0)
     assert time.monotonic() - started < 0.5
+
+
+def test_rank0_last_roots_wait_no_longer_than_the_time_given() -> None:
+    aggregator = StepAggregator(3, 5.0, lambda *args: None, first_report_grace_s=0.0)
+    aggregator.add(0, "k", 0, 10, 20)  # ranks 1 and 2 never report: the root waits
+    started = time.monotonic()
+    Services(aggregator=aggregator).finish(timeout_s=0.8, root_wait_s=5.0)
+    assert 0.6 <= time.monotonic() - started < 1.3
+
+
+def test_the_span_flush_comes_before_the_link_and_all_ends_within_the_timeout() -> None:
+    """Rank 1 of a job whose rank 0 has gone: its link is still trying to connect at exit.
+    The flush gets (nearly) all the time; the link what is left; the whole shutdown the time
+    given. Each with its own limit one after another, the link's 2 s came first and the flush
+    then had its own 1.5 s: 3.5 s in all."""
+    settings = Settings(coordinator=_gone_rank0(), host_relay=False)
+    topology = Topology(rank=1, world_size=2, job_id="exit-deadline", reference_host=None)
+    pipeline = Pipeline(settings, topology, TracerProvider())
+    handle = pipeline.begin_step("k", "n", record.TF_FUNCTION)
+    pipeline.end_step(handle)
+    given: List[float] = []
+    started = time.monotonic()
+
+    def flush(left_s: float) -> None:
+        given.append(left_s)
+        time.sleep(left_s / 2)  # a slow collector: half of what it is given
+
+    pipeline.shutdown(1.5, flush)
+    took = time.monotonic() - started
+    assert len(given) == 1 and given[0] >= 1.2, given  # before the link's wait, not after
+    assert 1.2 <= took < 2.0, took  # the link took the rest, no more

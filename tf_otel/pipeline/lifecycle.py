@@ -161,16 +161,24 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
         for callback in list(_before_shutdown):
             with fail_open("shutdown.before"):
                 callback()
+        flushed = False
+
+        def flush(left_s: float) -> None:  # the spans' delivery: before the link, clock, metrics
+            nonlocal flushed
+            flushed = True
+            with fail_open("shutdown.provider"):
+                from opentelemetry import trace
+
+                from tf_otel.pipeline.sdk import bounded_flush
+
+                bounded_flush(trace.get_tracer_provider(), left_s)
+
         pipeline = _pipeline
         if pipeline is not None:
             with fail_open("shutdown"):
-                pipeline.shutdown(deadline.left())
-        with fail_open("shutdown.provider"):
-            from opentelemetry import trace
-
-            from tf_otel.pipeline.sdk import bounded_flush
-
-            bounded_flush(trace.get_tracer_provider(), deadline.left())
+                pipeline.shutdown(deadline.left(), flush)
+        if not flushed:  # no pipeline (no step ran), or it failed before its flush
+            flush(deadline.left())
         if not _exit_reported:
             _exit_reported = True
             with fail_open("shutdown.report"):

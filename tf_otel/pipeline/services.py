@@ -6,7 +6,8 @@ Usage::
 
     services = start_services(settings, topology, tracer, emit_root, handlers)
     services.report(rank, key, step, start_ns, end_ns)  # a step's extent -> rank 0's root
-    services.stop(timeout_s=5.0, root_wait_s=2.0)     # within 5 s in all
+    services.finish(timeout_s=5.0, root_wait_s=2.0)   # rank 0's last roots, the job span
+    services.stop(timeout_s=5.0)                      # after the span flush: the rest
 
 Each service fails open on its own: one that cannot start leaves its field None and the others
 run.
@@ -61,16 +62,25 @@ class Services:
         elif self.client is not None:
             self.client.report(key, step, start_ns, end_ns, wait_ns)
 
-    def stop(self, timeout_s: float, root_wait_s: float) -> None:
-        """Stop every service within ``timeout_s`` in all (each stage takes what is left)."""
-        deadline = Deadline(timeout_s)
-        if self.client is not None:
-            close_link(self.client, deadline.left(2.0))
+    def finish(self, timeout_s: float, root_wait_s: float) -> None:
+        """What still makes spans, before the exit's span flush: rank 0's last step roots
+        (waiting up to ``root_wait_s`` of ``timeout_s`` for the ranks still reporting) and the
+        job span."""
         if self.aggregator is not None:
-            self.aggregator.flush(deadline.left(root_wait_s))
+            self.aggregator.flush(min(timeout_s, root_wait_s))
             self.aggregator.close()
         if self.relay_election is not None:
             self.relay_election.release()
+        if self.job_span is not None:
+            self.job_span.end(end_time=clock.now_ns())
+            self.job_span = None
+
+    def stop(self, timeout_s: float) -> None:
+        """The other services, after the span flush, within ``timeout_s`` in all: the link to
+        rank 0 (and a leader's relay), clock sync, GPU and system metrics."""
+        deadline = Deadline(timeout_s)
+        if self.client is not None:
+            close_link(self.client, deadline.left(2.0))
         if self.clock_sync is not None:
             with fail_open("clock.stop"):
                 self.clock_sync.stop(deadline.left())
@@ -80,8 +90,6 @@ class Services:
         if self.system is not None:
             with fail_open("system_metrics.stop"):
                 self.system.stop(deadline.left(2.0))
-        if self.job_span is not None:
-            self.job_span.end(end_time=clock.now_ns())
 
 
 def start_services(

@@ -20,7 +20,7 @@ import itertools
 import os
 import queue
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from tf_otel import clock, record
 from tf_otel.config import Settings
@@ -290,7 +290,13 @@ class Pipeline:
         """Convert what is queued now instead of at the next batch interval."""
         self.exporter.wake()
 
-    def shutdown(self, timeout_s: float = 5.0) -> None:
+    def shutdown(
+        self, timeout_s: float = 5.0, flush: Optional[Callable[[float], None]] = None
+    ) -> None:
+        """Export what is queued, then rank 0's last roots, then ``flush(seconds left)`` (the
+        exit's span flush: before the link to rank 0, clock and metrics stop, so a link still
+        trying a rank 0 that has gone never takes the spans' time), then the other services;
+        within ``timeout_s`` in all."""
         if self._closed or not self._started:
             self._closed = self.exporter.closed = True
             return
@@ -299,13 +305,18 @@ class Pipeline:
             self._stall_watch.stop()
         with fail_open("shutdown.in_flight"):  # SIGTERM / exit in the middle of a step
             self.export_in_flight(reason="exit")
-        deadline = Deadline(timeout_s)  # the worker and the services share it
+        deadline = Deadline(timeout_s)  # every stage takes what the ones before it left
         self._queue.put(None)
         self.exporter.wake()
         self._worker.join(deadline.left())
         if self._metrics is not None:  # steps that ended while the worker stopped
             with fail_open("step_metrics.drain"):
                 self._metrics.drain()
-        self.exporter.services.stop(deadline.left(), self.settings.root_wait_ms / 1000.0)
+        services = self.exporter.services
+        with fail_open("shutdown.roots"):
+            services.finish(deadline.left(), self.settings.root_wait_ms / 1000.0)
+        if flush is not None:
+            flush(deadline.left())
+        services.stop(deadline.left())
         if counters:
             logger.debug("tf_otel counters: %s", dict(counters))
