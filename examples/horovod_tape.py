@@ -2,10 +2,14 @@
 
 Run: horovodrun -np 2 -H localhost:2 python examples/horovod_tape.py
 SLOW_RANK / SLOW_MS / SLOW_STEPS (comma list) delay one rank before its gradients (stragglers).
+READY_STAMPS=1 prints, at the end, when each step's loss was ready on this rank (wall-clock ns,
+after any delay, just before the gradients and their all-reduce): the truth a test checks a
+named straggler against ("READY <rank> {step: ns}").
 IMPORT_MPI4PY=1 imports mpi4py first (mpirun with mpi4py in the same process); KILL_RANK /
 KILL_STEP: that rank SIGTERMs itself at that step (a job killed mid-run).
 """
 
+import json
 import os
 import signal
 import time
@@ -24,6 +28,8 @@ SLOW_MS = float(os.environ.get("SLOW_MS", "0"))
 SLOW_STEPS = {int(s) for s in os.environ.get("SLOW_STEPS", "").split(",") if s.strip()}
 KILL_RANK = int(os.environ.get("KILL_RANK", "-1"))
 KILL_STEP = int(os.environ.get("KILL_STEP", "-1"))
+READY_STAMPS = os.environ.get("READY_STAMPS") == "1"
+ready_ns = {}
 
 rng = np.random.default_rng(hvd.rank())
 features = tf.constant(rng.normal(size=(64, 32)).astype("float32"))
@@ -39,12 +45,19 @@ def delay():
     return np.float32(0)
 
 
+def ready(loss):
+    ready_ns[len(ready_ns)] = time.time_ns()  # once a step, in order: the step's number
+    return np.float32(0)
+
+
 @tf.function
 def train_step(x, y, slow):
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2) - y))
         if slow:
             loss += tf.numpy_function(delay, [], tf.float32, stateful=True)
+        if READY_STAMPS:  # after the delay (it reads the loss), before the gradients
+            loss += tf.numpy_function(ready, [loss], tf.float32, stateful=True)
     tape = hvd.DistributedGradientTape(tape)
     grads = tape.gradient(loss, variables)
     for var, grad in zip(variables, grads):
@@ -59,4 +72,6 @@ for step in range(STEPS):
         time.sleep(30)
     slow = hvd.rank() == SLOW_RANK and step in SLOW_STEPS
     loss = train_step(features, labels, tf.constant(slow))
+if READY_STAMPS:
+    print(f"READY {hvd.rank()} {json.dumps(ready_ns)}", flush=True)
 print(f"rank {hvd.rank()} done steps={STEPS} loss={float(loss):.6f}")

@@ -1,12 +1,14 @@
 """`tf-otel analyze` on a real `horovodrun -np 2` job in which rank 1 is slowed by a known delay
-in some steps: it names rank 1 as the straggler of exactly those steps, with the delay within
-15 ms plus the lateness the same run shows in its steps with nothing injected, both from the
-OTLP-JSON files (TF_OTEL_FILE) and from a real Jaeger v2."""
+in some steps: it names rank 1 as the straggler of those steps, with the delay within 15 ms
+plus the lateness the same run shows in its steps with nothing injected, and any other step it
+names is a true straggler by the example's own ready stamps; both from the OTLP-JSON files
+(TF_OTEL_FILE) and from a real Jaeger v2."""
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Dict
 
 import pytest
 from backends import JaegerServer
@@ -66,12 +68,30 @@ def _analyze(args) -> dict:
     return json.loads(result.stdout)
 
 
-# Still load-dependent: a load hiccup of >= --straggler-min-ms in an unslowed step is a real
-# straggler the analysis rightly names (step 9, rank 1, 89 ms at load 10 in a 30-step run), and
-# "exactly those steps" then fails; telling it from the injected delay needs a source the test
-# does not have yet (e.g. rank 0's own collective waits)
-@pytest.mark.flaky(reruns=1, reruns_delay=2)  # timing on a shared machine: one more try
-def test_rank1_named_as_the_straggler_of_exactly_the_slowed_steps(tmp_path):
+def _ready(stdout: str) -> Dict[int, Dict[int, int]]:
+    """rank -> step -> when its loss was ready (the example's READY_STAMPS, wall-clock ns)."""
+    found = {}
+    for line in stdout.splitlines():
+        if "READY " in line:
+            rank, stamps = line.split("READY ", 1)[1].split(" ", 1)
+            found[int(rank)] = {int(step): ns for step, ns in json.loads(stamps).items()}
+    assert sorted(found) == [0, 1], stdout[-2000:]
+    return found
+
+
+def _true_lateness_ms(ready: Dict[int, Dict[int, int]], step: int, rank: int) -> float:
+    return (ready[rank][step] - max(r[step] for k, r in ready.items() if k != rank)) / 1e6
+
+
+# kept: 1 of 18 runs at load 2-6 failed with these checks (its reason was not captured; the 17
+# others passed, 4 of them beside a CPU hog); a hiccup between the ready stamp and the all-reduce
+# (the backward pass) is the one the stamps cannot see
+@pytest.mark.flaky(reruns=1, reruns_delay=2)
+def test_rank1_named_as_the_straggler_of_the_slowed_steps_and_no_false_one(tmp_path):
+    """The slowed steps are named, rank 1, the delay within the tolerance; any other step named
+    (a load hiccup of >= --straggler-min-ms on this 2-core machine is a real straggler: step 9,
+    rank 1, 89 ms at load 10) must be true: the named rank's loss was ready at least half the
+    claimed excess after the other's (the example's ready stamps, independent of tf_otel)."""
     with JaegerServer() as jaeger:
         env = base_env(
             TF_OTEL_ENABLED="1",
@@ -87,8 +107,9 @@ def test_rank1_named_as_the_straggler_of_exactly_the_slowed_steps(tmp_path):
             SLOW_RANK="1",
             SLOW_MS=str(DELAY_MS),
             SLOW_STEPS=",".join(map(str, sorted(SLOW_STEPS))),
+            READY_STAMPS="1",
         )
-        horovodrun("horovod_tape.py", env, backend="gloo")
+        ready = _ready(horovodrun("horovod_tape.py", env, backend="gloo").stdout)
         exported = load_paths([str(tmp_path)])  # the same spans went to the files and Jaeger
         _wait_for_spans(jaeger, len(exported))  # Jaeger stores what it received a moment later
         from_files = _analyze([str(tmp_path)])
@@ -107,10 +128,15 @@ def test_rank1_named_as_the_straggler_of_exactly_the_slowed_steps(tmp_path):
         assert len(train) >= STEPS - 1
         stragglers = _stragglers(report)
         context = (stragglers, report["summary"]["lateness_noise"], noise_ms)
-        assert set(stragglers) == SLOW_STEPS, context
-        for straggler in stragglers.values():
-            assert straggler["rank"] == 1
-            assert abs(straggler["excess_ms"] - DELAY_MS) <= tolerance_ms, (straggler, context)
+        assert SLOW_STEPS <= set(stragglers), context
+        for step, straggler in stragglers.items():
+            truth_ms = _true_lateness_ms(ready, step, straggler["rank"])
+            if step in SLOW_STEPS:
+                assert straggler["rank"] == 1
+                assert abs(straggler["excess_ms"] - DELAY_MS) <= tolerance_ms, (straggler, context)
+                assert truth_ms > DELAY_MS / 2, (step, truth_ms)  # the stamps come after the delay
+            else:  # a real hiccup, named rightly: the stamps saw that rank late too
+                assert truth_ms >= 0.5 * straggler["excess_ms"], (step, straggler, truth_ms)
 
 
 def test_collective_detail_off_says_communication_not_measured_never_zero(tmp_path):
