@@ -77,3 +77,17 @@ def test_the_span_flush_comes_before_the_link_and_all_ends_within_the_timeout() 
     took = time.monotonic() - started
     assert len(given) == 1 and given[0] >= 1.2, given  # before the link's wait, not after
     assert 1.2 <= took < 2.0, took  # the link took the rest, no more
+
+
+def test_exit_work_that_raises_is_counted_not_printed(capfd) -> None:
+    """An SDK shutdown left no time raises ("deadline already exceeded") on run_bounded's
+    thread: counted, never a thread traceback on stderr (the job's log)."""
+    from tf_otel.health import counters, run_bounded
+
+    def shutdown(timeout_millis: float) -> None:
+        raise Exception("Didn't get to execute, deadline already exceeded")
+
+    before = counters["exit_work_failed"]
+    assert run_bounded("tf_otel-test-stop", 1.0, shutdown, timeout_millis=0)
+    assert counters["exit_work_failed"] == before + 1
+    assert "Traceback" not in capfd.readouterr().err

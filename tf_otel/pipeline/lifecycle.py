@@ -157,41 +157,53 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
     if timeout_s is None:
         timeout_s = config.current().exit_timeout_s
     deadline = Deadline(timeout_s)
+    limit_s = timeout_s
     with _shutdown_lock:
         for callback in list(_before_shutdown):
             with fail_open("shutdown.before"):
                 callback()
-        flushed = False
+        first = not _exit_reported
+        _exit_reported = True
+        delivered = False
 
-        def flush(left_s: float) -> None:  # the spans' delivery: before the link, clock, metrics
-            nonlocal flushed
-            flushed = True
+        def deliver(left_s: float) -> None:
+            """The spans' flush, then (the first time) the loss line and the final counts:
+            before the stages that only wait (the link to rank 0, clock, metrics providers)."""
+            nonlocal delivered
+            delivered = True
+            own = Deadline(left_s)
             with fail_open("shutdown.provider"):
                 from opentelemetry import trace
 
                 from tf_otel.pipeline.sdk import bounded_flush
 
-                bounded_flush(trace.get_tracer_provider(), left_s)
+                bounded_flush(trace.get_tracer_provider(), own.left())
+            if first:
+                _report_at_exit(limit_s, own)
 
         pipeline = _pipeline
         if pipeline is not None:
             with fail_open("shutdown"):
-                pipeline.shutdown(deadline.left(), flush)
-        if not flushed:  # no pipeline (no step ran), or it failed before its flush
-            flush(deadline.left())
-        if not _exit_reported:
-            _exit_reported = True
-            with fail_open("shutdown.report"):
-                from tf_otel.pipeline import delivery
-
-                delivery.report_at_exit(timeout_s)
-            with fail_open("shutdown.metrics"):  # the final counts, never holding the exit
-                from tf_otel.pipeline import health_metrics
-
-                flush_s = deadline.left(2.0)
-                run_bounded("tf_otel-metrics-flush", flush_s, health_metrics.flush, flush_s)
+                pipeline.shutdown(deadline.left(), deliver)
+        if not delivered:  # no pipeline (no step ran), or it failed before its flush
+            deliver(deadline.left())
+        if first:
             with fail_open("shutdown.meter_provider"):
                 _stop_own_meter_provider(deadline.left(2.0))
+
+
+def _report_at_exit(limit_s: float, deadline: Deadline) -> None:
+    """The exit's one line of what was lost (naming the limit), and the final counts as
+    metrics, never holding the exit."""
+    with fail_open("shutdown.report"):
+        from tf_otel.pipeline import delivery
+
+        delivery.report_at_exit(limit_s)
+    with fail_open("shutdown.metrics"):
+        from tf_otel.pipeline import health_metrics
+
+        flush_s = deadline.left(2.0)
+        run_bounded("tf_otel-metrics-flush", flush_s, health_metrics.flush, flush_s)
 
 
 def _stop_own_meter_provider(timeout_s: float) -> None:
