@@ -435,12 +435,13 @@ def measure(
             said = part.communicate()[0]
         for line in said.splitlines():
             if line.startswith("{"):
-                failed += json.loads(line).get("handshakes_failed", 0)
-                unconnected += json.loads(line).get("unconnected", [])
-                parts_cpu += json.loads(line).get("cpu_s", 0.0)
-                relay_cpu += json.loads(line).get("relay_cpu_s", 0.0)
-                relay_threads += json.loads(line).get("relay_threads", 0)
-                relay_wall = max(relay_wall, json.loads(line).get("relay_wall_s", 0.0))
+                said = json.loads(line)
+                failed += said.get("handshakes_failed", 0)
+                unconnected += said.get("unconnected", [])
+                parts_cpu += said.get("cpu_s", 0.0)
+                relay_cpu += said.get("relay_cpu_s", 0.0)
+                relay_threads += said.get("relay_threads", 0)
+                relay_wall = max(relay_wall, said.get("relay_wall_s", 0.0))
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"rank 0 printed no result: {err[-2000:]}")

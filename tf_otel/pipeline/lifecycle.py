@@ -154,10 +154,8 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
     timeout_s in all (default TF_OTEL_EXIT_TIMEOUT_S): every stage takes what the ones before it
     left. Safe to call more than once."""
     global _exit_reported
-    if timeout_s is None:
-        timeout_s = config.current().exit_timeout_s
-    deadline = Deadline(timeout_s)
-    limit_s = timeout_s
+    limit_s = config.current().exit_timeout_s if timeout_s is None else timeout_s
+    deadline = Deadline(limit_s)
     with _shutdown_lock:
         for callback in list(_before_shutdown):
             with fail_open("shutdown.before"):
@@ -171,15 +169,14 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
             before the stages that only wait (the link to rank 0, clock, metrics providers)."""
             nonlocal delivered
             delivered = True
-            own = Deadline(left_s)
             with fail_open("shutdown.provider"):
                 from opentelemetry import trace
 
                 from tf_otel.pipeline.sdk import bounded_flush
 
-                bounded_flush(trace.get_tracer_provider(), own.left())
+                bounded_flush(trace.get_tracer_provider(), left_s)
             if first:
-                _report_at_exit(limit_s, own)
+                _report_at_exit(limit_s, deadline)
 
         pipeline = _pipeline
         if pipeline is not None:
