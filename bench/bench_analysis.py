@@ -31,8 +31,10 @@ from tf_otel.analysis.analyze import analyze_source, analyze_spans  # noqa: E402
 from tf_otel.analysis.engine import open_engine  # noqa: E402
 from tf_otel.analysis.gc_pause import paused_gc  # noqa: E402
 from tf_otel.analysis.load import _json  # noqa: E402
+from tf_otel.analysis.load import files as load_files  # noqa: E402
 from tf_otel.analysis.load.files import load_paths, requested_workers  # noqa: E402
 from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as MSGSPEC  # noqa: E402
+from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE  # noqa: E402
 from tf_otel.analysis.load.spill import load_spilled  # noqa: E402
 from tf_otel.analysis.report.json_report import to_json  # noqa: E402
 
@@ -245,7 +247,17 @@ def main() -> int:
         help="spill: trace files kept on disk by trace, one step in memory (the CLI's way); "
         "memory: every span loaded first",
     )
+    parser.add_argument(
+        "--decoder",
+        choices=("native", "msgspec"),
+        default="native" if NATIVE else "msgspec",
+        help="the fastest OTLP-JSON line decoder to use (native: tf_otel_native, built by "
+        "make install; in-process runs only, --workers 1)",
+    )
     args = parser.parse_args()
+    if args.decoder == "native" and not NATIVE:
+        parser.error("--decoder native: tf_otel_native is not built (make install)")
+    load_files.NATIVE_DECODER = args.decoder == "native"
     directory = Path(args.keep or tempfile.mkdtemp(prefix="tf_otel_bench_"))
     if not any(directory.glob("rank*.jsonl")):
         generate(directory, args.steps, args.ranks)
@@ -292,7 +304,7 @@ def main() -> int:
                 "spans": count,
                 "input_mb": round(size_mb, 1),
                 "json_parser": _json.PARSER,
-                "fast_decoder": "msgspec" if MSGSPEC else None,
+                "fast_decoder": args.decoder if args.decoder == "native" or MSGSPEC else None,
                 "load_s": round(t1 - t0, 2),
                 "analysis_s": round(t2 - t1, 2),
                 "json_report_s": round(t3 - t2, 2),

@@ -67,14 +67,42 @@ EOF
   (cd "$dir" && sha256sum -c --quiet - <<<"$sums")
 }
 
+install_native() {
+  # tf_otel_native (native/, Rust): the fast OTLP-JSON decoder of `tf-otel analyze`. Optional
+  # for the product (it falls back to msgspec/Python), built here whenever cargo exists; the
+  # wheel is cached by its sources' hash, cargo's build tree under the cache too.
+  local hash stamp wheel
+  hash=$(cat native/Cargo.toml native/Cargo.lock native/pyproject.toml native/tf_otel_native.pyi native/src/*.rs | sha1sum | cut -c1-12)
+  stamp="$VENV/.tf_otel_native-$hash"
+  [ -f "$stamp" ] && return 0
+  if ! command -v cargo >/dev/null 2>&1; then
+    log "no Rust toolchain (cargo): tf-otel analyze will use its Python decoders (slower)"
+    return 0
+  fi
+  wheel=$(ls "$CACHE/wheels"/native-"$hash"/tf_otel_native-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$wheel" ]; then
+    log "building tf_otel_native (Rust, about a minute once per machine)"
+    mkdir -p "$CACHE/wheels/native-$hash"
+    CARGO_TARGET_DIR="$CACHE/native-target" PYO3_PYTHON="$VENV/bin/python" \
+      "${PIP[@]}" wheel --no-deps -w "$CACHE/wheels/native-$hash" ./native
+    wheel=$(ls "$CACHE/wheels"/native-"$hash"/tf_otel_native-*.whl | head -1)
+  fi
+  "${PIP[@]}" install --no-deps --force-reinstall "$wheel"
+  "$VENV/bin/python" -c "import tf_otel_native" >/dev/null
+  rm -f "$VENV"/.tf_otel_native-*
+  touch "$stamp"
+}
+
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+
 if [ -f "$STAMP" ]; then
   install_perfetto_wasm
+  install_native
   log "environment up to date ($VENV)"
   exit 0
 fi
 
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -U pip wheel "setuptools<81"
 
 log "installing tensorflow-cpu==$TF_VERSION, OpenTelemetry, mpi4py, test tools"
@@ -115,6 +143,7 @@ if ! "$VENV/bin/python" -c "import horovod.tensorflow" >/dev/null 2>&1; then
 fi
 "$VENV/bin/python" -c "import mpi4py, horovod.tensorflow" >/dev/null
 install_perfetto_wasm
+install_native
 rm -f "$VENV"/.tf_otel-installed-*
 touch "$STAMP"
 log "done: $VENV"

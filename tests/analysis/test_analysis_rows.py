@@ -12,6 +12,8 @@ import pytest
 from tf_otel.analysis.load import files
 from tf_otel.analysis.load.otlp import decode_traces_rows
 from tf_otel.analysis.load.otlp_msgspec import LineDecoder
+from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE
+from tf_otel.analysis.load.otlp_native import NativeLineDecoder
 from tf_otel.analysis.load.rows import FOUND_TEMPLATE, NO_ATTRIBUTES, RowBuilder
 from tf_otel.analysis.model import Span, SpanRow
 
@@ -30,11 +32,16 @@ def _line(spans: List[Dict[str, Any]], resource: Optional[List[Dict[str, Any]]] 
 
 
 def _both(line: bytes) -> List[SpanRow]:
-    """The rows of both decoders, which must agree (msgspec must take the line itself), by name."""
+    """The rows of the decoders, which must agree (msgspec and the native decoder, where built,
+    must take the line themselves), by name."""
     fast = LineDecoder().decode(line)
     generic = decode_traces_rows(json.loads(line), "test")
     assert fast is not None, "the fast path left a plain line to the generic path"
     assert repr(fast) == repr(generic)
+    if NATIVE:
+        native = NativeLineDecoder().decode(line, 0, len(line))
+        assert native is not None, "the native decoder left a plain line to the others"
+        assert repr(native) == repr(generic)
     assert all(type(row) is tuple for row in fast + generic)  # what marshal takes
     return [SpanRow._make(row) for row in fast]
 

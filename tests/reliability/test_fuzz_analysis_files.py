@@ -1,8 +1,9 @@
 """Fuzzed OTLP-JSON trace files (tf_otel.analysis.load): newline-delimited and whole documents,
-gzip, parts of big files, the msgspec fast path and the generic path, Jaeger UI downloads.
+gzip, parts of big files, the native and msgspec fast paths and the generic path, Jaeger UI
+downloads.
 Arbitrary bytes, and JSON of the right shape with wrong types, huge numbers, deep nesting and
 missing fields. The contract: spans, or the one ``AnalysisError`` whose message names the file
-(and the line, for newline-delimited files); never another exception, in bounded time. And the
+(and the line, for newline-delimited files); never another exception, in bounded time. And each
 fast path gives the generic path's rows, or leaves the line to it.
 """
 
@@ -21,6 +22,8 @@ from tf_otel.analysis.load import files
 from tf_otel.analysis.load.jaeger import convert_jaeger_traces
 from tf_otel.analysis.load.otlp import decode_traces_rows
 from tf_otel.analysis.load.otlp_msgspec import LineDecoder
+from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE
+from tf_otel.analysis.load.otlp_native import NativeLineDecoder
 
 FUZZ = settings(
     max_examples=200,
@@ -196,14 +199,17 @@ def load(path: Path, lines: int):
 def test_fast_path_gives_the_generic_rows_or_leaves_the_line(document):
     line = _dumps(document)
     fast = LineDecoder().decode(line)
+    native = NativeLineDecoder().decode(line, 0, len(line)) if NATIVE else None
     try:
         generic = decode_traces_rows(document, "x line 1")
     except AnalysisError as error:
         assert str(error).startswith("x line 1: "), error
-        assert fast is None
+        assert fast is None and native is None
         return
     if fast is not None:
         assert fast == generic
+    if native is not None:
+        assert repr(native) == repr(generic)  # (NaN != NaN)
 
 
 def test_attribute_values_nested_as_deep_as_the_json_parser_allows(tmp_path):
@@ -218,6 +224,8 @@ def test_attribute_values_nested_as_deep_as_the_json_parser_allows(tmp_path):
         if depth:
             return nested(depth - 1)
         LineDecoder().decode(line)  # rows or None, never raises
+        if NATIVE:
+            NativeLineDecoder().decode(line, 0, len(line))
         try:
             decode_traces_rows(document, "x")
         except AnalysisError as error:

@@ -26,6 +26,8 @@ from tf_otel.analysis.load.jaeger import convert_jaeger_traces, is_jaeger_docume
 from tf_otel.analysis.load.otlp import decode_traces_rows, is_traces_data
 from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as FAST_DECODER
 from tf_otel.analysis.load.otlp_msgspec import LineDecoder
+from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE_DECODER
+from tf_otel.analysis.load.otlp_native import NativeLineDecoder
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Row, Span, add_spans
 
@@ -166,26 +168,55 @@ class _NotLines(Exception):
         self.line, self.line_count = line, line_count
 
 
+def _line_bounds(data: bytes, stop: int) -> Optional[List[Tuple[int, int]]]:
+    """Where each of ``data[:stop].splitlines()`` begins and ends; None where a line may end
+    in a carriage return (then ``splitlines`` itself splits)."""
+    if data.find(b"\r", 0, stop) >= 0:
+        return None
+    bounds: List[Tuple[int, int]] = []
+    start = 0
+    while start < stop:
+        end = data.find(b"\n", start, stop)
+        end = stop if end < 0 else end
+        bounds.append((start, end))
+        start = end + 1
+    return bounds
+
+
 def _decode_lines(
     path: Path, data: bytes, first_line: int = 1, stop: Optional[int] = None
 ) -> List[Row]:
     """Spans of newline-delimited ``TracesData`` lines (numbered from ``first_line``) in
-    ``data[:stop]``."""
-    fast = LineDecoder() if FAST_DECODER else None  # msgspec; else only the generic path
+    ``data[:stop]``: each line on the fastest path that takes it (native, msgspec), else on the
+    generic path, which names the error."""
     stop = len(data) if stop is None else stop
-    lines = _split_lines(data, stop) if fast is not None else data[:stop].splitlines()
+    bounds = _line_bounds(data, stop) if NATIVE_DECODER and type(data) is bytes else None
+    native = NativeLineDecoder() if bounds is not None else None
+    fast = LineDecoder() if FAST_DECODER else None
+    lines: List[Union[bytes, memoryview]]
+    if bounds is not None:
+        view = memoryview(data)
+        lines = [view[begin:end] for begin, end in bounds]
+    else:
+        lines = _split_lines(data, stop) if fast is not None else list(data[:stop].splitlines())
     spans: List[Row] = []
-    for number, view in enumerate(lines, start=first_line):
-        if fast is not None:
-            rows = fast.decode(view)
+    for number, line in enumerate(lines, start=first_line):
+        if native is not None and bounds is not None:
+            begin, end = bounds[number - first_line]
+            rows = native.decode(data, begin, end)
             if rows is not None:
                 spans.extend(rows)
                 continue
-        line = bytes(view)
-        if not line.strip():
+        if fast is not None:
+            rows = fast.decode(line)
+            if rows is not None:
+                spans.extend(rows)
+                continue
+        whole = bytes(line)
+        if not whole.strip():
             continue
         try:
-            obj = loads(line)
+            obj = loads(whole)
         except DECODE_ERRORS:
             if not spans:
                 raise _NotLines(number, len(lines)) from None

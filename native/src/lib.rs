@@ -1,0 +1,418 @@
+//! tf_otel_native: the OTLP-JSON line decoder of `tf-otel analyze`, in Rust.
+//!
+//! Usage (from Python; `tf_otel.analysis.load.otlp_native` wraps it):
+//!
+//!     decoder = tf_otel_native.LineDecoder(helper)
+//!     rows = decoder.decode(data, begin, end)   # data[begin:end]: one TracesData line
+//!
+//! It gives the same rows (`tf_otel.analysis.model.Row`) as the generic Python path for the
+//! plain layout that `TF_OTEL_FILE` and the OTLP file exporter write, and `None` for anything
+//! else (other spellings, nulls where values belong, ids that are not plain hex, times that are
+//! not plain integers, invalid JSON, ...): the caller decodes that line again on the generic
+//! path, which gives the rows or names the error. What needs the analysis' own rules (resource
+//! attributes, which span attributes are kept and how their values decode, ids in base64) is
+//! asked of `helper` once per distinct value and cached here; the per-span work (parsing,
+//! ids, times, the row tuple) makes no Python call.
+
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use serde::Deserialize;
+use sonic_rs::LazyValue;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FxHash (rustc's): the cache keys are attribute lists of a few hundred bytes looked up once
+/// a span; SipHash's flooding resistance buys nothing for one process' own input and cost
+/// about a tenth of the decoding.
+#[derive(Default)]
+struct FxHasher(u64);
+
+const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
+        }
+        for &byte in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(FX_SEED);
+        }
+    }
+
+    fn write_u8(&mut self, byte: u8) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(FX_SEED);
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.0 = (self.0.rotate_left(5) ^ value as u64).wrapping_mul(FX_SEED);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+#[derive(Deserialize)]
+struct TracesData<'a> {
+    #[serde(rename = "resourceSpans", borrow, default)]
+    resource_spans: Option<Vec<ResourceSpans<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ResourceSpans<'a> {
+    #[serde(borrow, default)]
+    resource: Option<LazyValue<'a>>,
+    #[serde(rename = "scopeSpans", borrow, default)]
+    scope_spans: Option<Vec<ScopeSpans<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ScopeSpans<'a> {
+    #[serde(borrow, default)]
+    spans: Option<Vec<SpanIn<'a>>>,
+}
+
+fn empty_name<'a>() -> Option<Cow<'a, str>> {
+    Some(Cow::Borrowed(""))
+}
+
+#[derive(Deserialize)]
+struct SpanIn<'a> {
+    #[serde(rename = "traceId", borrow)]
+    trace_id: Cow<'a, str>,
+    #[serde(rename = "spanId", borrow)]
+    span_id: Cow<'a, str>,
+    #[serde(rename = "parentSpanId", borrow, default)]
+    parent_id: Option<Cow<'a, str>>,
+    // missing: "" (as the generic path's `raw.get("name", "")`); null: None
+    #[serde(borrow, default = "empty_name")]
+    name: Option<Cow<'a, str>>,
+    #[serde(rename = "startTimeUnixNano", borrow)]
+    start: LazyValue<'a>,
+    #[serde(rename = "endTimeUnixNano", borrow)]
+    end: LazyValue<'a>,
+    #[serde(borrow, default)]
+    attributes: Option<LazyValue<'a>>,
+}
+
+/// Why a line goes back to the generic path: the helper's exception, if it raised one.
+struct Bail(Option<PyErr>);
+
+const BAIL: Bail = Bail(None);
+
+impl From<std::convert::Infallible> for Bail {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
+}
+
+impl From<PyErr> for Bail {
+    fn from(err: PyErr) -> Self {
+        Bail(Some(err))
+    }
+}
+
+const NULL: &[u8] = b"null";
+// Bounds on what is remembered per input (an input is one file or part of one); a full cache
+// is emptied: the rows do not depend on what is cached.
+const RESOURCES_MAX: usize = 64;
+const TAILS_MAX: usize = 4096;
+const STRINGS_MAX: usize = 200_000;
+
+/// A time: a JSON integer or a string of one, within 64 bits; anything else bails.
+fn time_ns(raw: &LazyValue<'_>) -> Result<i64, Bail> {
+    let mut text = raw.as_raw_str().as_bytes();
+    if text.len() >= 2 && text[0] == b'"' && text[text.len() - 1] == b'"' {
+        text = &text[1..text.len() - 1];
+    }
+    let (negative, digits) = match text.first() {
+        Some(b'-') => (true, &text[1..]),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(BAIL);
+    }
+    let mut value: i64 = 0;
+    for digit in digits {
+        value = value
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(i64::from(digit - b'0')))
+            .ok_or(BAIL)?;
+    }
+    Ok(if negative { -value } else { value })
+}
+
+/// A hex id of `2 * size` ASCII letters and digits, lowercased ("" for all zeros, as
+/// `normalise_id(...) or ""`); None where `rows.normalise_id` must decide (base64, other
+/// lengths, non-ASCII).
+fn plain_id(text: &str, size: usize) -> Option<String> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 2 * size || !bytes.iter().all(u8::is_ascii_alphanumeric) {
+        return None;
+    }
+    let lower = text.to_ascii_lowercase();
+    if lower.bytes().all(|b| b == b'0') {
+        return Some(String::new());
+    }
+    Some(lower)
+}
+
+struct Resource {
+    attributes: Py<PyDict>,
+    // an attribute list's bytes -> the row's last seven fields (`rows.RowTail`)
+    tails: FastMap<Vec<u8>, Py<PyTuple>>,
+}
+
+#[pyclass(module = "tf_otel_native", unsendable)]
+struct LineDecoder {
+    helper: Py<PyAny>,
+    resources: FastMap<Vec<u8>, Resource>,
+    trace_ids: FastMap<String, Py<PyString>>,
+    parent_ids: FastMap<String, Option<Py<PyString>>>,
+    names: FastMap<String, Py<PyString>>,
+    /// lines handed back to the generic path
+    #[pyo3(get)]
+    bailed: u64,
+}
+
+impl LineDecoder {
+    /// A trace id as `normalise_id(raw, 16) or ""`, cached.
+    fn trace_id(&mut self, py: Python<'_>, raw: &str) -> Result<Py<PyString>, Bail> {
+        if let Some(found) = self.trace_ids.get(raw) {
+            return Ok(found.clone_ref(py));
+        }
+        let made = match plain_id(raw, 16) {
+            Some(text) => PyString::new(py, &text).unbind(),
+            None => match self.normalise(py, raw, 16)? {
+                Some(text) => text,
+                None => PyString::new(py, "").unbind(),
+            },
+        };
+        if self.trace_ids.len() >= STRINGS_MAX {
+            self.trace_ids.clear();
+        }
+        self.trace_ids.insert(raw.to_owned(), made.clone_ref(py));
+        Ok(made)
+    }
+
+    /// A parent id as `normalise_id(raw, 8)` (None: zeros), cached.
+    fn parent_id(&mut self, py: Python<'_>, raw: &str) -> Result<Option<Py<PyString>>, Bail> {
+        if let Some(found) = self.parent_ids.get(raw) {
+            return Ok(found.as_ref().map(|s| s.clone_ref(py)));
+        }
+        let made = match plain_id(raw, 8) {
+            Some(text) if text.is_empty() => None,
+            Some(text) => Some(PyString::new(py, &text).unbind()),
+            None => self.normalise(py, raw, 8)?,
+        };
+        if self.parent_ids.len() >= STRINGS_MAX {
+            self.parent_ids.clear();
+        }
+        self.parent_ids
+            .insert(raw.to_owned(), made.as_ref().map(|s| s.clone_ref(py)));
+        Ok(made)
+    }
+
+    fn name(&mut self, py: Python<'_>, raw: &str) -> Py<PyString> {
+        if let Some(found) = self.names.get(raw) {
+            return found.clone_ref(py);
+        }
+        let made = PyString::new(py, raw).unbind();
+        if self.names.len() >= STRINGS_MAX {
+            self.names.clear();
+        }
+        self.names.insert(raw.to_owned(), made.clone_ref(py));
+        made
+    }
+
+    /// `helper.normalise_id(raw, size)`: base64 and the other spellings.
+    fn normalise(
+        &self,
+        py: Python<'_>,
+        raw: &str,
+        size: usize,
+    ) -> Result<Option<Py<PyString>>, Bail> {
+        let value = self.helper.bind(py).call_method1("normalise_id", (raw, size))?;
+        if value.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(value.cast_into::<PyString>().map_err(|_| BAIL)?.unbind()))
+    }
+
+    /// The resource of these bytes, made by `helper.resource(raw)` once (up to RESOURCES_MAX).
+    fn resource_key(&mut self, py: Python<'_>, raw: &[u8]) -> Result<Option<Resource>, Bail> {
+        if self.resources.contains_key(raw) {
+            return Ok(None); // the caller reads it from the map
+        }
+        let attributes = self
+            .helper
+            .bind(py)
+            .call_method1("resource", (PyBytes::new(py, raw),))?
+            .cast_into::<PyDict>()
+            .map_err(|_| BAIL)?
+            .unbind();
+        let resource = Resource {
+            attributes,
+            tails: FastMap::default(),
+        };
+        if self.resources.len() < RESOURCES_MAX {
+            self.resources.insert(raw.to_vec(), resource);
+            return Ok(None);
+        }
+        Ok(Some(resource)) // not remembered: this line's own
+    }
+
+    fn rows<'py>(&mut self, py: Python<'py>, line: &[u8]) -> Result<Bound<'py, PyList>, Bail> {
+        let data: TracesData = sonic_rs::from_slice(line).map_err(|_| BAIL)?;
+        let resource_spans = match data.resource_spans {
+            Some(list) if !list.is_empty() => list,
+            _ => return Err(BAIL), // missing, null or empty: "batches" or not OTLP
+        };
+        let rows = PyList::empty(py);
+        let helper = self.helper.clone_ref(py);
+        for group in resource_spans {
+            let scopes = group.scope_spans.ok_or(BAIL)?; // maybe instrumentationLibrarySpans
+            let resource_raw = group.resource.as_ref().map_or(NULL, |r| r.as_raw_str().as_bytes());
+            let mut own = self.resource_key(py, resource_raw)?;
+            for scope in scopes {
+                for span in scope.spans.unwrap_or_default() {
+                    let start_ns = time_ns(&span.start)?;
+                    let end_ns = time_ns(&span.end)?.max(start_ns);
+                    let trace = self.trace_id(py, &span.trace_id)?;
+                    let span_id: Py<PyString> = match plain_id(&span.span_id, 8) {
+                        Some(text) => PyString::new(py, &text).unbind(),
+                        None => match self.normalise(py, &span.span_id, 8)? {
+                            Some(text) => text,
+                            None => PyString::new(py, "").unbind(),
+                        },
+                    };
+                    let parent = match span.parent_id.as_deref() {
+                        Some(raw) if !raw.is_empty() => self.parent_id(py, raw)?,
+                        _ => None,
+                    };
+                    let name: Py<PyAny> = match span.name.as_deref() {
+                        Some(raw) => self.name(py, raw).into_any(),
+                        None => py.None(),
+                    };
+                    let attributes = span.attributes.as_ref().map_or(NULL, |r| r.as_raw_str().as_bytes());
+                    let resource = match own.as_mut() {
+                        Some(resource) => resource,
+                        None => self.resources.get_mut(resource_raw).ok_or(BAIL)?,
+                    };
+                    let tail = match resource.tails.get(attributes) {
+                        Some(tail) => tail.bind(py).clone(),
+                        None => {
+                            let made = helper
+                                .bind(py)
+                                .call_method1(
+                                    "tail",
+                                    (resource.attributes.bind(py), PyBytes::new(py, attributes)),
+                                )?
+                                .cast_into::<PyTuple>()
+                                .map_err(|_| BAIL)?;
+                            let tail = made.get_item(0)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
+                            if made.get_item(1)?.is_truthy()? {
+                                if resource.tails.len() >= TAILS_MAX {
+                                    resource.tails.clear(); // the older steps' lists
+                                }
+                                resource.tails.insert(attributes.to_vec(), tail.clone().unbind());
+                            }
+                            tail
+                        }
+                    };
+                    if tail.len() != 7 {
+                        return Err(BAIL);
+                    }
+                    let kept = tail.get_item(0)?;
+                    // kept attributes: each span its own dict
+                    let kept = match kept.cast::<PyDict>() {
+                        Ok(dict) if !dict.is_empty() => dict.copy()?.into_any(),
+                        _ => kept,
+                    };
+                    let row = PyTuple::new(
+                        py,
+                        [
+                            trace.into_bound(py).into_any(),
+                            span_id.into_bound(py).into_any(),
+                            match parent {
+                                Some(p) => p.into_bound(py).into_any(),
+                                None => py.None().into_bound(py),
+                            },
+                            name.into_bound(py),
+                            start_ns.into_pyobject(py)?.into_any(),
+                            end_ns.into_pyobject(py)?.into_any(),
+                            kept,
+                            tail.get_item(1)?,
+                            tail.get_item(2)?,
+                            tail.get_item(3)?,
+                            tail.get_item(4)?,
+                            tail.get_item(5)?,
+                            tail.get_item(6)?,
+                        ],
+                    )?;
+                    rows.append(row)?;
+                }
+            }
+        }
+        Ok(rows)
+    }
+}
+
+#[pymethods]
+impl LineDecoder {
+    /// `helper`: `resource(raw: bytes) -> dict`, `tail(resource: dict, raw: bytes) ->
+    /// (RowTail, shareable: bool)` and `normalise_id(raw: str, size: int) -> Optional[str]`.
+    #[new]
+    fn new(helper: Py<PyAny>) -> Self {
+        LineDecoder {
+            helper,
+            resources: FastMap::default(),
+            trace_ids: FastMap::default(),
+            parent_ids: FastMap::default(),
+            names: FastMap::default(),
+            bailed: 0,
+        }
+    }
+
+    /// The rows of the line `data[begin:end]`, or None: the generic path decides.
+    /// An exception other than an `Exception` (KeyboardInterrupt) goes up.
+    fn decode<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: &[u8],
+        begin: usize,
+        end: usize,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        if begin > end || end > data.len() {
+            return Err(PyException::new_err(format!(
+                "bad line bounds {begin}..{end} of {} bytes",
+                data.len()
+            )));
+        }
+        match self.rows(py, &data[begin..end]) {
+            Ok(rows) => Ok(Some(rows)),
+            Err(Bail(raised)) => {
+                if let Some(err) = raised {
+                    if !err.is_instance_of::<PyException>(py) {
+                        return Err(err);
+                    }
+                }
+                self.bailed += 1;
+                Ok(None)
+            }
+        }
+    }
+}
+
+#[pymodule]
+fn tf_otel_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<LineDecoder>()?;
+    module.add("FORMAT", 1)?;
+    Ok(())
+}

@@ -1,0 +1,10 @@
+"""Types of the native OTLP-JSON line decoder (src/lib.rs)."""
+
+from typing import Any, List, Optional, Tuple
+
+FORMAT: int
+
+class LineDecoder:
+    bailed: int
+    def __init__(self, helper: Any) -> None: ...
+    def decode(self, data: bytes, begin: int, end: int) -> Optional[List[Tuple[Any, ...]]]: ...

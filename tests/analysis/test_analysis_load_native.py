@@ -1,0 +1,170 @@
+"""The native decoder (tf_otel_native, built by ``make install``) gives the generic path's rows,
+or leaves the line to the other paths; files load the same with it and without it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, List, Optional
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from test_analysis_load_msgspec import (  # noqa: E402
+    BAD_SPAN_ID,
+    FAST,
+    GENERIC,
+    TRUNCATED,
+    _attr,
+    _line,
+    _span,
+)
+
+from tf_otel.analysis.errors import AnalysisError  # noqa: E402
+from tf_otel.analysis.load import files, otlp_native  # noqa: E402
+from tf_otel.analysis.load.otlp import decode_traces_rows  # noqa: E402
+from tf_otel.analysis.model import Row  # noqa: E402
+
+# FAST lines the native decoder leaves to the others: -(2**63) does not fit its digit parser
+NATIVE_LEAVES = {5}
+
+
+def test_the_native_decoder_is_built_wherever_rust_is():
+    """make install builds it when cargo exists: its absence there is a broken install."""
+    if shutil.which("cargo") is not None:
+        assert otlp_native.AVAILABLE, "tf_otel_native is not built: run make install"
+    else:  # the product still loads files: the other paths
+        assert not otlp_native.AVAILABLE or otlp_native.tf_otel_native is not None
+
+
+needs_native = pytest.mark.skipif(
+    not otlp_native.AVAILABLE, reason="no Rust toolchain here (the test above checks why)"
+)
+
+
+def _native(line: bytes) -> Optional[List[Row]]:
+    return otlp_native.NativeLineDecoder().decode(line, 0, len(line))
+
+
+@needs_native
+@pytest.mark.parametrize("index", range(len(FAST)))
+def test_native_rows_equal_the_generic_rows(index: int):
+    line = FAST[index]
+    rows = _native(line)
+    if index in NATIVE_LEAVES:
+        assert rows is None
+        return
+    assert rows is not None, "a plain line was left to the other paths"
+    assert repr(rows) == repr(decode_traces_rows(json.loads(line), "test"))  # (NaN != NaN)
+    assert all(type(row) is tuple for row in rows)  # what marshal takes
+
+
+@needs_native
+@pytest.mark.parametrize("line", GENERIC)
+def test_unusual_lines_are_left_to_the_other_paths(line: bytes):
+    assert _native(line) is None
+
+
+UNUSUAL = [
+    _line([_span(startTimeUnixNano=" 10")]),  # int() takes it; the native parser does not
+    _line([_span(startTimeUnixNano="+10")]),
+    _line([_span(startTimeUnixNano="1_0")]),
+    _line([_span(startTimeUnixNano="")]),
+    _line([_span(startTimeUnixNano=True)]),
+    _line([_span(endTimeUnixNano=None)]),
+    b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"' + b"ab" * 16 + b'",'
+    b'"traceId":"' + b"cd" * 16 + b'","spanId":"' + b"12" * 8 + b'",'
+    b'"startTimeUnixNano":"1","endTimeUnixNano":"2"}]}]}]}',  # a repeated key
+    _line([_span(traceId="é" * 32)]),
+    b"",
+    b"   ",
+]
+
+
+@needs_native
+@pytest.mark.parametrize("line", UNUSUAL)
+def test_lines_it_may_leave_give_the_generic_rows_or_nothing(line: bytes):
+    rows = _native(line)
+    try:
+        generic: Any = decode_traces_rows(json.loads(line), "test")
+    except (AnalysisError, ValueError):
+        assert rows is None
+        return
+    assert rows is None or repr(rows) == repr(generic)
+
+
+@needs_native
+def test_each_span_gets_its_own_kept_attributes_and_a_shared_empty_dict():
+    decoder = otlp_native.NativeLineDecoder()
+    line = _line([_span(), _span(spanId="12" * 8), _span(spanId="34" * 8, attributes=[])])
+    first = decoder.decode(line, 0, len(line))
+    second = decoder.decode(line, 0, len(line))
+    assert first is not None and second is not None and first == second
+    assert first[0][6] == {"tf_otel.collective.key": "s7/g0"}
+    assert first[0][6] is not first[1][6] and first[0][6] is not second[0][6]
+    assert first[2][6] is second[2][6]  # no kept attribute: the one shared empty dict
+    list_value = _line([_span(attributes=[_attr("tf_otel.job.id", {"arrayValue": {}})])] * 2)
+    rows = decoder.decode(list_value, 0, len(list_value))
+    assert rows is not None and rows[0][11] == rows[1][11] == "[]"
+
+
+@needs_native
+def test_a_line_is_read_between_its_bounds_only():
+    data = b"garbage" + FAST[0] + b"\ntrailing"
+    rows = otlp_native.NativeLineDecoder().decode(data, 7, 7 + len(FAST[0]))
+    assert repr(rows) == repr(decode_traces_rows(json.loads(FAST[0]), "test"))
+    with pytest.raises(Exception, match=f"bad line bounds 5..{len(data) + 1} of {len(data)} "):
+        otlp_native.NativeLineDecoder().decode(data, 5, len(data) + 1)
+
+
+def _load(path: Path, native: bool, monkeypatch) -> Any:
+    monkeypatch.setattr(files, "NATIVE_DECODER", native)
+    try:
+        return files.load_file_rows(path)
+    except AnalysisError as error:
+        return str(error)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "lines",
+    [FAST, [FAST[0], GENERIC[0], FAST[1]], [FAST[0], BAD_SPAN_ID], [FAST[0], b"", FAST[1]]],
+)
+def test_files_load_the_same_with_and_without_it(tmp_path: Path, monkeypatch, lines):
+    path = tmp_path / "rank0.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    assert repr(_load(path, True, monkeypatch)) == repr(_load(path, False, monkeypatch))
+
+
+@needs_native
+def test_bad_line_after_native_lines_names_file_and_line(tmp_path: Path, monkeypatch):
+    path = tmp_path / "rank0.jsonl"
+    path.write_bytes(FAST[0] + b"\n" + FAST[1] + b"\n" + TRUNCATED + b"\n")
+    expected = f"{path}: line 3 is not valid JSON (truncated or corrupt file)"
+    assert _load(path, True, monkeypatch) == expected
+
+
+@needs_native
+def test_the_benchmarks_traces_load_the_same_and_all_natively(tmp_path: Path, monkeypatch):
+    """bench_analysis.py's traces (what TF_OTEL_FILE writes, 512 spans a line): every line
+    taken natively, the rows those of the other paths."""
+    import bench_analysis
+
+    bench_analysis.generate(tmp_path, steps=3, ranks=2)
+    for path in sorted(tmp_path.glob("rank*.jsonl")):
+        data = path.read_bytes()
+        decoder = otlp_native.NativeLineDecoder()
+        rows: List[Row] = []
+        begin = 0
+        for line in data.splitlines():
+            found = decoder.decode(data, begin, begin + len(line))
+            assert found is not None
+            rows.extend(found)
+            begin += len(line) + 1
+        assert decoder.bailed == 0
+        assert repr(rows) == repr(_load(path, False, monkeypatch))
+        assert len(rows) == 3 * 200 + (3 if path.name == "rank0.jsonl" else 0)

@@ -1,0 +1,88 @@
+"""Fastest path for ``TracesData`` lines: the native decoder (``tf_otel_native``, Rust).
+
+``tf_otel_native`` (built from native/ by ``make install``; optional, never required) parses a
+line and makes its rows without a Python call per span. What follows the analysis' own rules is
+asked of ``_Helper`` below once per distinct resource, attribute list or unusual id, with the
+generic path's code, and cached in the decoder: so the rows are the generic path's by
+construction. A line outside the plain layout gives ``None`` and the caller decodes it on the
+other paths, as for the msgspec fast path (``otlp_msgspec``).
+
+Usage::
+
+    decoder = NativeLineDecoder()           # only when AVAILABLE
+    rows = decoder.decode(data, begin, end) # data[begin:end]: one line; rows or None
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from tf_otel.analysis.load._json import loads
+from tf_otel.analysis.load.rows import FOUND_TEMPLATE, RowBuilder, RowTail, normalise_id
+from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, Row
+from tf_otel.analysis.otlp_values import attributes_dict, pair_value
+
+try:  # optional speed-up, never required
+    import tf_otel_native
+except ImportError:  # pragma: no cover - depends on the build
+    tf_otel_native = None  # type: ignore[assignment]
+
+AVAILABLE = tf_otel_native is not None
+NATIVE_FORMAT = 1  # the helper protocol below; the module states the one it was built for
+if tf_otel_native is not None and getattr(tf_otel_native, "FORMAT", None) != NATIVE_FORMAT:
+    tf_otel_native = None  # type: ignore[assignment]  # an older build: make install rebuilds it
+    AVAILABLE = False
+
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+class _Helper:
+    """What the native decoder asks once per distinct value: the generic path's rules."""
+
+    def __init__(self) -> None:
+        self._build = RowBuilder()
+
+    def resource(self, raw: bytes) -> Dict[str, Any]:
+        return attributes_dict((loads(raw) or {}).get("attributes"))
+
+    def tail(self, resource: Dict[str, Any], raw: bytes) -> Tuple[RowTail, bool]:
+        """The row tail of an attribute list with this resource, and whether spans may share
+        it (no list or dict value: those are each span's own)."""
+        self._build.set_resource(resource)
+        found = FOUND_TEMPLATE.copy()
+        shared = True
+        for pair in loads(raw) or ():
+            key = pair["key"]
+            if key not in ANALYSIS_ATTRIBUTES:
+                continue
+            value = pair.get("value")  # as otlp.decode_traces_rows reads it
+            if type(value) is dict and len(value) == 1 and "stringValue" in value:
+                value = value["stringValue"]
+            elif type(value) is dict and len(value) == 1 and "intValue" in value:
+                value = int(value["intValue"])
+            else:
+                value = pair_value(pair)
+            shared = shared and type(value) in _IMMUTABLE
+            found[key] = value
+        return self._build.tail(found), shared
+
+    @staticmethod
+    def normalise_id(raw: str, size: int) -> Optional[str]:
+        return normalise_id(raw, size)
+
+
+class NativeLineDecoder:
+    """Decodes the lines of one input; its caches live as long as it does."""
+
+    def __init__(self) -> None:
+        assert tf_otel_native is not None, "tf_otel_native is not built (make install)"
+        self._decoder = tf_otel_native.LineDecoder(_Helper())
+
+    def decode(self, data: bytes, begin: int, end: int) -> Optional[List[Row]]:
+        """The rows of ``data[begin:end]``; None where the other paths must decide."""
+        return self._decoder.decode(data, begin, end)
+
+    @property
+    def bailed(self) -> int:
+        """Lines handed back to the other paths."""
+        return self._decoder.bailed
