@@ -16,7 +16,7 @@
 
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 use serde::Deserialize;
 use sonic_rs::LazyValue;
 use std::borrow::Cow;
@@ -101,6 +101,59 @@ struct SpanIn<'a> {
     attributes: Option<LazyValue<'a>>,
 }
 
+#[derive(Deserialize)]
+struct Pair<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(borrow, default)]
+    value: Option<LazyValue<'a>>,
+}
+
+/// An `AnyValue` of one scalar kind; any other key (arrayValue, kvlistValue, bytesValue, a
+/// second kind) fails it, and the helper decides.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScalarIn<'a> {
+    #[serde(rename = "stringValue", borrow, default)]
+    string: Option<Cow<'a, str>>,
+    #[serde(rename = "intValue", borrow, default)]
+    int: Option<LazyValue<'a>>,
+    #[serde(rename = "boolValue", default)]
+    boolean: Option<bool>,
+    #[serde(rename = "doubleValue", default)]
+    double: Option<f64>,
+}
+
+enum Scalar<'a> {
+    Str(Cow<'a, str>),
+    Int(i64),
+    Bool(bool),
+    Double(f64),
+}
+
+impl Scalar<'_> {
+    fn to_object<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match self {
+            Scalar::Str(text) => PyString::new(py, text).into_any(),
+            Scalar::Int(value) => value.into_pyobject(py)?.into_any(),
+            Scalar::Bool(value) => PyBool::new(py, *value).to_owned().into_any(),
+            Scalar::Double(value) => PyFloat::new(py, *value).into_any(),
+        })
+    }
+}
+
+/// One attribute's value, where it is a plain scalar (else the helper decides the list).
+fn scalar<'a>(raw: &'a LazyValue<'a>) -> Option<Scalar<'a>> {
+    let value: ScalarIn = sonic_rs::from_str(raw.as_raw_str()).ok()?;
+    match (value.string, value.int, value.boolean, value.double) {
+        (Some(text), None, None, None) => Some(Scalar::Str(text)),
+        (None, Some(int), None, None) => time_ns(&int).ok().map(Scalar::Int),
+        (None, None, Some(flag), None) => Some(Scalar::Bool(flag)),
+        (None, None, None, Some(double)) if double.is_finite() => Some(Scalar::Double(double)),
+        _ => None,
+    }
+}
+
 /// Why a line goes back to the generic path: the helper's exception, if it raised one.
 struct Bail(Option<PyErr>);
 
@@ -163,8 +216,106 @@ fn plain_id(text: &str, size: usize) -> Option<String> {
     Some(lower)
 }
 
+/// The attributes the analysis reads: the five row slots (category, rank, step, job, GPU
+/// utilisation, in `rows._SLOT_KEYS` order), then the kept ones.
+struct Keys {
+    slots: FastMap<String, usize>, // key -> its slot, or KEPT
+}
+
+const KEPT: usize = 5;
+
+impl Keys {
+    /// An attribute list's row tail as `rows.RowBuilder.tail` makes it, where every analysis
+    /// attribute is a plain scalar of the type its slot holds; None: the helper decides.
+    fn tail<'py>(
+        &self,
+        py: Python<'py>,
+        resource: &Resource,
+        raw: &[u8],
+    ) -> Result<Option<Bound<'py, PyTuple>>, Bail> {
+        let empty = resource.empty.bind(py);
+        if raw == NULL {
+            return Ok(Some(empty.clone()));
+        }
+        let Ok(text) = std::str::from_utf8(raw) else {
+            return Ok(None);
+        };
+        let Ok(pairs) = sonic_rs::from_str::<Vec<Pair>>(text) else {
+            return Ok(None);
+        };
+        let mut slots: [Option<Scalar>; KEPT] = [None, None, None, None, None];
+        let mut kept: Vec<(&str, Scalar)> = Vec::new();
+        for pair in &pairs {
+            let Some(&slot) = self.slots.get(pair.key.as_ref()) else {
+                continue; // not read by the analysis: never decoded
+            };
+            let Some(value) = pair.value.as_ref().and_then(scalar) else {
+                return Ok(None);
+            };
+            if slot < KEPT {
+                slots[slot] = Some(value); // the last of a repeated key wins
+            } else if let Some(found) = kept.iter_mut().find(|(key, _)| *key == pair.key) {
+                found.1 = value; // ... in its first place
+            } else {
+                kept.push((pair.key.as_ref(), value));
+            }
+        }
+        let [category, rank, step, job, gpu] = slots;
+        let category = match category {
+            None => empty.get_item(2)?,
+            Some(Scalar::Str(text)) => PyString::new(py, &text).into_any(),
+            Some(_) => return Ok(None),
+        };
+        let rank = match rank {
+            None => empty.get_item(3)?, // the resource's
+            Some(Scalar::Int(value)) => value.into_pyobject(py)?.into_any(),
+            Some(_) => return Ok(None),
+        };
+        let step = match step {
+            None => py.None().into_bound(py),
+            Some(Scalar::Int(value)) => value.into_pyobject(py)?.into_any(),
+            Some(_) => return Ok(None),
+        };
+        let job = match job {
+            _ if resource.has_job => empty.get_item(5)?,
+            None => py.None().into_bound(py),
+            Some(Scalar::Str(text)) => PyString::new(py, &text).into_any(),
+            Some(_) => return Ok(None),
+        };
+        let gpu = match gpu {
+            None => py.None().into_bound(py),
+            Some(value) => value.to_object(py)?,
+        };
+        let kept_dict = if kept.is_empty() {
+            empty.get_item(0)? // the one shared empty dict
+        } else {
+            let dict = PyDict::new(py);
+            for (key, value) in &kept {
+                dict.set_item(key, value.to_object(py)?)?;
+            }
+            dict.into_any()
+        };
+        let tail = PyTuple::new(
+            py,
+            [
+                kept_dict,
+                empty.get_item(1)?,
+                category,
+                rank,
+                step,
+                job,
+                gpu,
+            ],
+        )?;
+        Ok(Some(tail))
+    }
+}
+
 struct Resource {
     attributes: Py<PyDict>,
+    // the tail of a span with no attributes: the resource's rank and job, the shared empty dict
+    empty: Py<PyTuple>,
+    has_job: bool, // the resource names the job: it wins over the span's
     // an attribute list's bytes -> the row's last seven fields (`rows.RowTail`)
     tails: FastMap<Vec<u8>, Py<PyTuple>>,
 }
@@ -176,6 +327,7 @@ struct LineDecoder {
     trace_ids: FastMap<String, Py<PyString>>,
     parent_ids: FastMap<String, Option<Py<PyString>>>,
     names: FastMap<String, Py<PyString>>,
+    keys: Keys,
     /// lines handed back to the generic path
     #[pyo3(get)]
     bailed: u64,
@@ -238,11 +390,16 @@ impl LineDecoder {
         raw: &str,
         size: usize,
     ) -> Result<Option<Py<PyString>>, Bail> {
-        let value = self.helper.bind(py).call_method1("normalise_id", (raw, size))?;
+        let value = self
+            .helper
+            .bind(py)
+            .call_method1("normalise_id", (raw, size))?;
         if value.is_none() {
             return Ok(None);
         }
-        Ok(Some(value.cast_into::<PyString>().map_err(|_| BAIL)?.unbind()))
+        Ok(Some(
+            value.cast_into::<PyString>().map_err(|_| BAIL)?.unbind(),
+        ))
     }
 
     /// The resource of these bytes, made by `helper.resource(raw)` once (up to RESOURCES_MAX).
@@ -250,15 +407,24 @@ impl LineDecoder {
         if self.resources.contains_key(raw) {
             return Ok(None); // the caller reads it from the map
         }
-        let attributes = self
+        let made = self
             .helper
             .bind(py)
             .call_method1("resource", (PyBytes::new(py, raw),))?
-            .cast_into::<PyDict>()
-            .map_err(|_| BAIL)?
-            .unbind();
+            .cast_into::<PyTuple>()
+            .map_err(|_| BAIL)?;
+        let empty = made.get_item(1)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
+        if empty.len() != 7 {
+            return Err(BAIL);
+        }
         let resource = Resource {
-            attributes,
+            attributes: made
+                .get_item(0)?
+                .cast_into::<PyDict>()
+                .map_err(|_| BAIL)?
+                .unbind(),
+            empty: empty.unbind(),
+            has_job: made.get_item(2)?.is_truthy()?,
             tails: FastMap::default(),
         };
         if self.resources.len() < RESOURCES_MAX {
@@ -278,7 +444,10 @@ impl LineDecoder {
         let helper = self.helper.clone_ref(py);
         for group in resource_spans {
             let scopes = group.scope_spans.ok_or(BAIL)?; // maybe instrumentationLibrarySpans
-            let resource_raw = group.resource.as_ref().map_or(NULL, |r| r.as_raw_str().as_bytes());
+            let resource_raw = group
+                .resource
+                .as_ref()
+                .map_or(NULL, |r| r.as_raw_str().as_bytes());
             let mut own = self.resource_key(py, resource_raw)?;
             for scope in scopes {
                 for span in scope.spans.unwrap_or_default() {
@@ -300,7 +469,10 @@ impl LineDecoder {
                         Some(raw) => self.name(py, raw).into_any(),
                         None => py.None(),
                     };
-                    let attributes = span.attributes.as_ref().map_or(NULL, |r| r.as_raw_str().as_bytes());
+                    let attributes = span
+                        .attributes
+                        .as_ref()
+                        .map_or(NULL, |r| r.as_raw_str().as_bytes());
                     let resource = match own.as_mut() {
                         Some(resource) => resource,
                         None => self.resources.get_mut(resource_raw).ok_or(BAIL)?,
@@ -308,22 +480,38 @@ impl LineDecoder {
                     let tail = match resource.tails.get(attributes) {
                         Some(tail) => tail.bind(py).clone(),
                         None => {
-                            let made = helper
-                                .bind(py)
-                                .call_method1(
-                                    "tail",
-                                    (resource.attributes.bind(py), PyBytes::new(py, attributes)),
-                                )?
-                                .cast_into::<PyTuple>()
-                                .map_err(|_| BAIL)?;
-                            let tail = made.get_item(0)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
-                            if made.get_item(1)?.is_truthy()? {
+                            if let Some(tail) = self.keys.tail(py, resource, attributes)? {
                                 if resource.tails.len() >= TAILS_MAX {
-                                    resource.tails.clear(); // the older steps' lists
+                                    resource.tails.clear();
                                 }
-                                resource.tails.insert(attributes.to_vec(), tail.clone().unbind());
+                                resource
+                                    .tails
+                                    .insert(attributes.to_vec(), tail.clone().unbind());
+                                tail
+                            } else {
+                                let made = helper
+                                    .bind(py)
+                                    .call_method1(
+                                        "tail",
+                                        (
+                                            resource.attributes.bind(py),
+                                            PyBytes::new(py, attributes),
+                                        ),
+                                    )?
+                                    .cast_into::<PyTuple>()
+                                    .map_err(|_| BAIL)?;
+                                let tail =
+                                    made.get_item(0)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
+                                if made.get_item(1)?.is_truthy()? {
+                                    if resource.tails.len() >= TAILS_MAX {
+                                        resource.tails.clear(); // the older steps' lists
+                                    }
+                                    resource
+                                        .tails
+                                        .insert(attributes.to_vec(), tail.clone().unbind());
+                                }
+                                tail
                             }
-                            tail
                         }
                     };
                     if tail.len() != 7 {
@@ -366,18 +554,34 @@ impl LineDecoder {
 
 #[pymethods]
 impl LineDecoder {
-    /// `helper`: `resource(raw: bytes) -> dict`, `tail(resource: dict, raw: bytes) ->
-    /// (RowTail, shareable: bool)` and `normalise_id(raw: str, size: int) -> Optional[str]`.
+    /// `helper`: `resource(raw: bytes) -> (dict, the tail of no attributes, names the job)`,
+    /// `tail(resource: dict, raw: bytes) -> (RowTail, shareable: bool)` and
+    /// `normalise_id(raw: str, size: int) -> Optional[str]`; `slot_keys`: the five slot
+    /// attributes in row order; `kept_keys`: the other attributes the analysis reads.
     #[new]
-    fn new(helper: Py<PyAny>) -> Self {
-        LineDecoder {
+    fn new(helper: Py<PyAny>, slot_keys: Vec<String>, kept_keys: Vec<String>) -> PyResult<Self> {
+        if slot_keys.len() != KEPT {
+            return Err(PyException::new_err(format!(
+                "{} slot keys, not {KEPT}",
+                slot_keys.len()
+            )));
+        }
+        let mut slots = FastMap::default();
+        for key in kept_keys {
+            slots.insert(key, KEPT);
+        }
+        for (index, key) in slot_keys.into_iter().enumerate() {
+            slots.insert(key, index);
+        }
+        Ok(LineDecoder {
             helper,
+            keys: Keys { slots },
             resources: FastMap::default(),
             trace_ids: FastMap::default(),
             parent_ids: FastMap::default(),
             names: FastMap::default(),
             bailed: 0,
-        }
+        })
     }
 
     /// The rows of the line `data[begin:end]`, or None: the generic path decides.
@@ -413,6 +617,6 @@ impl LineDecoder {
 #[pymodule]
 fn tf_otel_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<LineDecoder>()?;
-    module.add("FORMAT", 1)?;
+    module.add("FORMAT", 2)?;
     Ok(())
 }

@@ -168,3 +168,41 @@ def test_the_benchmarks_traces_load_the_same_and_all_natively(tmp_path: Path, mo
         assert decoder.bailed == 0
         assert repr(rows) == repr(_load(path, False, monkeypatch))
         assert len(rows) == 3 * 200 + (3 if path.name == "rank0.jsonl" else 0)
+
+
+class _Counting(otlp_native._Helper):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tails = 0
+
+    def tail(self, resource: Any, raw: bytes) -> Any:
+        self.tails += 1
+        return super().tail(resource, raw)
+
+
+@needs_native
+def test_plain_attribute_lists_never_call_python_and_others_do():
+    """The decoder makes a plain list's row fields itself (what makes it fast) and asks the
+    helper for the rest: the same rows either way."""
+    helper = _Counting()
+    decoder = otlp_native.tf_otel_native.LineDecoder(
+        helper, list(otlp_native.SLOT_KEYS), sorted(otlp_native.ANALYSIS_ATTRIBUTES)
+    )
+    plain = [
+        _line([_span()]),
+        _line([_span(attributes=[_attr("tf_otel.rank", {"intValue": 5})])]),
+        _line([_span(attributes=[_attr("gpu.utilization", {"doubleValue": 0.5})])]),
+        _line([_span(attributes=[_attr("horovod.last_arrival", {"boolValue": True})])]),
+        _line([_span(attributes=[_attr("tf_otel.step", {"intValue": "1"})] * 2)]),
+    ]
+    unusual = [
+        _line([_span(attributes=[_attr("tf_otel.rank", {"stringValue": "5"})])]),
+        _line([_span(attributes=[_attr("tf_otel.job.id", {"arrayValue": {"values": []}})])]),
+        _line([_span(attributes=[_attr("tf_otel.step", {"stringValue": "1", "intValue": "2"})])]),
+        _line([_span(attributes=[{"key": "tf_otel.step"}])]),
+    ]
+    for lines, calls in ((plain, 0), (unusual, len(unusual))):
+        for line in lines:
+            rows = decoder.decode(line, 0, len(line))
+            assert repr(rows) == repr(decode_traces_rows(json.loads(line), "test"))
+        assert helper.tails == calls

@@ -1,11 +1,12 @@
 """Fastest path for ``TracesData`` lines: the native decoder (``tf_otel_native``, Rust).
 
 ``tf_otel_native`` (built from native/ by ``make install``; optional, never required) parses a
-line and makes its rows without a Python call per span. What follows the analysis' own rules is
-asked of ``_Helper`` below once per distinct resource, attribute list or unusual id, with the
-generic path's code, and cached in the decoder: so the rows are the generic path's by
-construction. A line outside the plain layout gives ``None`` and the caller decodes it on the
-other paths, as for the msgspec fast path (``otlp_msgspec``).
+line and makes its rows without a Python call per span. It makes an attribute list's row fields
+itself (as ``rows.RowBuilder.tail``) where every attribute the analysis reads is a plain scalar
+of its slot's type; what else follows the analysis' own rules is asked of ``_Helper`` below, with
+the generic path's code, once per distinct resource, unusual attribute list or unusual id, and
+cached in the decoder. A line outside the plain layout gives ``None`` and the caller decodes it
+on the other paths, as for the msgspec fast path (``otlp_msgspec``).
 
 Usage::
 
@@ -18,9 +19,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel.analysis.load._json import loads
-from tf_otel.analysis.load.rows import FOUND_TEMPLATE, RowBuilder, RowTail, normalise_id
+from tf_otel.analysis.load.rows import FOUND_TEMPLATE, SLOT_KEYS, RowBuilder, RowTail, normalise_id
 from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, Row
 from tf_otel.analysis.otlp_values import attributes_dict, pair_value
+from tf_otel.record import ATTR_JOB_ID
 
 try:  # optional speed-up, never required
     import tf_otel_native
@@ -28,7 +30,7 @@ except ImportError:  # pragma: no cover - depends on the build
     tf_otel_native = None  # type: ignore[assignment]
 
 AVAILABLE = tf_otel_native is not None
-NATIVE_FORMAT = 1  # the helper protocol below; the module states the one it was built for
+NATIVE_FORMAT = 2  # the helper protocol below; the module states the one it was built for
 if tf_otel_native is not None and getattr(tf_otel_native, "FORMAT", None) != NATIVE_FORMAT:
     tf_otel_native = None  # type: ignore[assignment]  # an older build: make install rebuilds it
     AVAILABLE = False
@@ -42,8 +44,12 @@ class _Helper:
     def __init__(self) -> None:
         self._build = RowBuilder()
 
-    def resource(self, raw: bytes) -> Dict[str, Any]:
-        return attributes_dict((loads(raw) or {}).get("attributes"))
+    def resource(self, raw: bytes) -> Tuple[Dict[str, Any], RowTail, bool]:
+        """A resource's attributes, the row tail of a span without attributes under it, and
+        whether it names the job (then the spans' own job ids are not read)."""
+        attributes = attributes_dict((loads(raw) or {}).get("attributes"))
+        self._build.set_resource(attributes)
+        return attributes, self._build.tail(FOUND_TEMPLATE.copy()), ATTR_JOB_ID in attributes
 
     def tail(self, resource: Dict[str, Any], raw: bytes) -> Tuple[RowTail, bool]:
         """The row tail of an attribute list with this resource, and whether spans may share
@@ -76,7 +82,8 @@ class NativeLineDecoder:
 
     def __init__(self) -> None:
         assert tf_otel_native is not None, "tf_otel_native is not built (make install)"
-        self._decoder = tf_otel_native.LineDecoder(_Helper())
+        kept = sorted(ANALYSIS_ATTRIBUTES - frozenset(SLOT_KEYS))
+        self._decoder = tf_otel_native.LineDecoder(_Helper(), list(SLOT_KEYS), kept)
 
     def decode(self, data: bytes, begin: int, end: int) -> Optional[List[Row]]:
         """The rows of ``data[begin:end]``; None where the other paths must decide."""

@@ -32,16 +32,16 @@ NO_ATTRIBUTES: Dict[str, Any] = {}  # shared by spans with no kept attributes; n
 _ZEROS = {16: "0" * 32, 8: "0" * 16}
 # A span's analysis attributes start as the slots' defaults: the decoders store what they
 # find over them, and the builder reads all five back with one C call.
-_SLOT_KEYS = (ATTR_CATEGORY, ATTR_RANK, ATTR_STEP, ATTR_JOB_ID, ATTR_GPU_UTILIZATION)
-FOUND_TEMPLATE: Dict[str, Any] = dict(zip(_SLOT_KEYS, ("", None, None, None, None)))
-_slots = itemgetter(*_SLOT_KEYS)
-_SLOT_COUNT = len(_SLOT_KEYS)
+SLOT_KEYS = (ATTR_CATEGORY, ATTR_RANK, ATTR_STEP, ATTR_JOB_ID, ATTR_GPU_UTILIZATION)
+FOUND_TEMPLATE: Dict[str, Any] = dict(zip(SLOT_KEYS, ("", None, None, None, None)))
+_slots = itemgetter(*SLOT_KEYS)
+_SLOT_COUNT = len(SLOT_KEYS)
 # A row's last seven fields (``model.SpanRow`` from ``attributes`` on): what a span's attribute
 # list and its resource give; spans with the same ones share it (``otlp_msgspec``).
 RowTail = Tuple[
     Dict[str, Any], Dict[str, Any], str, Optional[int], Optional[int], Optional[str], Any
 ]
-assert frozenset(_SLOT_KEYS) == SLOT_ATTRIBUTES
+assert frozenset(SLOT_KEYS) == SLOT_ATTRIBUTES
 
 
 def normalise_id(raw: Any, size: int) -> Optional[str]:
