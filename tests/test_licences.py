@@ -1,4 +1,5 @@
-"""No AGPL code is built or linked by the project's tooling or tests.
+"""No AGPL code is built or linked by the project's tooling or tests; the native decoder's
+crates are all permissively licensed.
 
     .venv/bin/pytest -q tests/test_licences.py      (the binary check needs `make tools`)
 
@@ -10,6 +11,7 @@ module linked into a Go executable.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -69,3 +71,30 @@ def test_built_binaries_link_no_agpl_module():
         assert len(modules) > 20, f"{binary}: no module list read ({modules[:3]})"
         bad = [m for m in modules if AGPL_MODULES.search(m + " ")]
         assert not bad, f"{binary.name} links AGPL modules: {bad}"
+
+
+PERMISSIVE = re.compile(r"\b(MIT|Apache-2\.0|BSD-[23]-Clause|ISC|Zlib|Unicode-3\.0|BSL-1\.0)\b")
+
+
+def test_native_decoders_crates_offer_a_permissive_licence():
+    """Every crate native/Cargo.lock may build into tf_otel_native is offered under a permissive
+    licence (read from the crates' own manifests, offline: make install fetched them)."""
+    cargo = shutil.which("cargo")
+    if cargo is None:  # no Rust toolchain: nothing of native/ is built (install.sh says so)
+        return
+    found = subprocess.run(
+        [cargo, "metadata", "--offline", "--format-version", "1", "--locked"],
+        cwd=REPO / "native",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert found.returncode == 0, found.stderr[-2000:]
+    packages = json.loads(found.stdout)["packages"]
+    assert len(packages) > 20 and any(p["name"] == "pyo3" for p in packages)
+    bad = [
+        f"{p['name']} {p['version']}: {p.get('license')}"
+        for p in packages
+        if not PERMISSIVE.search(p.get("license") or "") or "AGPL" in (p.get("license") or "")
+    ]
+    assert not bad, f"crates without a permissive licence: {bad}"
