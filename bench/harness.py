@@ -37,10 +37,9 @@ a worker imports it before tf_otel.instrument().
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
-import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -222,39 +221,28 @@ def launch_group(
 
 
 def free_ports(n: int = 1) -> List[int]:
-    """n distinct ports free on 127.0.0.1 right now (held together while picked)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
+    """n distinct free ports for servers given their number up front (TF_CONFIG's tasks):
+    tests/ports.py's, outside the kernel's ephemeral range, from a block of this process's own."""
+    return _ports().free_ports(n)
 
 
 def free_port_pair() -> int:
     """A port p with p + 1 free as well (TF_OTEL_COORDINATOR: rank 0's clock service takes
-    p + 1), picked below the kernel's ephemeral range where it leaves room, so an outgoing
-    connection cannot take p + 1 before the job binds it."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    pick = random.Random()  # not the global one: a seeded caller does not fix our picks
-    for _ in range(200):
-        port = pick.randrange(20000, low - 2) if low - 2 - 20000 >= 64 else free_ports()[0]
-        a, b = socket.socket(), socket.socket()
-        try:
-            a.bind(("127.0.0.1", port))
-            b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-        finally:
-            a.close()
-            b.close()
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
+    p + 1): tests/ports.py's."""
+    return _ports().free_port_pair()
+
+
+def _ports() -> Any:
+    """tests/ports.py as the module `ports` (the one bench_steps imports: one walk over the
+    ports per process), loaded on first use: a worker never needs it."""
+    if "ports" not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "tests" / "ports.py"
+        spec = importlib.util.spec_from_file_location("ports", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["ports"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["ports"]
 
 
 def thread_cpu() -> Dict[str, float]:

@@ -39,6 +39,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # as tests.backends: tests/ for ports
+    sys.path.append(str(Path(__file__).resolve().parent))
+from ports import free_ports  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "scripts" / "build_go_tools.sh"
 COLLECTOR_CONFIG_DIR = REPO / "collector-config"
@@ -105,18 +109,10 @@ def _find_binary(env: str, cached: Path, what: str) -> Path:
     return path
 
 
-_HANDED_OUT: set[int] = set()
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port that was free a moment ago on `host`, never the same one twice here."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+def free_port() -> int:
+    """A TCP port free a moment ago, never the same one twice here (tests/ports.py: outside the
+    ephemeral range); start() picks again if the binary still finds one taken."""
+    return free_ports()[0]
 
 
 def _port_open(port: int, host: str = HOST) -> bool:

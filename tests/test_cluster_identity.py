@@ -197,26 +197,35 @@ def test_servers_of_several_tasks_in_one_process_are_no_identity(
     assert topology.learned_cluster() is None and topology.detect().launcher == "none"
 
 
-def test_a_real_server_is_learned(clean: InMemorySpanExporter) -> None:
+def test_a_real_server_is_learned(clean: InMemorySpanExporter, capfd) -> None:
     """tf.compat.v1.train.Server (= tf.distribute.Server) built from a ClusterSpec, as flags
     give it; a single-task local server is no identity."""
     tf = pytest.importorskip("tensorflow")
-    from conftest import free_ports
+    from ports import PortTaken, bind_failure, free_ports, with_new_ports
 
     from tf_otel.instrument import _patching
     from tf_otel.instrument import cluster as cluster_patch
 
-    ps, w0, w1 = free_ports(3)
-    spec = {"ps": [f"127.0.0.1:{ps}"], "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"]}
+    def server() -> dict:  # its cluster; again with new ports if its own was taken
+        ps, w0, w1 = free_ports(3)  # a Server binds its own task's port (w1), start=False too
+        spec = {"ps": [f"127.0.0.1:{ps}"], "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"]}
+        try:
+            tf.compat.v1.train.Server(
+                tf.train.ClusterSpec(spec), job_name="worker", task_index=1, start=False
+            )
+        except tf.errors.UnknownError:  # "Could not start gRPC server": why, TF's log says
+            if bind_failure(capfd.readouterr().err, [w1]) is None:
+                raise
+            raise PortTaken(f"port {w1} was taken before the Server could bind it") from None
+        return spec
+
     was_active = _patching.is_active()
     _patching.activate()
     try:
         cluster_patch.register(Settings())
-        tf.distribute.Server.create_local_server()
+        tf.distribute.Server.create_local_server()  # port 0: any free one
         assert topology.learned_cluster() is None
-        tf.compat.v1.train.Server(
-            tf.train.ClusterSpec(spec), job_name="worker", task_index=1, start=False
-        )
+        spec = with_new_ports(server)  # a Server that raised was not learned: it can be retried
         assert topology.detect() == dataclasses.replace(
             tf_config_topology(spec, "worker", 1), launcher="tf_server"
         )

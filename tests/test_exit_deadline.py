@@ -5,10 +5,11 @@ the spans' flush comes before the stages that only wait (the link to rank 0, clo
 from __future__ import annotations
 
 import time
-from typing import List
+from typing import Iterator, List, Tuple
 
-from conftest import free_ports
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from ports import refused_port
 
 from tf_otel import record
 from tf_otel.config import Settings
@@ -30,19 +31,21 @@ def test_deadline_counts_down_to_zero_and_caps() -> None:
     assert Deadline(-1.0).left() == 0.0  # a negative timeout is none
 
 
-def _gone_rank0() -> tuple:
-    return ("127.0.0.1", free_ports()[0])  # nothing listens there
+@pytest.fixture
+def gone_rank0() -> Iterator[Tuple[str, int]]:
+    with refused_port() as port:  # nothing listens there, nor can while the test runs
+        yield ("127.0.0.1", port)
 
 
-def test_a_link_to_a_gone_rank0_stops_within_the_time_given() -> None:
+def test_a_link_to_a_gone_rank0_stops_within_the_time_given(gone_rank0) -> None:
     # the client is still trying to connect (it may yet deliver what is queued): it takes all
     # the time it is given, 2 s at most, and no more than what is left
-    client = CoordinatorClient(_gone_rank0(), 1)
+    client = CoordinatorClient(gone_rank0, 1)
     client.report("k", 0, 10, 20)
     started = time.monotonic()
     Services(client=client).stop(timeout_s=0.8)
     assert 0.6 <= time.monotonic() - started < 1.3
-    client = CoordinatorClient(_gone_rank0(), 1)
+    client = CoordinatorClient(gone_rank0, 1)
     started = time.monotonic()
     Services(client=client).stop(timeout_s=0.0)
     assert time.monotonic() - started < 0.5
@@ -56,12 +59,14 @@ def test_rank0_last_roots_wait_no_longer_than_the_time_given() -> None:
     assert 0.6 <= time.monotonic() - started < 1.3
 
 
-def test_the_span_flush_comes_before_the_link_and_all_ends_within_the_timeout() -> None:
+def test_the_span_flush_comes_before_the_link_and_all_ends_within_the_timeout(
+    gone_rank0,
+) -> None:
     """Rank 1 of a job whose rank 0 has gone: its link is still trying to connect at exit.
     The flush gets (nearly) all the time; the link what is left; the whole shutdown the time
     given. Each with its own limit one after another, the link's 2 s came first and the flush
     then had its own 1.5 s: 3.5 s in all."""
-    settings = Settings(coordinator=_gone_rank0(), host_relay=False)
+    settings = Settings(coordinator=gone_rank0, host_relay=False)
     topology = Topology(rank=1, world_size=2, job_id="exit-deadline", reference_host=None)
     pipeline = Pipeline(settings, topology, TracerProvider())
     handle = pipeline.begin_step("k", "n", record.TF_FUNCTION)

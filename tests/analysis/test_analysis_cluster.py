@@ -8,6 +8,7 @@ line naming the address, exit 2.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 from test_analysis_cli import analyze
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ports import free_ports  # noqa: E402
+from ports import refused_port  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DASK = Path(sys.executable).with_name("dask")
@@ -31,8 +32,9 @@ def _start(args: List[str], log: Path) -> subprocess.Popen:
 
 @pytest.fixture
 def scheduler(tmp_path: Path) -> Iterator[str]:
-    port, dashboard = free_ports(2)
-    address = f"tcp://127.0.0.1:{port}"
+    # port 0 for the scheduler and its dashboard, the address read back from its scheduler file:
+    # no port picked here that another process could take before the scheduler binds it
+    info = tmp_path / "scheduler.json"
     started = [
         _start(
             [
@@ -40,14 +42,17 @@ def scheduler(tmp_path: Path) -> Iterator[str]:
                 "--host",
                 "127.0.0.1",
                 "--port",
-                str(port),
+                "0",
                 "--dashboard-address",
-                f"127.0.0.1:{dashboard}",
+                "127.0.0.1:0",
+                "--scheduler-file",
+                str(info),
             ],
             tmp_path / "scheduler.log",
         )
     ]
     try:
+        address = _scheduler_address(started[0], info, tmp_path / "scheduler.log")
         for number in range(2):
             started.append(
                 _start(
@@ -75,6 +80,19 @@ def scheduler(tmp_path: Path) -> Iterator[str]:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def _scheduler_address(process: subprocess.Popen, info: Path, log: Path) -> str:
+    """The address the scheduler listens on, from the file it writes once it does."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return json.loads(info.read_text())["address"]
+        except (OSError, ValueError, KeyError):
+            pass  # not written yet, or half written
+        assert process.poll() is None, f"the dask scheduler ended:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "the dask scheduler never wrote its address"
+        time.sleep(0.2)
 
 
 def _wait_for_workers(address: str, count: int) -> None:
@@ -111,9 +129,9 @@ def test_analysis_on_a_dask_cluster_equals_the_one_process_analysis(
 
 
 def test_an_unreachable_scheduler_is_one_line_naming_it(tmp_path: Path) -> None:
-    (port,) = free_ports(1)
-    address = f"tcp://127.0.0.1:{port}"
-    done = analyze(str(GOLDEN / "demo"), "--scheduler", address)
+    with refused_port() as port:  # nothing listens there, nor can while the CLI runs
+        address = f"tcp://127.0.0.1:{port}"
+        done = analyze(str(GOLDEN / "demo"), "--scheduler", address)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and address in lines[0], done.stderr

@@ -10,15 +10,15 @@ no timing op; the analysis measures communication instead of "not measured" (iss
 from __future__ import annotations
 
 import json
-import subprocess
+import shutil
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 from conftest import REPO, VENV_BIN, base_env, free_ports, python, run
 from otlp_files import file_spans
-from ports import free_port_pair
+from ports import Tasks, free_port_pair, with_new_ports
 
 from tf_otel import record
 
@@ -34,48 +34,43 @@ def mwms_job(out: Path, timeout: float = 240, hosts: Any = None, **extra: str) -
     """Runs the script on WORKERS workers (one process each, TF_CONFIG); their outputs.
     ``hosts``: a tests/cluster/sim.py Cluster, one worker on each of its hosts (its network
     namespaces); else every worker on 127.0.0.1."""
-    (out / "spans").mkdir(parents=True, exist_ok=True)
-    if hosts is None:
-        addresses = [f"127.0.0.1:{p}" for p in free_ports(WORKERS)]
-        coordinator = f"127.0.0.1:{free_port_pair()}"
-        prefixes: List[List[str]] = [[] for _ in range(WORKERS)]
-    else:  # each host its own namespace: any port is free there
-        addresses = [f"{hosts.address(h)}:{TASK_PORT}" for h in hosts.hosts[:WORKERS]]
-        coordinator = f"{hosts.address(hosts.hosts[0])}:{COORDINATOR_PORT}"
-        prefixes = [hosts.net.prefix(h) for h in hosts.hosts[:WORKERS]]
-    cluster = {"worker": addresses}
-    procs = []
-    try:
-        for index in range(WORKERS):
-            tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-            env = base_env(
-                TF_OTEL_ENABLED="1",
-                TF_OTEL_FILE=str(out / "spans" / "spans-{rank}.jsonl"),
-                TF_OTEL_COORDINATOR=coordinator,
-                OTEL_TRACES_EXPORTER="none",
-                OTEL_METRICS_EXPORTER="none",
-                TF_CONFIG=json.dumps(tf_config),
-                **extra,
-            )
-            procs.append(
-                subprocess.Popen(
-                    [*prefixes[index], python(), str(SCRIPT)],
-                    env=env,
-                    cwd=REPO,
-                    text=True,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
+
+    def start() -> List[Tuple[int, str]]:  # on 127.0.0.1: again with new ports if one was taken
+        shutil.rmtree(out / "spans", ignore_errors=True)  # nothing from a start that met one
+        (out / "spans").mkdir(parents=True)
+        if hosts is None:
+            ports = free_ports(WORKERS)
+            coordinator = free_port_pair()
+            addresses = [f"127.0.0.1:{p}" for p in ports]
+            taken = [*ports, coordinator, coordinator + 1]
+            prefixes: List[List[str]] = [[] for _ in range(WORKERS)]
+            coordinator_address = f"127.0.0.1:{coordinator}"
+        else:  # each host its own namespace: any port is free there
+            addresses = [f"{hosts.address(h)}:{TASK_PORT}" for h in hosts.hosts[:WORKERS]]
+            coordinator_address = f"{hosts.address(hosts.hosts[0])}:{COORDINATOR_PORT}"
+            taken = []  # fixed ports: nothing to start again with
+            prefixes = [hosts.net.prefix(h) for h in hosts.hosts[:WORKERS]]
+        cluster = {"worker": addresses}
+        with Tasks(taken) as tasks:
+            for index in range(WORKERS):
+                tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+                env = base_env(
+                    TF_OTEL_ENABLED="1",
+                    TF_OTEL_FILE=str(out / "spans" / "spans-{rank}.jsonl"),
+                    TF_OTEL_COORDINATOR=coordinator_address,
+                    OTEL_TRACES_EXPORTER="none",
+                    OTEL_METRICS_EXPORTER="none",
+                    TF_CONFIG=json.dumps(tf_config),
+                    **extra,
                 )
-            )
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for index, (p, output) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0 and f"worker {index} done" in output, output[-4000:]
-    return outputs
+                tasks.start([*prefixes[index], python(), str(SCRIPT)], env, cwd=REPO)
+            outputs = tasks.wait(range(WORKERS), timeout)
+            return [(p.returncode, output) for p, output in zip(tasks.procs, outputs)]
+
+    ended = with_new_ports(start)
+    for index, (code, output) in enumerate(ended):
+        assert code == 0 and f"worker {index} done" in output, output[-4000:]
+    return [output for _, output in ended]
 
 
 def analyze(folder: Path) -> Dict[str, Any]:

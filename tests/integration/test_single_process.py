@@ -12,7 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import REPO, VENV_BIN, base_env, example, free_ports, python, run
+from conftest import REPO, VENV_BIN, base_env, example, python, run
+from ports import refused_port
 
 pytestmark = pytest.mark.integration
 
@@ -162,13 +163,13 @@ def _untraced_and_traced(extra_env):
 
 
 def test_missing_collector_changes_nothing_for_the_job():
-    port = free_ports()[0]
-    untraced, traced, _ = _untraced_and_traced(
-        {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-            "OTEL_BSP_SCHEDULE_DELAY": "100",
-        }
-    )
+    with refused_port() as port:  # no collector there, nor can one start there meanwhile
+        untraced, traced, _ = _untraced_and_traced(
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                "OTEL_BSP_SCHEDULE_DELAY": "100",
+            }
+        )
     assert traced.returncode == untraced.returncode == 0
     assert traced.stdout == untraced.stdout
     failures = [line for line in traced.stderr.splitlines() if "span export is failing" in line]
@@ -260,11 +261,10 @@ def test_sigterm_flushes_spans_and_keeps_the_exit_status(receiver, tmp_path: Pat
 def test_sigterm_ends_a_process_blocked_in_tensorflow(tmp_path: Path):
     """A parameter server sits in server.join(), in C++: Python's handler never runs there, so
     tf_otel's watchdog must still let SIGTERM end it, with the default exit status."""
-    port = free_ports()[0]
     script = tmp_path / "ps.py"
     script.write_text(
         "import tensorflow as tf\n"
-        f"cluster = tf.train.ClusterSpec({{'ps': ['127.0.0.1:{port}']}})\n"
+        "cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:0']})\n"  # a lone task: any free port
         "server = tf.distribute.Server(cluster, job_name='ps', task_index=0)\n"
         "print('serving', flush=True)\n"
         "server.join()\n"

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import REPO, VENV_BIN, base_env, example, free_ports, run
+from conftest import REPO, VENV_BIN, base_env, example, run
 from detail_steps import job_without_detail
 
 from tf_otel.config import HOROVOD_EVERY_DEFAULT
@@ -128,10 +128,16 @@ def _wait_line(proc, pattern, lines, timeout=120):
     raise AssertionError(f"no {pattern!r} in output:\n{''.join(lines[-40:])}")
 
 
+def _admin_port(proc, lines):
+    """The port rank 0's admin endpoint took (TF_OTEL_ADMIN_PORT=0), from its log line."""
+    pattern = r"tf_otel: admin endpoint on http://127\.0\.0\.1:(\d+)"
+    found = next(filter(None, (re.search(pattern, line) for line in lines)), None)
+    return int((found or _wait_line(proc, pattern, lines)).group(1))
+
+
 def test_on_demand_admin_endpoint_and_signal(receiver):
-    port = free_ports()[0]
-    env = base_env(
-        **receiver.env("grpc"), TF_OTEL_ENABLED="1", TF_OTEL_ADMIN_PORT=str(port),
+    env = base_env(  # admin port 0: rank 0 binds any free one and logs which
+        **receiver.env("grpc"), TF_OTEL_ENABLED="1", TF_OTEL_ADMIN_PORT="0",
         TF_OTEL_ADMIN_TOKEN="s3cret", TF_OTEL_OPS_SIGNAL_STEPS="2", STEPS="70", PAUSE_MS="60",
     )  # fmt: skip
     command = [
@@ -145,6 +151,7 @@ def test_on_demand_admin_endpoint_and_signal(receiver):
     try:
         pid1 = int(_wait_line(proc, r"rank 1 pid (\d+)", lines).group(1))
         _wait_line(proc, r"rank 0 step 5\b", lines)
+        port = _admin_port(proc, lines)
         assert _post(port)[0] == 401
         assert _post(port, token="wrong")[0] == 401
         status, body = _post(port, token="s3cret", steps=3)

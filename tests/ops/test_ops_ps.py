@@ -10,12 +10,13 @@ named here."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import defaultdict
 from pathlib import Path
+from typing import List
 
 import pytest
 from conftest import REPO, base_env, free_port_pair, free_ports, python
+from ports import Tasks, with_new_ports
 
 pytestmark = pytest.mark.integration
 
@@ -25,34 +26,30 @@ REFERENCE_STEPS = (1, 6)  # the script's own FULL_TRACE runs: never op-traced by
 
 
 def test_ps_cluster_op_traced_steps_hold_ops_and_recv_transfers(receiver, tmp_path: Path):
-    ps, w0, w1 = free_ports(3)
-    coord = free_port_pair()
-    cluster = {"ps": [f"127.0.0.1:{ps}"], "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"]}
-    procs = []
-    try:
-        for task, index in (("ps", 0), ("worker", 0), ("worker", 1)):
-            env = base_env(
-                **receiver.env("grpc"),
-                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": task, "index": index}}),
-                TF_OTEL_ENABLED="1",
-                TF_OTEL_OPS_EVERY="5",
-                TF_OTEL_ROOT_WAIT_MS="500",  # the ps task runs no steps: roots do not wait for it
-                TF_OTEL_COORDINATOR=f"127.0.0.1:{coord}",
-                STEPS="11",
-                REFERENCE_STEPS=",".join(map(str, REFERENCE_STEPS)),
-                REFERENCE_FILE=str(tmp_path / "reference-{rank}.jsonl"),
-            )
-            procs.append(
-                subprocess.Popen(
-                    [python(), str(SCRIPT)], env=env, cwd=REPO, text=True,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    def start() -> List[str]:  # the workers' outputs; again with new ports if one was taken
+        receiver.clear()  # nothing from a start that met a taken port
+        ps, w0, w1 = free_ports(3)
+        coord = free_port_pair()
+        cluster = {"ps": [f"127.0.0.1:{ps}"], "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"]}
+        with Tasks([ps, w0, w1, coord, coord + 1]) as tasks:  # the ps is killed on leaving
+            for task, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+                env = base_env(
+                    **receiver.env("grpc"),
+                    TF_CONFIG=json.dumps(
+                        {"cluster": cluster, "task": {"type": task, "index": index}}
+                    ),
+                    TF_OTEL_ENABLED="1",
+                    TF_OTEL_OPS_EVERY="5",
+                    TF_OTEL_ROOT_WAIT_MS="500",  # the ps task runs no steps: roots do not wait
+                    TF_OTEL_COORDINATOR=f"127.0.0.1:{coord}",
+                    STEPS="11",
+                    REFERENCE_STEPS=",".join(map(str, REFERENCE_STEPS)),
+                    REFERENCE_FILE=str(tmp_path / "reference-{rank}.jsonl"),
                 )
-            )  # fmt: skip
-        outputs = [p.communicate(timeout=240)[0] for p in procs[1:]]
-    finally:
-        for p in procs:
-            p.kill()  # the ps blocks in server.join() (C++): only SIGKILL ends it
-            p.wait()
+                tasks.start([python(), str(SCRIPT)], env, cwd=REPO)
+            return tasks.wait([1, 2], timeout=240)
+
+    outputs = with_new_ports(start)
     for index, out in enumerate(outputs):
         assert f"worker {index} done steps=11" in out, out[-3000:]
     reported = {}  # rank -> {(node, type, device)} TF reported for the training run

@@ -5,10 +5,11 @@ step span of the chief with the worker it ran on, in its step trace under the st
 from __future__ import annotations
 
 import json
-import subprocess
+from typing import Dict, Tuple
 
 import pytest
 from conftest import REPO, base_env, example, free_port_pair, free_ports, python
+from ports import Tasks, with_new_ports
 
 from tf_otel.job.topology import detect
 from tf_otel.pipeline.ids import step_root_span_id, step_trace_id
@@ -20,15 +21,15 @@ KEY = "ps_closure:train_step"
 
 
 def test_pss_one_step_span_per_closure_with_its_worker(receiver):
-    chief, ps, w0, w1 = free_ports(4)
-    coord = free_port_pair()
-    cluster = {
-        "chief": [f"127.0.0.1:{chief}"],
-        "ps": [f"127.0.0.1:{ps}"],
-        "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"],
-    }
-    servers = []
-    try:
+    def start() -> Tuple[str, Dict]:  # the chief's output; again with new ports if one was taken
+        receiver.clear()  # nothing from a start that met a taken port
+        chief, ps, w0, w1 = free_ports(4)
+        coord = free_port_pair()
+        cluster = {
+            "chief": [f"127.0.0.1:{chief}"],
+            "ps": [f"127.0.0.1:{ps}"],
+            "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"],
+        }
         envs = {}
         for task, index in (("ps", 0), ("worker", 0), ("worker", 1), ("chief", 0)):
             envs[task, index] = base_env(
@@ -39,24 +40,14 @@ def test_pss_one_step_span_per_closure_with_its_worker(receiver):
                 TF_OTEL_COORDINATOR=f"127.0.0.1:{coord}",
                 STEPS=str(CLOSURES),
             )
-        for task, index in (("ps", 0), ("worker", 0), ("worker", 1)):
-            servers.append(
-                subprocess.Popen(
-                    [python(), example("ps_tf2.py")], env=envs[task, index], cwd=REPO,
-                    text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                )
-            )  # fmt: skip
-        done = subprocess.run(
-            [python(), example("ps_tf2.py")], env=envs["chief", 0], cwd=REPO, text=True,
-            capture_output=True, timeout=240,
-        )  # fmt: skip
-    finally:
-        for p in servers:
-            p.kill()  # ps and workers block in server.join() (C++): only SIGKILL ends them
-            p.wait()
-    assert f"chief done closures={CLOSURES}" in done.stdout, (
-        done.stdout[-2000:] + done.stderr[-4000:]
-    )
+        # ps and workers block in server.join(): killed on leaving
+        with Tasks([chief, ps, w0, w1, coord, coord + 1]) as tasks:
+            for task in (("ps", 0), ("worker", 0), ("worker", 1), ("chief", 0)):
+                tasks.start([python(), example("ps_tf2.py")], envs[task], cwd=REPO)
+            return tasks.wait([3], timeout=240)[0], envs
+
+    output, envs = with_new_ports(start)
+    assert f"chief done closures={CLOSURES}" in output, output[-6000:]
 
     def closures(spans):
         return [s for s in spans if s.category == "step" and "tensorflow.ps.worker" in s.attributes]

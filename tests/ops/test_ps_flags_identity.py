@@ -11,13 +11,16 @@ tests/ops/test_ops_ps.py."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
-import subprocess
+import tempfile
 from collections import defaultdict
 from pathlib import Path
+from typing import List, Tuple
 
 import pytest
 from conftest import REPO, base_env, free_ports, python
+from ports import Tasks, with_new_ports
 from wholestep.analysis_of import analyze_received
 
 from tf_otel.job import topology
@@ -38,9 +41,10 @@ def _free(port: int) -> bool:
             return False
 
 
-def _cluster() -> dict:
+def _cluster() -> Tuple[dict, List[int]]:
     """Free task ports whose derived coordinator port (and the clock service's, next to it) is
-    free too: the test sets no TF_OTEL_COORDINATOR, rank 0 binds what the job id says."""
+    free too: the test sets no TF_OTEL_COORDINATOR, rank 0 binds what the job id says. The
+    cluster and every port its tasks bind."""
     for _ in range(20):
         ps, w0, w1 = free_ports(3)
         cluster = {"ps": [f"127.0.0.1:{ps}"], "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"]}
@@ -49,40 +53,36 @@ def _cluster() -> dict:
         address = found.topology("").coordinator_address()
         assert address is not None
         if _free(address[1]) and _free(address[1] + 1):
-            return cluster
+            return cluster, [ps, w0, w1, address[1], address[1] + 1]
     raise RuntimeError("no free coordinator port for a cluster")
 
 
 def test_flag_configured_ps_job_is_one_job_with_one_trace_per_step(receiver, tmp_path: Path):
-    cluster = _cluster()
-    env = base_env(
-        **receiver.env("grpc"),
-        TF_OTEL_ENABLED="1",
-        TF_OTEL_ROOT_WAIT_MS="3000",  # worker 1's last extents reach rank 0 at exit
-        TF_OTEL_FILE=str(tmp_path / "spans" / "spans-{rank}.jsonl"),  # named at first spans
-    )
-    env.pop("TF_CONFIG", None)
-    procs = []
-    try:
-        for task, index in TASKS:
-            command = [
-                python(), str(SCRIPT), f"--job_name={task}", f"--task_index={index}",
-                f"--ps_hosts={','.join(cluster['ps'])}",
-                f"--worker_hosts={','.join(cluster['worker'])}",
-                f"--steps={STEPS}", f"--sync_dir={tmp_path}",
-            ]  # fmt: skip
-            procs.append(
-                subprocess.Popen(
-                    command, env=env, cwd=REPO, text=True,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                )
-            )  # fmt: skip
-        outputs = [p.communicate(timeout=150)[0] for p in procs[1:]]
-    finally:
-        for p in procs:
-            p.kill()  # the ps blocks in server.join() (C++): only SIGKILL ends it
-            p.wait()
-    ps_output = procs[0].stdout.read() if procs[0].stdout else ""  # type: ignore[union-attr]
+    def start() -> Tuple[dict, List[str]]:  # again with new ports if one was taken
+        receiver.clear()  # nothing from a start that met a taken port
+        shutil.rmtree(tmp_path / "spans", ignore_errors=True)
+        sync = Path(tempfile.mkdtemp(prefix="sync-", dir=tmp_path))  # the workers meet here
+        cluster, ports = _cluster()
+        env = base_env(
+            **receiver.env("grpc"),
+            TF_OTEL_ENABLED="1",
+            TF_OTEL_ROOT_WAIT_MS="3000",  # worker 1's last extents reach rank 0 at exit
+            TF_OTEL_FILE=str(tmp_path / "spans" / "spans-{rank}.jsonl"),  # named at first spans
+        )
+        env.pop("TF_CONFIG", None)
+        with Tasks(ports) as tasks:  # the ps blocks in server.join(): killed on leaving
+            for task, index in TASKS:
+                command = [
+                    python(), str(SCRIPT), f"--job_name={task}", f"--task_index={index}",
+                    f"--ps_hosts={','.join(cluster['ps'])}",
+                    f"--worker_hosts={','.join(cluster['worker'])}",
+                    f"--steps={STEPS}", f"--sync_dir={sync}",
+                ]  # fmt: skip
+                tasks.start(command, env, cwd=REPO)
+            tasks.wait([1, 2], timeout=150)
+        return cluster, [tasks.output(i) for i in range(len(TASKS))]
+
+    cluster, (ps_output, *outputs) = with_new_ports(start)
     for index, out in enumerate(outputs):
         assert f"worker {index} done steps={STEPS}" in out, out[-3000:]
 

@@ -4,6 +4,7 @@ the collectors are real sockets on 127.0.0.1 that misbehave on purpose."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import threading
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any, Dict, Iterator
 
 import pytest
-from conftest import EXAMPLES, base_env, free_ports, run
+from conftest import EXAMPLES, base_env, run
 from otlp_receiver import HangingCollector
+from ports import refused_port
 
 pytestmark = pytest.mark.integration
 LOST = re.compile(r"tf_otel: spans were lost: (.*)")
@@ -118,18 +120,16 @@ def test_hanging_collector_metrics_do_not_hold_the_exit(hanging: HangingCollecto
 
 @pytest.mark.parametrize("kind", ["down", "refusing-http-503"])
 def test_down_or_refusing_collector_is_counted(kind: str):
-    if kind == "down":
-        env = base_env(**_otlp(f"http://127.0.0.1:{free_ports()[0]}"))
-        server = None
-    else:
-        server = _http_collector(503)
-        port = server.server_address[1]
-        env = base_env(**_otlp(f"http://127.0.0.1:{port}", "http/protobuf"))
-    try:
+    with contextlib.ExitStack() as stack:
+        if kind == "down":  # nothing listens there, nor can while the job runs
+            port = stack.enter_context(refused_port())
+            env = base_env(**_otlp(f"http://127.0.0.1:{port}"))
+        else:
+            server = _http_collector(503)
+            stack.callback(server.shutdown)
+            port = server.server_address[1]
+            env = base_env(**_otlp(f"http://127.0.0.1:{port}", "http/protobuf"))
         result = _train(env)
-    finally:
-        if server is not None:
-            server.shutdown()
     assert "span export is failing" in result.stderr  # said once, when it starts failing
     lost = LOST.search(result.stderr)
     assert lost and "lost" in lost.group(1), result.stderr[-3000:]
