@@ -83,8 +83,12 @@ install_native() {
   if [ -z "$wheel" ]; then
     log "building tf_otel_native (Rust, about a minute once per machine)"
     mkdir -p "$CACHE/wheels/native-$hash"
-    CARGO_TARGET_DIR="$CACHE/native-target" PYO3_PYTHON="$VENV/bin/python" \
-      "${PIP[@]}" wheel --no-deps -w "$CACHE/wheels/native-$hash" ./native
+    if ! CARGO_TARGET_DIR="$CACHE/native-target" PYO3_PYTHON="$VENV/bin/python" \
+      "${PIP[@]}" wheel --no-deps -w "$CACHE/wheels/native-$hash" ./native; then
+      # the product does not need it; tests/analysis/test_analysis_load_native.py says it failed
+      log "tf_otel_native did not build (above): tf-otel analyze will use its Python decoders"
+      return 0
+    fi
     wheel=$(ls "$CACHE/wheels"/native-"$hash"/tf_otel_native-*.whl | head -1)
   fi
   "${PIP[@]}" install --no-deps --force-reinstall "$wheel"
