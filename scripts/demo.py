@@ -103,6 +103,9 @@ def run_job(jaeger: dict) -> None:
         TF_OTEL_HOROVOD_EVERY="1",  # collective detail on every step: the demo shows it off
         # rank 1's delay holds its executor inside the step: Horovod's negotiation sees it
         TF_OTEL_HOROVOD_SOURCE="timeline",
+        # both ranks begin the step together, and a response-cache hit's negotiation does not
+        # say which rank came last: the cache off, every rank has its own ready tick
+        TF_OTEL_HOROVOD_EXACT="1",
         TF_OTEL_FILE=str(OUT / "spans-rank{rank}.jsonl"),
         OTEL_SERVICE_NAME=SERVICE,
         OTEL_EXPORTER_OTLP_ENDPOINT=jaeger["otlp"],
@@ -128,6 +131,7 @@ def run_job(jaeger: dict) -> None:
     ]
     say(
         "running: TF_OTEL_ENABLED=1 TF_OTEL_HOROVOD_EVERY=1 TF_OTEL_HOROVOD_SOURCE=timeline "
+        "TF_OTEL_HOROVOD_EXACT=1 "
         + " ".join(command[:6])
         + " python examples/horovod_tape.py"
     )

@@ -1,6 +1,7 @@
 """Horovod collective spans on every rank (issue 4), real horovodrun -np 2 (gloo and MPI) and
 mpirun with mpi4py: tensor names and bytes on both ranks for every sampled step, the straggler's
-last arrival and rank 0's waiting, a job killed mid-run, and the Keras 3 warning."""
+last arrival and rank 0's waiting, which rank was late on Horovod's response-cache hits (rank 0
+or rank 1, and a control), a job killed mid-run, and the Keras 3 warning."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import base_env, example, horovodrun, python, run  # noqa: E402
+from conftest import VENV_BIN, base_env, example, horovodrun, python, run  # noqa: E402
 from sampling import ratio_sampled_steps  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -22,7 +23,10 @@ TRAINING = {
     "horovod_tape.py": lambda s: "train_step" in s.name,
     "horovod_keras.py": lambda s: s.attributes.get("tf_otel.step.kind") == "keras_train",
     "horovod_tf1.py": lambda s: "Gradient" in str(s.attributes.get("tensorflow.session.fetches")),
+    "stamps_loop.py": lambda s: "train_step" in s.name,
 }
+# a DistributedGradientTape loop whose SLOW_RANK sleeps in Python before the SLOW_STEPS
+STAMPS_LOOP = Path(__file__).resolve().parent / "scripts" / "stamps_loop.py"
 
 
 def collect(receiver, wait_s: float = 4.0):
@@ -102,6 +106,11 @@ def test_straggler_is_last_and_rank0_waits_50ms(receiver, tmp_path):
         TF_OTEL_HOROVOD_EVERY="1",
         # the timeline source; the default source's straggler tests: test_detail_modes.py
         TF_OTEL_HOROVOD_SOURCE="timeline",
+        # the delay is inside rank 1's step (a numpy_function before its gradients): both ranks
+        # begin together, and a response-cache hit's NEGOTIATE does not say which rank came
+        # last (test_cache_hits_name_the_rank_that_came_late); with the cache off every rank has
+        # its ready tick
+        TF_OTEL_HOROVOD_EXACT="1",
     )
     horovodrun("horovod_tape.py", env, backend="gloo")
     spans = collect(receiver)
@@ -137,6 +146,81 @@ def test_straggler_is_last_and_rank0_waits_50ms(receiver, tmp_path):
     assert checked, "rank 0's collectives of the steps with nothing injected"
     for c in slow:
         assert c.attributes["horovod.last_arrival"] is (c.rank == 1)
+
+
+@pytest.mark.parametrize(
+    "slow_rank, inside",
+    [(0, False), (1, False), (0, True), (None, False)],
+    ids=["rank0_late", "rank1_late", "rank0_late_inside_its_step", "none"],
+)
+def test_cache_hits_name_the_rank_that_came_late(receiver, tmp_path, slow_rank, inside):
+    """Horovod's response cache on (its default) and warm: a cache hit's NEGOTIATE starts with
+    whichever rank's request comes first, so a rank 0 that begins a step 80 ms late must be
+    named last with rank 1 waiting, not the other way round (it read rank 1 last and rank 0
+    waiting a few ms); rank 1 late: rank 1 last, rank 0 waiting; rank 0 late inside its step
+    (examples/horovod_tape.py: both ranks begin together, nothing tells them apart): nobody
+    named, not rank 1 (it read rank 0 waiting 80 ms and rank 1 last); nothing injected: nobody.
+
+    Robust to a loaded 2-core machine: never the wrong rank on a slowed step; the right one, with
+    the other waiting at least half the delay, on at least one of the two slowed steps where it
+    began late (a rank slowed as much by the load gives no evidence, and then nobody is named,
+    never a wrong one); a step with nothing injected names nobody with such a wait unless the
+    steps' own spans show that rank began its step that late."""
+    delay_ms, slow_steps = 80, {4, 6}
+    env = base_env(
+        **receiver.env("grpc"),
+        TF_OTEL_ENABLED="1",
+        STEPS="8",
+        TMPDIR=str(tmp_path),
+        TF_OTEL_HOROVOD_EVERY="1",
+        TF_OTEL_HOROVOD_SOURCE="timeline",
+    )
+    assert "HOROVOD_CACHE_CAPACITY" not in env  # Horovod's default: the response cache on
+    if slow_rank is not None:
+        env.update(SLOW_RANK=str(slow_rank), SLOW_MS=str(delay_ms), SLOW_STEPS="4,6")
+    script = example("horovod_tape.py") if inside else str(STAMPS_LOOP)
+    command = [str(VENV_BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
+    result = run(command + [python(), script], env)
+    assert "rank 1 done" in result.stdout
+    spans = collect(receiver)
+    steps, collectives = check_every_sampled_step(spans, TRAINING[Path(script).name])
+    by_id = {s.span_id: s for s in spans}
+    step_spans = {(s.attributes["tf_otel.step"], s.rank): s for s in steps}
+    per_key = defaultdict(dict)  # (step, collective key) -> rank -> span
+    for c in collectives:
+        step = by_id[c.parent_id].attributes["tf_otel.step"]
+        per_key[(step, c.attributes["tf_otel.collective.key"])][c.rank] = c
+    half = delay_ms / 2 * 1e6
+    named = set()  # slowed steps on which the slowed rank was named
+    for (step, _), pair in sorted(per_key.items()):
+        assert set(pair) == {0, 1}, (step, pair)
+        if step < 2:
+            continue  # step 0 traces the function (a cache miss), step 1 warms the cache
+        context = (step, {r: c.attributes for r, c in pair.items()})
+        if slow_rank is not None and step in slow_steps:
+            late, other = pair[slow_rank], pair[1 - slow_rank]
+            assert other.attributes["horovod.last_arrival"] is False, context  # never the wrong one
+            assert late.attributes["horovod.wait_ns"] < half, context
+            if late.attributes["horovod.last_arrival"]:
+                assert late.attributes["horovod.arrival"] == "inferred", context
+                assert other.attributes["horovod.arrival"] == "negotiate", context
+                wait = other.attributes["horovod.wait_ns"]
+                assert half <= wait <= other.end_ns - other.start_ns, context
+                children = [s for s in spans if s.parent_id == other.span_id]
+                assert "collective.wait" in {s.category for s in children}, context
+                named.add(step)
+            else:
+                assert {c.attributes["horovod.arrival"] for c in pair.values()} == {"unknown"}
+            continue
+        for rank, c in pair.items():  # nothing injected: nobody kept the other waiting long
+            if (
+                c.attributes["horovod.last_arrival"]
+                and pair[1 - rank].attributes["horovod.wait_ns"] >= half
+            ):
+                lag = step_spans[(step, rank)].start_ns - step_spans[(step, 1 - rank)].start_ns
+                assert lag >= half, (context, lag)  # a real hiccup of the machine, named rightly
+    if slow_rank is not None and not inside:
+        assert named, f"rank {slow_rank} named last on none of the slowed steps {slow_steps}"
 
 
 def test_killed_job_exports_what_it_had_and_keeps_its_exit_code(receiver, tmp_path):

@@ -62,19 +62,122 @@ def test_uncached_mpi_timeline_has_ticks_bytes_and_the_straggler():
     assert len({c.fused_group for c in done}) == 6
 
 
-def test_cached_gloo_timeline_infers_the_last_rank_from_rank0_waiting():
-    done, _ = parse_file(FIXTURES / "gloo_cached_straggler.json")
-    assert len(done) == 2
+LATE0 = "gloo_cached_rank0_late.json"  # rank 0 slept 80 ms in Python before step 5
+
+
+def began(fixture: str, step: int) -> dict:
+    """Each rank's start of ``step`` (us, rank 0's clock) in the run that wrote ``fixture``."""
+    return {0: STEPS[fixture][str(step)][0], 1: STEPS[f"{fixture}:rank 1"][str(step)][0]}
+
+
+def by_step(fixture: str) -> dict:
+    done, reader = parse_file(FIXTURES / fixture)
+    assert reader.garbage == 0
+    found: dict = {}
     for c in done:
+        found.setdefault(step_of(c, fixture), []).append(c)
+    return found
+
+
+def test_a_cache_hit_alone_does_not_say_which_rank_was_late():
+    """Horovod starts a cache hit's NEGOTIATE when ANY rank's request is queued, so the events are
+    the same whichever rank was late: rank 1 late inside step 4 (examples/horovod_tape.py) and
+    rank 0 late before step 5 both show a ~50-80 ms NEGOTIATE and no ticks. Without the ranks'
+    step starts nobody is named and nobody waits (it read rank 1 last and rank 0 waiting in both,
+    wrong for the second)."""
+    late1, _ = parse_file(FIXTURES / "gloo_cached_straggler.json")
+    late0 = by_step(LATE0)[5]
+    assert len(late1) == 2 and len(late0) == 3
+    for c in late1 + late0:
         assert not c.ticks, "response-cache hits carry no per-rank ticks"
         assert c.backend == "gloo"
-        v0, v1 = tl.rank_view(c, 0, 2), tl.rank_view(c, 1, 2)
-        assert v0.how == "negotiate" and v1.how == "inferred"
+        assert 40_000 <= c.negotiate_end - c.negotiate_start <= 90_000
+        views = [tl.rank_view(c, r, 2) for r in (0, 1)]
+        assert [v.how for v in views] == ["unknown", "unknown"]
+        assert not any(v.last_arrival for v in views)
+        assert tl.last_rank(c, 2, 3000) is None
+        for v in views:
+            record = tl.records_for(c, v, 5, "k/5/t", lambda us: int(us * 1000))[0]
+            assert record.attributes["horovod.wait_ns"] == 0
+            assert record.attributes["horovod.last_arrival"] is False
+
+
+def test_rank0_that_began_after_the_negotiation_started_is_the_last_and_rank1_waited():
+    """The recorded fragment of a real job: rank 0 began step 5 80 ms after rank 1, whose
+    request started the negotiation; rank 0 is named last, rank 1 waited ~80 ms."""
+    steps = by_step(LATE0)
+    assert sorted(steps) == [4, 5, 6] and all(len(cs) == 3 for cs in steps.values())
+    starts = began(LATE0, 5)
+    for c in steps[5]:
+        assert starts[1] < c.negotiate_start < starts[0]  # rank 1's request, rank 0 not begun
+        seen = tl.negotiation(c, 2, 3000, starts)
+        assert (seen.first, seen.last) == (1, 0)
+        v0, v1 = (tl.rank_view(c, r, 2, negotiated=seen) for r in (0, 1))
+        assert (v0.how, v1.how) == ("inferred", "negotiate")
+        assert v0.last_arrival and not v1.last_arrival
+        assert v0.last_ready - v0.arrival == 0
+        assert 70_000 <= v1.last_ready - v1.arrival <= 90_000  # us
+        r0 = tl.records_for(c, v0, 5, "k/5/t", lambda us: int(us * 1000))
+        r1 = tl.records_for(c, v1, 5, "k/5/t", lambda us: int(us * 1000))
+        assert [r.category for r in r0] == [record.COLLECTIVE, record.COLLECTIVE_TRANSFER]
+        assert r0[0].attributes["horovod.wait_ns"] == 0
+        assert r0[0].attributes["horovod.last_arrival"] is True
+        assert r1[1].category == record.COLLECTIVE_WAIT
+        assert r1[0].attributes["horovod.wait_ns"] >= 70_000_000
+        assert r1[0].attributes["horovod.last_arrival"] is False
+
+
+def test_the_same_events_with_rank1_beginning_late_name_rank1():
+    """A late rank 1 writes these very events (NEGOTIATE carries no rank): with the step starts
+    swapped, rank 1 is named last and rank 0 waited."""
+    starts = began(LATE0, 5)
+    swapped = {0: starts[1], 1: starts[0]}
+    for c in by_step(LATE0)[5]:
+        seen = tl.negotiation(c, 2, 3000, swapped)
+        assert (seen.first, seen.last) == (0, 1)
+        v0, v1 = (tl.rank_view(c, r, 2, negotiated=seen) for r in (0, 1))
         assert v1.last_arrival and not v0.last_arrival
-        assert 40_000 <= v0.last_ready - v0.arrival <= 70_000
-        # with more ranks the timeline cannot say who was last
-        assert tl.last_rank(c, 4, 3000) is None
-        assert tl.rank_view(c, 2, 4).how == "unknown"
+        assert (v0.how, v1.how) == ("negotiate", "inferred")
+        assert 70_000 <= v0.last_ready - v0.arrival <= 90_000
+
+
+def test_steps_with_nothing_injected_name_nobody():
+    """Steps 4 and 6 of the same job: both ranks began before the negotiation started and it
+    lasted under 3 ms: every rank read at its end, no wait, nobody last. Where the file opened
+    just before the negotiation started, it may have started with the file (Horovod writes
+    nothing while no file is open): the spread is not known, nothing is claimed."""
+    steps = by_step(LATE0)
+    for step in (4, 6):
+        starts = began(LATE0, step)
+        for c in steps[step]:
+            assert max(starts.values()) < c.negotiate_start
+            assert c.negotiate_end - c.negotiate_start <= 3000
+            seen = tl.negotiation(c, 2, 3000, starts, opened=c.negotiate_start - 50_000)
+            assert seen == tl.Negotiation(together=True)
+            views = [tl.rank_view(c, r, 2, negotiated=seen) for r in (0, 1)]
+            assert [v.how for v in views] == ["negotiate", "negotiate"]
+            assert not any(v.last_arrival for v in views)
+            assert all(v.arrival == v.last_ready for v in views)
+            opened_then = tl.negotiation(c, 2, 3000, starts, opened=c.negotiate_start - 500)
+            assert opened_then == tl.Negotiation()
+            assert tl.rank_view(c, 0, 2, negotiated=opened_then).how == "unknown"
+
+
+def test_more_ranks_and_inconsistent_starts():
+    c = by_step(LATE0)[5][0]
+    b = c.negotiate_start
+    # 3 ranks: the two that began after the start make the third the first; the last unknown
+    seen = tl.negotiation(c, 3, 3000, {0: b + 80_000, 1: b - 10, 2: b + 5000})
+    assert (seen.first, seen.last, seen.together) == (1, None, False)
+    views = [tl.rank_view(c, r, 3, negotiated=seen) for r in range(3)]
+    assert [v.how for v in views] == ["unknown", "negotiate", "unknown"]
+    assert not any(v.last_arrival for v in views)
+    # only one of three known to be later: no one named
+    assert tl.negotiation(c, 3, 3000, {0: b + 80_000}) == tl.Negotiation()
+    # every rank "began after" the start: clocks or matching are off, nothing is claimed
+    assert tl.negotiation(c, 2, 3000, {0: b + 80_000, 1: b + 80_000}) == tl.Negotiation()
+    # within the clocks' slack of the start: not evidence
+    assert tl.negotiation(c, 2, 3000, {0: b + 1000, 1: b - 1000}).first is None
 
 
 def test_incremental_reading_in_random_chunks_equals_one_shot(tmp_path):

@@ -99,6 +99,9 @@ def test_rank1_named_as_the_straggler_of_the_slowed_steps_and_no_false_one(tmp_p
             # its delay is a numpy_function that holds the rank's executor inside the step, which
             # Horovod's negotiation (the timeline source) sees and the graph stamps do not
             TF_OTEL_HOROVOD_SOURCE="timeline",
+            # both ranks begin the step together: a response-cache hit's NEGOTIATE does not say
+            # which rank came last, so the cache is off and every rank has its ready tick
+            TF_OTEL_HOROVOD_EXACT="1",
             TF_OTEL_FILE=str(tmp_path / "spans-{rank}.jsonl"),
             OTEL_SERVICE_NAME=SERVICE,
             OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.otlp_grpc_endpoint,

@@ -18,7 +18,8 @@ from tf_otel.sources import horovod_timeline as tl
 
 FIXTURES = Path(__file__).parent.parent / "horovod" / "fixtures"
 TIMELINES = [
-    (FIXTURES / n).read_bytes() for n in ("mpi_uncached.json", "gloo_cached_straggler.json")
+    (FIXTURES / n).read_bytes()
+    for n in ("mpi_uncached.json", "gloo_cached_straggler.json", "gloo_cached_rank0_late.json")
 ]
 FUZZ = settings(
     max_examples=200,
@@ -41,10 +42,16 @@ def consume(events, world_size: int = 2) -> int:
     tl.assign_fused_groups(done)
     n = 0
     for c in done:
-        for rank in range(world_size):
-            view = tl.rank_view(c, rank, world_size)
-            if view is not None:
-                n += len(tl.records_for(c, view, 1, tl.collective_key("k", 1, c.tensor), to_local))
+        # read alone, and with rank 0 beginning its step after the negotiation started (the
+        # ranks' step starts, as rank 0 has them) in a file opened just before
+        start = c.negotiate_start if c.negotiate_start is not None else 0.0
+        readings = (None, tl.negotiation(c, world_size, 3000.0, {0: start + 5000.0}, start - 1.0))
+        for seen in readings:
+            for rank in range(world_size):
+                view = tl.rank_view(c, rank, world_size, negotiated=seen)
+                if view is not None:
+                    key = tl.collective_key("k", 1, c.tensor)
+                    n += len(tl.records_for(c, view, 1, key, to_local))
         assert c.nbytes is None or c.nbytes >= 0
     return n
 

@@ -152,6 +152,7 @@ GOOD = {
     messages.HVD_DONE: {"t": "hvd.done"},
     messages.HVD_ARRIVALS: {"t": "hvd.a", "k": "k", "s": 1, "a": {"grad_0": 123}},
     messages.HVD_LAST: {"t": "hvd.l", "k": "k", "s": 1, "l": {"grad_0": [123, 1]}},
+    messages.HVD_BEGAN: {"t": "hvd.b", "k": "k", "s": 1, "b": 1_795_768_639_810_373_000},
     messages.STALL_ASK: dict(messages.stall_ask(3, "keras_train", 8)),
     messages.STALL_WHERE: {
         "t": messages.STALL_WHERE,
@@ -174,6 +175,7 @@ def test_every_known_type_is_checked() -> None:
         messages.HVD_DONE,
         messages.HVD_ARRIVALS,
         messages.HVD_LAST,
+        messages.HVD_BEGAN,
         messages.STALL_ASK,
         messages.STALL_WHERE,
     }
@@ -237,11 +239,16 @@ def _typed_body(kind: str):
 
 
 def test_what_decode_accepts_the_real_handlers_take(monkeypatch) -> None:
-    """hvd.c (a rank's collective records) and the op-tracing window, fuzzed field by field:
-    rejected by decode, or handled without an exception."""
+    """hvd.c (a rank's collective records), hvd.b (a rank's step start, on rank 0) and the
+    op-tracing window, fuzzed field by field: rejected by decode, or handled without an
+    exception."""
     monkeypatch.setattr(ops_hook, "controller", ops_hook.OpsController())
     hvd = timeline.TimelineHook()  # no pipeline: records are built, then not emitted
-    handlers = {messages.HVD_RECORDS: hvd.on_message, messages.OPS_WINDOW: ops_hook._on_window}
+    handlers = {
+        messages.HVD_RECORDS: hvd.on_message,
+        messages.HVD_BEGAN: lambda message: hvd.on_began(1, message),
+        messages.OPS_WINDOW: ops_hook._on_window,
+    }
     accepted = []
 
     @FUZZ

@@ -56,6 +56,7 @@ HVD_RECORDS = "hvd.c"  # 0 -> rank: HorovodRecords
 HVD_DONE = "hvd.done"  # 0 -> ranks: rank 0 has sent every step's records
 HVD_ARRIVALS = "hvd.a"  # rank -> 0: HorovodArrivals
 HVD_LAST = "hvd.l"  # 0 -> ranks: HorovodLast
+HVD_BEGAN = "hvd.b"  # rank -> 0: HorovodBegan
 STALL_ASK = "tf_otel.stall.ask"  # 0 -> ranks: StallAsk ("where are you")
 STALL_WHERE = "tf_otel.stall.where"  # rank -> 0: StallWhere (the answer)
 
@@ -130,6 +131,16 @@ class HorovodArrivals(TypedDict):
     k: str
     s: int
     a: Dict[str, int]
+
+
+class HorovodBegan(TypedDict):
+    """A rank began step "s" of key "k" at "b" (reference ns): rank 0 reads its timeline's
+    response-cache hits with it (who began after a negotiation started did not start it)."""
+
+    t: str
+    k: str
+    s: int
+    b: int
 
 
 class HorovodLast(TypedDict, total=False):
@@ -419,6 +430,11 @@ def _check_arrivals(message: Message) -> None:
     _need_int_map(message, "a")
 
 
+def _check_began(message: Message) -> None:
+    _need_key_step(message)
+    _need_int(message, "b", 0)
+
+
 def _check_last(message: Message) -> None:
     _need_key_step(message)
     last = message.get("l")
@@ -530,6 +546,7 @@ _CHECKS: Dict[str, Callable[[Message], None]] = {
     HVD_DONE: lambda m: None,
     HVD_ARRIVALS: _check_arrivals,
     HVD_LAST: _check_last,
+    HVD_BEGAN: _check_began,
     STALL_ASK: _check_stall_ask,
     STALL_WHERE: _check_stall_where,
 }

@@ -20,7 +20,7 @@ import itertools
 import os
 import queue
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tf_otel import clock, record
 from tf_otel.config import Settings
@@ -245,6 +245,15 @@ class Pipeline:
     ) -> Any:
         """A span in the step's trace under its root (pipeline.exporter); its span context."""
         return self.exporter.export_in_step(handle, name, start_ns, end_ns, attributes)
+
+    def sampled_ahead(self, key: str, step: int) -> Optional[Tuple[int, bool]]:
+        """(trace id, sampled) that ``begin_step`` will give ``step`` of ``key``, before it
+        begins; None where the sampler is not a pure function of the trace id (calling one that
+        keeps state, a rate limit, ahead of the step would change its decisions)."""
+        if self._sample_fast is None:
+            return None
+        trace_id = step_trace_id(self.job_id, key, step)
+        return trace_id, bool(self._sample_fast(trace_id))
 
     def _is_sampled(self, trace_id: int, name: str) -> bool:
         if self._sample_fast is not None:

@@ -11,13 +11,22 @@ Usage::
         parser.feed(event)
     done = parser.take()                   # finished Collectives (times: us since the epoch)
     assign_fused_groups(done)
-    for rank in range(world_size):
-        arrivals = rank_view(c, rank, world_size)   # per-rank arrival / wait / last flag
+    for c in done:
+        seen = negotiation(c, world_size, 3000.0, began={rank: step start us}, opened=file us)
+        for rank in range(world_size):
+            view = rank_view(c, rank, world_size, negotiated=seen)  # arrival / wait / last flag
 
-Per tensor the timeline has: NEGOTIATE_<OP> (B..E: from the first request seen by rank 0 until
-every rank is ready), per-rank "X" ticks named by rank (the moment that rank became ready; only
-on response-cache misses), then <OP> (B..E, E carries dtype / shape) with children such as
-MEMCPY_IN_FUSION_BUFFER, GLOO_ALLREDUCE / MPI_ALLREDUCE / NCCL_ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER.
+Per tensor the timeline has: NEGOTIATE_<OP> (B..E), per-rank "X" ticks named by rank (the moment
+that rank became ready; only on response-cache misses), then <OP> (B..E, E carries dtype / shape)
+with children such as MEMCPY_IN_FUSION_BUFFER, GLOO_ALLREDUCE / MPI_ALLREDUCE / NCCL_ALLREDUCE,
+MEMCPY_OUT_FUSION_BUFFER. Only rank 0 writes it. On a cache miss NEGOTIATE B is the first request
+the coordinator counted and each rank has its tick. On a cache hit (every step after the first,
+by default) B is written in the first cycle in which ANY rank had the request queued (Horovod
+0.28.1 marks hits on any worker for the timeline: CacheCoordinator::sync, timeline_bits) and E
+once every rank had it: the first and the last arrival, never which rank was which. A late
+rank 0 and a late rank 1 write the same events; ``negotiation`` tells them apart only where the
+ranks' step starts do (a rank that began its step after B did not start it), else the ranks'
+arrivals stay ``unknown``.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from tf_otel import record
 from tf_otel.health import count
@@ -68,6 +77,15 @@ ATTR_FUSED = "horovod.fused_group"
 ATTR_LAST = record.ATTR_LAST_ARRIVAL
 ATTR_WAIT = record.ATTR_WAIT_NS
 ATTR_ARRIVAL = record.ATTR_ARRIVAL
+
+# A rank whose step began more than this after NEGOTIATE started did not start it. The slack
+# covers the clocks: another rank's step start comes through the clock sync (docs/CLOCK.md);
+# rank 0's timeline is its steady clock from the wall time at hvd.init(), which NTP slews alike.
+BEGAN_SLACK_US = 2000.0
+# Horovod writes nothing while no timeline file is open: a request already queued when the file
+# opens gets its NEGOTIATE start in the first cycle after (1 ms by default), so a start this
+# close after the opening may be the opening, with the first arrival earlier.
+OPENED_SLACK_US = 2000.0
 
 
 def _time_us(base_us: float, value: Any) -> float:
@@ -312,35 +330,91 @@ class RankView:
     how: str  # tick | negotiate | inferred | unknown
 
 
-def last_rank(c: Collective, world_size: int, wait_threshold_us: float) -> Optional[int]:
-    """The rank that became ready last, when the timeline tells."""
+@dataclass(frozen=True)
+class Negotiation:
+    """What a response-cache hit's NEGOTIATE phase says of the ranks, where their step starts
+    tell who was who: ``first`` arrived at its start (or before, where that was when the file
+    opened: its wait is then at least the phase), ``last`` at its end; ``together``: every rank
+    was ready within the threshold of the first (each read at its end, no wait). All None /
+    False: the timeline does not say when any rank arrived between start and end."""
+
+    first: Optional[int] = None
+    last: Optional[int] = None
+    together: bool = False
+
+
+def negotiation(
+    c: Collective,
+    world_size: int,
+    wait_threshold_us: float,
+    began: Optional[Mapping[int, float]] = None,
+    opened: Optional[float] = None,
+) -> Negotiation:
+    """Who arrived first / last at a collective without ticks (a response-cache hit).
+
+    ``began``: ranks' step starts (us since the epoch, rank 0's clock; missing ranks unknown);
+    ``opened``: when the timeline file began to be written (None: long before). NEGOTIATE starts
+    with the first arrival of ANY rank, not rank 0's (module docstring), so the first rank is
+    known only where every other rank began its step after that start, and with two ranks the
+    other one is then the last."""
+    start, end = c.negotiate_start, c.negotiate_end
+    if c.ticks or start is None or end is None or world_size < 2:
+        return Negotiation()
+    later = {
+        r for r, t in (began or {}).items() if 0 <= r < world_size and t > start + BEGAN_SLACK_US
+    }
+    if len(later) >= world_size:
+        return Negotiation()  # nobody could have started it: clocks or step matching are off
+    if len(later) == world_size - 1:
+        first = next(r for r in range(world_size) if r not in later)
+        return Negotiation(first=first, last=1 - first if world_size == 2 else None)
+    # a start right after the file opened may be the opening: the spread is then unknown
+    clamped = opened is not None and start - opened <= OPENED_SLACK_US
+    return Negotiation(together=not clamped and end - start <= wait_threshold_us)
+
+
+def last_rank(
+    c: Collective,
+    world_size: int,
+    wait_threshold_us: float,
+    negotiated: Optional[Negotiation] = None,
+) -> Optional[int]:
+    """The rank that became ready last, when the timeline (and the ranks' step starts) tell."""
     if len(c.ticks) >= world_size:
         return max(c.ticks, key=lambda r: (c.ticks[r], r))
-    if c.negotiate_start is None or c.negotiate_end is None:
-        return None
-    waited = c.negotiate_end - c.negotiate_start
-    if waited <= wait_threshold_us:
-        return 0  # rank 0 arrived (about) last: everyone else was already there
-    return 1 if world_size == 2 else None  # someone else; with two ranks, rank 1
+    if c.ticks:
+        return None  # some ranks' ticks are missing: their requests came before the file
+    if negotiated is None:
+        negotiated = negotiation(c, world_size, wait_threshold_us)
+    return negotiated.last
 
 
 def rank_view(
-    c: Collective, rank: int, world_size: int, wait_threshold_us: float = 3000.0
+    c: Collective,
+    rank: int,
+    world_size: int,
+    wait_threshold_us: float = 3000.0,
+    negotiated: Optional[Negotiation] = None,
 ) -> Optional[RankView]:
-    """Where ``rank`` arrived, waited and transferred in this collective (None: no op phase)."""
+    """Where ``rank`` arrived, waited and transferred in this collective (None: no op phase);
+    ``negotiated``: ``negotiation`` of ``c`` (once per collective), else read without the
+    ranks' step starts."""
     if c.op_start is None or c.op_end is None:
         return None
     last = c.last_ready
     last = c.op_start if last is None else min(last, c.op_start)
     transfer_start = c.op_start
-    who_last = last_rank(c, world_size, wait_threshold_us)
+    if negotiated is None:
+        negotiated = negotiation(c, world_size, wait_threshold_us)
+    who_last = last_rank(c, world_size, wait_threshold_us, negotiated)
     if rank in c.ticks:
         arrival, how = c.ticks[rank], "tick"
-    elif rank == 0 and c.negotiate_start is not None and not c.ticks:
-        # cache hit: NEGOTIATE starts when rank 0's own request is queued
-        arrival, how = c.negotiate_start, "negotiate"
+    elif negotiated.first == rank and c.negotiate_start is not None:
+        arrival, how = c.negotiate_start, "negotiate"  # the first request seen by any rank
     elif who_last == rank:
         arrival, how = last, "inferred"
+    elif negotiated.together:
+        arrival, how = last, "negotiate"  # ready within the threshold of the first: no wait
     else:
         arrival, how = last, "unknown"
     arrival = min(arrival, last)

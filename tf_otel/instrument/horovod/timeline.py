@@ -6,10 +6,15 @@ The allreduce runs inside the TF graph, so Python wrappers would only time dispa
 
 - before ``hvd.init()`` tf_otel sets ``HOROVOD_TIMELINE=DYNAMIC`` (unless the user set
   HOROVOD_TIMELINE; a user's file is then read, never started, stopped or removed);
-- rank 0 starts a timeline file at the start of each sampled step and stops it at its end
-  (untraced steps: one attribute check), tails it on a daemon thread, and turns each tensor's
+- rank 0 starts a timeline file for each detail step and stops it at its end: at the end of
+  the step before where the sampler decides by the trace id alone, so that a rank already in the
+  step's collectives while rank 0 is still between steps has its NEGOTIATE start written (else
+  at the step's own start); it tails the file on a daemon thread, and turns each tensor's
   NEGOTIATE / per-rank ready ticks / op phases into, for every rank, a ``collective`` record with
   ``collective.wait`` and ``collective.transfer`` children (sources.horovod_timeline);
+- every other rank tells rank 0 when it began each detail step (``hvd.b``): on a response-cache
+  hit the timeline says when the first and the last rank arrived, not which rank was which, and
+  a rank that began its step after the first arrival was not the first;
 - rank 0 emits its own records with ``Pipeline.add_records`` and sends every other rank its share
   over the coordinator (``hvd.c`` messages, handled here); each rank emits its own spans under
   its step span.
@@ -37,7 +42,14 @@ from typing import Any, Dict, List, Optional, Tuple
 from tf_otel import clock
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import Error, HookOrder, StepCall, StepHook, add_step_hook
-from tf_otel.instrument.horovod.choice import MANAGED, OFF, TIMELINE_MODES, USER_FILE, choice
+from tf_otel.instrument.horovod.choice import (
+    MANAGED,
+    OFF,
+    TIMELINE_MODES,
+    USER_FILE,
+    choice,
+    detail_wanted,
+)
 from tf_otel.pipeline import messages
 from tf_otel.pipeline.lifecycle import current_pipeline
 from tf_otel.pipeline.step_handle import StepHandle
@@ -52,6 +64,9 @@ _MAX_WINDOWS = 256
 # (a step that never ends would otherwise collect every later collective)
 MAX_COLLECTIVES_PER_STEP = 20_000
 _EXIT_WAIT_S = 3.0
+# rank 0 holds a finished step this long for the ranks' step starts (``hvd.b``, sent as each
+# rank begins the step, so normally long in); without them its cache hits read ``unknown``
+_BEGAN_WAIT_S = 1.0
 _PREFIX = "tf_otel-hvd-"
 
 
@@ -74,6 +89,9 @@ class _Source:
         self.reader = tl.TimelineReader(path)
         self.parser = tl.TimelineParser()
         self.stopped_at: Optional[float] = None  # monotonic time of stop (managed)
+        # when Horovod began writing it (rank 0's local = reference ns); None: a user's file,
+        # written from hvd.init() on
+        self.opened_ns: Optional[int] = None
         self.done = False
 
 
@@ -87,6 +105,7 @@ class _Window:
     end: Optional[int] = None
     source: Optional[_Source] = None
     items: List[tl.Collective] = field(default_factory=list)
+    held_since: Optional[float] = None  # monotonic: ready but for some ranks' step starts
 
 
 class TimelineHook(StepHook[None]):
@@ -103,6 +122,8 @@ class TimelineHook(StepHook[None]):
         self._stop = threading.Event()
         self._seq = 0
         self._pending: OrderedDict[Tuple[str, int], None] = OrderedDict()  # ranks > 0
+        # rank 0: each detail step's start on the other ranks, {rank: reference ns} (hvd.b)
+        self._began: OrderedDict[Tuple[str, int], Dict[int, int]] = OrderedDict()
         self._done = threading.Event()
         self._finished = False
         self.wait_threshold_us = 3000.0
@@ -111,7 +132,7 @@ class TimelineHook(StepHook[None]):
 
     def on_step_start(self, handle: StepHandle, call: StepCall) -> None:
         if not handle.sampled:
-            if self.running is not None:
+            if self.running is not None:  # opened ahead for a step that did not come
                 self._stop_managed()
             return
         if choice.mode == OFF or self._finished:
@@ -123,9 +144,13 @@ class TimelineHook(StepHook[None]):
         if mode not in TIMELINE_MODES:
             return  # not decided yet (Horovod not up), off, or the stamps' (stamps.hook)
         if mode == MANAGED and not choice.wanted(handle):
+            if self.running is not None:  # opened ahead for a step that did not come
+                self._stop_managed()
             return  # the same detail-step policy as the stamps (TF_OTEL_HOROVOD_EVERY)
         if pipeline.topology.rank != 0:
             self._expect(handle.key, handle.step)
+            with fail_open("horovod.began"):
+                self._send_began(pipeline, handle)
             return
         if mode == MANAGED and not self._start_managed():
             return
@@ -139,14 +164,46 @@ class TimelineHook(StepHook[None]):
         self._ensure_thread()
 
     def on_step_end(self, handle: StepHandle, call: StepCall, error: Error, kept: None) -> None:
-        if not handle.sampled or choice.mode not in TIMELINE_MODES:
+        if choice.mode not in TIMELINE_MODES:
             return
-        with self._lock:
-            window = self._windows.get((handle.key, handle.step))
-            if window is not None:
-                window.end = handle.end_ns or clock.now_ns()
+        if handle.sampled:
+            with self._lock:
+                window = self._windows.get((handle.key, handle.step))
+                if window is not None:
+                    window.end = handle.end_ns or clock.now_ns()
         if self.running is not None:
             self._stop_managed()
+        if choice.mode == MANAGED and not self._finished:
+            with fail_open("horovod.open_ahead"):
+                self._open_ahead(handle)
+
+    def _open_ahead(self, handle: StepHandle) -> None:
+        """Rank 0: start the next step's file now when it is a detail step. Horovod writes
+        nothing while no file is open, so a file opened at rank 0's own step start holds no
+        NEGOTIATE start for a rank already waiting there: a rank 0 late to begin the step would
+        read as the first to arrive (sources.horovod_timeline.negotiation)."""
+        pipeline = current_pipeline()
+        if pipeline is None or pipeline.topology.rank != 0 or pipeline.topology.world_size < 2:
+            return
+        ahead = pipeline.sampled_ahead(handle.key, handle.step + 1)
+        if ahead is not None and ahead[1] and detail_wanted(ahead[0], choice.every):
+            self._start_managed()
+
+    def _send_began(self, pipeline: Pipeline, handle: StepHandle) -> None:
+        """A rank > 0: when it began this detail step (reference ns), for rank 0's reading of
+        the step's response-cache hits. Not before the clock sync settled, nor where its
+        uncertainty is over half the slack rank 0 allows: no evidence rather than a wrong one."""
+        model = clock.current_model()
+        if not pipeline.exporter.clock_settled or model.uncertainty_ns > tl.BEGAN_SLACK_US * 500:
+            return
+        began = model.to_reference(handle.start_ns)
+        message: messages.HorovodBegan = {
+            "t": messages.HVD_BEGAN,
+            "k": handle.key,
+            "s": handle.step,
+            "b": max(0, int(began)),
+        }
+        pipeline.send_to_reference(message)
 
     def _start_managed(self) -> bool:
         if self.running is not None:
@@ -162,6 +219,7 @@ class TimelineHook(StepHook[None]):
             log_once("hvd_start", "tf_otel: cannot start the Horovod timeline (%s)", exc)
             return False
         source = _Source(path, managed=True)
+        source.opened_ns = clock.now_ns()  # after the writer took the file (start_timeline waits)
         with self._lock:
             self._sources.append(source)
         self.running = source
@@ -237,7 +295,9 @@ class TimelineHook(StepHook[None]):
 
     def _emit_ready(self, final: bool, shift: int) -> None:
         now = clock.now_ns()
-        ready = []
+        pipeline = current_pipeline()
+        world = pipeline.topology.world_size if pipeline is not None else 1
+        ready: List[Tuple[Tuple[str, int], _Window, Dict[int, int]]] = []
         with self._lock:
             for key, window in list(self._windows.items()):
                 if window.end is None and not final:
@@ -249,28 +309,60 @@ class TimelineHook(StepHook[None]):
                     pass
                 else:
                     continue
-                ready.append((key, self._windows.pop(key)))
-        for (key, step), window in ready:  # type: ignore[assignment]  # key: (key, step) above
+                if not final and self._await_began(key, window, world):
+                    continue
+                ready.append((key, self._windows.pop(key), self._began.pop(key, {})))
+        for (step_key, step), window, began in ready:
             with fail_open("horovod.emit"):
-                self._emit(key, step, window.items, shift)  # type: ignore[arg-type]
+                self._emit(step_key, step, window, began, shift)
 
-    def _emit(self, key: str, step: int, items: List[tl.Collective], shift: int) -> None:
+    def _await_began(self, key: Tuple[str, int], window: _Window, world: int) -> bool:
+        """Hold a finished window for the other ranks' step starts, at most _BEGAN_WAIT_S."""
+        if len(self._began.get(key, ())) >= world - 1:
+            return False
+        if window.held_since is None:
+            window.held_since = time.monotonic()
+        return time.monotonic() - window.held_since < _BEGAN_WAIT_S
+
+    def on_began(self, rank: int, message: Dict[str, Any]) -> None:
+        """Rank 0 (coordinator thread): a rank began a detail step (a ``HorovodBegan``)."""
+        with self._lock:
+            self._began.setdefault((message["k"], message["s"]), {})[rank] = message["b"]
+            while len(self._began) > _MAX_WINDOWS:
+                self._began.popitem(last=False)
+
+    def _emit(
+        self, key: str, step: int, window: _Window, began_ns: Dict[int, int], shift: int
+    ) -> None:
         pipeline = current_pipeline()
         if pipeline is None:
             return
         world = pipeline.topology.world_size
+        items = window.items
         tl.assign_fused_groups(items)
         prefix = f"{key}/{step}/"
 
         def to_local(us: float) -> int:
             return int(us * 1000) + shift  # rank 0: reference == local
 
+        def to_us(ns: int) -> float:
+            return (ns - shift) / 1000.0
+
+        # when each rank began the step, on the timeline's clock: who began after a cache hit's
+        # negotiation started did not start it (rank 0's own: its window's start)
+        began = {r: to_us(ns) for r, ns in began_ns.items() if 0 < r < world}
+        began[0] = to_us(window.start)
+        source = window.source
+        opened = None
+        if source is not None and source.opened_ns is not None:
+            opened = to_us(source.opened_ns)
         records = []
         per_rank: Dict[int, List[messages.HorovodCollective]] = {r: [] for r in range(1, world)}
         for c in items:
             ckey = tl.collective_key(key, step, c.tensor)
+            seen = tl.negotiation(c, world, self.wait_threshold_us, began, opened)
             for rank in range(world):
-                view = tl.rank_view(c, rank, world, self.wait_threshold_us)
+                view = tl.rank_view(c, rank, world, self.wait_threshold_us, seen)
                 if view is None:
                     continue
                 if rank == 0:
@@ -357,6 +449,7 @@ class TimelineHook(StepHook[None]):
     def _handle_messages(self, pipeline: Pipeline) -> None:
         pipeline.handlers.on_rank(messages.HVD_RECORDS, self.on_message)
         pipeline.handlers.on_rank(messages.HVD_DONE, self.on_done)
+        pipeline.handlers.on_reference(messages.HVD_BEGAN, self.on_began)
 
     def register(self) -> None:
         """The step hook, its message handlers and its exit hand-over (once per process)."""
