@@ -10,7 +10,7 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, List
 
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.load.rows import FOUND_TEMPLATE, RowBuilder, normalise_id
@@ -29,6 +29,17 @@ __all__ = [
 # what a span of the wrong shape raises while decoded (OverflowError: int() of an infinite
 # double; RecursionError: AnyValues nested deeper than the stack allows)
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
+
+
+def kept_value(pair: Dict[str, Any]) -> Any:
+    """The value of a ``KeyValue`` the analysis reads (``model.ANALYSIS_ATTRIBUTES``)."""
+    value = pair.get("value")
+    if type(value) is dict and len(value) == 1:
+        if "stringValue" in value:
+            return value["stringValue"]
+        if "intValue" in value:
+            return int(value["intValue"])
+    return pair_value(pair)
 
 
 def is_traces_data(obj: Any) -> bool:
@@ -72,16 +83,8 @@ def decode_traces_rows(obj: Any, origin: str) -> List[Row]:
                     found = template()
                     for pair in raw.get("attributes") or ():
                         key = pair["key"]
-                        if key not in kept_keys:
-                            continue
-                        value = pair.get("value")
-                        if type(value) is dict and len(value) == 1 and "stringValue" in value:
-                            value = value["stringValue"]
-                        elif type(value) is dict and len(value) == 1 and "intValue" in value:
-                            value = int(value["intValue"])
-                        else:
-                            value = pair_value(pair)
-                        found[key] = value
+                        if key in kept_keys:
+                            found[key] = kept_value(pair)
                     append(row(trace_id, span_id, parent_id, name, start_ns, end_ns, found))
     except MALFORMED as error:
         detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)

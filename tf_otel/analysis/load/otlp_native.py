@@ -19,9 +19,10 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel.analysis.load._json import loads
+from tf_otel.analysis.load.otlp import kept_value
 from tf_otel.analysis.load.rows import FOUND_TEMPLATE, SLOT_KEYS, RowBuilder, RowTail, normalise_id
 from tf_otel.analysis.model import ANALYSIS_ATTRIBUTES, Row
-from tf_otel.analysis.otlp_values import attributes_dict, pair_value
+from tf_otel.analysis.otlp_values import attributes_dict
 from tf_otel.record import ATTR_JOB_ID
 
 try:  # optional speed-up, never required
@@ -59,17 +60,9 @@ class _Helper:
         shared = True
         for pair in loads(raw) or ():
             key = pair["key"]
-            if key not in ANALYSIS_ATTRIBUTES:
-                continue
-            value = pair.get("value")  # as otlp.decode_traces_rows reads it
-            if type(value) is dict and len(value) == 1 and "stringValue" in value:
-                value = value["stringValue"]
-            elif type(value) is dict and len(value) == 1 and "intValue" in value:
-                value = int(value["intValue"])
-            else:
-                value = pair_value(pair)
-            shared = shared and type(value) in _IMMUTABLE
-            found[key] = value
+            if key in ANALYSIS_ATTRIBUTES:
+                value = found[key] = kept_value(pair)
+                shared = shared and type(value) in _IMMUTABLE
         return self._build.tail(found), shared
 
     @staticmethod
