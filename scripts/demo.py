@@ -131,9 +131,7 @@ def run_job(jaeger: dict) -> None:
     ]
     say(
         "running: TF_OTEL_ENABLED=1 TF_OTEL_HOROVOD_EVERY=1 TF_OTEL_HOROVOD_SOURCE=timeline "
-        "TF_OTEL_HOROVOD_EXACT=1 "
-        + " ".join(command[:6])
-        + " python examples/horovod_tape.py"
+        "TF_OTEL_HOROVOD_EXACT=1 " + " ".join(command[:6]) + " python examples/horovod_tape.py"
     )
     say("(rank 1 sleeps 80 ms before its gradients in steps 4 and 9)")
     result = subprocess.run(command, env=env, cwd=REPO)
