@@ -17,11 +17,14 @@
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use sonic_rs::LazyValue;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::marker::PhantomData;
 
 /// FxHash (rustc's): the cache keys are attribute lists of a few hundred bytes looked up once
 /// a span; SipHash's flooding resistance buys nothing for one process' own input and cost
@@ -58,10 +61,37 @@ impl Hasher for FxHasher {
 
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
+/// A struct read from a JSON object only: serde's derive also takes a struct from an array of
+/// its fields in order (`[[]]` is a `ScopeSpans` with every field missing), which the generic
+/// path rejects. `deserialize_map` refuses an array; the object is handed to the derived code.
+struct AsMap<T>(T);
+
+struct MapOnly<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for MapOnly<T> {
+    type Value = T;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map))
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for AsMap<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_map(MapOnly(PhantomData))
+            .map(AsMap)
+    }
+}
+
 #[derive(Deserialize)]
 struct TracesData<'a> {
     #[serde(rename = "resourceSpans", borrow, default)]
-    resource_spans: Option<Vec<ResourceSpans<'a>>>,
+    resource_spans: Option<Vec<AsMap<ResourceSpans<'a>>>>,
 }
 
 #[derive(Deserialize)]
@@ -69,13 +99,13 @@ struct ResourceSpans<'a> {
     #[serde(borrow, default)]
     resource: Option<LazyValue<'a>>,
     #[serde(rename = "scopeSpans", borrow, default)]
-    scope_spans: Option<Vec<ScopeSpans<'a>>>,
+    scope_spans: Option<Vec<AsMap<ScopeSpans<'a>>>>,
 }
 
 #[derive(Deserialize)]
 struct ScopeSpans<'a> {
     #[serde(borrow, default)]
-    spans: Option<Vec<SpanIn<'a>>>,
+    spans: Option<Vec<AsMap<SpanIn<'a>>>>,
 }
 
 fn empty_name<'a>() -> Option<Cow<'a, str>> {
@@ -144,7 +174,7 @@ impl Scalar<'_> {
 
 /// One attribute's value, where it is a plain scalar (else the helper decides the list).
 fn scalar<'a>(raw: &'a LazyValue<'a>) -> Option<Scalar<'a>> {
-    let value: ScalarIn = sonic_rs::from_str(raw.as_raw_str()).ok()?;
+    let AsMap(value) = sonic_rs::from_str::<AsMap<ScalarIn>>(raw.as_raw_str()).ok()?;
     match (value.string, value.int, value.boolean, value.double) {
         (Some(text), None, None, None) => Some(Scalar::Str(text)),
         (None, Some(int), None, None) => time_ns(&int).ok().map(Scalar::Int),
@@ -240,12 +270,12 @@ impl Keys {
         let Ok(text) = std::str::from_utf8(raw) else {
             return Ok(None);
         };
-        let Ok(pairs) = sonic_rs::from_str::<Vec<Pair>>(text) else {
+        let Ok(pairs) = sonic_rs::from_str::<Vec<AsMap<Pair>>>(text) else {
             return Ok(None);
         };
         let mut slots: [Option<Scalar>; KEPT] = [None, None, None, None, None];
         let mut kept: Vec<(&str, Scalar)> = Vec::new();
-        for pair in &pairs {
+        for AsMap(pair) in &pairs {
             let Some(&slot) = self.slots.get(pair.key.as_ref()) else {
                 continue; // not read by the analysis: never decoded
             };
@@ -435,22 +465,22 @@ impl LineDecoder {
     }
 
     fn rows<'py>(&mut self, py: Python<'py>, line: &[u8]) -> Result<Bound<'py, PyList>, Bail> {
-        let data: TracesData = sonic_rs::from_slice(line).map_err(|_| BAIL)?;
+        let AsMap(data) = sonic_rs::from_slice::<AsMap<TracesData>>(line).map_err(|_| BAIL)?;
         let resource_spans = match data.resource_spans {
             Some(list) if !list.is_empty() => list,
             _ => return Err(BAIL), // missing, null or empty: "batches" or not OTLP
         };
         let rows = PyList::empty(py);
         let helper = self.helper.clone_ref(py);
-        for group in resource_spans {
+        for AsMap(group) in resource_spans {
             let scopes = group.scope_spans.ok_or(BAIL)?; // maybe instrumentationLibrarySpans
             let resource_raw = group
                 .resource
                 .as_ref()
                 .map_or(NULL, |r| r.as_raw_str().as_bytes());
             let mut own = self.resource_key(py, resource_raw)?;
-            for scope in scopes {
-                for span in scope.spans.unwrap_or_default() {
+            for AsMap(scope) in scopes {
+                for AsMap(span) in scope.spans.unwrap_or_default() {
                     let start_ns = time_ns(&span.start)?;
                     let end_ns = time_ns(&span.end)?.max(start_ns);
                     let trace = self.trace_id(py, &span.trace_id)?;

@@ -82,6 +82,12 @@ UNUSUAL = [
     _line([_span(traceId="é" * 32)]),
     b"",
     b"   ",
+    # objects given as arrays of their fields (serde's derive would take them)
+    b'{"resourceSpans":[{"scopeSpans":[[]]}]}',
+    b'{"resourceSpans":[[null,[]]]}',
+    _line([["ab" * 16, "cd" * 8, None, "n", "1", "2", []]]),  # type: ignore[list-item]
+    _line([_span(attributes=[["tf_otel.rank", {"intValue": "3"}]])]),
+    _line([_span(attributes=[_attr("tf_otel.category", ["collective"])])]),
 ]
 
 

@@ -196,6 +196,7 @@ def load(path: Path, lines: int):
 @given(TRACES_DATA)
 @example(_wrap({"doubleValue": "inf"}))  # rank inf: was OverflowError (both paths)
 @example(_wrap({"doubleValue": "-inf"}, key=STEP))
+@example({"resourceSpans": [{"scopeSpans": [[]]}]})  # native: a scope from an array (was [])
 def test_fast_path_gives_the_generic_rows_or_leaves_the_line(document):
     line = _dumps(document)
     fast = LineDecoder().decode(line)
