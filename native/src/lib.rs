@@ -2,7 +2,7 @@
 //!
 //! Usage (from Python; `tf_otel.analysis.load.otlp_native` wraps it):
 //!
-//!     decoder = tf_otel_native.LineDecoder(helper)
+//!     decoder = tf_otel_native.LineDecoder(helper, slot_keys, kept_keys)
 //!     rows = decoder.decode(data, begin, end)   # data[begin:end]: one TracesData line
 //!
 //! It gives the same rows (`tf_otel.analysis.model.Row`) as the generic Python path for the
@@ -12,7 +12,7 @@
 //! path, which gives the rows or names the error. What needs the analysis' own rules (resource
 //! attributes, which span attributes are kept and how their values decode, ids in base64) is
 //! asked of `helper` once per distinct value and cached here; the per-span work (parsing,
-//! ids, times, the row tuple) makes no Python call.
+//! ids, times, the row fields of plain attribute lists, the row tuple) makes no Python call.
 
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
