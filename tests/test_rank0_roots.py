@@ -1,9 +1,11 @@
 """Rank 0's step roots (issue 26): rank 0 never waits for its own clock, one root per step even
-when an extent arrives while the step's root is being emitted, partial judged against the job."""
+when an extent arrives while the step's root is being emitted, partial judged against the job;
+another rank's clock reads settled from its rounds, before its export thread has looked."""
 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any, Callable, List, Tuple
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -12,11 +14,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ports import free_port_pair
 
 from tf_otel import record
-from tf_otel.clock.sync import SETTLE_MAX_S
+from tf_otel.clock.sync import SETTLE_MAX_S, SETTLED_ROUNDS
 from tf_otel.config import Settings
 from tf_otel.health import counters
 from tf_otel.job.topology import Topology
+from tf_otel.pipeline import messages
 from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
+from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.pipeline.steps import Pipeline
 
 
@@ -54,6 +58,31 @@ def test_rank0_exports_its_first_steps_without_waiting_for_its_own_clock() -> No
 def test_other_ranks_still_wait_for_their_clock_to_settle() -> None:
     pipeline = Pipeline(Settings(), Topology(rank=1, world_size=2, job_id="r1c"), TracerProvider())
     assert not pipeline.exporter.clock_settled
+
+
+def test_the_clock_reads_settled_from_its_rounds_before_the_export_thread_looks() -> None:
+    """``clock_settled`` flips when the export thread takes a step: the first one's batch comes
+    at that step's end, after a tf.function's tracing (7 s on a loaded 2-core machine, the
+    rounds long settled). A rank's hvd.b (its detail-step start, for rank 0's reading of
+    Horovod's response-cache hits) is sent once the rounds settled, not only once that flag
+    did: a short job lost every step's start to the flag (tests/horovod, rank1_late)."""
+    from tf_otel.instrument.horovod.timeline import TimelineHook
+
+    pipeline = Pipeline(Settings(), Topology(rank=1, world_size=2, job_id="r1s"), TracerProvider())
+    exporter = pipeline.exporter
+    assert not exporter.clock_settled_now()  # no clock sync (yet): not settled
+    sync = SimpleNamespace(stats=SimpleNamespace(rounds=SETTLED_ROUNDS - 1))
+    exporter.services.clock_sync = sync
+    sent: List[Any] = []
+    fake = SimpleNamespace(exporter=exporter, send_to_reference=sent.append)
+    handle = StepHandle("k", 4, "train_step", record.TF_FUNCTION, 1, True, 1_000_000)
+    assert not exporter.clock_settled_now()
+    TimelineHook()._send_began(fake, handle)  # type: ignore[arg-type]
+    assert sent == []  # too few rounds: no evidence rather than a wrong one
+    sync.stats.rounds = SETTLED_ROUNDS
+    assert exporter.clock_settled_now() and not exporter.clock_settled
+    TimelineHook()._send_began(fake, handle)  # type: ignore[arg-type]
+    assert [(m["t"], m["k"], m["s"]) for m in sent] == [(messages.HVD_BEGAN, "k", 4)]
 
 
 def _recording() -> Tuple[List[Tuple[Any, ...]], Callable[..., None]]:

@@ -174,6 +174,7 @@ def test_cache_hits_name_the_rank_that_came_late(receiver, tmp_path, slow_rank, 
         TMPDIR=str(tmp_path),
         TF_OTEL_HOROVOD_EVERY="1",
         TF_OTEL_HOROVOD_SOURCE="timeline",
+        DEBUG_LOG="1",  # stamps_loop.py: tf_otel's debug lines, for a failure message
     )
     assert "HOROVOD_CACHE_CAPACITY" not in env  # Horovod's default: the response cache on
     if slow_rank is not None:
@@ -190,13 +191,14 @@ def test_cache_hits_name_the_rank_that_came_late(receiver, tmp_path, slow_rank, 
     for c in collectives:
         step = by_id[c.parent_id].attributes["tf_otel.step"]
         per_key[(step, c.attributes["tf_otel.collective.key"])][c.rank] = c
+    why = _cache_hit_diagnostics(result, slow_steps, step_spans)
     half = delay_ms / 2 * 1e6
     named = set()  # slowed steps on which the slowed rank was named
     for (step, _), pair in sorted(per_key.items()):
         assert set(pair) == {0, 1}, (step, pair)
         if step < 2:
             continue  # step 0 traces the function (a cache miss), step 1 warms the cache
-        context = (step, {r: c.attributes for r, c in pair.items()})
+        context = (step, {r: c.attributes for r, c in pair.items()}, why)
         if slow_rank is not None and step in slow_steps:
             late, other = pair[slow_rank], pair[1 - slow_rank]
             assert other.attributes["horovod.last_arrival"] is False, context  # never the wrong one
@@ -210,7 +212,8 @@ def test_cache_hits_name_the_rank_that_came_late(receiver, tmp_path, slow_rank, 
                 assert "collective.wait" in {s.category for s in children}, context
                 named.add(step)
             else:
-                assert {c.attributes["horovod.arrival"] for c in pair.values()} == {"unknown"}
+                arrivals = {c.attributes["horovod.arrival"] for c in pair.values()}
+                assert arrivals == {"unknown"}, context
             continue
         for rank, c in pair.items():  # nothing injected: nobody kept the other waiting long
             if (
@@ -220,7 +223,33 @@ def test_cache_hits_name_the_rank_that_came_late(receiver, tmp_path, slow_rank, 
                 lag = step_spans[(step, rank)].start_ns - step_spans[(step, 1 - rank)].start_ns
                 assert lag >= half, (context, lag)  # a real hiccup of the machine, named rightly
     if slow_rank is not None and not inside:
-        assert named, f"rank {slow_rank} named last on none of the slowed steps {slow_steps}"
+        assert named, f"rank {slow_rank} named last on none of the slowed steps {slow_steps}\n{why}"
+
+
+def _cache_hit_diagnostics(result, slow_steps, step_spans) -> str:
+    """Why a slowed step was read as it was: rank 0's reading of each of its cache hits
+    (NEGOTIATE start..end, the ranks' step starts it had - rank 1's only where its hvd.b came -,
+    when the file opened, the verdict), rank 1's hvd.b not sent (clock settled? uncertainty),
+    steps read without it after the hold, the counters; the step spans' starts (reference ns)
+    and clock uncertainty per rank."""
+    wanted = [f"/{step} " for step in sorted(slow_steps)]
+    lines = [
+        line
+        for line in (result.stderr + result.stdout).splitlines()
+        if ("hvd cache hit" in line and any(w in line for w in wanted))
+        or "hvd.b" in line
+        or "tf_otel counters" in line
+    ]
+    for step in sorted(slow_steps):
+        for rank in (0, 1):
+            span = step_spans.get((step, rank))
+            if span is not None:
+                uncertainty = span.attributes.get("tf_otel.clock.uncertainty_ns")
+                lines.append(
+                    f"step {step} rank {rank}: span start {span.start_ns} ns (reference), "
+                    f"clock uncertainty {uncertainty} ns"
+                )
+    return "\n".join(lines) or "(no diagnostics: the script prints none)"
 
 
 def test_killed_job_exports_what_it_had_and_keeps_its_exit_code(receiver, tmp_path):

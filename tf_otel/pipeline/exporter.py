@@ -112,6 +112,16 @@ class StepExporter:
             if self._wake.wait(EXPORT_INTERVAL_S) and not self.closed:
                 self._wake.clear()  # a one-off wake(); at shutdown it stays set
 
+    def clock_settled_now(self) -> bool:
+        """Whether the clock model has settled, from any thread, never waiting: the sync's own
+        rounds, not only ``clock_settled``, which this thread sets when it takes a step (the
+        first one's batch comes at that step's end, after a tf.function's tracing: seconds
+        under load, while the rounds settle in a fraction of one)."""
+        if self.clock_settled:
+            return True
+        sync = self.services.clock_sync
+        return sync is not None and sync.stats.rounds >= SETTLED_ROUNDS
+
     def _wait_for_clock(self) -> None:
         """Early steps wait (on this thread, queued) until the clock model has a drift estimate
         from several rounds; a model from one or two rounds can be off by tens of us a second.

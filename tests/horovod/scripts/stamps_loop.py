@@ -2,8 +2,10 @@
 
 SLOW_RANK sleeps SLOW_MS in Python before the steps in SLOW_STEPS (a straggler whose gradients
 are late); LAYERS dense gradients; STEPS steps; Horovod's response cache stays on (default).
+DEBUG_LOG=1: tf_otel's debug lines on stderr, each with its rank (a test's failure message).
 """
 
+import logging
 import os
 import time
 
@@ -11,6 +13,9 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 hvd.init()
+if os.environ.get("DEBUG_LOG") == "1":
+    logging.basicConfig(format=f"[rank {hvd.rank()} %(relativeCreated)d ms] %(message)s")
+    logging.getLogger("tf_otel").setLevel(logging.DEBUG)
 STEPS = int(os.environ.get("STEPS", "10"))
 LAYERS = int(os.environ.get("LAYERS", "3"))
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))

@@ -31,6 +31,7 @@ step, at Horovod's negotiation cost). See docs/HOROVOD.md.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import tempfile
 import threading
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel import clock
-from tf_otel.health import count, fail_open, log_once
+from tf_otel.health import count, fail_open, log_once, logger
 from tf_otel.instrument._patching import Error, HookOrder, StepCall, StepHook, add_step_hook
 from tf_otel.instrument.horovod.choice import (
     MANAGED,
@@ -193,8 +194,17 @@ class TimelineHook(StepHook[None]):
         """A rank > 0: when it began this detail step (reference ns), for rank 0's reading of
         the step's response-cache hits. Not before the clock sync settled, nor where its
         uncertainty is over half the slack rank 0 allows: no evidence rather than a wrong one."""
+        settled = pipeline.exporter.clock_settled_now()
         model = clock.current_model()
-        if not pipeline.exporter.clock_settled or model.uncertainty_ns > tl.BEGAN_SLACK_US * 500:
+        if not settled or model.uncertainty_ns > tl.BEGAN_SLACK_US * 500:
+            count("horovod_began_unsent")
+            logger.debug(
+                "tf_otel: hvd.b %s/%d not sent (clock settled %s, uncertainty %d ns)",
+                handle.key,
+                handle.step,
+                settled,
+                model.uncertainty_ns,
+            )
             return
         began = model.to_reference(handle.start_ns)
         message: messages.HorovodBegan = {
@@ -322,7 +332,11 @@ class TimelineHook(StepHook[None]):
             return False
         if window.held_since is None:
             window.held_since = time.monotonic()
-        return time.monotonic() - window.held_since < _BEGAN_WAIT_S
+        if time.monotonic() - window.held_since < _BEGAN_WAIT_S:
+            return True
+        count("horovod_began_missing")
+        logger.debug("tf_otel: hvd.b %s/%d: held %.1f s, read without", *key, _BEGAN_WAIT_S)
+        return False
 
     def on_began(self, rank: int, message: Dict[str, Any]) -> None:
         """Rank 0 (coordinator thread): a rank began a detail step (a ``HorovodBegan``)."""
@@ -361,6 +375,19 @@ class TimelineHook(StepHook[None]):
         for c in items:
             ckey = tl.collective_key(key, step, c.tensor)
             seen = tl.negotiation(c, world, self.wait_threshold_us, began, opened)
+            if not c.ticks and logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "tf_otel: hvd cache hit %s/%d %s: negotiate %s..%s us, began %s, opened %s, "
+                    "read %s",
+                    key,
+                    step,
+                    c.tensor,
+                    c.negotiate_start,
+                    c.negotiate_end,
+                    began,
+                    opened,
+                    seen,
+                )
             for rank in range(world):
                 view = tl.rank_view(c, rank, world, self.wait_threshold_us, seen)
                 if view is None:
