@@ -132,22 +132,6 @@ def load_file(path: Path) -> List[Span]:
     return spans
 
 
-def _split_lines(data: bytes, stop: int) -> List[Union[bytes, memoryview]]:
-    """``data[:stop].splitlines()`` without copying the lines (views: msgspec reads them as
-    is)."""
-    if data.find(b"\r", 0, stop) >= 0:
-        return list(data[:stop].splitlines())
-    view = memoryview(data)
-    lines: List[Union[bytes, memoryview]] = []
-    start = 0
-    while start < stop:
-        end = data.find(b"\n", start, stop)
-        end = stop if end < 0 else end
-        lines.append(view[start:end])
-        start = end + 1
-    return lines
-
-
 def load_file_rows(path: Path) -> List[Row]:
     """One file's spans as ``model.Row``s."""
     data = read_trace_bytes(path)
@@ -169,8 +153,8 @@ class _NotLines(Exception):
 
 
 def _line_bounds(data: bytes, stop: int) -> Optional[List[Tuple[int, int]]]:
-    """Where each of ``data[:stop].splitlines()`` begins and ends; None where a line may end
-    in a carriage return (then ``splitlines`` itself splits)."""
+    """Where each of ``data[:stop].splitlines()`` begins and ends, found without copying the
+    lines; None where a line may end in a carriage return (then ``splitlines`` itself splits)."""
     if data.find(b"\r", 0, stop) >= 0:
         return None
     bounds: List[Tuple[int, int]] = []
@@ -190,15 +174,15 @@ def _decode_lines(
     ``data[:stop]``: each line on the fastest path that takes it (native, msgspec), else on the
     generic path, which names the error."""
     stop = len(data) if stop is None else stop
-    bounds = _line_bounds(data, stop) if NATIVE_DECODER and type(data) is bytes else None
-    native = NativeLineDecoder() if bounds is not None else None
+    bounds = _line_bounds(data, stop)
+    native = NativeLineDecoder() if NATIVE_DECODER and bounds and type(data) is bytes else None
     fast = LineDecoder() if FAST_DECODER else None
     lines: List[Union[bytes, memoryview]]
-    if bounds is not None:
+    if bounds is not None:  # views: msgspec reads them as they are, without a copy
         view = memoryview(data)
         lines = [view[begin:end] for begin, end in bounds]
     else:
-        lines = _split_lines(data, stop) if fast is not None else list(data[:stop].splitlines())
+        lines = list(data[:stop].splitlines())
     spans: List[Row] = []
     for number, line in enumerate(lines, start=first_line):
         if native is not None and bounds is not None:
