@@ -22,44 +22,12 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use sonic_rs::LazyValue;
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
 
-/// FxHash (rustc's): the cache keys are attribute lists of a few hundred bytes looked up once
-/// a span; SipHash's flooding resistance buys nothing for one process' own input and cost
-/// about a tenth of the decoding.
-#[derive(Default)]
-struct FxHasher(u64);
-
-const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
-        }
-        for &byte in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(FX_SEED);
-        }
-    }
-
-    fn write_u8(&mut self, byte: u8) {
-        self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(FX_SEED);
-    }
-
-    fn write_usize(&mut self, value: usize) {
-        self.0 = (self.0.rotate_left(5) ^ value as u64).wrapping_mul(FX_SEED);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// rustc's FxHash: the cache keys are attribute lists of a few hundred bytes looked up once a
+/// span; SipHash's flooding resistance buys nothing for one process' own input and cost about a
+/// tenth of the decoding.
+type FastMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// A struct read from a JSON object only: serde's derive also takes a struct from an array of
 /// its fields in order (`[[]]` is a `ScopeSpans` with every field missing), which the generic
