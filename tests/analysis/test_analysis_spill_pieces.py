@@ -12,7 +12,7 @@ from tf_otel.analysis.model import Span, by_trace
 
 
 def _row(span_id: str, start: int, end: int) -> tuple:
-    return Span("ab" * 16, span_id, None, "op", start, end, {"k": 1}, {}).to_row()
+    return Span("ab" * 16, span_id, None, "op", start, end, {"k": 1}, {"tf_otel.rank": 7}).to_row()
 
 
 def test_pieces_read_back_as_the_rows_written():
@@ -25,9 +25,13 @@ def test_pieces_read_back_as_the_rows_written():
         def read(self, number: int, offset: int, length: int) -> bytes:
             return data[offset : offset + length]
 
-    index = {t: array("q", (0, o, n)) for t, o, n in pieces}
+    index = {t: array("q", (0, o, h, n)) for t, o, h, n in pieces}
     source = spill.SpillSource(Path("unused"), index, set(), Files())  # type: ignore[arg-type]
     assert [s.to_row() for s in source.spans("ab" * 16)] == rows
+    skeleton = source.skeleton("ab" * 16)  # the rank's first span; the rest read by rank
+    assert [s.to_row() for s in skeleton.spans] == rows[:1]
+    assert [s.to_row() for s in skeleton.rest(7)] == rows[1:]
+    assert skeleton.rest(8) == []
 
 
 def test_runs_of_a_trace_are_grouped_in_order():

@@ -35,6 +35,7 @@ from tf_otel.analysis.measured import measured_categories
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
 from tf_otel.analysis.result import AnalysisResult, StepResult
+from tf_otel.analysis.skeleton import NeedSpans, skeleton_step
 from tf_otel.analysis.step_facts import step_facts
 from tf_otel.analysis.step_store import Paged, PagedSteps
 from tf_otel.analysis.steps import StepTrace, build_step, select_steps, step_order
@@ -42,6 +43,7 @@ from tf_otel.analysis.stragglers import keep_for_statistics, straggler_summary, 
 from tf_otel.analysis.trace_source import MemorySource, TraceSource
 
 StepRange = Tuple[Optional[int], Optional[int]]
+SKELETONS = True  # False: every step built from all its spans (tests compare the two)
 T = TypeVar("T")
 
 
@@ -123,8 +125,30 @@ class _Steps:
         # every step's outline is kept (``previous_of``)
         self.previous_keys: Dict[str, Tuple[StepKey, Optional[StepKey]]] = {}
         self.outlines: Sequence[StepTrace] = []
+        # steps built from skeletons (``skeleton``): a spilled source, every job's spans
+        self.skeletons = SKELETONS and job_id is None and hasattr(traces, "skeleton")
 
     def build(self, trace_id: str, warnings: List[str], first: bool) -> Optional[StepTrace]:
+        """The trace's step: from its skeleton where the source keeps one and it decides the
+        step (``skeleton``), else from all its spans."""
+        if self.skeletons:
+            try:
+                return self._from_skeleton(trace_id, warnings)
+            except NeedSpans:
+                pass
+        return self.build_whole(trace_id, warnings, first)
+
+    def _from_skeleton(self, trace_id: str, warnings: List[str]) -> Optional[StepTrace]:
+        skeleton = self.traces.skeleton(trace_id)  # type: ignore[attr-defined]
+        # a shift moves every span of a rank: the whole step is read
+        if repair_trace_causality({trace_id: skeleton.spans}).violations:
+            raise NeedSpans("clock repair")
+        own: List[str] = []
+        step = skeleton_step(trace_id, skeleton, own)
+        warnings.extend(own)
+        return step
+
+    def build_whole(self, trace_id: str, warnings: List[str], first: bool) -> Optional[StepTrace]:
         spans = self.traces.spans(trace_id)
         if self.job_id is not None:
             spans = [s for s in spans if s.job_id == self.job_id]
@@ -143,6 +167,12 @@ class _Steps:
         """The step ``outline`` analysed from its spans (read again where it was slimmed), then
         slimmed."""
         trace = outline if not outline.slimmed else self.build(outline.trace_id, [], False)
+        try:
+            return self._analysed(key, outline, trace)
+        except NeedSpans:  # a rank's rest read for the path could not be placed exactly
+            return self._analysed(key, outline, self.build_whole(outline.trace_id, [], False))
+
+    def _analysed(self, key: int, outline: StepTrace, trace: Optional[StepTrace]) -> StepResult:
         if trace is None:  # pragma: no cover - the source changed between the passes
             raise AnalysisError(f"trace {outline.trace_id}: its spans changed while analysed")
         path = critical_path(trace, carried_into(trace, self.previous.get(trace.trace_id)))
@@ -157,7 +187,7 @@ class _Steps:
 
     def with_spans(self, step: StepResult) -> StepResult:
         """``step`` again with its spans (built anew; the same path)."""
-        trace = self.build(step.trace.trace_id, [], False)
+        trace = self.build_whole(step.trace.trace_id, [], False)
         if trace is None:  # pragma: no cover - the source changed between the passes
             return step
         carried = carried_into(trace, self.previous_of(trace.trace_id))

@@ -167,18 +167,18 @@ def _nearest(numbers: List[int], number: int) -> Optional[int]:
 
 
 def _has_collective(step: StepTrace) -> bool:
-    return any(s.category == COLLECTIVE for s in _nodes(step))
+    return any(s.category == COLLECTIVE for s in _syncs(step))
 
 
-def _nodes(step: StepTrace) -> Iterator[Span]:
-    return (span for timeline in step.ranks.values() for span in timeline.nodes)
+def _syncs(step: StepTrace) -> Iterator[Span]:
+    return (span for timeline in step.ranks.values() for span in timeline.syncs)
 
 
 def last_collectives(step: StepTrace) -> Dict[int, Span]:
     """Each rank's collective that ended last in the step (ranks without one left out)."""
     last: Dict[int, Span] = {}
     for rank, timeline in step.ranks.items():
-        for span in timeline.nodes:
+        for span in timeline.syncs:
             if span.category == COLLECTIVE and (
                 rank not in last or span.end_ns > last[rank].end_ns
             ):

@@ -374,7 +374,7 @@ class _LazyIndexes(Dict[int, _RankIndex]):
 def _collective_index(step: StepTrace) -> Dict[SyncKey, Dict[int, Span]]:
     index: Dict[SyncKey, Dict[int, Span]] = {}
     for rank in sorted(step.ranks):
-        for span in step.ranks[rank].nodes:
+        for span in step.ranks[rank].syncs:
             if span.category != COLLECTIVE:
                 continue
             key = span.attributes.get(ATTR_COLLECTIVE_KEY)
@@ -389,7 +389,7 @@ def _collective_index(step: StepTrace) -> Dict[SyncKey, Dict[int, Span]]:
 def _transfer_index(step: StepTrace) -> Dict[SyncKey, Dict[int, Span]]:
     index: Dict[SyncKey, Dict[int, Span]] = {}
     for rank in sorted(step.ranks):
-        for span in step.ranks[rank].nodes:
+        for span in step.ranks[rank].syncs:
             edge = span.attributes.get(ATTR_TRANSFER_EDGE) if span.category == TRANSFER else None
             if edge is not None:
                 index.setdefault(SyncKey(TRANSFER, str(edge)), {}).setdefault(rank, span)
@@ -507,7 +507,7 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
     if not syncs and len(step.ranks) > 1 and not _has_op_spans(step):
         return _implicit_sync_path(path, carried)
     expected = set(step.expected_ranks)
-    detailed = {r for r, t in step.ranks.items() if any(s.category == COMPUTE for s in t.nodes)}
+    detailed: Dict[int, bool] = {}  # rank -> it has op spans (read for the ranks on the path)
     backward: List[Segment] = []
     legs: List[Leg] = []
 
@@ -520,7 +520,9 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
         if end > start:
             name, span_id = indexes[rank].gap_name(start, end)
             category = PATH_FRAMEWORK
-            if rank not in detailed:  # no op spans: the gap is the rank's own step work
+            if rank not in detailed:
+                detailed[rank] = any(s.category == COMPUTE for s in step.ranks[rank].nodes)
+            if not detailed[rank]:  # no op spans: the gap is the rank's own step work
                 category, name = PATH_COMPUTE, (STEP_WORK if name == "(gap)" else name)
             # names repeat step after step: one string each, however many steps are kept
             backward.append(Segment(rank, start, end, category, sys.intern(name), span_id))

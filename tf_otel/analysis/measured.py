@@ -96,7 +96,7 @@ def _communication_measured(trace: StepTrace, categories: FrozenSet[str]) -> boo
 
 def measured_categories(trace: StepTrace) -> FrozenSet[str]:
     """The path categories this step's spans measured (see the module docstring)."""
-    categories = frozenset(map(_CATEGORY, trace.spans))
+    categories = frozenset(map(_CATEGORY, trace.spans)) | trace.other_categories
     measured = set(ALWAYS_MEASURED)
     if _input_measured(trace, categories):
         measured.add(PATH_INPUT)

@@ -13,9 +13,21 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Set, Tuple, TypeVar
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    Optional,
+    Protocol,
+    Set,
+    Tuple,
+    TypeVar,
+)
 
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.model import Span, by_trace
@@ -41,21 +53,88 @@ TIMELINE_CATEGORIES = frozenset((COMPUTE, INPUT, COLLECTIVE, TRANSFER))
 COLLECTIVE_PARTS = frozenset((COLLECTIVE_WAIT, COLLECTIVE_TRANSFER))
 # a step with any of these synchronised its ranks (``carry.has_sync_spans``)
 SYNC_CATEGORIES = frozenset((COLLECTIVE, COLLECTIVE_WAIT, COLLECTIVE_TRANSFER, TRANSFER))
+# timeline spans where the path may change rank (``RankTimeline.syncs``)
+SYNC_NODES = frozenset((COLLECTIVE, TRANSFER))
 _TRACE_ID = attrgetter("trace_id")
 _SPAN_ID = attrgetter("span_id")
 
 
-@dataclass(slots=True)
 class RankTimeline:
-    """One rank's part of one step."""
+    """One rank's part of one step.
 
-    rank: int
-    start_ns: int
-    end_ns: int
-    step_span: Optional[Span]
-    nodes: List[Span] = field(default_factory=list)  # TIMELINE_CATEGORIES, not nested
-    fillers: List[Span] = field(default_factory=list)  # framework, kernel, other
-    parts: Dict[str, List[Span]] = field(default_factory=dict)  # collective id -> wait/transfer
+    ``nodes`` (its TIMELINE_CATEGORIES spans, not nested), ``fillers`` (framework, kernel,
+    other) and ``parts`` (collective span id -> its wait/transfer children) of a step built from
+    its skeleton (``skeleton_step``) are read when first asked for (``more``); ``syncs``, the
+    nodes that are collectives or PS transfers, are always there."""
+
+    __slots__ = (
+        "rank",
+        "start_ns",
+        "end_ns",
+        "step_span",
+        "syncs",
+        "more",
+        "_nodes",
+        "_fillers",
+        "_parts",
+    )
+
+    def __init__(self, rank: int, start_ns: int, end_ns: int, step_span: Optional[Span]) -> None:
+        self.rank = rank
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.step_span = step_span
+        self.syncs: List[Span] = []  # collective and transfer nodes, in input order
+        # reads the rest of the rank's spans into the lists below (a skeleton step's)
+        self.more: Optional[Callable[[RankTimeline], None]] = None
+        self._nodes: List[Span] = []
+        self._fillers: List[Span] = []
+        self._parts: Dict[str, List[Span]] = {}
+
+    def _read(self) -> None:
+        more, self.more = self.more, None
+        if more is not None:
+            more(self)
+
+    @property
+    def nodes(self) -> List[Span]:
+        if self.more is not None:
+            self._read()
+        return self._nodes
+
+    @property
+    def fillers(self) -> List[Span]:
+        if self.more is not None:
+            self._read()
+        return self._fillers
+
+    @property
+    def parts(self) -> Dict[str, List[Span]]:
+        if self.more is not None:
+            self._read()
+        return self._parts
+
+    def fill(self, nodes: List[Span], fillers: List[Span], parts: Dict[str, List[Span]]) -> None:
+        """The rank's spans, read (``more``)."""
+        self._nodes, self._fillers, self._parts = nodes, fillers, parts
+
+    def drop_spans(self, kept: List[Span]) -> None:
+        """Keep ``kept`` as the nodes; no fillers or parts (``StepTrace.slim``)."""
+        self.more = None
+        self._nodes = kept
+        self.syncs = [s for s in kept if s.category in SYNC_NODES]
+        self._fillers, self._parts = _NO_SPANS, _NO_PARTS
+
+    def __getstate__(self) -> Dict[str, Any]:
+        self._read()  # a pickled timeline holds its spans, not a way to read them
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"RankTimeline(rank={self.rank}, {self.start_ns}..{self.end_ns})"
 
 
 @dataclass
@@ -68,7 +147,9 @@ class StepTrace:
     end_ns: int
     ranks: Dict[int, RankTimeline]
     world_size: Optional[int]
-    spans: List[Span]
+    spans: List[Span]  # a skeleton step's: its skeleton (the rest read per rank)
+    # the categories of the spans not in ``spans`` (a skeleton step's; ``measured``)
+    other_categories: FrozenSet[str] = frozenset()
     slimmed: bool = False  # ``slim``: spans dropped after the analysis
     stripped: bool = False  # ``strip``: no step reads its collectives any more
 
@@ -100,11 +181,10 @@ class StepTrace:
         kept: List[Span] = [self.root] if self.root is not None else []
         for timeline in self.ranks.values():
             last: Optional[Span] = None
-            for span in timeline.nodes:
+            for span in timeline.syncs:
                 if span.category == COLLECTIVE and (last is None or span.end_ns > last.end_ns):
                     last = span
-            timeline.nodes = [_light(last, trace_id, shared)] if last is not None else []
-            timeline.fillers, timeline.parts = _NO_SPANS, _NO_PARTS
+            timeline.drop_spans([_light(last, trace_id, shared)] if last is not None else [])
             if timeline.step_span is not None:  # its attributes: the whole-step rules, GPU
                 timeline.step_span = _light(timeline.step_span, trace_id, shared, True)
                 kept.append(timeline.step_span)
@@ -122,7 +202,7 @@ class StepTrace:
         if not self.slimmed or self.stripped:
             return
         for timeline in self.ranks.values():
-            timeline.nodes = _NO_SPANS
+            timeline.drop_spans(_NO_SPANS)
         self.spans = [self.root] if self.root is not None else []
         self.spans.extend(t.step_span for t in self.ranks.values() if t.step_span is not None)
         self.stripped = True
@@ -153,11 +233,18 @@ def _light(
     return light
 
 
-def _world_size(root: Optional[Span], spans: List[Span]) -> Optional[int]:
+WORLD_SIZE_SPANS = 64  # the spans read after the root
+
+
+def world_size_of(
+    root: Optional[Span],
+    spans: List[Span],
+    names: Tuple[str, ...] = (ATTR_STEP_WORLD_SIZE, ATTR_WORLD_SIZE),
+) -> Optional[int]:
     """How many ranks should have spans in a step: the ranks that run steps where the runtime
     says (a parameter-server job's ps tasks run none), else the job's world size."""
-    for name in (ATTR_STEP_WORLD_SIZE, ATTR_WORLD_SIZE):
-        for span in ([root] if root else []) + spans[:64]:
+    for name in names:
+        for span in ([root] if root else []) + spans[:WORLD_SIZE_SPANS]:
             for source in (span.attributes, span.resource):
                 value = source.get(name)
                 if value is not None:
@@ -168,9 +255,9 @@ def _world_size(root: Optional[Span], spans: List[Span]) -> Optional[int]:
     return None
 
 
-def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> Optional[StepTrace]:
-    """``by_id``: the trace's spans by span id, in input order."""
-    spans = list(by_id.values())
+def roots_and_step_spans(spans: List[Span]) -> Tuple[List[Span], Dict[int, List[Span]]]:
+    """The step's root spans, and each rank's step spans (those exported mid-step, a stall or
+    an exit, only for a rank whose step never ended)."""
     roots = []
     step_spans: Dict[int, List[Span]] = defaultdict(list)
     in_flight: Dict[int, List[Span]] = defaultdict(list)
@@ -184,9 +271,20 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
                     step_spans[span.rank].append(span)
         elif category == STEP_ROOT:
             roots.append(span)
-    for owner, flights in in_flight.items():  # a step span exported mid-step (a stall, an
-        if owner not in step_spans:  # exit): the rank's step only where it never ended
+    for owner, flights in in_flight.items():
+        if owner not in step_spans:
             step_spans[owner] = flights
+    return roots, step_spans
+
+
+def unranked_warning(step_number: Optional[int], count: int) -> str:
+    return f"step {step_number}: {count} spans without tf_otel.rank ignored"
+
+
+def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> Optional[StepTrace]:
+    """``by_id``: the trace's spans by span id, in input order."""
+    spans = list(by_id.values())
+    roots, step_spans = roots_and_step_spans(spans)
     root = min(roots, key=lambda s: (s.start_ns, s.span_id)) if roots else None
     if root is None and not step_spans:
         return None  # the job span's trace, or foreign spans
@@ -199,9 +297,11 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
     ranks: Dict[int, RankTimeline] = {}
     unranked = 0
     timeline_categories, collective_parts = TIMELINE_CATEGORIES, COLLECTIVE_PARTS
+    sync_nodes = SYNC_NODES
     last_rank: Optional[int] = None  # spans come grouped by rank: reuse its timeline
     timeline: Optional[RankTimeline] = None
     nodes: List[Span] = []
+    syncs: List[Span] = []
     fillers: List[Span] = []
     parts: Dict[str, List[Span]] = {}
     extent_from_spans = False
@@ -224,7 +324,7 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
                     timeline.end_ns = max(s.end_ns for s in own)
                 ranks[rank] = timeline
             last_rank, nodes, fillers = rank, timeline.nodes, timeline.fillers
-            parts = timeline.parts
+            parts, syncs = timeline.parts, timeline.syncs
             extent_from_spans = not timeline.step_span  # no step span: the spans' extent
         if category == STEP:
             continue
@@ -235,12 +335,14 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
             parent = by_id.get(span.parent_id) if span.parent_id else None
             if parent is None or parent.category not in timeline_categories:
                 nodes.append(span)
+                if category in sync_nodes:
+                    syncs.append(span)
         elif category in collective_parts and span.parent_id:
             parts.setdefault(span.parent_id, []).append(span)
         else:
             fillers.append(span)
     if unranked:
-        warnings.append(f"step {step_number}: {unranked} spans without tf_otel.rank ignored")
+        warnings.append(unranked_warning(step_number, unranked))
     if not ranks:
         return None
     start = root.start_ns if root else min(t.start_ns for t in ranks.values())
@@ -249,7 +351,7 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
     end = max([end] + [t.end_ns for t in ranks.values()])
     job_id = root.job_id if root else next((s.job_id for s in spans if s.job_id), None)
     return StepTrace(
-        trace_id, step_number, job_id, root, start, end, ranks, _world_size(root, spans), spans
+        trace_id, step_number, job_id, root, start, end, ranks, world_size_of(root, spans), spans
     )
 
 

@@ -262,7 +262,7 @@ def _median_others(values: Dict[int, int], rank: int) -> int:
 def _collective_arrivals(step: StepTrace) -> Arrivals:
     arrivals: Arrivals = {}
     for rank, timeline in step.ranks.items():
-        for span in timeline.nodes:
+        for span in timeline.syncs:
             if span.category == COLLECTIVE:
                 key = span.attributes.get(ATTR_COLLECTIVE_KEY)
                 if key is not None:

@@ -51,14 +51,18 @@ from tf_otel.analysis.load.files import (
 )
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Row, Span, add_spans, by_trace
+from tf_otel.analysis.skeleton import Skeleton, split_rows
 
 BLOCK_BYTES = 8 << 20  # whole lines decoded at once: bounds a reading process's memory
 _MAX_OPEN = 128  # spill files kept open for reading (a directory of thousands of rank files)
 
-# a trace's pieces, flat: (spill file number, offset, length) of each marshalled block in turn;
-# an array costs 24 bytes a piece where tuples of ints cost ~120 (64 pieces a step at 64 ranks)
+# a trace's pieces, flat: (spill file number, offset, skeleton length, rows length) of each in
+# turn (its rows, all of them, follow its skeleton); an array costs 32 bytes a piece where
+# tuples of ints cost ~130 (64 pieces a step at 64 ranks)
 TracePieces = array
-Pieces = List[Tuple[str, int, int]]  # one part's pieces in order: (trace id, offset, length)
+PIECE = 4  # numbers a piece
+# one part's pieces in order: (trace id, offset, skeleton length, rows length)
+Pieces = List[Tuple[str, int, int, int]]
 
 
 def _blocks(part: Part) -> Iterator[Tuple[bytes, int]]:
@@ -93,15 +97,17 @@ def _blocks(part: Part) -> Iterator[Tuple[bytes, int]]:
 
 def _write(out: BinaryIO, rows: List[Row], pieces: Pieces, jobs: Set[str]) -> int:
     for trace_id, group in by_trace(rows, _TRACE_ID).items():
-        blob = marshal.dumps(group)
-        pieces.append((trace_id, out.tell(), len(blob)))
-        out.write(blob)
+        skeleton = marshal.dumps(split_rows(group))
+        every = marshal.dumps(group)
+        pieces.append((trace_id, out.tell(), len(skeleton), len(every)))
+        out.write(skeleton)
+        out.write(every)
     jobs.update(map(_JOB_ID, rows))
     jobs.discard(None)
     return len(rows)
 
 
-# A piece stays a list of row tuples: marshalled by column (times as int64 bytes) it loaded in
+# A piece stays lists of row tuples: marshalled by column (times as int64 bytes) it loaded in
 # two thirds of the time, but the spans made of it, their fields allocated column by column, made
 # the analysis of each step ~30 % slower (bench s25: 1.8-1.9 s against 1.3-1.6 s of CPU).
 _TRACE_ID, _JOB_ID = itemgetter(0), itemgetter(11)
@@ -199,9 +205,20 @@ class SpillSource:
         spans: List[Span] = []
         pieces = self._index.get(trace_id, ())
         read = self._files.read
-        for at in range(0, len(pieces), 3):
-            add_spans(spans, marshal.loads(read(pieces[at], pieces[at + 1], pieces[at + 2])))
+        for at in range(0, len(pieces), PIECE):
+            number, offset, head, length = pieces[at : at + PIECE]
+            add_spans(spans, marshal.loads(read(number, offset + head, length)))
         return spans
+
+    def skeleton(self, trace_id: str) -> Skeleton:
+        """The trace's skeleton (``analysis.skeleton``); its rest is read per rank."""
+        skeleton = Skeleton(self._files.read)
+        pieces = self._index.get(trace_id, ())
+        read = self._files.read
+        for at in range(0, len(pieces), PIECE):
+            number, offset, head, length = pieces[at : at + PIECE]
+            skeleton.add(marshal.loads(read(number, offset, head)), (number, offset + head, length))
+        return skeleton
 
     def close(self) -> None:
         if self.owner:
@@ -250,11 +267,11 @@ def _spill(
         with Progress("reading trace files", len(parts), progress) as bar:
             for number, blob in enumerate(engine.map(spill_part, tasks)):
                 pieces, part_jobs, count = marshal.loads(blob)
-                for trace_id, offset, length in pieces:
+                for trace_id, offset, head, rest in pieces:
                     found = index.get(trace_id)
                     if found is None:
                         found = index[trace_id] = array("q")
-                    found.extend((number, offset, length))
+                    found.extend((number, offset, head, rest))
                 jobs.update(part_jobs)
                 source.span_count += count
                 bar.advance()
@@ -290,11 +307,11 @@ def spill_batches(
         with paused_gc(), open(directory / "0.spill", "wb") as out:
             for batch in batches:
                 source.span_count += _write(out, [span.to_row() for span in batch], pieces, jobs)
-                for trace_id, offset, length in pieces:
+                for trace_id, offset, head, rest in pieces:
                     found = index.get(trace_id)
                     if found is None:
                         found = index[trace_id] = array("q")
-                    found.extend((0, offset, length))
+                    found.extend((0, offset, head, rest))
                 pieces.clear()
     except BaseException:
         source.close()
