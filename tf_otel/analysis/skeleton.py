@@ -16,10 +16,11 @@ first asks for its op spans (``RankTimeline.more``): the path visits a few ranks
 
 A skeleton step is the step ``steps.build_step`` makes of all the spans, or none is made:
 ``NeedSpans`` is raised wherever the skeleton cannot tell (no root or no step number on it, a
-rank without a step span, repeated span ids, a clock repair, a span whose parent is not among
-the spans read), and the caller builds the step from all its spans. One case is let through:
-a span id repeated in two ranks' rests (two processes exporting one span) stays on both ranks
-(``build_step`` keeps the first only).
+rank without a step span, repeated span ids, a collective or a read span whose parent is not
+among the spans read), and the caller builds the step from all its spans. One case is let
+through: a rank's rest that is never read is not checked for span ids used elsewhere, so where
+two different spans share an id the whole build keeps the first and a skeleton step may keep
+both (docs/ANALYSIS.md).
 """
 
 from __future__ import annotations

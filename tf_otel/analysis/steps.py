@@ -125,13 +125,10 @@ class RankTimeline:
         self.syncs = [s for s in kept if s.category in SYNC_NODES]
         self._fillers, self._parts = _NO_SPANS, _NO_PARTS
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __reduce__(self) -> Tuple[Any, ...]:
         self._read()  # a pickled timeline holds its spans, not a way to read them
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
+        state = (self.syncs, self._nodes, self._fillers, self._parts)
+        return (_timeline, (self.rank, self.start_ns, self.end_ns, self.step_span, state))
 
     def __repr__(self) -> str:
         return f"RankTimeline(rank={self.rank}, {self.start_ns}..{self.end_ns})"
@@ -206,6 +203,17 @@ class StepTrace:
         self.spans = [self.root] if self.root is not None else []
         self.spans.extend(t.step_span for t in self.ranks.values() if t.step_span is not None)
         self.stripped = True
+
+
+def _timeline(
+    rank: int, start_ns: int, end_ns: int, step_span: Optional[Span], state: Tuple[Any, ...]
+) -> RankTimeline:
+    """A timeline unpickled (``RankTimeline.__reduce__``)."""
+    timeline = RankTimeline.__new__(RankTimeline)
+    timeline.rank, timeline.start_ns, timeline.end_ns = rank, start_ns, end_ns
+    timeline.step_span, timeline.more = step_span, None
+    timeline.syncs, timeline._nodes, timeline._fillers, timeline._parts = state
+    return timeline
 
 
 # shared by every slim step, which is read only: an empty list and dict a rank cost 120 bytes
