@@ -16,11 +16,11 @@ first asks for its op spans (``RankTimeline.more``): the path visits a few ranks
 
 A skeleton step is the step ``steps.build_step`` makes of all the spans, or none is made:
 ``NeedSpans`` is raised wherever the skeleton cannot tell (no root or no step number on it, a
-rank without a step span, repeated span ids, a collective or a read span whose parent is not
-among the spans read), and the caller builds the step from all its spans. One case is let
-through: a rank's rest that is never read is not checked for span ids used elsewhere, so where
-two different spans share an id the whole build keeps the first and a skeleton step may keep
-both (docs/ANALYSIS.md).
+rank without a step span, repeated span ids among the spans read, a collective or a read span
+whose parent is not among the spans read), and the caller builds the step from all its spans.
+One case is let through: a rank's rest that is never read is not checked for span ids used
+elsewhere, so where two different spans share an id the whole build keeps the first and a
+skeleton step may keep both (docs/ANALYSIS.md).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import marshal
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import is_, is_not, itemgetter
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from tf_otel.analysis.model import Row, Span, add_spans
 from tf_otel.analysis.steps import (
@@ -113,6 +113,8 @@ class _Piece:
     positions: Optional[List[int]]  # where they are among its rows (None: all its rows)
     ranks: Tuple[int, ...]  # of its rows
     rows: Tuple[int, int, int]  # where all its rows are: (spill file number, offset, length)
+    # several ranks: the rest not read yet, by rank (rows without a rank are in the skeleton)
+    by_rank: Optional[Dict[Optional[int], List[Row]]] = None
 
 
 class Skeleton:
@@ -123,6 +125,7 @@ class Skeleton:
         self.other_categories: FrozenSet[str] = frozenset()
         self._read = read
         self._pieces: List[_Piece] = []
+        self.read_ids: Set[str] = set()  # the span ids of the rests read so far
 
     def add(self, head: Head, rows: Tuple[int, int, int]) -> None:
         """One piece: its skeleton as marshalled, and where all its rows are."""
@@ -140,20 +143,28 @@ class Skeleton:
         return rows
 
     def rest(self, rank: int) -> List[Span]:
-        """The rank's spans not in the skeleton, in input order."""
+        """The rank's spans not in the skeleton, in input order; a piece of several ranks is
+        decoded once and its rest kept by rank until the step is done."""
         spans: List[Span] = []
         for piece in self._pieces:
             if rank not in piece.ranks or piece.positions is None:
                 continue
-            rows = self._rows(piece)
-            rest = [True] * len(rows)
-            for at in piece.positions:
-                rest[at] = False
-            picked: Iterable[Row] = compress(rows, rest)
-            if len(piece.ranks) > 1:
-                picked = (row for row in picked if row[9] == rank)
-            add_spans(spans, picked)
+            if len(piece.ranks) == 1:
+                add_spans(spans, self._rest_of(piece))
+                continue
+            if piece.by_rank is None:
+                piece.by_rank = {}
+                for row in self._rest_of(piece):
+                    piece.by_rank.setdefault(row[9], []).append(row)
+            add_spans(spans, piece.by_rank.pop(rank, ()))
         return spans
+
+    def _rest_of(self, piece: _Piece) -> Iterable[Row]:
+        rows = self._rows(piece)
+        rest = [True] * len(rows)
+        for at in piece.positions or ():
+            rest[at] = False
+        return compress(rows, rest)
 
     def first_spans(self, count: int) -> List[Span]:
         """The trace's first ``count`` spans with distinct ids, as ``steps.build_step`` sees
@@ -248,6 +259,9 @@ def _reader(
             if span.span_id in by_id:
                 raise NeedSpans("a span id in both the skeleton and the rest")
             own.setdefault(span.span_id, span)
+        if not skeleton.read_ids.isdisjoint(own):
+            raise NeedSpans("a span id in two ranks' rests")
+        skeleton.read_ids.update(own)
         nodes = list(timeline.syncs)
         fillers: List[Span] = []
         parts: Dict[str, List[Span]] = {}

@@ -94,7 +94,11 @@ class RankTimeline:
     def _read(self) -> None:
         more, self.more = self.more, None
         if more is not None:
-            more(self)
+            try:
+                more(self)
+            except BaseException:
+                self.more = more  # not read: asked again, it raises again
+                raise
 
     @property
     def nodes(self) -> List[Span]:
