@@ -135,7 +135,10 @@ class _Steps:
             try:
                 return self._from_skeleton(trace_id, warnings)
             except NeedSpans:
-                pass
+                step = self.build_whole(trace_id, warnings, first)
+                if step is not None:
+                    step.whole = True  # the second pass builds it whole straight away
+                return step
         return self.build_whole(trace_id, warnings, first)
 
     def _from_skeleton(self, trace_id: str, warnings: List[str]) -> Optional[StepTrace]:
@@ -166,7 +169,12 @@ class _Steps:
     def analysed(self, key: int, outline: StepTrace) -> StepResult:
         """The step ``outline`` analysed from its spans (read again where it was slimmed), then
         slimmed."""
-        trace = outline if not outline.slimmed else self.build(outline.trace_id, [], False)
+        if not outline.slimmed:
+            trace: Optional[StepTrace] = outline
+        elif outline.whole:
+            trace = self.build_whole(outline.trace_id, [], False)
+        else:
+            trace = self.build(outline.trace_id, [], False)
         try:
             return self._analysed(key, outline, trace)
         except NeedSpans:  # a rank's rest read for the path could not be placed exactly

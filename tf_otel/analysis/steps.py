@@ -151,6 +151,7 @@ class StepTrace:
     spans: List[Span]  # a skeleton step's: its skeleton (the rest read per rank)
     # the categories of the spans not in ``spans`` (a skeleton step's; ``measured``)
     other_categories: FrozenSet[str] = frozenset()
+    whole: bool = False  # built from all its spans where it has a skeleton (``NeedSpans``)
     slimmed: bool = False  # ``slim``: spans dropped after the analysis
     stripped: bool = False  # ``strip``: no step reads its collectives any more
 
