@@ -9,7 +9,9 @@ Usage::
 
 The analysis asks for a trace's spans when it builds the step and again when it analyses it
 (``analyze.analyze_source``), so at any time it holds only the steps it is working on and a few
-values per step: memory depends on the steps in flight, not on the job.
+values per step: memory depends on the steps in flight, not on the job. A source that also has
+``skeleton(trace_id)`` (``load.spill.SpillSource``) is asked for that instead, and the step is
+built from it where it can be (``analysis.skeleton``).
 """
 
 from __future__ import annotations

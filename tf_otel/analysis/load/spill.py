@@ -5,13 +5,16 @@ Usage::
     with load_spilled(["traces/"]) as source:        # a TraceSource (analysis.trace_source)
         result = analyze_source(source, source="traces/")
         spans = source.spans(trace_id)                # one trace's spans, in input order
+        skeleton = source.skeleton(trace_id)          # its skeleton, the rest read by rank
 
 Each file (big ones in parts, as ``files.plan_parts`` cuts them) is decoded in blocks of whole
 lines (``BLOCK_BYTES``); each block's spans are grouped by trace and written, marshalled, to a
-spill file of that part in a private temporary directory (``TMPDIR``; removed on close). What
-stays in memory is the index: trace id -> where its pieces are. Peak memory is then one block
-per reading process and one step in the analysis, however long the job; the price is writing
-and reading the decoded spans once more (about a third of the JSON's size on disk).
+spill file of that part in a private temporary directory (``TMPDIR``; removed on close): each
+piece its skeleton first (``analysis.skeleton.split_rows``), then all its rows. What stays in
+memory is the index: trace id -> where its pieces are. Peak memory is then one block per
+reading process and one step in the analysis, however long the job; the price is writing and
+reading the decoded spans once more (about a third of the JSON's size on disk, a tenth more
+for the skeletons on the bench's traces).
 
 A file that is one JSON document (pretty-printed, a Jaeger download) is decoded whole, as
 ``files.load_file_rows`` does; errors are the same as the in-memory loader's.
