@@ -149,7 +149,8 @@ class StepTrace:
     ranks: Dict[int, RankTimeline]
     world_size: Optional[int]
     spans: List[Span]  # a skeleton step's: its skeleton (the rest read per rank)
-    # the categories of the spans not in ``spans`` (a skeleton step's; ``measured``)
+    # a skeleton step's: the categories of its other spans (and of some in ``spans``: the
+    # union is what ``measured`` reads)
     other_categories: FrozenSet[str] = frozenset()
     whole: bool = False  # built from all its spans where it has a skeleton (``NeedSpans``)
     slimmed: bool = False  # ``slim``: spans dropped after the analysis
