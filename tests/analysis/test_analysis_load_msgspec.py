@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 import msgspec  # noqa: E402,F401 - a dev dependency; its absence is a failure
 import pytest
 
-from tf_otel.analysis.errors import AnalysisError  # noqa: E402
-from tf_otel.analysis.load import files  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from load_switches import rows_or_error  # noqa: E402
+
 from tf_otel.analysis.load.otlp import decode_traces_rows  # noqa: E402
 from tf_otel.analysis.load.otlp_msgspec import LineDecoder  # noqa: E402
 
@@ -115,26 +118,18 @@ def test_value_cache_keeps_rows_independent():
     assert first[0][6] is not second[0][6]  # each span's kept attributes: its own dict
 
 
-def _load(path: Path, fast: bool, monkeypatch) -> Any:
-    monkeypatch.setattr(files, "FAST_DECODER", fast)
-    try:
-        return files.load_file_rows(path)
-    except AnalysisError as error:
-        return str(error)
-
-
 @pytest.mark.parametrize("lines", [FAST, [FAST[0], GENERIC[0], FAST[1]], [FAST[0], BAD_SPAN_ID]])
 def test_files_load_the_same_with_and_without_msgspec(tmp_path: Path, monkeypatch, lines):
     path = tmp_path / "rank0.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    fast = _load(path, True, monkeypatch)
-    assert repr(fast) == repr(_load(path, False, monkeypatch))
+    fast = rows_or_error(path, monkeypatch, FAST_DECODER=True)
+    assert repr(fast) == repr(rows_or_error(path, monkeypatch, FAST_DECODER=False))
 
 
 def test_bad_line_after_fast_lines_names_file_and_line(tmp_path: Path, monkeypatch):
     path = tmp_path / "rank0.jsonl"
     path.write_bytes(FAST[0] + b"\n" + FAST[1] + b"\n" + TRUNCATED + b"\n")
     assert (
-        _load(path, True, monkeypatch)
+        rows_or_error(path, monkeypatch, FAST_DECODER=True)
         == f"{path}: line 3 is not valid JSON (truncated or corrupt file)"
     )

@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
+from load_switches import rows_or_error  # noqa: E402
 from test_analysis_load_msgspec import (  # noqa: E402
     BAD_SPAN_ID,
     FAST,
@@ -25,7 +26,7 @@ from test_analysis_load_msgspec import (  # noqa: E402
 )
 
 from tf_otel.analysis.errors import AnalysisError  # noqa: E402
-from tf_otel.analysis.load import files, otlp_native  # noqa: E402
+from tf_otel.analysis.load import otlp_native  # noqa: E402
 from tf_otel.analysis.load.otlp import decode_traces_rows  # noqa: E402
 from tf_otel.analysis.model import Row  # noqa: E402
 
@@ -127,14 +128,6 @@ def test_a_line_is_read_between_its_bounds_only():
         otlp_native.NativeLineDecoder().decode(data, 5, len(data) + 1)
 
 
-def _load(path: Path, native: bool, monkeypatch) -> Any:
-    monkeypatch.setattr(files, "NATIVE_DECODER", native)
-    try:
-        return files.load_file_rows(path)
-    except AnalysisError as error:
-        return str(error)
-
-
 @needs_native
 @pytest.mark.parametrize(
     "lines",
@@ -143,7 +136,8 @@ def _load(path: Path, native: bool, monkeypatch) -> Any:
 def test_files_load_the_same_with_and_without_it(tmp_path: Path, monkeypatch, lines):
     path = tmp_path / "rank0.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    assert repr(_load(path, True, monkeypatch)) == repr(_load(path, False, monkeypatch))
+    native = rows_or_error(path, monkeypatch, NATIVE_DECODER=True)
+    assert repr(native) == repr(rows_or_error(path, monkeypatch, NATIVE_DECODER=False))
 
 
 @needs_native
@@ -151,7 +145,7 @@ def test_bad_line_after_native_lines_names_file_and_line(tmp_path: Path, monkeyp
     path = tmp_path / "rank0.jsonl"
     path.write_bytes(FAST[0] + b"\n" + FAST[1] + b"\n" + TRUNCATED + b"\n")
     expected = f"{path}: line 3 is not valid JSON (truncated or corrupt file)"
-    assert _load(path, True, monkeypatch) == expected
+    assert rows_or_error(path, monkeypatch, NATIVE_DECODER=True) == expected
 
 
 @needs_native
@@ -172,7 +166,7 @@ def test_the_benchmarks_traces_load_the_same_and_all_natively(tmp_path: Path, mo
             rows.extend(found)
             begin += len(line) + 1
         assert decoder.bailed == 0
-        assert repr(rows) == repr(_load(path, False, monkeypatch))
+        assert repr(rows) == repr(rows_or_error(path, monkeypatch, NATIVE_DECODER=False))
         assert len(rows) == 3 * 200 + (3 if path.name == "rank0.jsonl" else 0)
 
 
