@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -63,18 +64,37 @@ def stop_previous() -> None:
         pass
 
 
+START_TRIES = 3  # a port found free can be taken before Jaeger binds it: new ports, again
+PORT_TAKEN = "address already in use"
+
+
 def start_jaeger() -> dict:
     ports = {name: (p if port_free(p) else free_port()) for name, p in PORTS.items()}
+    for attempt in range(1, START_TRIES + 1):
+        started = _start_jaeger(ports)
+        if started is not None:
+            return started
+        if attempt == START_TRIES:
+            break
+        say(f"a port was taken before Jaeger bound it; trying again with others ({attempt})")
+        ports = {name: free_port() for name in PORTS}
+    sys.exit(
+        f"[demo] Jaeger could not bind its ports ({START_TRIES} tries); see {OUT / 'jaeger.log'}"
+    )
+
+
+def _start_jaeger(ports: dict) -> Optional[dict]:
+    """Jaeger on ``ports``, answering; None where it exited because a port was taken."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update({name: str(port) for name, port in ports.items()})
-    log = open(OUT / "jaeger.log", "w")  # noqa: SIM115 - handed to the background process
-    proc = subprocess.Popen(
-        [str(jaeger_binary()), "--config", str(JAEGER_CONFIG)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(OUT / "jaeger.log", "w") as log:  # the background process keeps its own copy
+        proc = subprocess.Popen(
+            [str(jaeger_binary()), "--config", str(JAEGER_CONFIG)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     PID_FILE.write_text(f"{proc.pid}\n")
     query = f"http://127.0.0.1:{ports['JAEGER_QUERY_HTTP_PORT']}"
     deadline = time.monotonic() + 60
@@ -84,6 +104,8 @@ def start_jaeger() -> dict:
             break
         except OSError:
             if proc.poll() is not None:
+                if PORT_TAKEN in (OUT / "jaeger.log").read_text(errors="replace"):
+                    return None
                 sys.exit(f"[demo] Jaeger exited; see {OUT / 'jaeger.log'}")
             time.sleep(0.3)
     else:
