@@ -24,6 +24,9 @@ use sonic_rs::LazyValue;
 use std::borrow::Cow;
 use std::marker::PhantomData;
 
+mod scan;
+use scan::{Group, SpanFields, NULL};
+
 /// rustc's FxHash: the cache keys are attribute lists of a few hundred bytes looked up once a
 /// span; SipHash's flooding resistance buys nothing for one process' own input and cost about a
 /// tenth of the decoding.
@@ -145,7 +148,7 @@ fn scalar<'a>(raw: &'a LazyValue<'a>) -> Option<Scalar<'a>> {
     let AsMap(value) = sonic_rs::from_str::<AsMap<ScalarIn>>(raw.as_raw_str()).ok()?;
     match (value.string, value.int, value.boolean, value.double) {
         (Some(text), None, None, None) => Some(Scalar::Str(text)),
-        (None, Some(int), None, None) => time_ns(&int).ok().map(Scalar::Int),
+        (None, Some(int), None, None) => time_ns(int.as_raw_str().as_bytes()).ok().map(Scalar::Int),
         (None, None, Some(flag), None) => Some(Scalar::Bool(flag)),
         (None, None, None, Some(double)) if double.is_finite() => Some(Scalar::Double(double)),
         _ => None,
@@ -169,7 +172,6 @@ impl From<PyErr> for Bail {
     }
 }
 
-const NULL: &[u8] = b"null";
 // Bounds on what is remembered per input (an input is one file or part of one); a full cache
 // is emptied: the rows do not depend on what is cached.
 const RESOURCES_MAX: usize = 64;
@@ -177,8 +179,8 @@ const TAILS_MAX: usize = 4096;
 const STRINGS_MAX: usize = 200_000;
 
 /// A time: a JSON integer or a string of one, within 64 bits; anything else bails.
-fn time_ns(raw: &LazyValue<'_>) -> Result<i64, Bail> {
-    let mut text = raw.as_raw_str().as_bytes();
+fn time_ns(raw: &[u8]) -> Result<i64, Bail> {
+    let mut text = raw;
     if text.len() >= 2 && text[0] == b'"' && text[text.len() - 1] == b'"' {
         text = &text[1..text.len() - 1];
     }
@@ -329,6 +331,9 @@ struct LineDecoder {
     /// lines handed back to the generic path
     #[pyo3(get)]
     bailed: u64,
+    /// lines read by the scanner (the plain layout); the others by the general parser
+    #[pyo3(get)]
+    scanned: u64,
 }
 
 impl LineDecoder {
@@ -432,118 +437,146 @@ impl LineDecoder {
         Ok(Some(resource)) // not remembered: this line's own
     }
 
+    /// The groups of a line: the scanner's where it takes the line, else the general parser's.
     fn rows<'py>(&mut self, py: Python<'py>, line: &[u8]) -> Result<Bound<'py, PyList>, Bail> {
+        if let Some(groups) = scan::line(line) {
+            self.scanned += 1;
+            return self.make_rows(py, groups);
+        }
         let AsMap(data) = sonic_rs::from_slice::<AsMap<TracesData>>(line).map_err(|_| BAIL)?;
         let resource_spans = match data.resource_spans {
             Some(list) if !list.is_empty() => list,
             _ => return Err(BAIL), // missing, null or empty: "batches" or not OTLP
         };
+        let mut groups = Vec::with_capacity(resource_spans.len());
+        for AsMap(group) in &resource_spans {
+            let scopes = group.scope_spans.as_ref().ok_or(BAIL)?; // maybe instrumentationLibrarySpans
+            let mut spans = Vec::new();
+            for AsMap(scope) in scopes {
+                for AsMap(span) in scope.spans.iter().flatten() {
+                    spans.push(SpanFields {
+                        trace_id: Cow::Borrowed(span.trace_id.as_ref()),
+                        span_id: Cow::Borrowed(span.span_id.as_ref()),
+                        parent_id: span.parent_id.as_deref().map(Cow::Borrowed),
+                        name: span.name.as_deref().map(Cow::Borrowed),
+                        start: span.start.as_raw_str().as_bytes(),
+                        end: span.end.as_raw_str().as_bytes(),
+                        attributes: span
+                            .attributes
+                            .as_ref()
+                            .map_or(NULL, |r| r.as_raw_str().as_bytes()),
+                    });
+                }
+            }
+            groups.push(Group {
+                resource: group
+                    .resource
+                    .as_ref()
+                    .map_or(NULL, |r| r.as_raw_str().as_bytes()),
+                spans,
+            });
+        }
+        self.make_rows(py, groups)
+    }
+
+    fn make_rows<'py>(
+        &mut self,
+        py: Python<'py>,
+        groups: Vec<Group<'_>>,
+    ) -> Result<Bound<'py, PyList>, Bail> {
         let rows = PyList::empty(py);
         let helper = self.helper.clone_ref(py);
-        for AsMap(group) in resource_spans {
-            let scopes = group.scope_spans.ok_or(BAIL)?; // maybe instrumentationLibrarySpans
-            let resource_raw = group
-                .resource
-                .as_ref()
-                .map_or(NULL, |r| r.as_raw_str().as_bytes());
-            let mut own = self.resource_key(py, resource_raw)?;
-            for AsMap(scope) in scopes {
-                for AsMap(span) in scope.spans.unwrap_or_default() {
-                    let start_ns = time_ns(&span.start)?;
-                    let end_ns = time_ns(&span.end)?.max(start_ns);
-                    let trace = self.trace_id(py, &span.trace_id)?;
-                    let span_id: Py<PyString> = match plain_id(&span.span_id, 8) {
-                        Some(text) => PyString::new(py, &text).unbind(),
-                        None => match self.normalise(py, &span.span_id, 8)? {
-                            Some(text) => text,
-                            None => PyString::new(py, "").unbind(),
-                        },
-                    };
-                    let parent = match span.parent_id.as_deref() {
-                        Some(raw) if !raw.is_empty() => self.parent_id(py, raw)?,
-                        _ => None,
-                    };
-                    let name: Py<PyAny> = match span.name.as_deref() {
-                        Some(raw) => self.name(py, raw).into_any(),
-                        None => py.None(),
-                    };
-                    let attributes = span
-                        .attributes
-                        .as_ref()
-                        .map_or(NULL, |r| r.as_raw_str().as_bytes());
-                    let resource = match own.as_mut() {
-                        Some(resource) => resource,
-                        None => self.resources.get_mut(resource_raw).ok_or(BAIL)?,
-                    };
-                    let tail = match resource.tails.get(attributes) {
-                        Some(tail) => tail.bind(py).clone(),
-                        None => {
-                            if let Some(tail) = self.keys.tail(py, resource, attributes)? {
+        for group in &groups {
+            let mut own = self.resource_key(py, group.resource)?;
+            for span in &group.spans {
+                let start_ns = time_ns(span.start)?;
+                let end_ns = time_ns(span.end)?.max(start_ns);
+                let trace = self.trace_id(py, &span.trace_id)?;
+                let span_id: Py<PyString> = match plain_id(&span.span_id, 8) {
+                    Some(text) => PyString::new(py, &text).unbind(),
+                    None => match self.normalise(py, &span.span_id, 8)? {
+                        Some(text) => text,
+                        None => PyString::new(py, "").unbind(),
+                    },
+                };
+                let parent = match span.parent_id.as_deref() {
+                    Some(raw) if !raw.is_empty() => self.parent_id(py, raw)?,
+                    _ => None,
+                };
+                let name: Py<PyAny> = match span.name.as_deref() {
+                    Some(raw) => self.name(py, raw).into_any(),
+                    None => py.None(),
+                };
+                let attributes = span.attributes;
+                let resource = match own.as_mut() {
+                    Some(resource) => resource,
+                    None => self.resources.get_mut(group.resource).ok_or(BAIL)?,
+                };
+                let tail = match resource.tails.get(attributes) {
+                    Some(tail) => tail.bind(py).clone(),
+                    None => {
+                        if let Some(tail) = self.keys.tail(py, resource, attributes)? {
+                            if resource.tails.len() >= TAILS_MAX {
+                                resource.tails.clear();
+                            }
+                            resource
+                                .tails
+                                .insert(attributes.to_vec(), tail.clone().unbind());
+                            tail
+                        } else {
+                            let made = helper
+                                .bind(py)
+                                .call_method1(
+                                    "tail",
+                                    (resource.attributes.bind(py), PyBytes::new(py, attributes)),
+                                )?
+                                .cast_into::<PyTuple>()
+                                .map_err(|_| BAIL)?;
+                            let tail =
+                                made.get_item(0)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
+                            if made.get_item(1)?.is_truthy()? {
                                 if resource.tails.len() >= TAILS_MAX {
-                                    resource.tails.clear();
+                                    resource.tails.clear(); // the older steps' lists
                                 }
                                 resource
                                     .tails
                                     .insert(attributes.to_vec(), tail.clone().unbind());
-                                tail
-                            } else {
-                                let made = helper
-                                    .bind(py)
-                                    .call_method1(
-                                        "tail",
-                                        (
-                                            resource.attributes.bind(py),
-                                            PyBytes::new(py, attributes),
-                                        ),
-                                    )?
-                                    .cast_into::<PyTuple>()
-                                    .map_err(|_| BAIL)?;
-                                let tail =
-                                    made.get_item(0)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
-                                if made.get_item(1)?.is_truthy()? {
-                                    if resource.tails.len() >= TAILS_MAX {
-                                        resource.tails.clear(); // the older steps' lists
-                                    }
-                                    resource
-                                        .tails
-                                        .insert(attributes.to_vec(), tail.clone().unbind());
-                                }
-                                tail
                             }
+                            tail
                         }
-                    };
-                    if tail.len() != 7 {
-                        return Err(BAIL);
                     }
-                    let kept = tail.get_item(0)?;
-                    // kept attributes: each span its own dict
-                    let kept = match kept.cast::<PyDict>() {
-                        Ok(dict) if !dict.is_empty() => dict.copy()?.into_any(),
-                        _ => kept,
-                    };
-                    let row = PyTuple::new(
-                        py,
-                        [
-                            trace.into_bound(py).into_any(),
-                            span_id.into_bound(py).into_any(),
-                            match parent {
-                                Some(p) => p.into_bound(py).into_any(),
-                                None => py.None().into_bound(py),
-                            },
-                            name.into_bound(py),
-                            start_ns.into_pyobject(py)?.into_any(),
-                            end_ns.into_pyobject(py)?.into_any(),
-                            kept,
-                            tail.get_item(1)?,
-                            tail.get_item(2)?,
-                            tail.get_item(3)?,
-                            tail.get_item(4)?,
-                            tail.get_item(5)?,
-                            tail.get_item(6)?,
-                        ],
-                    )?;
-                    rows.append(row)?;
+                };
+                if tail.len() != 7 {
+                    return Err(BAIL);
                 }
+                let kept = tail.get_item(0)?;
+                // kept attributes: each span its own dict
+                let kept = match kept.cast::<PyDict>() {
+                    Ok(dict) if !dict.is_empty() => dict.copy()?.into_any(),
+                    _ => kept,
+                };
+                let row = PyTuple::new(
+                    py,
+                    [
+                        trace.into_bound(py).into_any(),
+                        span_id.into_bound(py).into_any(),
+                        match parent {
+                            Some(p) => p.into_bound(py).into_any(),
+                            None => py.None().into_bound(py),
+                        },
+                        name.into_bound(py),
+                        start_ns.into_pyobject(py)?.into_any(),
+                        end_ns.into_pyobject(py)?.into_any(),
+                        kept,
+                        tail.get_item(1)?,
+                        tail.get_item(2)?,
+                        tail.get_item(3)?,
+                        tail.get_item(4)?,
+                        tail.get_item(5)?,
+                        tail.get_item(6)?,
+                    ],
+                )?;
+                rows.append(row)?;
             }
         }
         Ok(rows)
@@ -579,6 +612,7 @@ impl LineDecoder {
             parent_ids: FastMap::default(),
             names: FastMap::default(),
             bailed: 0,
+            scanned: 0,
         })
     }
 
@@ -615,6 +649,6 @@ impl LineDecoder {
 #[pymodule]
 fn tf_otel_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<LineDecoder>()?;
-    module.add("FORMAT", 2)?;
+    module.add("FORMAT", 3)?;
     Ok(())
 }

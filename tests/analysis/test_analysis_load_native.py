@@ -7,7 +7,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import pytest
 
@@ -27,6 +27,7 @@ from test_analysis_load_msgspec import (  # noqa: E402
 
 from tf_otel.analysis.errors import AnalysisError  # noqa: E402
 from tf_otel.analysis.load import otlp_native  # noqa: E402
+from tf_otel.analysis.load._json import loads  # noqa: E402
 from tf_otel.analysis.load.otlp import decode_traces_rows  # noqa: E402
 from tf_otel.analysis.model import Row  # noqa: E402
 
@@ -166,6 +167,7 @@ def test_the_benchmarks_traces_load_the_same_and_all_natively(tmp_path: Path, mo
             rows.extend(found)
             begin += len(line) + 1
         assert decoder.bailed == 0
+        assert decoder.scanned == len(data.splitlines())  # the scanner, not the parser
         assert repr(rows) == repr(rows_or_error(path, monkeypatch, NATIVE_DECODER=False))
         assert len(rows) == 3 * 200 + (3 if path.name == "rank0.jsonl" else 0)
 
@@ -206,3 +208,129 @@ def test_plain_attribute_lists_never_call_python_and_others_do():
             rows = decoder.decode(line, 0, len(line))
             assert repr(rows) == repr(decode_traces_rows(json.loads(line), "test"))
         assert helper.tails == calls
+
+
+def _generic(line: bytes) -> Optional[List[Row]]:
+    """The generic path's rows (the product's JSON module), None where it refuses the line."""
+    try:
+        return decode_traces_rows(loads(line), "test")
+    except (AnalysisError, ValueError, TypeError, AttributeError, KeyError):
+        return None
+
+
+def _scanned(line: bytes) -> Tuple[Optional[List[Row]], int]:
+    decoder = otlp_native.NativeLineDecoder()
+    return decoder.decode(line, 0, len(line)), decoder.scanned
+
+
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+_PLAIN = _line([_span()])
+_SPAN_END = _PLAIN.rindex(b"}]}]}]}")  # where the span's object closes
+
+# Lines the scanner reads (the rows are the generic path's)
+SCANNED = [
+    json.dumps(json.loads(_PLAIN)).encode(),  # spaces after ',' and ':'
+    b" " + _PLAIN + b"  ",
+    _line([_span(status={"message": 'a "quoted" \\ slash\n', "code": 2})]),
+    _line([_span(flags=[1, -2.5, 0.25, True, False, None, {"a": [[], {}]}])]),
+    _line([_span(status={"d": _nested(40)})]),
+    _line([_span(attributes=[_attr("tf_otel.job.id", {"stringValue": 'x"]}\\'})])]),
+    _line([_span(attributes=[_attr("odd]", {"stringValue": "[{"})])]),
+    _line([_span(attributes=[])]),
+    _line([_span(attributes=None)]),
+    _PLAIN.replace(b'"resource":', b'"other":', 1),  # no resource
+    _PLAIN.replace(b'"resource":', b'"other":', 1)[:-3]  # the resource after its spans
+    + b',"resource":{"attributes":[{"key":"tf_otel.rank","value":{"intValue":"5"}}]}}]}',
+    _line([_span(parentSpanId="")]),
+    _line([{k: v for k, v in _span().items() if k not in ("name", "parentSpanId", "attributes")}]),
+    _line([_span(startTimeUnixNano=10, endTimeUnixNano=20)]),
+    _line([_span(), _span(spanId="12" * 8)], schemaUrl="s"),
+    _line([]),
+    _line([_span()], scopeSpans=[{"spans": [_span()]}, {"scope": {}}, {"spans": []}]),
+    _line([_span(traceId="q80AAAAAAAAAAAAAAAAAAA==", spanId="AAAAAAAAAAE=")]),  # base64 ids
+]
+
+# Lines it hands to the general parser: rows the generic path's, or refused by both
+PARSED = [
+    _PLAIN.replace(b'"traceId"', b'"trace\\u0049d"'),  # an escape in a key
+    _line([_span(name="tab\there")]),  # an escape in a name
+    _line([_span(name="\u00e9")]),
+    _line([_span(status={"message": "\u00e9"})]),  # \u in a skipped value
+    _PLAIN.replace(b",", b",\t", 1),  # a tab as whitespace
+    _PLAIN + b"\r",
+    _PLAIN.replace(b'"kind":1', b'"kind":1e5'),  # an exponent
+    _line([_span(kind=123456789012345678)]),  # a long number
+    _line([_span(name=None)]),
+    _line([_span(parentSpanId=None)]),
+    _line([_span()], scopeSpans=None),
+    _PLAIN.replace(b'"spans":[', b'"spans":[],"spans":[', 1),  # a repeated field
+    _PLAIN[:-3] + b',"resource":{}}]}',
+    _PLAIN[:_SPAN_END] + b',"name":"again"' + _PLAIN[_SPAN_END:],  # in a span
+    _PLAIN.replace(b'"resourceSpans":[', b'"resourceSpans":[],"resourceSpans":[', 1),
+    _PLAIN + b"x",  # trailing bytes
+    b"[" + _PLAIN + b"]",
+    _line([_span(status={"d": _nested(70)})]),  # deeper than the scanner goes
+    _PLAIN.replace(b'"kind":1', b'"kind":01'),  # invalid JSON from here on
+    _PLAIN.replace(b'"kind":1', b'"kind":-'),
+    _PLAIN.replace(b'"kind":1', b'"kind":1.'),
+    _PLAIN.replace(b'"kind":1', b'"kind":tru'),
+    _PLAIN.replace(b'"kind":1', b'"kind":"\\x"'),
+    _PLAIN.replace(b'"kind":1', b'"kind":"a\x01b"'),  # a raw control character
+    _PLAIN.replace(b'"stringValue":"x"', b'"stringValue":"a\x01b"'),  # ... in an attribute
+    _PLAIN.replace(b'"kind":1', b'"kind":"\xff"'),  # not UTF-8
+    _PLAIN.replace(b'"kind":1,', b'"kind":1,,'),
+    _PLAIN.replace(b'"status":{}', b'"status":{"a"}'),
+    _PLAIN.replace(b'"status":{}', b'"status":{"a":1,}'),
+    _PLAIN.replace(b'"status":{}', b'"status":[1,]'),
+    _PLAIN[:-1],
+]
+
+
+@needs_native
+@pytest.mark.parametrize("line", SCANNED)
+def test_the_scanner_reads_the_plain_layout_and_gives_the_generic_rows(line: bytes):
+    rows, scanned = _scanned(line)
+    assert scanned == 1, "left to the general parser"
+    assert rows is not None and repr(rows) == repr(_generic(line))
+
+
+@needs_native
+@pytest.mark.parametrize("line", PARSED)
+def test_the_scanner_leaves_other_lines_to_the_general_parser(line: bytes):
+    rows, scanned = _scanned(line)
+    assert scanned == 0, "the scanner took a line it must leave"
+    generic = _generic(line)
+    if generic is None:
+        assert rows is None
+    else:
+        assert rows is None or repr(rows) == repr(generic)
+
+
+@needs_native
+def test_one_byte_changes_give_the_generic_rows_or_none():
+    """Every one-byte change of a plain line (a structural or string byte put in, taken out,
+    doubled): where the generic path refuses the line the native decoder leaves it, and
+    where it reads it the rows are the same."""
+    line = _line([_span(), _span(spanId="12" * 8, status={"message": "a\\"})])
+    changes = [b'"', b"\\", b"{", b"}", b"[", b"]", b",", b":", b" ", b"0", b"-", b"."]
+    changes += [b"\x01", b""]
+    decoder = otlp_native.NativeLineDecoder()
+    took = refused = 0
+    for at in range(len(line)):
+        for change in changes + [line[at : at + 1] * 2]:
+            changed = line[:at] + change + line[at + 1 :]
+            rows = decoder.decode(changed, 0, len(changed))
+            generic = _generic(changed)
+            if generic is None:
+                assert rows is None, changed
+                refused += 1
+            elif rows is not None:
+                assert repr(rows) == repr(generic), changed
+                took += 1
+    assert took > 1000 and refused > 1000  # both sides are exercised

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - depends on the build
     tf_otel_native = None  # type: ignore[assignment]
 
 AVAILABLE = tf_otel_native is not None
-NATIVE_FORMAT = 2  # the helper protocol below; the module states the one it was built for
+NATIVE_FORMAT = 3  # the helper protocol below; the module states the one it was built for
 if tf_otel_native is not None and getattr(tf_otel_native, "FORMAT", None) != NATIVE_FORMAT:
     tf_otel_native = None  # type: ignore[assignment]  # an older build: make install rebuilds it
     AVAILABLE = False
@@ -86,3 +86,8 @@ class NativeLineDecoder:
     def bailed(self) -> int:
         """Lines handed back to the other paths."""
         return self._decoder.bailed
+
+    @property
+    def scanned(self) -> int:
+        """Lines read by the scanner (the plain layout); the others by the general parser."""
+        return self._decoder.scanned
