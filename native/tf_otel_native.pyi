@@ -9,3 +9,11 @@ class LineDecoder:
     scanned: int
     def __init__(self, helper: Any, slot_keys: List[str], kept_keys: List[str]) -> None: ...
     def decode(self, data: bytes, begin: int, end: int) -> Optional[List[Tuple[Any, ...]]]: ...
+    def spill_block(
+        self,
+        data: bytes,
+        stop: int,
+        skeleton: List[str],
+        not_timeline: List[str],
+        sync: List[str],
+    ) -> Optional[Tuple[List[Tuple[str, bytes, bytes]], List[str], int]]: ...

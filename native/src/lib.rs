@@ -25,6 +25,7 @@ use std::borrow::Cow;
 use std::marker::PhantomData;
 
 mod scan;
+mod spill;
 use scan::{Group, SpanFields, NULL};
 
 /// rustc's FxHash: the cache keys are attribute lists of a few hundred bytes looked up once a
@@ -311,6 +312,54 @@ impl Keys {
     }
 }
 
+/// The general parser's reading of a line, as the scanner gives it.
+fn sonic_groups<'a>(data: &'a TracesData<'a>) -> Result<Vec<Group<'a>>, Bail> {
+    let resource_spans = match &data.resource_spans {
+        Some(list) if !list.is_empty() => list,
+        _ => return Err(BAIL), // missing, null or empty: "batches" or not OTLP
+    };
+    let mut groups = Vec::with_capacity(resource_spans.len());
+    for AsMap(group) in resource_spans {
+        let scopes = group.scope_spans.as_ref().ok_or(BAIL)?; // maybe instrumentationLibrarySpans
+        let mut spans = Vec::new();
+        for AsMap(scope) in scopes {
+            for AsMap(span) in scope.spans.iter().flatten() {
+                spans.push(SpanFields {
+                    trace_id: Cow::Borrowed(span.trace_id.as_ref()),
+                    span_id: Cow::Borrowed(span.span_id.as_ref()),
+                    parent_id: span.parent_id.as_deref().map(Cow::Borrowed),
+                    name: span.name.as_deref().map(Cow::Borrowed),
+                    start: span.start.as_raw_str().as_bytes(),
+                    end: span.end.as_raw_str().as_bytes(),
+                    attributes: span
+                        .attributes
+                        .as_ref()
+                        .map_or(NULL, |r| r.as_raw_str().as_bytes()),
+                });
+            }
+        }
+        groups.push(Group {
+            resource: group
+                .resource
+                .as_ref()
+                .map_or(NULL, |r| r.as_raw_str().as_bytes()),
+            spans,
+        });
+    }
+    Ok(groups)
+}
+
+/// One span's row, its Python parts (`LineDecoder::span_parts`).
+pub struct Parts {
+    pub trace: Py<PyString>,
+    pub span_id: String,
+    pub parent: Option<Py<PyString>>,
+    pub name: Option<Py<PyString>>,
+    pub start: i64,
+    pub end: i64,
+    pub tail: Py<PyTuple>, // the row's last seven fields (`rows.RowTail`)
+}
+
 struct Resource {
     attributes: Py<PyDict>,
     // the tail of a span with no attributes: the resource's rank and job, the shared empty dict
@@ -437,46 +486,89 @@ impl LineDecoder {
         Ok(Some(resource)) // not remembered: this line's own
     }
 
-    /// The groups of a line: the scanner's where it takes the line, else the general parser's.
+    /// The rows of a line: the scanner's groups where it takes the line, else the general
+    /// parser's.
     fn rows<'py>(&mut self, py: Python<'py>, line: &[u8]) -> Result<Bound<'py, PyList>, Bail> {
         if let Some(groups) = scan::line(line) {
             self.scanned += 1;
             return self.make_rows(py, groups);
         }
         let AsMap(data) = sonic_rs::from_slice::<AsMap<TracesData>>(line).map_err(|_| BAIL)?;
-        let resource_spans = match data.resource_spans {
-            Some(list) if !list.is_empty() => list,
-            _ => return Err(BAIL), // missing, null or empty: "batches" or not OTLP
-        };
-        let mut groups = Vec::with_capacity(resource_spans.len());
-        for AsMap(group) in &resource_spans {
-            let scopes = group.scope_spans.as_ref().ok_or(BAIL)?; // maybe instrumentationLibrarySpans
-            let mut spans = Vec::new();
-            for AsMap(scope) in scopes {
-                for AsMap(span) in scope.spans.iter().flatten() {
-                    spans.push(SpanFields {
-                        trace_id: Cow::Borrowed(span.trace_id.as_ref()),
-                        span_id: Cow::Borrowed(span.span_id.as_ref()),
-                        parent_id: span.parent_id.as_deref().map(Cow::Borrowed),
-                        name: span.name.as_deref().map(Cow::Borrowed),
-                        start: span.start.as_raw_str().as_bytes(),
-                        end: span.end.as_raw_str().as_bytes(),
-                        attributes: span
-                            .attributes
-                            .as_ref()
-                            .map_or(NULL, |r| r.as_raw_str().as_bytes()),
-                    });
-                }
-            }
-            groups.push(Group {
-                resource: group
-                    .resource
-                    .as_ref()
-                    .map_or(NULL, |r| r.as_raw_str().as_bytes()),
-                spans,
-            });
-        }
+        let groups = sonic_groups(&data)?;
         self.make_rows(py, groups)
+    }
+
+    /// One span's row fields: ids, times and the row's tail (its last seven fields).
+    fn span_parts(
+        &mut self,
+        py: Python<'_>,
+        resource_raw: &[u8],
+        own: &mut Option<Resource>,
+        span: &SpanFields<'_>,
+    ) -> Result<Parts, Bail> {
+        let start = time_ns(span.start)?;
+        let end = time_ns(span.end)?.max(start);
+        let trace = self.trace_id(py, &span.trace_id)?;
+        let span_id: Cow<'_, str> = match plain_id(&span.span_id, 8) {
+            Some(text) => Cow::Owned(text),
+            None => match self.normalise(py, &span.span_id, 8)? {
+                Some(text) => Cow::Owned(text.bind(py).to_str()?.to_owned()),
+                None => Cow::Borrowed(""),
+            },
+        };
+        let parent = match span.parent_id.as_deref() {
+            Some(raw) if !raw.is_empty() => self.parent_id(py, raw)?,
+            _ => None,
+        };
+        let name = span.name.as_deref().map(|raw| self.name(py, raw));
+        let attributes = span.attributes;
+        let resource = match own.as_mut() {
+            Some(resource) => resource,
+            None => self.resources.get_mut(resource_raw).ok_or(BAIL)?,
+        };
+        let tail = match resource.tails.get(attributes) {
+            Some(tail) => tail.clone_ref(py),
+            None => {
+                let (tail, shared) = match self.keys.tail(py, resource, attributes)? {
+                    Some(tail) => (tail, true),
+                    None => {
+                        let made = self
+                            .helper
+                            .bind(py)
+                            .call_method1(
+                                "tail",
+                                (resource.attributes.bind(py), PyBytes::new(py, attributes)),
+                            )?
+                            .cast_into::<PyTuple>()
+                            .map_err(|_| BAIL)?;
+                        let tail = made.get_item(0)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
+                        (tail, made.get_item(1)?.is_truthy()?)
+                    }
+                };
+                if tail.len() != 7 {
+                    return Err(BAIL);
+                }
+                let tail = tail.unbind();
+                if shared {
+                    if resource.tails.len() >= TAILS_MAX {
+                        resource.tails.clear(); // the older steps' lists
+                    }
+                    resource
+                        .tails
+                        .insert(attributes.to_vec(), tail.clone_ref(py));
+                }
+                tail
+            }
+        };
+        Ok(Parts {
+            trace,
+            span_id: span_id.into_owned(),
+            parent,
+            name,
+            start,
+            end,
+            tail,
+        })
     }
 
     fn make_rows<'py>(
@@ -485,70 +577,11 @@ impl LineDecoder {
         groups: Vec<Group<'_>>,
     ) -> Result<Bound<'py, PyList>, Bail> {
         let rows = PyList::empty(py);
-        let helper = self.helper.clone_ref(py);
         for group in &groups {
             let mut own = self.resource_key(py, group.resource)?;
             for span in &group.spans {
-                let start_ns = time_ns(span.start)?;
-                let end_ns = time_ns(span.end)?.max(start_ns);
-                let trace = self.trace_id(py, &span.trace_id)?;
-                let span_id: Py<PyString> = match plain_id(&span.span_id, 8) {
-                    Some(text) => PyString::new(py, &text).unbind(),
-                    None => match self.normalise(py, &span.span_id, 8)? {
-                        Some(text) => text,
-                        None => PyString::new(py, "").unbind(),
-                    },
-                };
-                let parent = match span.parent_id.as_deref() {
-                    Some(raw) if !raw.is_empty() => self.parent_id(py, raw)?,
-                    _ => None,
-                };
-                let name: Py<PyAny> = match span.name.as_deref() {
-                    Some(raw) => self.name(py, raw).into_any(),
-                    None => py.None(),
-                };
-                let attributes = span.attributes;
-                let resource = match own.as_mut() {
-                    Some(resource) => resource,
-                    None => self.resources.get_mut(group.resource).ok_or(BAIL)?,
-                };
-                let tail = match resource.tails.get(attributes) {
-                    Some(tail) => tail.bind(py).clone(),
-                    None => {
-                        if let Some(tail) = self.keys.tail(py, resource, attributes)? {
-                            if resource.tails.len() >= TAILS_MAX {
-                                resource.tails.clear();
-                            }
-                            resource
-                                .tails
-                                .insert(attributes.to_vec(), tail.clone().unbind());
-                            tail
-                        } else {
-                            let made = helper
-                                .bind(py)
-                                .call_method1(
-                                    "tail",
-                                    (resource.attributes.bind(py), PyBytes::new(py, attributes)),
-                                )?
-                                .cast_into::<PyTuple>()
-                                .map_err(|_| BAIL)?;
-                            let tail =
-                                made.get_item(0)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
-                            if made.get_item(1)?.is_truthy()? {
-                                if resource.tails.len() >= TAILS_MAX {
-                                    resource.tails.clear(); // the older steps' lists
-                                }
-                                resource
-                                    .tails
-                                    .insert(attributes.to_vec(), tail.clone().unbind());
-                            }
-                            tail
-                        }
-                    }
-                };
-                if tail.len() != 7 {
-                    return Err(BAIL);
-                }
+                let parts = self.span_parts(py, group.resource, &mut own, span)?;
+                let tail = parts.tail.bind(py);
                 let kept = tail.get_item(0)?;
                 // kept attributes: each span its own dict
                 let kept = match kept.cast::<PyDict>() {
@@ -558,15 +591,18 @@ impl LineDecoder {
                 let row = PyTuple::new(
                     py,
                     [
-                        trace.into_bound(py).into_any(),
-                        span_id.into_bound(py).into_any(),
-                        match parent {
+                        parts.trace.into_bound(py).into_any(),
+                        PyString::new(py, &parts.span_id).into_any(),
+                        match parts.parent {
                             Some(p) => p.into_bound(py).into_any(),
                             None => py.None().into_bound(py),
                         },
-                        name.into_bound(py),
-                        start_ns.into_pyobject(py)?.into_any(),
-                        end_ns.into_pyobject(py)?.into_any(),
+                        match parts.name {
+                            Some(n) => n.into_bound(py).into_any(),
+                            None => py.None().into_bound(py),
+                        },
+                        parts.start.into_pyobject(py)?.into_any(),
+                        parts.end.into_pyobject(py)?.into_any(),
                         kept,
                         tail.get_item(1)?,
                         tail.get_item(2)?,
@@ -580,6 +616,34 @@ impl LineDecoder {
             }
         }
         Ok(rows)
+    }
+
+    /// The parts of a line the scanner left, read by the general parser (`Err`: the line is
+    /// not read natively).
+    fn parsed_parts(
+        &mut self,
+        py: Python<'_>,
+        line: &[u8],
+        into: &mut Vec<Parts>,
+    ) -> Result<(), Bail> {
+        let AsMap(data) = sonic_rs::from_slice::<AsMap<TracesData>>(line).map_err(|_| BAIL)?;
+        let groups = sonic_groups(&data)?;
+        self.add_parts(py, groups, into)
+    }
+
+    fn add_parts(
+        &mut self,
+        py: Python<'_>,
+        groups: Vec<Group<'_>>,
+        into: &mut Vec<Parts>,
+    ) -> Result<(), Bail> {
+        for group in &groups {
+            let mut own = self.resource_key(py, group.resource)?;
+            for span in &group.spans {
+                into.push(self.span_parts(py, group.resource, &mut own, span)?);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -616,6 +680,78 @@ impl LineDecoder {
         })
     }
 
+    /// The spill of the lines of `data[:stop]` as `tf_otel.analysis.load.spill._write` makes
+    /// it: for each trace in order of first appearance (trace id, its skeleton marshalled, all
+    /// its rows marshalled), the job ids the rows name, and the row count; None where a line
+    /// (or a value) is not read natively: the caller decodes the block line by line.
+    /// `skeleton`, `not_timeline`, `sync`: the category sets of `analysis.skeleton`.
+    #[allow(clippy::type_complexity)]
+    fn spill_block<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: &[u8],
+        stop: usize,
+        skeleton: Vec<String>,
+        not_timeline: Vec<String>,
+        sync: Vec<String>,
+    ) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyList>, usize)>> {
+        if stop > data.len() {
+            return Err(PyException::new_err(format!(
+                "bad block end {stop} of {} bytes",
+                data.len()
+            )));
+        }
+        let block = &data[..stop];
+        let Ok(text) = std::str::from_utf8(block) else {
+            return Ok(None); // the Python path names the line
+        };
+        let mut rows: Vec<Parts> = Vec::new();
+        let mut at = 0;
+        while at < block.len() {
+            // a line the scanner reads ends where its object (and spaces) end
+            if let Some((groups, end)) = scan::object(text, at) {
+                if end == block.len() || block[end] == b'\n' {
+                    self.scanned += 1;
+                    if let Err(bail) = self.add_parts(py, groups, &mut rows) {
+                        return handed_back(py, bail);
+                    }
+                    at = end + 1;
+                    continue;
+                }
+            }
+            let end = block[at..]
+                .iter()
+                .position(|&byte| byte == b'\n')
+                .map_or(block.len(), |length| at + length);
+            let line = &block[at..end];
+            at = end + 1;
+            if line.contains(&b'\r') {
+                return Ok(None); // lines as bytes.splitlines cuts them: the Python path
+            }
+            // blank: skipped, as the Python path skips it (bytes.strip's whitespace)
+            if line.iter().all(|byte| b" \t\x0b\x0c".contains(byte)) {
+                continue;
+            }
+            if let Err(bail) = self.parsed_parts(py, line, &mut rows) {
+                return handed_back(py, bail);
+            }
+        }
+        let sets = spill::Sets {
+            skeleton,
+            not_timeline,
+            sync,
+        };
+        let made = match spill::pieces(py, &rows, &sets) {
+            Ok(made) => made,
+            Err(bail) => return handed_back(py, bail),
+        };
+        let pieces = PyList::empty(py);
+        for (trace, head, every) in made.pieces {
+            pieces.append((trace, PyBytes::new(py, &head), PyBytes::new(py, &every)))?;
+        }
+        Ok(Some((pieces, PyList::new(py, made.jobs)?, rows.len())))
+    }
+
     /// The rows of the line `data[begin:end]`, or None: the generic path decides.
     /// An exception other than an `Exception` (KeyboardInterrupt) goes up.
     fn decode<'py>(
@@ -646,9 +782,21 @@ impl LineDecoder {
     }
 }
 
+/// A block handed back to the Python path (None), or the exception that must go up.
+#[allow(clippy::type_complexity)]
+fn handed_back<'py>(
+    py: Python<'py>,
+    bail: Bail,
+) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyList>, usize)>> {
+    match bail {
+        Bail(Some(err)) if !err.is_instance_of::<PyException>(py) => Err(err),
+        _ => Ok(None),
+    }
+}
+
 #[pymodule]
 fn tf_otel_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<LineDecoder>()?;
-    module.add("FORMAT", 3)?;
+    module.add("FORMAT", 4)?;
     Ok(())
 }

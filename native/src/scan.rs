@@ -42,7 +42,15 @@ const DIGITS_MAX: usize = 15; // longer skipped numbers too: parsers differ on t
 /// The groups of a line in the plain layout, or None: the general parser decides.
 pub fn line(bytes: &[u8]) -> Option<Vec<Group<'_>>> {
     let text = std::str::from_utf8(bytes).ok()?;
-    let mut cursor = Cursor { text, at: 0 };
+    let (groups, end) = object(text, 0)?;
+    (end == bytes.len()).then_some(groups) // else trailing bytes
+}
+
+/// The groups of the `TracesData` object at `text[at..]` (after spaces) and where it ends,
+/// spaces after it included; None: the general parser decides. `text` may go on (a block of
+/// lines): the object's end is found, not assumed.
+pub fn object(text: &str, at: usize) -> Option<(Vec<Group<'_>>, usize)> {
+    let mut cursor = Cursor { text, at };
     let mut groups: Option<Vec<Group>> = None;
     cursor.members(|cursor, key| match key {
         "resourceSpans" => {
@@ -56,10 +64,7 @@ pub fn line(bytes: &[u8]) -> Option<Vec<Group<'_>>> {
         _ => cursor.skip_value(DEPTH),
     })?;
     cursor.space();
-    if cursor.at != bytes.len() {
-        return None; // trailing bytes
-    }
-    groups.filter(|list| !list.is_empty())
+    Some((groups.filter(|list| !list.is_empty())?, cursor.at))
 }
 
 /// The index of the first `"`, `\\` or control character in `bytes`, eight bytes a step

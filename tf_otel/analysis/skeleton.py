@@ -57,6 +57,8 @@ from tf_otel.record import (
 SKELETON_CATEGORIES = frozenset((STEP, STEP_ROOT, JOB, STALL, COLLECTIVE, TRANSFER))
 _NOT_TIMELINE = frozenset((STEP_ROOT, JOB, STALL))  # spans no rank's timeline begins with
 _CATEGORY, _RANK, _GPU = itemgetter(8), itemgetter(9), itemgetter(12)
+# what ``split_rows`` chooses by, for the native decoder that does the same (``load.spill``)
+SKELETON_SETS = (SKELETON_CATEGORIES, _NOT_TIMELINE, SYNC_CATEGORIES)
 
 # a piece's skeleton as marshalled: (its rows, where each is among the piece's rows, None: it is
 # all of them; the ranks and the categories of the piece's rows)

@@ -12,11 +12,12 @@ Usage::
 
     decoder = NativeLineDecoder()           # only when AVAILABLE
     rows = decoder.decode(data, begin, end) # data[begin:end]: one line; rows or None
+    spilled = decoder.spill_block(data, stop, SKELETON_SETS)  # a block's spill pieces, or None
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 from tf_otel.analysis.load._json import loads
 from tf_otel.analysis.load.otlp import kept_value
@@ -31,12 +32,16 @@ except ImportError:  # pragma: no cover - depends on the build
     tf_otel_native = None  # type: ignore[assignment]
 
 AVAILABLE = tf_otel_native is not None
-NATIVE_FORMAT = 3  # the helper protocol below; the module states the one it was built for
+NATIVE_FORMAT = 4  # the helper protocol below; the module states the one it was built for
 if tf_otel_native is not None and getattr(tf_otel_native, "FORMAT", None) != NATIVE_FORMAT:
     tf_otel_native = None  # type: ignore[assignment]  # an older build: make install rebuilds it
     AVAILABLE = False
 
 _IMMUTABLE = (str, int, float, bool, type(None))
+
+# a block spilled natively: ((trace id, skeleton, all rows) marshalled, a piece each; the job
+# ids; the span count)
+SpilledBlock = Tuple[List[Tuple[str, bytes, bytes]], List[str], int]
 
 
 class _Helper:
@@ -81,6 +86,15 @@ class NativeLineDecoder:
     def decode(self, data: bytes, begin: int, end: int) -> Optional[List[Row]]:
         """The rows of ``data[begin:end]``; None where the other paths must decide."""
         return self._decoder.decode(data, begin, end)
+
+    def spill_block(
+        self, data: bytes, stop: int, sets: Tuple[FrozenSet[str], FrozenSet[str], FrozenSet[str]]
+    ) -> Optional[SpilledBlock]:
+        """The pieces of the lines of ``data[:stop]`` as ``load.spill`` writes them, made
+        without a Python object per span; None where a line or value is not read natively.
+        ``sets``: the skeleton's category sets (``analysis.skeleton.SKELETON_SETS``)."""
+        skeleton, not_timeline, sync = (sorted(categories) for categories in sets)
+        return self._decoder.spill_block(data, stop, skeleton, not_timeline, sync)
 
     @property
     def bailed(self) -> int:
