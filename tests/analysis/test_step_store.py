@@ -9,7 +9,12 @@ from typing import Dict, List
 
 import pytest
 
+from tf_otel.analysis.critical_path import CriticalPath, Segment
+from tf_otel.analysis.outliers import OutlierStats
+from tf_otel.analysis.result import AnalysisResult, StepResult
 from tf_otel.analysis.step_store import Paged, PagedSteps
+from tf_otel.analysis.steps import RankTimeline, StepTrace
+from tf_otel.analysis.stragglers import StragglerSummary
 
 
 def test_items_come_back_equal_and_new(tmp_path: Path) -> None:
@@ -51,24 +56,49 @@ def test_an_index_out_of_range_names_itself(tmp_path: Path, index: int) -> None:
         pages[index]
 
 
-class _Step:
-    """A stand-in with what PagedSteps reads (``warmup``)."""
-
-    def __init__(self, key: int, warmup: bool) -> None:
-        self.key, self.warmup = key, warmup
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Step) and (self.key, self.warmup) == (other.key, other.warmup)
+def _step(key: int, warmup: bool, ranks: int = 2) -> StepResult:
+    """A small analysed step: ``key`` ms long, its path compute on rank 0 and input on 1."""
+    timelines = {r: RankTimeline(r, 0, key * 1_000_000, None) for r in range(ranks)}
+    trace = StepTrace(f"t{key}", key, None, None, 0, key * 1_000_000, timelines, ranks, [])
+    half = key * 500_000
+    segments = [Segment(0, 0, half, "compute", "op"), Segment(1, half, 2 * half, "input", "get")]
+    return StepResult(key, trace, CriticalPath(trace, segments), warmup=warmup)
 
 
 def test_warm_up_marks_filter_without_reading_every_step(tmp_path: Path) -> None:
     steps = PagedSteps(tmp_path)
     for key in range(6):
-        steps.append(_Step(key, key < 2))  # type: ignore[arg-type]
+        steps.append(_step(key, key < 2))
     assert [s.key for s in steps.where(warmup=True)] == [0, 1]
     assert [s.key for s in steps.where(warmup=False)] == [2, 3, 4, 5]
-    steps[3] = _Step(3, True)  # type: ignore[assignment]
+    steps[3] = _step(3, True)
     assert [s.key for s in steps.where(warmup=False)] == [2, 4, 5]
+
+
+def test_the_sums_over_steps_read_no_step_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reports' sums (durations, path by category and rank, shares, ranks) come from the
+    digests in memory, and equal the sums over the steps themselves."""
+    paged = PagedSteps(tmp_path)
+    listed = []
+    for key in range(1, 7):
+        paged.append(_step(key, key < 3, ranks=2 + key % 3))
+        listed.append(_step(key, key < 3, ranks=2 + key % 3))
+    reads = []
+    original = Paged.__getitem__
+    monkeypatch.setattr(Paged, "__getitem__", lambda *a: reads.append(a) or original(*a))
+    on_disk = AnalysisResult("t", None, paged, StragglerSummary(), OutlierStats())
+    in_memory = AnalysisResult("t", None, listed, StragglerSummary(), OutlierStats())
+    for result in (on_disk, in_memory):
+        assert result.total_ns == 21_000_000 and result.what_if_total_ns == 21_000_000
+        assert result.by_category()["compute"] == result.by_category()["input"] == 9_000_000
+        assert result.by_rank() == {0: 9_000_000, 1: 9_000_000}  # steady steps 3 to 6
+        assert result.ranks() == [0, 1, 2, 3]
+        assert result.category_shares()["compute"].share == pytest.approx(0.5)
+    assert reads == []
+    # equal ranks are one tuple in memory
+    assert paged.digests()[0].ranks is paged.digests()[3].ranks
 
 
 def test_memory_holds_two_numbers_an_item(tmp_path: Path) -> None:

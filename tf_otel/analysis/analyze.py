@@ -34,7 +34,7 @@ from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.measured import measured_categories
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
-from tf_otel.analysis.result import AnalysisResult, StepResult
+from tf_otel.analysis.result import AnalysisResult, StepResult, digests_of
 from tf_otel.analysis.skeleton import NeedSpans, skeleton_step
 from tf_otel.analysis.step_facts import step_facts
 from tf_otel.analysis.step_store import Paged, PagedSteps
@@ -359,7 +359,7 @@ def _summarise(
 ) -> AnalysisResult:
     """The statistics over all steps and the findings (spans read again only for a rare
     straggler step, ``stragglers.keep_for_statistics``), the steps read one at a time."""
-    durations = {r.key: r.trace.duration_ns for r in results}
+    durations = {key: d.duration_ns for key, d in enumerate(digests_of(results))}
     warmup = warmup_keys(durations)
     stragglers = straggler_summary(
         _Paths(results),

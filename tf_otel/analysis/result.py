@@ -10,7 +10,7 @@ Usage::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
 from tf_otel.analysis.measured import (
@@ -54,6 +54,40 @@ class StepResult:
         return min(self.trace.duration_ns, max(0, self.trace.duration_ns - saving))
 
 
+@dataclass(frozen=True)
+class StepDigest:
+    """What the sums over all steps read of one analysed step: a few hundred bytes, kept in
+    memory for steps kept on disk (``step_store.PagedSteps``), so that the reports' sums do not
+    read every step back again and again."""
+
+    duration_ns: int
+    what_if_ns: int
+    by_category: Dict[str, int]
+    by_rank: Dict[int, int]
+    measured: FrozenSet[str]
+    ranks: Tuple[int, ...]
+    warmup: bool
+
+
+def step_digest(step: StepResult) -> StepDigest:
+    return StepDigest(
+        step.trace.duration_ns,
+        step.what_if_ns,
+        step.path.by_category(),
+        step.path.by_rank(),
+        step.measured,
+        tuple(step.trace.ranks),
+        step.warmup,
+    )
+
+
+def digests_of(steps: Sequence[StepResult]) -> List[StepDigest]:
+    """The steps' digests: kept in memory by steps on disk (``step_store.PagedSteps``), else
+    made."""
+    kept = getattr(steps, "digests", None)
+    return kept() if kept is not None else [step_digest(step) for step in steps]
+
+
 @dataclass
 class Finding:
     rule: str  # straggler, input_bound, communication_bound, step_outliers, low_gpu_utilization
@@ -82,13 +116,19 @@ class AnalysisResult:
             return step
         return self.reload(step)
 
+    def digests(self, warmup: Optional[bool] = None) -> List[StepDigest]:
+        """Each step's digest (those with this warm-up mark where given), from memory where
+        the steps are on disk."""
+        found = digests_of(self.steps)
+        return found if warmup is None else [d for d in found if d.warmup == warmup]
+
     @property
     def total_ns(self) -> int:
-        return sum(step.trace.duration_ns for step in self.steps)
+        return sum(digest.duration_ns for digest in self.digests())
 
     @property
     def what_if_total_ns(self) -> int:
-        return sum(step.what_if_ns for step in self.steps)
+        return sum(digest.what_if_ns for digest in self.digests())
 
     @property
     def steady_steps(self) -> Sequence[StepResult]:
@@ -102,25 +142,25 @@ class AnalysisResult:
         """Critical path time by category over the steady steps (warm-up kept out); a category
         not measured on a step adds 0 there: shares come from ``category_shares``."""
         totals = dict.fromkeys(PATH_CATEGORIES, 0)
-        for step in self.steady_steps:
-            for category, value in step.path.by_category().items():
+        for digest in self.digests(warmup=False):
+            for category, value in digest.by_category.items():
                 totals[category] += value
         return totals
 
     def category_shares(self) -> Dict[str, CategoryShare]:
         """Each category's share over the steady steps where it was measured (``measured``)."""
-        return category_shares([(s.path.by_category(), s.measured) for s in self.steady_steps])
+        return category_shares([(d.by_category, d.measured) for d in self.digests(warmup=False)])
 
     def group_share(self, categories: List[str]) -> CategoryShare:
         """Several categories' share together, over the steady steps that measured them all."""
         return group_share(
-            [(s.path.by_category(), s.measured) for s in self.steady_steps], categories
+            [(d.by_category, d.measured) for d in self.digests(warmup=False)], categories
         )
 
     def by_rank(self) -> Dict[int, int]:
         totals: Dict[int, int] = {}
-        for step in self.steady_steps:
-            for rank, value in step.path.by_rank().items():
+        for digest in self.digests(warmup=False):
+            for rank, value in digest.by_rank.items():
                 totals[rank] = totals.get(rank, 0) + value
         return dict(sorted(totals.items()))
 
@@ -132,8 +172,8 @@ class AnalysisResult:
 
     def ranks(self) -> List[int]:
         seen: Set[int] = set()
-        for step in self.steps:
-            seen.update(step.trace.ranks)
+        for digest in self.digests():
+            seen.update(digest.ranks)
         return sorted(seen)
 
 

@@ -21,9 +21,22 @@ import os
 import pickle
 import tempfile
 from array import array
-from typing import IO, Generic, Iterator, List, Optional, Sequence, TypeVar, Union, overload
+from dataclasses import replace
+from typing import (
+    IO,
+    Dict,
+    Generic,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    overload,
+)
 
-from tf_otel.analysis.result import StepResult
+from tf_otel.analysis.result import StepDigest, StepResult, step_digest
 
 T = TypeVar("T")
 
@@ -111,21 +124,32 @@ class View(Sequence[T], Generic[T]):
 
 
 class PagedSteps(Paged[StepResult]):
-    """Analysed steps on disk, with each one's warm-up mark in memory (the reports filter on it
-    again and again)."""
+    """Analysed steps on disk, with each one's digest in memory (``result.StepDigest``: its
+    warm-up mark, duration, path sums and ranks), which the reports filter on and sum again and
+    again."""
 
     def __init__(self, directory: Optional[Union[str, os.PathLike[str]]] = None) -> None:
         super().__init__(directory)
-        self._warmup: List[bool] = []
+        self._digests: List[StepDigest] = []
+        self._ranks: Dict[Tuple[int, ...], Tuple[int, ...]] = {}  # one tuple for equal ranks
+
+    def _digest(self, item: StepResult) -> StepDigest:
+        digest = step_digest(item)
+        ranks = self._ranks.setdefault(digest.ranks, digest.ranks)
+        return replace(digest, ranks=ranks) if ranks is not digest.ranks else digest
 
     def append(self, item: StepResult) -> int:
-        self._warmup.append(item.warmup)
+        self._digests.append(self._digest(item))
         return super().append(item)
 
     def __setitem__(self, index: int, item: StepResult) -> None:
         super().__setitem__(index, item)
-        self._warmup[self._at(index)] = item.warmup
+        self._digests[self._at(index)] = self._digest(item)
+
+    def digests(self) -> List[StepDigest]:
+        """Every step's digest, in order."""
+        return list(self._digests)
 
     def where(self, warmup: bool) -> View[StepResult]:
         """The steps whose warm-up mark is ``warmup``, in order."""
-        return View(self, [i for i, mark in enumerate(self._warmup) if mark == warmup])
+        return View(self, [i for i, d in enumerate(self._digests) if d.warmup == warmup])
