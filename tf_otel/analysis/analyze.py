@@ -133,7 +133,8 @@ class _Steps:
         step (``skeleton``), else from all its spans."""
         if self.skeletons:
             try:
-                return self._from_skeleton(trace_id, warnings)
+                # the second pass builds only steps the first built from their skeletons
+                return self._from_skeleton(trace_id, warnings, checked=not first)
             except NeedSpans:
                 step = self.build_whole(trace_id, warnings, first)
                 if step is not None:
@@ -141,10 +142,13 @@ class _Steps:
                 return step
         return self.build_whole(trace_id, warnings, first)
 
-    def _from_skeleton(self, trace_id: str, warnings: List[str]) -> Optional[StepTrace]:
+    def _from_skeleton(
+        self, trace_id: str, warnings: List[str], checked: bool
+    ) -> Optional[StepTrace]:
+        """``checked``: the skeleton needed no clock repair (the first pass found none)."""
         skeleton = self.traces.skeleton(trace_id)  # type: ignore[attr-defined]
         # a shift moves every span of a rank: the whole step is read
-        if repair_trace_causality({trace_id: skeleton.spans}).violations:
+        if not checked and repair_trace_causality({trace_id: skeleton.spans}).violations:
             raise NeedSpans("clock repair")
         own: List[str] = []
         step = skeleton_step(trace_id, skeleton, own)
