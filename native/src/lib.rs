@@ -681,11 +681,11 @@ impl LineDecoder {
     }
 
     /// The spill of the lines of `data[:stop]` as `tf_otel.analysis.load.spill._write` makes
-    /// it: for each trace in order of first appearance (trace id, its skeleton marshalled, all
-    /// its rows marshalled), the job ids the rows name, and the row count; None where a line
-    /// (or a value) is not read natively: the caller decodes the block line by line.
+    /// it: for each trace in order of first appearance (trace id, the length of its skeleton
+    /// marshalled, the length of all its rows marshalled), those bytes one piece after another,
+    /// the job ids the rows name, and the row count; None where a line (or a value) is not read
+    /// natively: the caller decodes the block line by line.
     /// `skeleton`, `not_timeline`, `sync`: the category sets of `analysis.skeleton`.
-    #[allow(clippy::type_complexity)]
     fn spill_block<'py>(
         &mut self,
         py: Python<'py>,
@@ -694,7 +694,7 @@ impl LineDecoder {
         skeleton: Vec<String>,
         not_timeline: Vec<String>,
         sync: Vec<String>,
-    ) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyList>, usize)>> {
+    ) -> PyResult<Option<Spilled<'py>>> {
         if stop > data.len() {
             return Err(PyException::new_err(format!(
                 "bad block end {stop} of {} bytes",
@@ -741,15 +741,15 @@ impl LineDecoder {
             not_timeline,
             sync,
         };
-        let made = match spill::pieces(py, &rows, &sets) {
+        let made = match spill::pieces(py, &rows, &sets, block.len() / 2) {
             Ok(made) => made,
             Err(bail) => return handed_back(py, bail),
         };
-        let pieces = PyList::empty(py);
-        for (trace, head, every) in made.pieces {
-            pieces.append((trace, PyBytes::new(py, &head), PyBytes::new(py, &every)))?;
-        }
-        Ok(Some((pieces, PyList::new(py, made.jobs)?, rows.len())))
+        let count = rows.len();
+        drop(rows); // before the bytes are copied
+        let pieces = PyList::new(py, made.pieces)?;
+        let bytes = PyBytes::new(py, &made.bytes);
+        Ok(Some((pieces, bytes, PyList::new(py, made.jobs)?, count)))
     }
 
     /// The rows of the line `data[begin:end]`, or None: the generic path decides.
@@ -782,12 +782,17 @@ impl LineDecoder {
     }
 }
 
+/// A block's spill: the pieces (trace, head length, rows length), their bytes, the job ids, the
+/// row count.
+type Spilled<'py> = (
+    Bound<'py, PyList>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyList>,
+    usize,
+);
+
 /// A block handed back to the Python path (None), or the exception that must go up.
-#[allow(clippy::type_complexity)]
-fn handed_back<'py>(
-    py: Python<'py>,
-    bail: Bail,
-) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyList>, usize)>> {
+fn handed_back<'py>(py: Python<'py>, bail: Bail) -> PyResult<Option<Spilled<'py>>> {
     match bail {
         Bail(Some(err)) if !err.is_instance_of::<PyException>(py) => Err(err),
         _ => Ok(None),

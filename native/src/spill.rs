@@ -37,9 +37,10 @@ struct Marshal {
 }
 
 impl Marshal {
-    fn new() -> Self {
+    /// A blob written at the end of `out`.
+    fn over(out: Vec<u8>) -> Self {
         Marshal {
-            out: Vec::new(),
+            out,
             refs: FastMap::default(),
             next: 0,
             tails: FastMap::default(),
@@ -178,8 +179,17 @@ impl Marshal {
         }
         let (start, defined) = (self.out.len(), self.next);
         let kept = tail.get_item(0)?;
-        match kept.cast::<PyDict>() {
-            Ok(dict) if !dict.is_empty() => self.value(&kept, 0)?, // each row its own dict
+        match kept.cast_exact::<PyDict>() {
+            // each row its own dict; its keys and values are the tail's, shared as the rows
+            // share them
+            Ok(dict) if !dict.is_empty() => {
+                self.out.push(b'{');
+                for (key, item) in dict.iter() {
+                    self.shared(&key)?;
+                    self.shared(&item)?;
+                }
+                self.out.push(b'0');
+            }
             _ => self.shared(&kept)?,
         }
         for at in 1..7 {
@@ -192,15 +202,17 @@ impl Marshal {
     }
 }
 
-/// A block's pieces: (trace id, head, all rows) for each trace in order of first appearance,
-/// and the job ids the rows name.
+/// A block's pieces, one after another in `bytes`: (trace id, its head's length, its rows'
+/// length) for each trace in order of first appearance; and the job ids the rows name.
 pub struct Pieces {
-    pub pieces: Vec<(Py<PyString>, Vec<u8>, Vec<u8>)>,
+    pub pieces: Vec<(Py<PyString>, usize, usize)>,
+    pub bytes: Vec<u8>,
     pub jobs: Vec<Py<PyAny>>,
 }
 
-/// The rows of a block as the spill writes them (`spill._write`).
-pub fn pieces(py: Python<'_>, rows: &[Parts], sets: &Sets) -> Result<Pieces, Bail> {
+/// The rows of a block as the spill writes them (`spill._write`); `size`: about how many bytes
+/// they take (one buffer for all, not one a piece).
+pub fn pieces(py: Python<'_>, rows: &[Parts], sets: &Sets, size: usize) -> Result<Pieces, Bail> {
     let mut categories = Categories::new(sets);
     let mut groups: Vec<(Py<PyString>, Vec<usize>)> = Vec::new();
     let mut by_trace: FastMap<String, usize> = FastMap::default();
@@ -226,22 +238,28 @@ pub fn pieces(py: Python<'_>, rows: &[Parts], sets: &Sets) -> Result<Pieces, Bai
         facts.push(categories.facts(tail)?);
     }
     let mut pieces = Vec::with_capacity(groups.len());
+    let mut bytes = Vec::with_capacity(size);
     for (trace, members) in groups {
-        let head = head(py, rows, &facts, &members, &categories)?;
-        let mut every = Marshal::new();
+        let start = bytes.len();
+        bytes = head(py, rows, &facts, &members, &categories, bytes)?;
+        let middle = bytes.len();
+        let mut every = Marshal::over(bytes);
         every.count(b'[', members.len());
         for &at in &members {
             every.row(py, &rows[at])?;
         }
-        pieces.push((trace, head, every.out));
+        bytes = every.out;
+        pieces.push((trace, middle - start, bytes.len() - middle));
     }
     Ok(Pieces {
         pieces,
+        bytes,
         jobs: jobs.into_values().collect(),
     })
 }
 
-/// A group's skeleton as `analysis.skeleton.split_rows` chooses it, marshalled:
+/// A group's skeleton as `analysis.skeleton.split_rows` chooses it, marshalled at the end of
+/// `bytes`:
 /// (its rows, their positions among the group's or None where it is all of them, the ranks and
 /// the categories of the group's rows).
 fn head(
@@ -250,6 +268,7 @@ fn head(
     facts: &[Facts],
     members: &[usize],
     categories: &Categories,
+    bytes: Vec<u8>,
 ) -> Result<Vec<u8>, Bail> {
     let mut keep: Vec<bool> = members
         .iter()
@@ -283,7 +302,7 @@ fn head(
     if let Some(position) = sync {
         keep[position] = true;
     }
-    let mut out = Marshal::new();
+    let mut out = Marshal::over(bytes);
     out.tuple_start(4);
     if keep.iter().all(|&kept| kept) {
         out.count(b'[', members.len());

@@ -45,8 +45,18 @@ def _native_pieces(data: bytes, stop: int) -> Any:
     spilled = otlp_native.NativeLineDecoder().spill_block(data, stop, SKELETON_SETS)
     if spilled is None:
         return None
-    blobs, jobs, count = spilled
-    loaded = [(trace, marshal.loads(head), marshal.loads(rows)) for trace, head, rows in blobs]
+    lengths, written, jobs, count = spilled
+    loaded, at = [], 0
+    for trace, head, rows in lengths:
+        loaded.append(
+            (
+                trace,
+                marshal.loads(written[at : at + head]),
+                marshal.loads(written[at + head : at + head + rows]),
+            )
+        )
+        at += head + rows
+    assert at == len(written)  # the pieces, one after another, and nothing else
     return loaded, set(jobs), count
 
 

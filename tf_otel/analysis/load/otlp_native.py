@@ -39,9 +39,9 @@ if tf_otel_native is not None and getattr(tf_otel_native, "FORMAT", None) != NAT
 
 _IMMUTABLE = (str, int, float, bool, type(None))
 
-# a block spilled natively: ((trace id, skeleton, all rows) marshalled, a piece each; the job
-# ids; the span count)
-SpilledBlock = Tuple[List[Tuple[str, bytes, bytes]], List[str], int]
+# a block spilled natively: (trace id, its skeleton's length, its rows' length) a piece, those
+# bytes marshalled one piece after another, the job ids, the span count
+SpilledBlock = Tuple[List[Tuple[str, int, int]], bytes, List[str], int]
 
 
 class _Helper:

@@ -55,6 +55,7 @@ from tf_otel.analysis.load.files import (
 )
 from tf_otel.analysis.load.otlp_native import NativeLineDecoder, SpilledBlock
 from tf_otel.analysis.load.progress import Progress
+from tf_otel.analysis.malloc_tune import fixed_mmap_threshold
 from tf_otel.analysis.model import Row, Span, add_spans, by_trace
 from tf_otel.analysis.skeleton import SKELETON_SETS, Skeleton, split_rows
 
@@ -115,11 +116,12 @@ def _write(out: BinaryIO, rows: List[Row], pieces: Pieces, jobs: Set[str]) -> in
 
 def _write_spilled(out: BinaryIO, spilled: SpilledBlock, pieces: Pieces, jobs: Set[str]) -> int:
     """A block the native decoder spilled itself (``_write``'s pieces, made without rows)."""
-    blobs, named, count = spilled
-    for trace_id, skeleton, every in blobs:
-        pieces.append((trace_id, out.tell(), len(skeleton), len(every)))
-        out.write(skeleton)
-        out.write(every)
+    lengths, data, named, count = spilled
+    offset = out.tell()
+    out.write(data)
+    for trace_id, skeleton, every in lengths:
+        pieces.append((trace_id, offset, skeleton, every))
+        offset += skeleton + every
     jobs.update(named)
     return count
 
@@ -133,18 +135,20 @@ _TRACE_ID, _JOB_ID = itemgetter(0), itemgetter(11)
 def spill_part(task: Tuple[Part, str]) -> bytes:
     """Decode one part into its spill file; the pieces, job ids and span count, marshalled."""
     part, target = task
+    fixed_mmap_threshold()  # big blocks: a heap that would grow step after step
     pieces: Pieces = []
     jobs: Set[str] = set()
     count = 0
     # the native decoder writes a block's pieces itself where it reads every line of it (no
-    # Python object per span); else the block's rows are decoded line by line and written
-    native = NativeLineDecoder() if NATIVE_SPILL and trace_files.NATIVE_DECODER else None
+    # Python object per span); else the block's rows are decoded line by line and written. A
+    # decoder a block: its caches (attribute lists, ids) last a block, as the rows' do
+    native = NATIVE_SPILL and trace_files.NATIVE_DECODER
     with paused_gc(), open(target, "wb") as out:
         try:
             for block, stop in _blocks(part):
                 spilled = None
-                if native is not None:
-                    spilled = native.spill_block(block, stop, SKELETON_SETS)
+                if native:
+                    spilled = NativeLineDecoder().spill_block(block, stop, SKELETON_SETS)
                 if spilled is not None:
                     count += _write_spilled(out, spilled, pieces, jobs)
                     continue
