@@ -55,7 +55,6 @@ from tf_otel.analysis.load.files import (
 )
 from tf_otel.analysis.load.otlp_native import NativeLineDecoder, SpilledBlock
 from tf_otel.analysis.load.progress import Progress
-from tf_otel.analysis.malloc_tune import fixed_mmap_threshold
 from tf_otel.analysis.model import Row, Span, add_spans, by_trace
 from tf_otel.analysis.skeleton import SKELETON_SETS, Skeleton, split_rows
 
@@ -135,7 +134,6 @@ _TRACE_ID, _JOB_ID = itemgetter(0), itemgetter(11)
 def spill_part(task: Tuple[Part, str]) -> bytes:
     """Decode one part into its spill file; the pieces, job ids and span count, marshalled."""
     part, target = task
-    fixed_mmap_threshold()  # big blocks: a heap that would grow step after step
     pieces: Pieces = []
     jobs: Set[str] = set()
     count = 0
