@@ -10,7 +10,9 @@ fast path gives the generic path's rows, or leaves the line to it.
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import marshal
 import re
 from pathlib import Path
 
@@ -18,12 +20,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.load import files
+from tf_otel.analysis.load import files, spill
 from tf_otel.analysis.load.jaeger import convert_jaeger_traces
 from tf_otel.analysis.load.otlp import decode_traces_rows
 from tf_otel.analysis.load.otlp_msgspec import LineDecoder
 from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE
 from tf_otel.analysis.load.otlp_native import NativeLineDecoder
+from tf_otel.analysis.skeleton import SKELETON_SETS
 
 FUZZ = settings(
     max_examples=200,
@@ -201,16 +204,50 @@ def test_fast_path_gives_the_generic_rows_or_leaves_the_line(document):
     line = _dumps(document)
     fast = LineDecoder().decode(line)
     native = NativeLineDecoder().decode(line, 0, len(line)) if NATIVE else None
+    spilled = None
+    if NATIVE:
+        spilled = NativeLineDecoder().spill_block(line, len(line), SKELETON_SETS)
     try:
         generic = decode_traces_rows(document, "x line 1")
     except AnalysisError as error:
         assert str(error).startswith("x line 1: "), error
-        assert fast is None and native is None
+        assert fast is None and native is None and spilled is None
         return
     if fast is not None:
         assert fast == generic
     if native is not None:
         assert repr(native) == repr(generic)  # (NaN != NaN)
+    if spilled is not None:  # the spill's pieces as the Python path writes them
+        assert repr(_native_pieces(spilled)) == repr(_python_pieces(generic))
+
+
+def _python_pieces(rows):
+    out, pieces, jobs = io.BytesIO(), [], set()
+    count = spill._write(out, rows, pieces, jobs)
+    data = out.getvalue()
+    return (
+        [
+            (t, marshal.loads(data[at : at + h]), marshal.loads(data[at + h : at + h + r]))
+            for t, at, h, r in pieces
+        ],
+        jobs,
+        count,
+    )
+
+
+def _native_pieces(spilled):
+    lengths, data, jobs, count = spilled
+    loaded, at = [], 0
+    for trace, head, rows in lengths:
+        loaded.append(
+            (
+                trace,
+                marshal.loads(data[at : at + head]),
+                marshal.loads(data[at + head : at + head + rows]),
+            )
+        )
+        at += head + rows
+    return loaded, set(jobs), count
 
 
 def test_attribute_values_nested_as_deep_as_the_json_parser_allows(tmp_path):
