@@ -3,16 +3,16 @@
 //! Usage (inside the crate):
 //!
 //!     if let Some(groups) = scan::line(bytes) { /* each group: resource bytes, span fields */ }
+//!     if let Some((groups, end)) = scan::object(block_text, at) { /* a line of a block */ }
 //!
 //! It reads the fields the rows need in one pass over the bytes, without building values for
 //! the rest, and checks everything it passes over against the JSON grammar. It answers `None`
 //! for anything it does not take (escapes in keys, ids or names; `\u` escapes anywhere; control
 //! characters anywhere, whitespace included; long or exponent numbers; a repeated field; a null
-//! where the layout has a value; invalid UTF-8) and the caller reads
-//! the line with the general parser, which gives the rows or hands the line on. So a line it takes
-//! is valid JSON with exactly the fields the general parser would give; the one value it only
-//! delimits (a span's attribute list, `raw_unchecked`) is parsed by its consumer or equals a
-//! list that was.
+//! where the layout has a value; invalid UTF-8) and the caller reads the line with the general
+//! parser, which gives the rows or hands the line on. So a line it takes is valid JSON with
+//! exactly the fields the general parser would give; the one value it only delimits (a span's
+//! attribute list, `raw_unchecked`) is parsed by its consumer or equals a list that was.
 
 use std::borrow::Cow;
 
