@@ -3,14 +3,16 @@
 //!
 //! Usage (inside the crate; `LineDecoder.spill_block` in lib.rs):
 //!
-//!     let pieces = spill::pieces(py, &rows, &sets)?;  // (trace, head bytes, all rows' bytes)
+//!     let made = spill::pieces(py, &rows, &sets, size)?;
+//!     // made.pieces: (trace, head length, rows length) each; made.bytes: the pieces in turn
 //!
 //! `marshal.loads` of what it writes gives what `tf_otel.analysis.load.spill._write` gives
 //! for the same rows: each piece's head as `analysis.skeleton.split_rows` makes it, then the
 //! list of all its rows, in input order. Objects that the rows share (trace id, names, the
-//! resource's attributes, each row tail's values, the shared empty dict) are written once per
-//! blob and referred to after, as `marshal.dumps` refers to repeated objects; each row's kept
-//! attributes are its own dict.
+//! resource's attributes, each row tail's values, the shared empty dict, the kept attributes'
+//! keys and values) are written once per blob (a piece's head, or its rows) and referred to
+//! after, as `marshal.dumps` refers to repeated objects; each row's kept attributes are its own
+//! dict.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
