@@ -11,6 +11,7 @@ from typing import Any, Callable, ClassVar, Generic, List, Optional, Tuple, Type
 import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
+from tf_otel import clock
 from tf_otel.health import fail_open, log_once, report_failure
 from tf_otel.pipeline.lifecycle import get_pipeline as _get_pipeline
 from tf_otel.pipeline.step_handle import StepHandle
@@ -194,6 +195,9 @@ def run_step(
     finally:
         state.depth -= 1
         if handle is not None:
+            # the step ends here: its hooks (the input share) and its span read this end, not
+            # the time the hooks before them took
+            handle.end_ns = clock.now_ns()
             for hook, kept in zip(hooks, kept_by_hook):
                 try:
                     hook.on_step_end(handle, call, error, kept)

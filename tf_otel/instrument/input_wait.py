@@ -299,7 +299,7 @@ class InputWaitHook(StepHook[None]):
         handle.input_wait_ns = wait
         if not handle.sampled:
             return
-        end = clock.now_ns()
+        end = handle.end_ns or clock.now_ns()  # the step span's own end
         duration = max(1, end - handle.start_ns)
         share = min(1.0, wait / duration)
         handle.attributes[ATTR_WAIT] = wait

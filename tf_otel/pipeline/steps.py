@@ -165,7 +165,8 @@ class Pipeline:
         return handle
 
     def end_step(self, handle: StepHandle, error: Optional[BaseException] = None) -> None:
-        handle.end_ns = clock.now_ns()
+        if not handle.end_ns:  # run_step stamps it before the step's hooks run
+            handle.end_ns = clock.now_ns()
         self.tracker.end(handle)
         if not handle.sampled or self._closed:
             if self._metrics is not None:  # one append; the export thread records it
