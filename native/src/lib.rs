@@ -349,6 +349,46 @@ fn sonic_groups<'a>(data: &'a TracesData<'a>) -> Result<Vec<Group<'a>>, Bail> {
     Ok(groups)
 }
 
+/// The rows (`model.Row` tuples) of spans' parts.
+fn make_rows(py: Python<'_>, spans: Vec<Parts>) -> Result<Bound<'_, PyList>, Bail> {
+    let rows = PyList::empty(py);
+    for parts in spans {
+        let tail = parts.tail.bind(py);
+        let kept = tail.get_item(0)?;
+        // kept attributes: each span its own dict
+        let kept = match kept.cast::<PyDict>() {
+            Ok(dict) if !dict.is_empty() => dict.copy()?.into_any(),
+            _ => kept,
+        };
+        let row = PyTuple::new(
+            py,
+            [
+                parts.trace.bind(py).clone().into_any(),
+                PyString::new(py, &parts.span_id).into_any(),
+                match &parts.parent {
+                    Some(p) => p.bind(py).clone().into_any(),
+                    None => py.None().into_bound(py),
+                },
+                match &parts.name {
+                    Some(n) => n.bind(py).clone().into_any(),
+                    None => py.None().into_bound(py),
+                },
+                parts.start.into_pyobject(py)?.into_any(),
+                parts.end.into_pyobject(py)?.into_any(),
+                kept,
+                tail.get_item(1)?,
+                tail.get_item(2)?,
+                tail.get_item(3)?,
+                tail.get_item(4)?,
+                tail.get_item(5)?,
+                tail.get_item(6)?,
+            ],
+        )?;
+        rows.append(row)?;
+    }
+    Ok(rows)
+}
+
 /// One span's row, its Python parts (`LineDecoder::span_parts`).
 pub struct Parts {
     pub trace: Py<PyString>,
@@ -489,13 +529,14 @@ impl LineDecoder {
     /// The rows of a line: the scanner's groups where it takes the line, else the general
     /// parser's.
     fn rows<'py>(&mut self, py: Python<'py>, line: &[u8]) -> Result<Bound<'py, PyList>, Bail> {
+        let mut parts = Vec::new();
         if let Some(groups) = scan::line(line) {
             self.scanned += 1;
-            return self.make_rows(py, groups);
+            self.add_parts(py, groups, &mut parts)?;
+        } else {
+            self.parsed_parts(py, line, &mut parts)?;
         }
-        let AsMap(data) = sonic_rs::from_slice::<AsMap<TracesData>>(line).map_err(|_| BAIL)?;
-        let groups = sonic_groups(&data)?;
-        self.make_rows(py, groups)
+        make_rows(py, parts)
     }
 
     /// One span's row fields: ids, times and the row's tail (its last seven fields).
@@ -569,53 +610,6 @@ impl LineDecoder {
             end,
             tail,
         })
-    }
-
-    fn make_rows<'py>(
-        &mut self,
-        py: Python<'py>,
-        groups: Vec<Group<'_>>,
-    ) -> Result<Bound<'py, PyList>, Bail> {
-        let rows = PyList::empty(py);
-        for group in &groups {
-            let mut own = self.resource_key(py, group.resource)?;
-            for span in &group.spans {
-                let parts = self.span_parts(py, group.resource, &mut own, span)?;
-                let tail = parts.tail.bind(py);
-                let kept = tail.get_item(0)?;
-                // kept attributes: each span its own dict
-                let kept = match kept.cast::<PyDict>() {
-                    Ok(dict) if !dict.is_empty() => dict.copy()?.into_any(),
-                    _ => kept,
-                };
-                let row = PyTuple::new(
-                    py,
-                    [
-                        parts.trace.into_bound(py).into_any(),
-                        PyString::new(py, &parts.span_id).into_any(),
-                        match parts.parent {
-                            Some(p) => p.into_bound(py).into_any(),
-                            None => py.None().into_bound(py),
-                        },
-                        match parts.name {
-                            Some(n) => n.into_bound(py).into_any(),
-                            None => py.None().into_bound(py),
-                        },
-                        parts.start.into_pyobject(py)?.into_any(),
-                        parts.end.into_pyobject(py)?.into_any(),
-                        kept,
-                        tail.get_item(1)?,
-                        tail.get_item(2)?,
-                        tail.get_item(3)?,
-                        tail.get_item(4)?,
-                        tail.get_item(5)?,
-                        tail.get_item(6)?,
-                    ],
-                )?;
-                rows.append(row)?;
-            }
-        }
-        Ok(rows)
     }
 
     /// The parts of a line the scanner left, read by the general parser (`Err`: the line is
