@@ -5,9 +5,7 @@ reports the same either way."""
 
 from __future__ import annotations
 
-import io
 import json
-import marshal
 import sys
 from pathlib import Path
 from typing import Any, List
@@ -17,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
+from spill_pieces import native_pieces, python_pieces  # noqa: E402
 from test_analysis_load_msgspec import _attr, _line, _span  # noqa: E402
 from test_analysis_skeleton import CHANGES, _report, _write  # noqa: E402
 
@@ -30,34 +29,13 @@ needs_native = pytest.mark.skipif(
 
 
 def _python_pieces(data: bytes, stop: int) -> Any:
-    """The Python path's pieces of ``data[:stop]``: [(trace, head, rows)], jobs, count."""
-    out, pieces, jobs = io.BytesIO(), [], set()  # type: ignore[var-annotated]
-    count = spill._write(out, files.decode_line_block(Path("t"), data, stop), pieces, jobs)
-    written = out.getvalue()
-    loaded = [
-        (trace, marshal.loads(written[at : at + head]), marshal.loads(written[at + head :][:rows]))
-        for trace, at, head, rows in pieces
-    ]
-    return loaded, jobs, count
+    """The Python path's pieces of ``data[:stop]``."""
+    return python_pieces(files.decode_line_block(Path("t"), data, stop))
 
 
 def _native_pieces(data: bytes, stop: int) -> Any:
     spilled = otlp_native.NativeLineDecoder().spill_block(data, stop, SKELETON_SETS)
-    if spilled is None:
-        return None
-    lengths, written, jobs, count = spilled
-    loaded, at = [], 0
-    for trace, head, rows in lengths:
-        loaded.append(
-            (
-                trace,
-                marshal.loads(written[at : at + head]),
-                marshal.loads(written[at + head : at + head + rows]),
-            )
-        )
-        at += head + rows
-    assert at == len(written)  # the pieces, one after another, and nothing else
-    return loaded, set(jobs), count
+    return None if spilled is None else native_pieces(spilled)
 
 
 def _same(data: bytes, stop: int = -1) -> None:

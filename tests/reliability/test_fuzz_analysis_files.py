@@ -10,23 +10,26 @@ fast path gives the generic path's rows, or leaves the line to it.
 from __future__ import annotations
 
 import gzip
-import io
 import json
-import marshal
 import re
+import sys
 from pathlib import Path
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.load import files, spill
-from tf_otel.analysis.load.jaeger import convert_jaeger_traces
-from tf_otel.analysis.load.otlp import decode_traces_rows
-from tf_otel.analysis.load.otlp_msgspec import LineDecoder
-from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE
-from tf_otel.analysis.load.otlp_native import NativeLineDecoder
-from tf_otel.analysis.skeleton import SKELETON_SETS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
+
+from spill_pieces import native_pieces, python_pieces  # noqa: E402
+
+from tf_otel.analysis.errors import AnalysisError  # noqa: E402
+from tf_otel.analysis.load import files  # noqa: E402
+from tf_otel.analysis.load.jaeger import convert_jaeger_traces  # noqa: E402
+from tf_otel.analysis.load.otlp import decode_traces_rows  # noqa: E402
+from tf_otel.analysis.load.otlp_msgspec import LineDecoder  # noqa: E402
+from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE  # noqa: E402
+from tf_otel.analysis.load.otlp_native import NativeLineDecoder  # noqa: E402
+from tf_otel.analysis.skeleton import SKELETON_SETS  # noqa: E402
 
 FUZZ = settings(
     max_examples=200,
@@ -218,36 +221,7 @@ def test_fast_path_gives_the_generic_rows_or_leaves_the_line(document):
     if native is not None:
         assert repr(native) == repr(generic)  # (NaN != NaN)
     if spilled is not None:  # the spill's pieces as the Python path writes them
-        assert repr(_native_pieces(spilled)) == repr(_python_pieces(generic))
-
-
-def _python_pieces(rows):
-    out, pieces, jobs = io.BytesIO(), [], set()
-    count = spill._write(out, rows, pieces, jobs)
-    data = out.getvalue()
-    return (
-        [
-            (t, marshal.loads(data[at : at + h]), marshal.loads(data[at + h : at + h + r]))
-            for t, at, h, r in pieces
-        ],
-        jobs,
-        count,
-    )
-
-
-def _native_pieces(spilled):
-    lengths, data, jobs, count = spilled
-    loaded, at = [], 0
-    for trace, head, rows in lengths:
-        loaded.append(
-            (
-                trace,
-                marshal.loads(data[at : at + head]),
-                marshal.loads(data[at + head : at + head + rows]),
-            )
-        )
-        at += head + rows
-    return loaded, set(jobs), count
+        assert repr(native_pieces(spilled)) == repr(python_pieces(generic))
 
 
 def test_attribute_values_nested_as_deep_as_the_json_parser_allows(tmp_path):
