@@ -211,9 +211,11 @@ def test_analysis_names_the_injected_stragglers_and_only_real_ones(scenario):
         # rank begins late or works slowly by itself in the same step (seen on the cluster:
         # rank 0 began step 12 13 ms late, rank 1 worked 14.5 ms instead of 3), the wall-clock
         # lateness is the smaller truth (87.2 ms extra work, 75.3 ms later ready: named 75.3)
-        work = _beyond_others(truth["work"][number], SLOW_RANK)
+        # the injection happened: a sleep never wakes early (against the others' median it
+        # can read less: CI's loaded host slowed the other ranks' work by 15 ms in step 12)
         if name != "compute":
-            assert work >= 0.95 * DELAY_MS, context  # the injection happened
+            assert truth["work"][number][SLOW_RANK] >= DELAY_MS, context
+        work = _beyond_others(truth["work"][number], SLOW_RANK)
         expected = min(work, _beyond_others(truth["ready"][number], SLOW_RANK))
         assert abs(straggler["delay_ms"] - expected) <= 0.1 * expected, (expected, context)
         assert straggler["excess_ms"] <= steps[number]["duration_ms"]

@@ -10,7 +10,8 @@ training step works this long beyond its ~1 ms model: a sleep inside the step; k
 FILES / RECORDS / RECORD_BYTES (the files written), CALLBACK_SLEEP_MS / CALLBACK_EVERY
 (a Keras callback that sleeps every Nth batch), SAVE_EVERY (checkpoint writes in the loop).
 Prints ``done steps=N file_bytes=B slow_ms_median=M slow_ms_p10=L slow_ms_p90=H`` (the slow
-stage's real time: median, 10th and 90th percentile).
+stage's real time: median, 10th and 90th percentile) and ``slow_ready_ns=T1,T2,...`` (the wall
+clock, time.time_ns, when each slow stage finished: the batch became ready for the consumer).
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ def write_files() -> list:
 
 
 SLOW_TIMES: list = []  # what each slow stage really took (a loaded host oversleeps)
+SLOW_READY: list = []  # when each slow stage finished (wall clock, as spans are stamped)
 
 
 def slow(x):
     start = time.perf_counter()
     time.sleep(SLOW_MS / 1000.0)
     SLOW_TIMES.append(time.perf_counter() - start)
+    SLOW_READY.append(time.time_ns())
     return x
 
 
@@ -179,7 +182,8 @@ def main() -> None:
 
     print(
         f"done steps={STEPS} file_bytes={file_bytes} slow_ms_median={quantile(0.5):.3f}"
-        f" slow_ms_p10={quantile(0.1):.3f} slow_ms_p90={quantile(0.9):.3f}",
+        f" slow_ms_p10={quantile(0.1):.3f} slow_ms_p90={quantile(0.9):.3f}"
+        f" slow_ready_ns={','.join(map(str, SLOW_READY)) or '-'}",
         flush=True,
     )
 

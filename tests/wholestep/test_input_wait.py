@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any, Dict, List
 
 import pytest
 
@@ -51,28 +52,54 @@ def _job(receiver, tmp_path, mode, slow_ms, kind, **extra):
     spans = receiver.wait_for(lambda s: len(_train_steps(s, kind)) >= STEPS, 30)
     # the first steps trace and warm the pipeline up: judge the steady state; and what the
     # slow stage really took (a loaded host oversleeps)
-    slow = {
+    slow: Dict[str, Any] = {
         q: float(result.stdout.split(f"slow_ms_{q}=")[1].split()[0])
         for q in ("median", "p10", "p90")
     }
+    ready = result.stdout.split("slow_ready_ns=")[1].split()[0]
+    slow["ready_ns"] = [] if ready == "-" else [int(t) for t in ready.split(",")]
     return _train_steps(spans, kind)[4:], slow
+
+
+def _median(values: List[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _true_wait_ms(step, ready_ns: List[int]) -> float:
+    """What the step really waited for its batch: from its start to the moment the slow stage
+    finished the last batch ready before the step ended (0 when that batch was ready before
+    the step began). Input-bound, the producer makes batch k+1 while the consumer trains on
+    batch k, so the wait is the stage's time less the consumer's own time since the last
+    batch; a loaded host stretches the consumer's time (CI: 5-10 ms a step instead of ~1)
+    and the wait rightly shrinks by as much."""
+    done = [t for t in ready_ns if t <= step.end_ns]
+    return max(0.0, (max(done) - step.start_ns) / 1e6) if done else 0.0
 
 
 @pytest.mark.parametrize("mode, kind", [("keras", "keras_train"), ("loop", "tf_function")])
 def test_slow_input_stage_is_the_input_share(receiver, tmp_path, mode, kind):
     steps, slow = _job(receiver, tmp_path, mode, SLOW_MS, kind)
-    slow_ms = slow["median"]
     waits = [s.attributes["tf_otel.input.wait_ns"] / 1e6 for s in steps]
     shares = [s.attributes["tf_otel.input.share"] for s in steps]
     durations = [(s.end_ns - s.start_ns) / 1e6 for s in steps]
     # the decode sleeps SLOW_MS per batch, the model ~1 ms. This host is shared: a sleep can
-    # overrun (CI saw 30 ms sleeps take 36), so a wait must lie within what the stage really took
-    # (10th to 90th percentile) give or take 10 % of SLOW_MS; a step the scheduler stalled lets
-    # the prefetch buffer fill, so most steps (not all) must match.
-    low, high = slow["p10"] - 0.1 * SLOW_MS, slow["p90"] + 0.1 * SLOW_MS
-    close = [w for w in waits if low <= w <= high]
-    assert len(close) >= 0.75 * len(waits), (slow, list(zip(waits, durations)))
-    assert sorted(shares)[len(shares) // 2] > 0.8, shares
+    # overrun (CI saw 30 ms sleeps take 36) and the consumer's own time stretches (which the
+    # producer's next batch overlaps), so each wait is judged against what that step really
+    # waited (_true_wait_ms, from the stage's own finishing times). The tail asks for the batch
+    # a little after the step's start and takes it a little after the stage ends: on a quiet
+    # host within 1 ms, with two busy processes on this 2-core host 0.3-6 ms either way (half of
+    # the steps within 1.2 ms). So the typical wait must be the typical truth within 10 % of
+    # SLOW_MS, and most steps (not all: a stalled step lets the buffer fill) within 20 %.
+    truth = [_true_wait_ms(step, slow["ready_ns"]) for step in steps]
+    context = (
+        f"stage {slow['median']} ms; (wait, truth, duration): {list(zip(waits, truth, durations))}"
+    )
+    assert _median(truth) >= 0.5 * SLOW_MS, context  # input-bound, truly
+    errors = sorted(abs(w - t) for w, t in zip(waits, truth))
+    assert abs(_median(waits) - _median(truth)) <= 0.1 * SLOW_MS, context
+    assert errors[int(0.75 * len(errors)) - 1] <= 0.2 * SLOW_MS, context
+    true_shares = [t / d for t, d in zip(truth, durations)]
+    assert _median(shares) == pytest.approx(_median(true_shares), abs=0.1), (shares, context)
     for step, share, wait, duration in zip(steps, shares, waits, durations):
         assert share == pytest.approx(wait / duration, abs=0.1)
         assert step.attributes["tf_otel.input.elements"] == 1
@@ -82,17 +109,25 @@ def test_slow_input_stage_is_the_input_share(receiver, tmp_path, mode, kind):
     result = analyze_received(receiver.spans())
     # by default (issue 23's table: Keras fit read compute 100 %): input is most of the path
     path_input = result.category_shares()["input"].share
-    assert path_input is not None and path_input >= 0.7, result.category_shares()
+    true_share = sum(truth) / sum(durations)
+    assert path_input is not None and path_input >= min(0.7, true_share - 0.1), (
+        true_share,
+        result.category_shares(),
+    )
     found = {f.rule: f for f in result.findings}
     assert "input_bound" in found, [f.summary for f in result.findings]
     evidence = found["input_bound"].evidence
     assert evidence["grade"] == "highly", evidence
-    # the injected stage (30 ms asked, slow_ms taken) of a typical step (the model ~1 ms): the
-    # analysis' share and wait within 10 %
+    # the typical step's true wait (the injected stage less the consumer's own time) over the
+    # typical step: the analysis' share within 0.1 and its wait within 10 % of the stage
     typical_ms = sorted(durations)[len(durations) // 2]
-    assert evidence["share"] == pytest.approx(slow_ms / typical_ms, abs=0.1), (slow_ms, evidence)
+    typical_truth = _median(truth)
+    assert evidence["share"] == pytest.approx(typical_truth / typical_ms, abs=0.1), (
+        typical_truth,
+        evidence,
+    )
     typical_wait = evidence["by_rank"]["0"]["median_wait_per_step_ms"]
-    assert typical_wait == pytest.approx(slow_ms, rel=0.1), (slow_ms, evidence)
+    assert abs(typical_wait - typical_truth) <= 0.1 * SLOW_MS, (typical_truth, evidence)
     # a few hundred bytes read a step for 30 ms of wait: not the reads but the stage after
     assert "decode_bound_input" in found and "io_bound_input" not in found, found
 
