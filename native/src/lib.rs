@@ -22,6 +22,7 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use sonic_rs::LazyValue;
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::marker::PhantomData;
 
 mod scan;
@@ -122,8 +123,9 @@ struct ScalarIn<'a> {
     int: Option<LazyValue<'a>>,
     #[serde(rename = "boolValue", default)]
     boolean: Option<bool>,
-    #[serde(rename = "doubleValue", default)]
-    double: Option<f64>,
+    // its text, read by Rust's parser as the scanner's is: sonic-rs reads -0.0 as 0.0
+    #[serde(rename = "doubleValue", borrow, default)]
+    double: Option<LazyValue<'a>>,
 }
 
 enum Scalar<'a> {
@@ -151,8 +153,24 @@ fn scalar<'a>(raw: &'a LazyValue<'a>) -> Option<Scalar<'a>> {
         (Some(text), None, None, None) => Some(Scalar::Str(text)),
         (None, Some(int), None, None) => time_ns(int.as_raw_str().as_bytes()).ok().map(Scalar::Int),
         (None, None, Some(flag), None) => Some(Scalar::Bool(flag)),
-        (None, None, None, Some(double)) if double.is_finite() => Some(Scalar::Double(double)),
+        (None, None, None, Some(double)) => double_value(double.as_raw_str()),
         _ => None,
+    }
+}
+
+/// A finite double from a JSON number's text (a string or any other value: None).
+fn double_value(text: &str) -> Option<Scalar<'static>> {
+    let value = text.parse::<f64>().ok()?;
+    value.is_finite().then_some(Scalar::Double(value))
+}
+
+/// The scanner's scalar as the general parser reads it (`scalar`).
+fn raw_scalar(raw: scan::RawScalar<'_>) -> Option<Scalar<'_>> {
+    match raw {
+        scan::RawScalar::Str(text) => Some(Scalar::Str(Cow::Borrowed(text))),
+        scan::RawScalar::Int(text) => time_ns(text).ok().map(Scalar::Int),
+        scan::RawScalar::Bool(flag) => Some(Scalar::Bool(flag)),
+        scan::RawScalar::Double(text) => double_value(text),
     }
 }
 
@@ -221,6 +239,7 @@ fn plain_id(text: &str, size: usize) -> Option<String> {
 /// utilisation, in `rows._SLOT_KEYS` order), then the kept ones.
 struct Keys {
     slots: FastMap<String, usize>, // key -> its slot, or KEPT
+    scanned: Cell<u64>,            // attribute lists the scanner read (`scan::pairs`)
 }
 
 const KEPT: usize = 5;
@@ -241,24 +260,44 @@ impl Keys {
         let Ok(text) = std::str::from_utf8(raw) else {
             return Ok(None);
         };
-        let Ok(pairs) = sonic_rs::from_str::<Vec<AsMap<Pair>>>(text) else {
-            return Ok(None);
+        // the analysis' pairs: the scanner's reading of the plain layout, else the general
+        // parser's; a value that is not one scalar is None (the helper decides)
+        let parsed: Vec<AsMap<Pair>>;
+        let wanted: Vec<(&str, Option<Scalar>)> = match scan::pairs(text, |key| {
+            self.slots.contains_key(key)
+        }) {
+            Some(found) => {
+                self.scanned.set(self.scanned.get() + 1);
+                found
+                    .into_iter()
+                    .map(|(key, value)| (key, value.and_then(raw_scalar)))
+                    .collect()
+            }
+            None => {
+                let Ok(pairs) = sonic_rs::from_str::<Vec<AsMap<Pair>>>(text) else {
+                    return Ok(None);
+                };
+                parsed = pairs;
+                parsed
+                    .iter()
+                    .filter(|AsMap(pair)| self.slots.contains_key(pair.key.as_ref()))
+                    .map(|AsMap(pair)| (pair.key.as_ref(), pair.value.as_ref().and_then(scalar)))
+                    .collect()
+            }
         };
         let mut slots: [Option<Scalar>; KEPT] = [None, None, None, None, None];
         let mut kept: Vec<(&str, Scalar)> = Vec::new();
-        for AsMap(pair) in &pairs {
-            let Some(&slot) = self.slots.get(pair.key.as_ref()) else {
-                continue; // not read by the analysis: never decoded
-            };
-            let Some(value) = pair.value.as_ref().and_then(scalar) else {
+        for (key, value) in wanted {
+            let Some(value) = value else {
                 return Ok(None);
             };
+            let slot = self.slots[key];
             if slot < KEPT {
                 slots[slot] = Some(value); // the last of a repeated key wins
-            } else if let Some(found) = kept.iter_mut().find(|(key, _)| *key == pair.key) {
+            } else if let Some(found) = kept.iter_mut().find(|(seen, _)| *seen == key) {
                 found.1 = value; // ... in its first place
             } else {
-                kept.push((pair.key.as_ref(), value));
+                kept.push((key, value));
             }
         }
         let [category, rank, step, job, gpu] = slots;
@@ -664,7 +703,10 @@ impl LineDecoder {
         }
         Ok(LineDecoder {
             helper,
-            keys: Keys { slots },
+            keys: Keys {
+                slots,
+                scanned: Cell::new(0),
+            },
             resources: FastMap::default(),
             trace_ids: FastMap::default(),
             parent_ids: FastMap::default(),
@@ -672,6 +714,13 @@ impl LineDecoder {
             bailed: 0,
             scanned: 0,
         })
+    }
+
+    /// Attribute lists read by the scanner (the plain layout); the others by the general
+    /// parser (each distinct list once: the decoder caches its row fields).
+    #[getter]
+    fn lists_scanned(&self) -> u64 {
+        self.keys.scanned.get()
     }
 
     /// The spill of the lines of `data[:stop]` as `tf_otel.analysis.load.spill._write` makes
@@ -796,6 +845,6 @@ fn handed_back<'py>(py: Python<'py>, bail: Bail) -> PyResult<Option<Spilled<'py>
 #[pymodule]
 fn tf_otel_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<LineDecoder>()?;
-    module.add("FORMAT", 4)?;
+    module.add("FORMAT", 5)?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 //!
 //!     if let Some(groups) = scan::line(bytes) { /* each group: resource bytes, span fields */ }
 //!     if let Some((groups, end)) = scan::object(block_text, at) { /* a line of a block */ }
+//!     if let Some(pairs) = scan::pairs(list_text, |key| wanted(key)) { /* an attribute list */ }
 //!
 //! It reads the fields the rows need in one pass over the bytes, without building values for
 //! the rest, and checks everything it passes over against the JSON grammar. It answers `None`
@@ -38,6 +39,49 @@ pub struct Group<'a> {
 pub const NULL: &[u8] = b"null";
 const DEPTH: u32 = 64; // deeper values go to the general parser
 const DIGITS_MAX: usize = 15; // longer skipped numbers too: parsers differ on their range
+
+/// An attribute value of one scalar kind, as its JSON text.
+pub enum RawScalar<'a> {
+    Str(&'a str),
+    Int(&'a [u8]), // a string or a number: `time_ns` reads it
+    Bool(bool),
+    Double(&'a str),
+}
+
+/// The pairs of an attribute list in the plain layout (`[{"key":"k","value":{"intValue":"3"}},
+/// ...]`) whose key is `wanted`, in order, each with its value (None where the pair has no
+/// `value`); the others are checked and skipped. None for anything else (a value of another
+/// kind or of two kinds, an unknown field, a repeated one, escapes in a key or a wanted
+/// string): the general parser decides, and where this answers it answers as that does.
+pub fn pairs<'a>(
+    text: &'a str,
+    wanted: impl Fn(&str) -> bool,
+) -> Option<Vec<(&'a str, Option<RawScalar<'a>>)>> {
+    let mut cursor = Cursor { text, at: 0 };
+    let mut found = Vec::new();
+    cursor.elements(|cursor| {
+        let mut key: Option<&'a str> = None;
+        let mut value: Option<Option<RawScalar<'a>>> = None;
+        cursor.members(|cursor, field| match field {
+            "key" => once(&mut key, cursor.plain()?),
+            "value" => match key {
+                Some(key) if !wanted(key) => {
+                    once(&mut value, cursor.skip_value(DEPTH).map(|_| None)?)
+                }
+                Some(_) => once(&mut value, Some(cursor.scalar()?)),
+                None => None, // the key after its value: the general parser
+            },
+            _ => None,
+        })?;
+        let key = key?;
+        if wanted(key) {
+            found.push((key, value.flatten()));
+        }
+        Some(())
+    })?;
+    cursor.space();
+    (cursor.at == text.len()).then_some(found)
+}
 
 /// The groups of a line in the plain layout, or None: the general parser decides.
 pub fn line(bytes: &[u8]) -> Option<Vec<Group<'_>>> {
@@ -306,6 +350,45 @@ impl<'a> Cursor<'a> {
         }
         self.at = at;
         Some(())
+    }
+
+    /// `{"stringValue":"..."}`, `{"intValue":...}`, `{"boolValue":...}` or
+    /// `{"doubleValue":...}`: one kind, nothing else in the object.
+    fn scalar(&mut self) -> Option<RawScalar<'a>> {
+        let mut value = None;
+        self.members(|cursor, kind| {
+            let read = match kind {
+                "stringValue" => RawScalar::Str(cursor.plain()?),
+                "intValue" => RawScalar::Int(cursor.raw_scalar()?),
+                "boolValue" => match cursor.peek()? {
+                    b't' => cursor.literal(b"true").map(|_| RawScalar::Bool(true))?,
+                    _ => cursor.literal(b"false").map(|_| RawScalar::Bool(false))?,
+                },
+                "doubleValue" => {
+                    cursor.space();
+                    let start = cursor.at;
+                    cursor.skip_number()?;
+                    RawScalar::Double(cursor.text.get(start..cursor.at)?)
+                }
+                _ => return None,
+            };
+            once(&mut value, read)
+        })?;
+        value
+    }
+
+    /// A plain string with its quotes, or a number: an integer's text.
+    fn raw_scalar(&mut self) -> Option<&'a [u8]> {
+        self.space();
+        let start = self.at;
+        match self.peek()? {
+            b'"' => {
+                self.plain()?;
+            }
+            b'-' | b'0'..=b'9' => self.skip_number()?,
+            _ => return None,
+        }
+        Some(&self.bytes()[start..self.at])
     }
 
     fn group(&mut self) -> Option<Group<'a>> {

@@ -168,6 +168,7 @@ def test_the_benchmarks_traces_load_the_same_and_all_natively(tmp_path: Path, mo
             begin += len(line) + 1
         assert decoder.bailed == 0
         assert decoder.scanned == len(data.splitlines())  # the scanner, not the parser
+        assert decoder.lists_scanned > 0  # ... and its attribute lists
         assert repr(rows) == repr(rows_or_error(path, monkeypatch, NATIVE_DECODER=False))
         assert len(rows) == 3 * 200 + (3 if path.name == "rank0.jsonl" else 0)
 
@@ -334,3 +335,42 @@ def test_one_byte_changes_give_the_generic_rows_or_none():
                 assert repr(rows) == repr(generic), changed
                 took += 1
     assert took > 1000 and refused > 1000  # both sides are exercised
+
+
+# Attribute lists (one span's, the analysis reading rank, step, category, job, GPU and kept
+# keys): the scanner reads the plain layout's (True); others go to the general parser (False)
+_R, _G = "tf_otel.rank", "gpu.utilization"
+LISTS = [
+    ([_attr(_R, {"intValue": "5"})], True),
+    ([_attr(_R, {"intValue": 5}), _attr(_G, {"doubleValue": 0.5})], True),
+    ([_attr(_G, {"doubleValue": -0.0})], True),  # the sign kept (sonic-rs reads 0.0)
+    ([_attr(_G, {"doubleValue": 3})], True),
+    ([_attr("horovod.last_arrival", {"boolValue": False})], True),
+    ([_attr("tf_otel.step", {"intValue": "1"}), _attr("tf_otel.step", {"intValue": "2"})], True),
+    ([_attr("other", {"arrayValue": {"values": [{"intValue": 1}, None]}})], True),  # skipped
+    ([_attr(_R, {"stringValue": "5"})], True),  # not its slot's type: the helper decides
+    ([{"key": _R}], True),  # no value: the helper
+    ([_attr(_R, {})], False),
+    ([_attr(_R, None)], False),
+    ([{"value": {"intValue": "5"}, "key": _R}], False),  # the key after its value
+    ([{"key": _R, "value": {"intValue": "5"}, "x": 1}], False),  # an unknown field
+    ([_attr(_R, {"intValue": "5", "stringValue": "5"})], False),  # two kinds
+    ([_attr(_G, {"doubleValue": 1e300})], False),  # an exponent
+    ([_attr(_G, {"doubleValue": "0.5"})], False),
+    ([_attr(_G, {"boolValue": "true"})], False),
+    ([_attr("tf_otel.job.id", {"stringValue": "a\tb"})], False),  # an escape in a string read
+    ([_attr("tf_otel.job.id", {"bytesValue": "AA=="})], False),
+    ([{"key": _R, "key2": 1}], False),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("attributes, scanned", LISTS)
+def test_attribute_lists_the_scanner_reads_or_leaves_give_the_generic_rows(attributes, scanned):
+    line = _line([_span(attributes=attributes)])
+    decoder = otlp_native.NativeLineDecoder()
+    rows = decoder.decode(line, 0, len(line))
+    assert rows is not None and repr(rows) == repr(_generic(line))
+    assert decoder.lists_scanned == int(scanned)
+    spaced = json.dumps(json.loads(line)).encode()  # spaces after ',' and ':'
+    assert repr(decoder.decode(spaced, 0, len(spaced))) == repr(rows)

@@ -169,13 +169,18 @@ def _dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def _wrap(attribute_value, key=RANK):
+def _wrap(attribute_value, key=RANK, value_first=False):
+    pair = (
+        {"value": attribute_value, "key": key}
+        if value_first
+        else {"key": key, "value": attribute_value}
+    )
     span = {
         "traceId": "ab" * 16,
         "spanId": "cd" * 8,
         "startTimeUnixNano": "1",
         "endTimeUnixNano": "2",
-        "attributes": [{"key": key, "value": attribute_value}],
+        "attributes": [pair],
     }
     return {"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}
 
@@ -203,6 +208,9 @@ def load(path: Path, lines: int):
 @example(_wrap({"doubleValue": "inf"}))  # rank inf: was OverflowError (both paths)
 @example(_wrap({"doubleValue": "-inf"}, key=STEP))
 @example({"resourceSpans": [{"scopeSpans": [[]]}]})  # native: a scope from an array (was [])
+# native, the general parser's pairs (the key after its value): sonic-rs read -0.0 as 0.0
+@example(_wrap({"doubleValue": -0.0}, key="gpu.utilization", value_first=True))
+@example(_wrap({"doubleValue": -0.0}, key="gpu.utilization"))  # the scanner's pairs
 def test_fast_path_gives_the_generic_rows_or_leaves_the_line(document):
     line = _dumps(document)
     fast = LineDecoder().decode(line)

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - depends on the build
     tf_otel_native = None  # type: ignore[assignment]
 
 AVAILABLE = tf_otel_native is not None
-NATIVE_FORMAT = 4  # the helper protocol below; the module states the one it was built for
+NATIVE_FORMAT = 5  # the helper protocol below; the module states the one it was built for
 if tf_otel_native is not None and getattr(tf_otel_native, "FORMAT", None) != NATIVE_FORMAT:
     tf_otel_native = None  # type: ignore[assignment]  # an older build: make install rebuilds it
     AVAILABLE = False
@@ -105,3 +105,8 @@ class NativeLineDecoder:
     def scanned(self) -> int:
         """Lines read by the scanner (the plain layout); the others by the general parser."""
         return self._decoder.scanned
+
+    @property
+    def lists_scanned(self) -> int:
+        """Distinct attribute lists read by the scanner; the others by the general parser."""
+        return self._decoder.lists_scanned
