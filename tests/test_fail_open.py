@@ -103,3 +103,53 @@ def test_the_step_ends_before_its_hooks_run(monkeypatch):
     (handle,) = handles
     assert first.seen == second.seen == [handle.end_ns]
     assert handle.end_ns - handle.start_ns < 40_000_000  # the hooks' 100 ms are outside
+
+
+def _exporter_record(kind: str) -> logging.LogRecord:
+    """The OTLP exporter's own retry warning (its format and arguments)."""
+    return logging.LogRecord(
+        "opentelemetry.exporter.otlp.proto.grpc.exporter", logging.WARNING, __file__, 1,
+        "Transient error %s encountered while exporting %s to %s, retrying in %ss.",
+        ("StatusCode.UNAVAILABLE", kind, "localhost:4317", 1.1), None,
+    )  # fmt: skip
+
+
+def test_a_failing_export_is_said_once_per_signal_and_names_it():
+    """One exporter logger serves spans and metrics: a missing collector is one line for each,
+    named for what fails (a run with only a metrics endpoint missing read "span export")."""
+    from tf_otel.pipeline.sdk import _ExportFailureFilter
+
+    flt = _ExportFailureFilter()
+    kinds = [f"unit-{time.monotonic_ns()}-{kind}" for kind in ("a", "b")]  # fresh log-once keys
+    said = []
+    for name in kinds:
+        for signal in ("metrics", "traces", "metrics", "traces"):
+            record = _exporter_record(signal)
+            record.name = name
+            if flt.filter(record):
+                said.append((name, record.getMessage().split(";")[0]))
+    assert said == [
+        (name, f"tf_otel: {kind} export is failing")
+        for name in kinds
+        for kind in ("metric", "span")
+    ]
+
+
+def test_system_metrics_export_through_a_closed_exporter_fails_quietly(caplog):
+    """The system-metrics reader shares the global provider's exporter; at exit that exporter
+    can close while the reader's last export retries (seen: "Exception while exporting metrics
+    ... Cannot invoke RPC on closed channel" in a third-party program's log): the export
+    fails, counted, and nothing is raised into the SDK's reader thread."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+
+    from tf_otel.pipeline.system_metrics import _shared
+
+    exporter = OTLPMetricExporter(endpoint="127.0.0.1:9", insecure=True, timeout=1)
+    shared = _shared(exporter)
+    before = counters["system_metrics_export_errors"]
+    exporter._channel.close()  # closed under a retrying export, before its shutdown flag
+    assert shared.export(MetricsData(resource_metrics=[])) is MetricExportResult.FAILURE
+    assert counters["system_metrics_export_errors"] == before + 1
+    exporter.shutdown()
+    assert shared.export(MetricsData(resource_metrics=[])) is MetricExportResult.FAILURE

@@ -130,10 +130,26 @@ class _ExportFailureFilter(logging.Filter):
             )
             return True
         count("export_errors")
-        if not first_time("export:" + record.name):
+        kind = _signal(record)
+        if not first_time(f"export:{record.name}:{kind}"):
             return False
-        record.msg = f"tf_otel: span export is failing; training goes on. First error: {record.msg}"
+        record.msg = (
+            f"tf_otel: {kind} export is failing; training goes on. First error: {record.msg}"
+        )
         return True
+
+
+def _signal(record: logging.LogRecord) -> str:
+    """Which signal a failing export carries (one exporter logger serves spans, metrics and
+    logs): named in the SDK's message ("... while exporting metrics to ...")."""
+    try:
+        message = record.getMessage()
+    except Exception:  # a malformed record: still one line
+        message = str(record.msg)
+    for word, kind in (("metric", "metric"), ("log", "log"), ("span", "span"), ("trace", "span")):
+        if f"exporting {word}" in message:
+            return kind
+    return "span"
 
 
 def quiet_exporter_logs() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from tf_otel.health import run_bounded
+from tf_otel.health import count, run_bounded
 
 # semconv names worth the export; the instrumentor's default set also has swap, gc, threads...
 METRICS = {
@@ -92,7 +92,7 @@ def start(attributes: Mapping[str, Any], interval_s: float) -> Optional[SystemMe
 def _shared(exporter: Any) -> Any:
     """The global provider's exporter, which our reader must not shut down at exit (the
     global provider still flushes through it)."""
-    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
     class Shared(MetricExporter):
         def __init__(self) -> None:
@@ -102,7 +102,15 @@ def _shared(exporter: Any) -> Any:
             )
 
         def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
-            return exporter.export(metrics_data, timeout_millis=timeout_millis)
+            # the global provider may shut the exporter down (at exit) while this reader's
+            # last export still retries: a failed export, not a traceback in the user's log
+            if getattr(exporter, "_shutdown", False):
+                return MetricExportResult.FAILURE
+            try:
+                return exporter.export(metrics_data, timeout_millis=timeout_millis)
+            except Exception:
+                count("system_metrics_export_errors")
+                return MetricExportResult.FAILURE
 
         def force_flush(self, timeout_millis: float = 10_000) -> bool:
             return exporter.force_flush(timeout_millis)
