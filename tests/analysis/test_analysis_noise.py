@@ -9,6 +9,7 @@ from analysis_builders import EPOCH_NS, JobBuilder, decoded_spans, horovod_like_
 
 from tf_otel.analysis.analyze import analyze_spans
 from tf_otel.analysis.report.json_report import to_json
+from tf_otel.analysis.stragglers import warmup_keys
 
 
 def stragglers(result):
@@ -51,6 +52,21 @@ def test_warmup_is_reported_and_kept_out():
     document = to_json(result)
     assert document["summary"]["warmup_steps"] == [0]
     assert document["steps"][0]["warmup"] is True
+
+
+def test_short_runs_between_warm_up_steps_do_not_end_the_warm_up():
+    """tf_cnn_benchmarks (4 ranks, its 2 warm-up batches): the init run, a 0.2 s read of the
+    global step, the two slow warm-up batches, another short read, then ~0.5 s steps (step
+    durations in ms as analysed, in order). The warm-up is the init run and both batches; the
+    short reads are not warm-up, and a run with neither slow batch has none."""
+    steady = [585, 570, 565, 493, 587, 590, 551, 525, 522, 532, 468, 462, 480, 488, 457, 456]
+    steady += [489, 503, 464, 475, 487, 520, 568, 511]
+    run = [3025, 211, 2785, 2572, 18] + steady
+    assert warmup_keys({key: ms(d) for key, d in enumerate(run)}) == [0, 2, 3]
+    control = [211, 18] + steady
+    assert warmup_keys({key: ms(d) for key, d in enumerate(control)}) == []
+    ordinary = [3025, 540, 2785] + steady  # an ordinary step ends it: the later one is kept
+    assert warmup_keys({key: ms(d) for key, d in enumerate(ordinary)}) == [0]
 
 
 def test_without_op_detail_the_gaps_are_rank_step_work():

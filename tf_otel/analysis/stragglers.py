@@ -54,6 +54,9 @@ from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRAN
 
 WARMUP_Z = 3.5
 WARMUP_MIN_RATIO = 1.0  # a warm-up step is at least twice the settled median
+# a leading step under half the settled median is another, short Session.run (reading the
+# global step, initialising) between warm-up steps, not the first settled step
+WARMUP_SHORT_RATIO = 0.5
 EXCESS_CATEGORIES = (PATH_BEFORE_STEP, PATH_INPUT, PATH_COMPUTE, PATH_COMMUNICATION, PATH_FRAMEWORK)
 _SPAN_CATEGORY = {COLLECTIVE: PATH_COMMUNICATION, TRANSFER: PATH_COMMUNICATION, INPUT: PATH_INPUT}
 # where spans overlap in a window, the first of these that is open names the time
@@ -97,7 +100,9 @@ def _median(values: Iterable[float]) -> float:
 
 
 def warmup_keys(durations: Dict[int, int]) -> List[int]:
-    """Leading step keys (in order) far slower than the later half of the run."""
+    """Leading step keys (in order) far slower than the later half of the run, up to the first
+    step of ordinary length (short steps between them do not end the warm-up: tf_cnn_benchmarks
+    reads its global step between its two warm-up batches, a 0.2 s run between 2.8 s ones)."""
     keys = list(durations)
     if len(keys) < 3:
         return []
@@ -107,9 +112,10 @@ def warmup_keys(durations: Dict[int, int]) -> List[int]:
     threshold = median + max(WARMUP_Z * MAD_TO_SIGMA * mad, WARMUP_MIN_RATIO * median)
     warm = []
     for key in keys[: max(1, len(keys) // 4)]:
-        if durations[key] <= threshold:
+        if durations[key] > threshold:
+            warm.append(key)
+        elif durations[key] >= WARMUP_SHORT_RATIO * median:
             break
-        warm.append(key)
     return warm
 
 
