@@ -149,3 +149,32 @@ def test_without_collective_spans_the_rank_ready_last_is_blamed():
         assert step.path.length_ns == step.trace.duration_ns
     control = analyze_spans(decoded_spans(horovod_like_run(steps=16, collectives=False)))
     assert stragglers(control) == {}
+
+
+def _named_roots(spans, names):
+    for span in spans:
+        if span.category == "step.root":
+            span.name = f"{names(span.step)} step {span.step}"
+    return spans
+
+
+def test_steps_of_other_step_functions_are_labelled_with_theirs():
+    """A TF1 program runs several Session.run fetch sets, each numbering its steps from 0
+    (tf_cnn_benchmarks: its init run, reads of the global step, the training step): the steps
+    of all but the step function with the most steps carry its short name ("global_step:0" in
+    the text, "series" in JSON); a job of one step function (the control) keeps plain numbers."""
+    job = horovod_like_run(steps=12, jitter_ms=1.0)
+    other = {0, 5}
+    names = lambda n: "session_run:global_step" if n in other else "session_run:loss,train_op"  # noqa: E731
+    result = analyze_spans(_named_roots(decoded_spans(job), names))
+    labels = [s.label for s in result.steps]
+    assert labels == ["global_step:0"] + [str(n) for n in range(1, 5)] + ["global_step:5"] + [
+        str(n) for n in range(6, 12)
+    ]
+    document = to_json(result)
+    assert [s.get("series") for s in document["steps"]] == [
+        "global_step" if n in other else None for n in range(12)
+    ]
+    control = analyze_spans(_named_roots(decoded_spans(job), lambda n: "session_run:train_op"))
+    assert [s.label for s in control.steps] == [str(n) for n in range(12)]
+    assert all("series" not in s for s in to_json(control)["steps"])

@@ -19,6 +19,7 @@ back one at a time: memory holds the steps in flight and a few values a step, no
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -363,8 +364,13 @@ def _summarise(
 ) -> AnalysisResult:
     """The statistics over all steps and the findings (spans read again only for a rare
     straggler step, ``stragglers.keep_for_statistics``), the steps read one at a time."""
-    durations = {key: d.duration_ns for key, d in enumerate(digests_of(results))}
+    digests = digests_of(results)
+    durations = {key: d.duration_ns for key, d in enumerate(digests)}
     warmup = warmup_keys(durations)
+    # several step functions (a TF1 program's Session.run fetch sets): the steps of all but
+    # the one with the most steps are labelled with theirs ("global_step:0"), numbers repeat
+    series = Counter(d.series for d in digests)
+    main = series.most_common(1)[0][0] if len(series) > 1 else None
     stragglers = straggler_summary(
         _Paths(results),
         straggler_min_share,
@@ -380,6 +386,8 @@ def _summarise(
     for step_result in results:
         key = step_result.key
         step_result.warmup = key in skipped
+        if main is not None and digests[key].series != main:
+            step_result.series = digests[key].series
         step_result.straggler = stragglers.step_stragglers.get(key)
         step_result.outlier = key in slow
         if isinstance(results, PagedSteps):

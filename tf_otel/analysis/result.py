@@ -9,6 +9,8 @@ Usage::
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
@@ -38,10 +40,14 @@ class StepResult:
     outlier: bool = False
     warmup: bool = False  # a leading step still tracing / compiling: kept out of statistics
     facts: StepFacts = field(default_factory=StepFacts)  # what the rules read of its spans
+    # a step of another step function than the job's main one (a TF1 program's other
+    # Session.run fetch sets, Keras evaluate beside fit): its short name, else None
+    series: Optional[str] = None
 
     @property
     def label(self) -> str:
-        return str(self.trace.step) if self.trace.step is not None else f"#{self.key}"
+        number = str(self.trace.step) if self.trace.step is not None else f"#{self.key}"
+        return f"{self.series}:{number}" if self.series else number
 
     @property
     def not_measured(self) -> Dict[str, str]:
@@ -67,6 +73,23 @@ class StepDigest:
     measured: FrozenSet[str]
     ranks: Tuple[int, ...]
     warmup: bool
+    series: Optional[str]  # step_series
+
+
+SERIES_CHARS = 24  # a series' short name in labels
+_ROOT_NAME = re.compile(r"(.+) step -?[0-9]+")
+
+
+def step_series(trace: StepTrace) -> Optional[str]:
+    """The step function a step belongs to, from its root's name (``<step key> step <n>``,
+    pipeline/exporter.py), shortened: the part after the kind (``session_run:global_step`` ->
+    ``global_step``). None without a root named so (older files: "step <n>")."""
+    found = _ROOT_NAME.fullmatch(trace.root.name) if trace.root is not None else None
+    if found is None:
+        return None
+    key = found.group(1)
+    name = key.split(":", 1)[-1] or key
+    return name if len(name) <= SERIES_CHARS else name[: SERIES_CHARS - 1] + "…"
 
 
 def step_digest(step: StepResult) -> StepDigest:
@@ -78,6 +101,7 @@ def step_digest(step: StepResult) -> StepDigest:
         step.measured,
         tuple(step.trace.ranks),
         step.warmup,
+        sys.intern(series) if (series := step_series(step.trace)) else None,
     )
 
 

@@ -53,6 +53,8 @@ def _step(step: StepResult, with_path: bool) -> Dict[str, Any]:
         "outlier": step.outlier,
         "warmup": step.warmup,
     }
+    if step.series is not None:  # a step of another step function than the job's main one
+        document["series"] = step.series
     if step.straggler is not None:
         document["straggler"] = {
             "rank": step.straggler.rank,
