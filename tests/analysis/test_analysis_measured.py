@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional
 
+import pytest
 from analysis_builders import JobBuilder, decoded_spans
 
 from tf_otel.analysis.analyze import analyze_spans
@@ -135,6 +136,18 @@ def test_input_share_is_over_the_steps_that_measured_it():
     assert finding.evidence["share"] == 0.2
     assert (finding.evidence["measured_steps"], finding.evidence["steps"]) == (4, 8)
     assert "over the 4 of 8 steady steps where it was measured" in finding.summary
+
+
+@pytest.mark.parametrize("measured, severity", [(1, "low"), (2, "low"), (3, "high"), (8, "high")])
+def test_a_share_measured_on_few_steps_is_graded_low(measured, severity):
+    """Communication is 40 % of every step where it is measured; measured on fewer than 3
+    steady steps (tf_cnn_benchmarks' default detail sampled 1 of 26) the finding still says
+    so, over how many, but graded low."""
+    result = analyse(job(steps=8, collectives=range(measured)))
+    (finding,) = [f for f in result.findings if f.rule == "communication_bound"]
+    assert finding.evidence["share"] == 0.4 and finding.evidence["measured_steps"] == measured
+    assert finding.severity == severity
+    assert ("graded low" in finding.summary) == (severity == "low")
 
 
 def test_two_ranks_without_collectives_never_show_communication_as_zero():
