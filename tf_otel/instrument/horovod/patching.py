@@ -94,8 +94,9 @@ def _check_optimizer(wrapped: Callable, instance: Any, args: tuple, kwargs: dict
                 "hvd_keras3",
                 "tf_otel: hvd.DistributedOptimizer got a Keras 3 optimizer (%s): Horovod does "
                 "not average its gradients, so ranks silently diverge. Use tf_keras "
-                "(TF_USE_LEGACY_KERAS=1, pip install tf_keras) or hvd.DistributedGradientTape "
-                "in a custom loop",
+                "(TF_USE_LEGACY_KERAS=1, pip install tf_keras), or hvd.DistributedGradientTape "
+                "in a custom loop over tf.Variable sources (a Keras 3 model's variables fail in "
+                "Horovod's tape: 'Variable' object has no attribute 'ref')",
                 type(optimizer).__name__,
             )
     return wrapped(*args, **kwargs)
