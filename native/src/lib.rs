@@ -263,35 +263,36 @@ impl Keys {
         // the analysis' pairs: the scanner's reading of the plain layout, else the general
         // parser's; a value that is not one scalar is None (the helper decides)
         let parsed: Vec<AsMap<Pair>>;
-        let wanted: Vec<(&str, Option<Scalar>)> = match scan::pairs(text, |key| {
-            self.slots.contains_key(key)
-        }) {
-            Some(found) => {
-                self.scanned.set(self.scanned.get() + 1);
-                found
-                    .into_iter()
-                    .map(|(key, value)| (key, value.and_then(raw_scalar)))
-                    .collect()
-            }
-            None => {
-                let Ok(pairs) = sonic_rs::from_str::<Vec<AsMap<Pair>>>(text) else {
-                    return Ok(None);
-                };
-                parsed = pairs;
-                parsed
-                    .iter()
-                    .filter(|AsMap(pair)| self.slots.contains_key(pair.key.as_ref()))
-                    .map(|AsMap(pair)| (pair.key.as_ref(), pair.value.as_ref().and_then(scalar)))
-                    .collect()
-            }
-        };
+        let wanted: Vec<(usize, &str, Option<Scalar>)> =
+            match scan::pairs(text, |key| self.slots.get(key).copied()) {
+                Some(found) => {
+                    self.scanned.set(self.scanned.get() + 1);
+                    found
+                        .into_iter()
+                        .map(|(slot, key, value)| (slot, key, value.and_then(raw_scalar)))
+                        .collect()
+                }
+                None => {
+                    let Ok(pairs) = sonic_rs::from_str::<Vec<AsMap<Pair>>>(text) else {
+                        return Ok(None);
+                    };
+                    parsed = pairs;
+                    parsed
+                        .iter()
+                        .filter_map(|AsMap(pair)| {
+                            let key = pair.key.as_ref();
+                            let slot = *self.slots.get(key)?; // not read: never decoded
+                            Some((slot, key, pair.value.as_ref().and_then(scalar)))
+                        })
+                        .collect()
+                }
+            };
         let mut slots: [Option<Scalar>; KEPT] = [None, None, None, None, None];
         let mut kept: Vec<(&str, Scalar)> = Vec::new();
-        for (key, value) in wanted {
+        for (slot, key, value) in wanted {
             let Some(value) = value else {
                 return Ok(None);
             };
-            let slot = self.slots[key];
             if slot < KEPT {
                 slots[slot] = Some(value); // the last of a repeated key wins
             } else if let Some(found) = kept.iter_mut().find(|(seen, _)| *seen == key) {

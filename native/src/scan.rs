@@ -4,7 +4,7 @@
 //!
 //!     if let Some(groups) = scan::line(bytes) { /* each group: resource bytes, span fields */ }
 //!     if let Some((groups, end)) = scan::object(block_text, at) { /* a line of a block */ }
-//!     if let Some(pairs) = scan::pairs(list_text, |key| wanted(key)) { /* an attribute list */ }
+//!     if let Some(pairs) = scan::pairs(list_text, |key| slots.get(key)) { /* an attribute list */ }
 //!
 //! It reads the fields the rows need in one pass over the bytes, without building values for
 //! the rest, and checks everything it passes over against the JSON grammar. It answers `None`
@@ -49,33 +49,33 @@ pub enum RawScalar<'a> {
 }
 
 /// The pairs of an attribute list in the plain layout (`[{"key":"k","value":{"intValue":"3"}},
-/// ...]`) whose key is `wanted`, in order, each with its value (None where the pair has no
-/// `value`); the others are checked and skipped. None for anything else (a value of another
-/// kind or of two kinds, an unknown field, a repeated one, escapes in a key or a wanted
-/// string): the general parser decides, and where this answers it answers as that does.
-pub fn pairs<'a>(
+/// ...]`) whose key has a `slot`, in order, each with that slot and its value (None where the
+/// pair has no `value`); the others are checked and skipped. None for anything else (a value
+/// of another kind or of two kinds, an unknown field, a repeated one, escapes in a key or a
+/// wanted string): the general parser decides, and where this answers it answers as that does.
+pub fn pairs<'a, T>(
     text: &'a str,
-    wanted: impl Fn(&str) -> bool,
-) -> Option<Vec<(&'a str, Option<RawScalar<'a>>)>> {
+    slot: impl Fn(&str) -> Option<T>,
+) -> Option<Vec<(T, &'a str, Option<RawScalar<'a>>)>> {
     let mut cursor = Cursor { text, at: 0 };
     let mut found = Vec::new();
     cursor.elements(|cursor| {
-        let mut key: Option<&'a str> = None;
+        let mut key: Option<(&'a str, Option<T>)> = None;
         let mut value: Option<Option<RawScalar<'a>>> = None;
         cursor.members(|cursor, field| match field {
-            "key" => once(&mut key, cursor.plain()?),
-            "value" => match key {
-                Some(key) if !wanted(key) => {
-                    once(&mut value, cursor.skip_value(DEPTH).map(|_| None)?)
-                }
-                Some(_) => once(&mut value, Some(cursor.scalar()?)),
+            "key" => {
+                let text = cursor.plain()?;
+                once(&mut key, (text, slot(text)))
+            }
+            "value" => match &key {
+                Some((_, None)) => once(&mut value, cursor.skip_value(DEPTH).map(|_| None)?),
+                Some((_, Some(_))) => once(&mut value, Some(cursor.scalar()?)),
                 None => None, // the key after its value: the general parser
             },
             _ => None,
         })?;
-        let key = key?;
-        if wanted(key) {
-            found.push((key, value.flatten()));
+        if let (text, Some(slot)) = key? {
+            found.push((slot, text, value.flatten()));
         }
         Some(())
     })?;
