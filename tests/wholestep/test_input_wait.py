@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from statistics import median_high
 from typing import Any, Dict, List
 
 import pytest
@@ -61,10 +62,6 @@ def _job(receiver, tmp_path, mode, slow_ms, kind, **extra):
     return _train_steps(spans, kind)[4:], slow
 
 
-def _median(values: List[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 def _true_wait_ms(step, ready_ns: List[int]) -> float:
     """What the step really waited for its batch: from its start to the moment the slow stage
     finished the last batch ready before the step ended (0 when that batch was ready before
@@ -94,12 +91,15 @@ def test_slow_input_stage_is_the_input_share(receiver, tmp_path, mode, kind):
     context = (
         f"stage {slow['median']} ms; (wait, truth, duration): {list(zip(waits, truth, durations))}"
     )
-    assert _median(truth) >= 0.5 * SLOW_MS, context  # input-bound, truly
+    assert median_high(truth) >= 0.5 * SLOW_MS, context  # input-bound, truly
     errors = sorted(abs(w - t) for w, t in zip(waits, truth))
-    assert abs(_median(waits) - _median(truth)) <= 0.1 * SLOW_MS, context
+    assert abs(median_high(waits) - median_high(truth)) <= 0.1 * SLOW_MS, context
     assert errors[int(0.75 * len(errors)) - 1] <= 0.2 * SLOW_MS, context
     true_shares = [t / d for t, d in zip(truth, durations)]
-    assert _median(shares) == pytest.approx(_median(true_shares), abs=0.1), (shares, context)
+    assert median_high(shares) == pytest.approx(median_high(true_shares), abs=0.1), (
+        shares,
+        context,
+    )
     for step, share, wait, duration in zip(steps, shares, waits, durations):
         assert share == pytest.approx(wait / duration, abs=0.1)
         assert step.attributes["tf_otel.input.elements"] == 1
@@ -120,8 +120,8 @@ def test_slow_input_stage_is_the_input_share(receiver, tmp_path, mode, kind):
     assert evidence["grade"] == "highly", evidence
     # the typical step's true wait (the injected stage less the consumer's own time) over the
     # typical step: the analysis' share within 0.1 and its wait within 10 % of the stage
-    typical_ms = sorted(durations)[len(durations) // 2]
-    typical_truth = _median(truth)
+    typical_ms = median_high(durations)
+    typical_truth = median_high(truth)
     assert evidence["share"] == pytest.approx(typical_truth / typical_ms, abs=0.1), (
         typical_truth,
         evidence,
