@@ -396,6 +396,7 @@ def cmd_cost(args: argparse.Namespace) -> None:
                 row["step_ms_all"] = [round(s / 1e6, 3) for s in t["step_ns"]]
             log("cost", {k: v for k, v in row.items() if k != "step_ms_all"})
             rows.append(row)
+            write_json(out / "cost.json", {"rows": rows, "model": args.model})  # if cut short
     summary: Dict[str, Any] = {}
     for name in variants:
         meds = [

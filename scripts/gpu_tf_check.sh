@@ -6,9 +6,10 @@
 #
 #   scripts/gpu_tf_check.sh OUTDIR [TOTAL_SECONDS] [STEPS...]
 #
-# STEPS (default: all, in this order): setup probe traced xspace mwms cost. Each has its own
-# time limit, bounded by what is left of TOTAL_SECONDS (default 420); one failing does not stop
-# the next ("setup" is skipped once done: /tmp keeps it while the machine stays warm). At most
+# STEPS (default: all): setup probe traced xspace mwms cost; setup, libs and probe first, the
+# rest in the order given. Each has its own time limit, bounded by what is left of TOTAL_SECONDS
+# (default 420); one failing does not stop the next ("setup" is skipped once done: /tmp keeps it
+# while the machine stays warm). COST_STEPS / COST_BUDGET_S / COST_LIMIT_S size the cost step. At most
 # 8 files land in OUTDIR: gpu_tf_check.log libs.json probe.json traced.tar.gz
 # tf_gpu.xplane.pb.gz mwms.tar.gz cost.json
 set -u
@@ -77,9 +78,13 @@ case $? in
 esac
 t=("$py" scripts/gpu_tf_check.py)
 m=(--model "$model" --out "$out" "${dev[@]}")
-step traced 200 "${t[@]}" traced "${m[@]}" --steps 40 --timeout 150
-step xspace 60 "${t[@]}" xspace "${m[@]}" --timeout 55
-step mwms 90 "${t[@]}" mwms --steps 30 --timeout 80 --out "$out" "${dev[@]}"
-step cost 170 "${t[@]}" cost "${m[@]}" --steps 60 --rounds 3 --warmup 15 --budget-s 150 --timeout 60
+# in the order STEPS names them
+for name in $steps; do case $name in
+  traced) step traced 200 "${t[@]}" traced "${m[@]}" --steps 40 --timeout 150 ;;
+  xspace) step xspace 60 "${t[@]}" xspace "${m[@]}" --timeout 55 ;;
+  mwms) step mwms 90 "${t[@]}" mwms --steps 30 --timeout 80 --out "$out" "${dev[@]}" ;;
+  cost) step cost "${COST_LIMIT_S:-170}" "${t[@]}" cost "${m[@]}" --steps "${COST_STEPS:-60}" \
+    --rounds 3 --warmup 15 --budget-s "${COST_BUDGET_S:-150}" --timeout 60 ;;
+esac; done
 ls -la "$out" | tee -a "$logf"
 exit 0

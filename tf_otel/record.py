@@ -73,6 +73,9 @@ ATTR_CPUS = "tf_otel.process.cpus"
 ATTR_MEMORY = "process.memory.usage"  # semantic conventions
 ATTR_HW_GPU_UTILIZATION = "hw.gpu.utilization"  # semantic conventions (ratio 0..1)
 ATTR_BATCH_SIZE = "tf_otel.batch.size"  # instrument.keras
+# what tf_otel itself did in the step beyond its step span ("ops", "resources"): its own
+# reads, CPU and memory are in that step's process counters (instrument.ops, step_detail)
+ATTR_DETAIL = "tf_otel.detail"
 
 # a rank's step span exported while the step still runs (a stall, SIGTERM or exit mid-step)
 ATTR_STEP_IN_FLIGHT = "tf_otel.step.in_flight"

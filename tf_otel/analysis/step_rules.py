@@ -11,8 +11,10 @@ attributes are absent finds nothing. Thresholds are module constants, documented
 anchors in docs/WHOLE_STEP.md ("Findings"):
 
 - io_bound_input / decode_bound_input: for a rank that ``input_rule`` grades input-bound from its
-  step spans' input wait, the bytes it read per second of input wait (>= 10 MiB/s: the reads can
-  account for the wait) and its CPU use (>= 50 % of its cores: the pipeline computes).
+  step spans' input wait, its median bytes read per step over its median wait per step
+  (>= 10 MiB/s: the reads can account for the wait) and its CPU use (>= 50 % of its cores: the
+  pipeline computes). Steps where tf_otel traced ops or sampled resources (``tf_otel.detail``)
+  are left out of both, and of cpu_bound: tf_otel's own reads and CPU are in their counters.
 - cpu_bound: process CPU time >= 85 % of (cores x wall time): every core busy.
 - time_between_steps: time between steps >= 5 % of wall time and >= 1 ms a step, at least half
   of it callbacks / checkpoint writes (named) or >= 1 ms unnamed in >= 3 steps (recurring).
@@ -69,21 +71,26 @@ def input_source_findings(samples: Sequence[StepSample]) -> List[Finding]:
     per_rank = by_rank(samples)
     verdicts: Dict[str, Dict[int, Dict[str, object]]] = {"io": {}, "decode": {}}
     for rank, stats in bound.items():
-        own = [s for s in per_rank[rank] if s.input_wait_ns is not None]
+        # tf_otel's own detail steps read files and /proc themselves: not the program's input
+        own = [s for s in per_rank[rank] if s.input_wait_ns is not None and not s.detail]
         read = [s.read_bytes for s in own if s.read_bytes is not None]
         if len(read) < MIN_STEPS:
             continue  # no I/O attributes (not Linux, older runtime): nothing to decide on
-        read_bytes = sum(read)
-        rate = read_bytes / (stats["wait_ns"] / 1e9) if stats["wait_ns"] else 0.0
+        # a typical step's reads over a typical step's wait: one step that loads libraries or
+        # a cache (6 MiB in step 1 of a GPU job) must not make every wait a read
+        waits = [s.input_wait_ns for s in own if s.input_wait_ns]
+        rate = median(read) / (median(waits) / 1e9) if waits else 0.0
         cpu = _cpu_share(own)
         busy = cpu is not None and cpu >= DECODE_CPU_SHARE
         kind = "io" if rate >= IO_MIN_READ_RATE and not busy else "decode"
         verdicts[kind][rank] = {
-            "read_per_step_mib": mib(read_bytes / len(read)),
+            "read_per_step_mib": mib(sum(read) / len(read)),
+            "median_read_per_step_mib": mib(median(read)),
             "read_ops_per_step": round(sum(s.read_ops or 0 for s in own) / len(own), 1),
             "read_rate_during_wait_mib_s": mib(rate),
             "cpu_share": None if cpu is None else round(cpu, 4),
             "input_share": round(stats["share"], 4),
+            "detail_steps_left_out": sum(1 for s in per_rank[rank] if s.detail),
         }
     findings = []
     thresholds = {
@@ -143,7 +150,7 @@ def cpu_bound_findings(samples: Sequence[StepSample]) -> List[Finding]:
     busy = {}
     cores = {}
     for rank, own in by_rank(samples).items():
-        share = _cpu_share(own)
+        share = _cpu_share([s for s in own if not s.detail])  # not tf_otel's own detail work
         if share is not None and share >= CPU_BOUND_SHARE:
             busy[rank] = round(share, 4)
             cores[rank] = max(s.cpus or 0 for s in own)

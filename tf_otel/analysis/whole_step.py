@@ -25,6 +25,7 @@ from tf_otel.record import (
     ATTR_CHECKPOINT,
     ATTR_CPU_TIME,
     ATTR_CPUS,
+    ATTR_DETAIL,
     ATTR_HW_GPU_UTILIZATION,
     ATTR_INPUT_ELEMENTS,
     ATTR_INPUT_WAIT,
@@ -58,6 +59,8 @@ class StepSample:
     gpu_percent: Optional[float] = None
     batch_size: Optional[int] = None
     outlier: bool = False  # a step_outliers step (a stall): kept out of the input share
+    # tf_otel traced ops or sampled resources in it: its own reads and CPU are in the counters
+    detail: bool = False
 
     @property
     def wall_ns(self) -> int:
@@ -118,6 +121,7 @@ def sample_of(span: Span, rank: int, outlier: bool = False) -> StepSample:
         gpu_percent=gpu_percent,
         batch_size=as_int(attributes.get(ATTR_BATCH_SIZE)),
         outlier=outlier,
+        detail=bool(attributes.get(ATTR_DETAIL)),
     )
 
 

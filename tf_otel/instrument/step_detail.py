@@ -294,6 +294,7 @@ class DetailHook(StepHook[_Detail]):
         if not handle.sampled or handle.step % self.every:
             return None
         detail = _Detail(_max_rss())
+        handle.mark_detail("resources")
         with fail_open("step_detail.begin"):
             sampler.begin(handle.key, handle.step)
             detail.sampling = True

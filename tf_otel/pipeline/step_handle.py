@@ -39,3 +39,10 @@ class StepHandle:
     input_wait_ns: Optional[int] = None
     error: Optional[str] = None
     thread: int = 0  # the thread it runs on (pipeline.stall: whose stack to read)
+
+    def mark_detail(self, what: str) -> None:
+        """Say on the span that tf_otel did ``what`` ("ops", "resources") in this step: its own
+        reads and CPU are then in the step's process counters (record.ATTR_DETAIL)."""
+        marks = self.attributes.setdefault(record.ATTR_DETAIL, [])
+        if what not in marks:
+            marks.append(what)

@@ -250,8 +250,8 @@ def _tf2_end(handle: StepHandle, capture: Capture) -> None:
 
 
 def xspace_records(logdir: str, step: Optional[int], limit: int, base_ns: int) -> List[Record]:
-    """Host op / input / function Records (capped) and GPU kernel Records of one profile dir."""
-    from tf_otel.sources.step_stats import cap_records
+    """Host op / input / function Records, GPU kernels grouped under their TF ops, capped."""
+    from tf_otel.sources.gpu_ops import cap_op_tree, group_kernels_by_op
     from tf_otel.sources.tf_data import stage_records
     from tf_otel.sources.xplane import host_records, parse_xspace
 
@@ -268,7 +268,10 @@ def xspace_records(logdir: str, step: Optional[int], limit: int, base_ns: int) -
                 from tf_otel.sources.xplane_gpu import gpu_kernel_records
 
                 kernels.extend(gpu_kernel_records(space, step=step, base_ns=base_ns))
-    out = cap_records(records + kernels, limit, step, "xspace") if records or kernels else []
+    if kernels:
+        with fail_open("ops.gpu_ops"):
+            kernels = group_kernels_by_op(kernels, step)
+    out = cap_op_tree(records + kernels, limit, step) if records or kernels else []
     # tf.data stages under the step's first kept IteratorGetNext (else the step span)
     parent = next((r.record_id for r in out if r.category == INPUT), None)
     for space in spaces:
@@ -298,10 +301,14 @@ class OpsHook(StepHook[Capture]):
         if handle.key.startswith("ps_closure:"):
             return None  # TF2 PS closures: the ops run in the remote worker processes
         if call.kind == SESSION_RUN:
-            if handle.name == "Session.run":  # make_callable's options are fixed at creation
-                return _tf1_start(call)
-            return None
-        return _tf2_start()
+            if handle.name != "Session.run":  # make_callable's options are fixed at creation
+                return None
+            capture: Optional[Capture] = _tf1_start(call)
+        else:
+            capture = _tf2_start()
+        if capture is not None:
+            handle.mark_detail("ops")
+        return capture
 
     def on_step_end(
         self, handle: StepHandle, call: StepCall, error: Error, kept: Optional[Capture]
