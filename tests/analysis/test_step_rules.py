@@ -126,6 +126,39 @@ def test_read_rate_threshold():
     assert rules(input_source_findings(_input_bound(read_bytes=at - 64))) == ["decode_bound_input"]
 
 
+def test_one_large_read_does_not_make_every_wait_a_read():
+    # a real GPU job read 6.4 MiB in one step (libraries, a cache) and ~160 B in the others: the
+    # mean rate over the wait passed 10 MiB/s; a typical step's reads over its wait do not
+    run = _input_bound(read_bytes=lambda step: 6 * MIB if step == 1 else 160, read_ops=2)
+    (finding,) = input_source_findings(run)
+    assert finding.rule == "decode_bound_input"
+    assert finding.evidence["by_rank"]["0"]["median_read_per_step_mib"] == 0.0
+    # control: the same large read in every step is a read for every wait
+    assert rules(input_source_findings(_input_bound(read_bytes=6 * MIB))) == ["io_bound_input"]
+
+
+def test_tf_otels_own_detail_steps_are_left_out_of_the_reads_and_cpu():
+    # every other step traced ops (tf_otel.detail): its profiler and /proc reads are tf_otel's
+    run = _input_bound(
+        read_bytes=lambda step: 8 * MIB if step % 2 == 0 else 160,
+        detail=lambda step: step % 2 == 0,
+    )
+    (finding,) = input_source_findings(run)
+    assert finding.rule == "decode_bound_input"
+    assert finding.evidence["by_rank"]["0"]["detail_steps_left_out"] == 10
+    # control: the same reads on steps nobody marked are the program's
+    run = _input_bound(read_bytes=lambda step: 8 * MIB if step % 2 == 0 else 160)
+    assert rules(input_source_findings(run)) == ["io_bound_input"]
+    # and the CPU tf_otel spent on its detail steps does not make the rank CPU-bound
+    busy = samples(
+        between_ns=2 * MS,
+        cpus=4,
+        cpu_time_ns=lambda step: 4 * 12 * MS if step % 2 == 0 else 12 * MS,
+        detail=lambda step: step % 2 == 0,
+    )
+    assert cpu_bound_findings(busy) == []
+
+
 def test_no_input_source_without_input_bound_or_io():
     assert input_source_findings(samples(input_wait_ns=0, read_bytes=MIB)) == []
     assert input_source_findings(_input_bound()) == []  # no I/O attributes: undecided

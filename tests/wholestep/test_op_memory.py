@@ -32,7 +32,13 @@ def test_op_spans_carry_their_output_bytes(receiver):
         name = span.attributes.get("tensorflow.op.name")
         if name in ("big", "small"):
             by_name.setdefault(name, []).append(span)
-    # steps 0 and 2 are op-traced (TF_OTEL_OPS_EVERY=2), 1 and 3 are not
+    # steps 0 and 2 are op-traced (TF_OTEL_OPS_EVERY=2), 1 and 3 are not; their step spans say so
+    marks = {
+        s.attributes["tf_otel.step"]: list(s.attributes.get("tf_otel.detail") or ())
+        for s in spans
+        if s.category == "step"
+    }
+    assert marks == {0: ["ops"], 1: [], 2: ["ops"], 3: []}, marks
     for name, size in (("big", 1_000_000), ("small", 16)):
         traced = sorted(s.attributes["tf_otel.step"] for s in by_name.get(name, ()))
         assert traced == [0, 2], (name, traced)

@@ -54,6 +54,7 @@ def test_peak_rss_shows_a_freed_allocation_and_no_gpu_means_nothing(receiver, tm
         else:
             assert gap < 32 * MIB, (attributes["tf_otel.step"], gap / MIB)
         assert "tf_otel.gpu.memory.peak" not in attributes
+        assert list(attributes["tf_otel.detail"]) == ["resources"]  # every step (EVERY=1)
     assert "step_detail" not in result.stderr, result.stderr[-2000:]
 
 

@@ -51,6 +51,12 @@ def _stages(receiver, tmp_path, mode, slow_ms):
         assert span.attributes["tf_otel.step"] == number
         stages.setdefault(number, []).append(span)
     assert sorted(stages) == list(TRACED), sorted(stages)
+    # the op-traced steps, and only they, say tf_otel traced them (the rules leave them out)
+    marked = {
+        s.attributes["tf_otel.step"]: list(s.attributes.get("tf_otel.detail") or ())
+        for s in steps_of(spans)
+    }
+    assert {n: d for n, d in marked.items() if d} == {n: ["ops"] for n in TRACED}, marked
     return stages
 
 

@@ -29,5 +29,6 @@ WHOLE_STEP_ATTRIBUTES = frozenset(
         record.ATTR_MEMORY,
         record.ATTR_HW_GPU_UTILIZATION,
         record.ATTR_BATCH_SIZE,
+        record.ATTR_DETAIL,
     )
 )
