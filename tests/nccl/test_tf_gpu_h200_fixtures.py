@@ -222,6 +222,35 @@ def test_nccl_collectives_of_both_workers_join_on_one_key():
     assert "NCCL version 2.28.9" in log
 
 
+def test_ring_collectives_go_under_tfs_collective_spans_of_their_size():
+    # what the exporter does with a step's records (pipeline/exporter._place_nccl), on the real
+    # spans: each ring collective of a collective-detail step under the TF all-reduce of its size
+    from tf_otel.pipeline.exporter import _place_nccl
+    from tf_otel.record import COLLECTIVE, Record
+
+    steps: Dict[str, List[Record]] = defaultdict(list)
+    for name, attrs, start, end in _spans(H200 / "mwms_nccl.spans-0.jsonl.gz", times=True):
+        category = attrs.get("tf_otel.category")
+        if category in (KERNEL, COLLECTIVE):
+            steps[attrs["tf_otel.step"]].append(Record(name, start, end, category, None, attrs))
+    placed = detailed = 0
+    for records in steps.values():
+        detailed += any(r.category == COLLECTIVE for r in records)
+        colls = {r.record_id: r for r in records if r.category == COLLECTIVE}
+        _place_nccl(records)
+        for k in (r for r in records if r.category == KERNEL):
+            if not colls:
+                assert k.parent_id is None  # no TF collective span in the step: under the step
+                continue
+            parent = colls[k.parent_id]
+            assert parent.attributes["horovod.bytes"] == k.attributes["nccl.bytes"]
+            # the ring's end is its last child event's stop, microseconds after the kernel's end
+            # and sometimes after TF's done callback: the exporter clamps it into the parent
+            assert parent.start_ns <= k.start_ns and k.end_ns <= parent.end_ns + 500_000
+            placed += 1
+    assert placed == 4 * detailed and detailed >= 10  # 4 all-reduces a step
+
+
 def test_the_recorded_costs_are_what_the_docs_say():
     cost = json.loads((H200 / "cost_run2.json").read_text())
     runs = {v: s["runs_ms"] for v, s in cost["summary"].items()}
@@ -241,8 +270,8 @@ def _length(record: Any) -> int:
     return record.end_ns - record.start_ns
 
 
-def _spans(path: os.PathLike) -> List[Any]:
-    out = []
+def _spans(path: os.PathLike, times: bool = False) -> List[Any]:
+    out: List[Any] = []
     for line in gzip.decompress(Path(path).read_bytes()).decode().splitlines():
         for rs in json.loads(line).get("resourceSpans", []):
             for ss in rs["scopeSpans"]:
@@ -250,5 +279,9 @@ def _spans(path: os.PathLike) -> List[Any]:
                     attrs = {
                         a["key"]: next(iter(a["value"].values())) for a in sp.get("attributes", [])
                     }
-                    out.append((sp["name"], attrs))
+                    if times:
+                        start, end = int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"])
+                        out.append((sp["name"], attrs, start, end))
+                    else:
+                        out.append((sp["name"], attrs))
     return out

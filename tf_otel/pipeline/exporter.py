@@ -210,6 +210,7 @@ class StepExporter:
         for produce in handle.deferred:
             with fail_open("export.deferred"):
                 records.extend(produce() or ())
+        _place_nccl(records)
         self.export_records(handle.step, records, span.get_span_context(), start, end)
         self._record_collective_wait(handle.key, handle.step, records, span.get_span_context())
         self.services.report(
@@ -377,3 +378,16 @@ class StepExporter:
         count("slowdowns_began" if change.began else "slowdowns_ended")
         level = logging.WARNING if change.began else logging.INFO
         log_in_trace(level, summary, attributes, span.get_span_context())
+
+
+def _place_nccl(records: List[record.Record]) -> None:
+    """NCCL collectives (the plugin's ring, an XSpace) under the step's collective spans that
+    launched them (TF's collective ops, Horovod's), where the step has both."""
+    if not any(r.category == record.COLLECTIVE for r in records):
+        return
+    loose = [r for r in records if r.category == record.KERNEL and r.parent_id is None]
+    if loose:
+        with fail_open("export.nccl_parents"):
+            from tf_otel.sources.xplane_gpu import place_under_collectives
+
+            place_under_collectives(loose, records)

@@ -43,6 +43,7 @@ STREAM_LINE = re.compile(r"^Stream #(\d{1,20})(?!\d)")
 TASK_ENV_PLANE = "Task Environment"
 MAX_EVENTS = 200_000
 XLA_MODULE = "XlaModule:"  # tf_op of kernels XLA launched (JAX; TF with jit_compile)
+_BYTES = "horovod.bytes"  # a collective Record's size (sources.horovod_timeline.ATTR_BYTES)
 
 _stats = {"skipped_lines": 0, "dropped_events": 0}
 _warned = [False]
@@ -196,9 +197,11 @@ def place_under_collectives(
 ) -> int:
     """Set ``parent_id`` of each NCCL kernel Record to the rank's collective Record that
     launched it: among the collectives overlapping it in time (the collective's end extended
-    by ``slack_ns``), the one named in the kernel's TF op / annotation, else the one with the
-    largest overlap (ties: the later start, i.e. the innermost). Non-NCCL kernels keep their
-    parent (the step). Returns how many kernels were placed."""
+    by ``slack_ns``), the one named in the kernel's TF op / annotation, else one of the same
+    size (``nccl.bytes`` = ``horovod.bytes``), else the one with the largest overlap (ties: the
+    later start, i.e. the innermost). Non-NCCL kernels keep their parent (the step). Returns
+    how many kernels were placed. Kernels from XSpaces and from the NCCL profiler plugin's ring
+    alike (the exporter places a step's ring collectives under TF's / Horovod's spans)."""
     colls = sorted((c for c in collectives if c.category == COLLECTIVE), key=lambda c: c.start_ns)
     placed = 0
     for kr in kernels:
@@ -207,7 +210,8 @@ def place_under_collectives(
         hint = " ".join(
             str(kr.attributes.get(a, "")) for a in ("tensorflow.op.name", "gpu.annotation")
         )
-        best: Optional[Tuple[int, int, int, Record]] = None
+        size = str(kr.attributes.get("nccl.bytes", ""))
+        best: Optional[Tuple[int, int, int, int, Record]] = None
         for c in colls:
             if c.start_ns > kr.end_ns:
                 break
@@ -215,13 +219,14 @@ def place_under_collectives(
             if ov < 0 or (ov == 0 and kr.end_ns > kr.start_ns):
                 continue
             named = int(any(n in hint for n in _names_of(c)))
-            cand = (named, ov, c.start_ns, c)
-            if best is None or cand[:3] > best[:3]:
+            same = int(bool(size) and str(c.attributes.get(_BYTES, "")) == size)
+            cand = (named, same, ov, c.start_ns, c)
+            if best is None or cand[:4] > best[:4]:
                 best = cand
         if best is not None:
-            kr.parent_id = best[3].record_id
+            kr.parent_id = best[4].record_id
             if kr.step is None:
-                kr.step = best[3].step
+                kr.step = best[4].step
             placed += 1
     return placed
 
