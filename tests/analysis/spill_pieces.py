@@ -4,7 +4,8 @@ Usage::
 
     expected = python_pieces(rows)                 # spill._write of these rows
     found = native_pieces(decoder.spill_block(...))  # LineDecoder.spill_block's answer
-    # each: ([(trace id, head, rows) as marshal.loads reads them], job ids, span count)
+    # each: ([(trace id, head, rows) as marshal.loads reads them], job ids sorted, span count)
+    # (sorted: two equal sets can print in different orders, and the fuzz test compares reprs)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def python_pieces(rows: List[Row]) -> Any:
         (trace, marshal.loads(written[at : at + head]), marshal.loads(written[at + head :][:rows]))
         for trace, at, head, rows in pieces
     ]
-    return loaded, jobs, count
+    return loaded, sorted(jobs), count
 
 
 def native_pieces(spilled: SpilledBlock) -> Any:
@@ -43,4 +44,4 @@ def native_pieces(spilled: SpilledBlock) -> Any:
         at += head + rows
     assert at == len(written)  # the pieces, one after another, and nothing else
     named: Set[str] = set(jobs)
-    return loaded, named, count
+    return loaded, sorted(named), count

@@ -211,6 +211,26 @@ def load(path: Path, lines: int):
 # native, the general parser's pairs (the key after its value): sonic-rs read -0.0 as 0.0
 @example(_wrap({"doubleValue": -0.0}, key="gpu.utilization", value_first=True))
 @example(_wrap({"doubleValue": -0.0}, key="gpu.utilization"))  # the scanner's pairs
+# job ids {"0.0", ""}: one set from each side, equal, printed in different orders
+@example(
+    {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {"traceId": "ab" * 16, "spanId": "cd" * 8, "attributes": [pair]}
+                            for pair in (
+                                {"key": "tf_otel.job.id", "value": {"doubleValue": 0.0}},
+                                {"key": "tf_otel.job.id", "value": {"stringValue": ""}},
+                            )
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
+)
 def test_fast_path_gives_the_generic_rows_or_leaves_the_line(document):
     line = _dumps(document)
     fast = LineDecoder().decode(line)
