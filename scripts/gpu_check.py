@@ -30,7 +30,6 @@ import gzip
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from gpu_common import free_port, log, write_json  # noqa: E402
+
 NCCL_ENV = {
     "NCCL_DEBUG": "INFO",
     "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET,PROFILE",
@@ -54,27 +55,11 @@ NCCL_ENV = {
 LOG_WORDS = ("PROFILER", "rofiler", "NCCL version", "WARN", "Error", "NET/", "HOSTID", "Traceback")
 
 
-def log(*a: Any) -> None:
-    print("[gpu_check]", *a, flush=True)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
-    log("wrote", path, path.stat().st_size, "bytes")
-
-
 def nccl_version(torch: Any) -> str:
     v = torch.cuda.nccl.version()
     if isinstance(v, int):  # older torch: NCCL_VERSION_CODE, e.g. 22809 or 2708
         return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else str(v)
     return ".".join(map(str, v))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------- env

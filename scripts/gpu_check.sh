@@ -11,14 +11,8 @@
 #   gpu_check.log env.json nccl_run.json nccl_run.tar.gz xplane.json jax_gpu.xplane.pb.gz
 #   nvml.json bench.json
 set -u
-out="${1:?usage: scripts/gpu_check.sh OUTDIR [TOTAL_SECONDS] [STEPS...]}"
-total="${2:-280}"
-shift $(( $# >= 2 ? 2 : 1 ))
-steps="${*:-build plugin_cost env nccl xplane nvml bench}"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-logf="$out/gpu_check.log"
-deadline=$(( $(date +%s) + total ))
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_steps.sh"
+gpu_steps_begin gpu_check 280 "build plugin_cost env nccl xplane nvml bench" "$@"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 py="${PYTHON:-python3}"
 plugin="/tmp/tf_otel_gpu_check/libnccl-profiler-tf_otel.so"
@@ -29,18 +23,6 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl >>"$logf" 2>&1 && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-# step NAME LIMIT_SECONDS CMD...: run with min(LIMIT, time left - 5 s), output into the log
-step() {
-  local name="$1" limit="$2"; shift 2
-  case " $steps " in *" $name "*) ;; *) return 0 ;; esac
-  local left=$(( deadline - $(date +%s) - 5 ))
-  (( left < limit )) && limit=$left
-  if (( limit < 5 )); then echo "=== $name skipped: no time left" | tee -a "$logf"; return 0; fi
-  echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$logf"
-  timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$logf"
-  echo "=== $name rc=${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$logf"
-}
 
 step build 40 env PYTHON="$py" scripts/build_nccl_plugin.sh "$plugin"
 if [[ " $steps " == *" build "* && ! -f "$plugin" ]]; then  # e.g. the nccl.h check failed

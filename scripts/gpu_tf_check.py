@@ -29,7 +29,6 @@ import glob
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,8 @@ import tarfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from gpu_common import free_port, log, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = str(Path(__file__).resolve())
@@ -58,22 +59,6 @@ CU12_NAMES = {
 CARRIED = ("libcudart.so.12", "libcupti.so.12")  # real CUDA 12 builds, from the carried wheels
 # never called by a Keras model: an empty library of that name stands in where none is found
 OPEN_ONLY = {"libcufft.so.11", "libcusolver.so.11", "libcusparse.so.12", "libcurand.so.10"}
-
-
-def log(*a: Any) -> None:
-    print("[gpu_tf_check]", *a, flush=True)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
-    log("wrote", path, path.stat().st_size, "bytes")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------- libs

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TensorFlow GPU checks of tf_otel (docs/NCCL.md, "TensorFlow on the GPU machine"), on a lent
+# TensorFlow GPU checks of tf_otel (docs/NCCL.md, "TensorFlow on a GPU"), on a lent
 # machine with one NVIDIA GPU, python3.12 (its torch's CUDA 13 wheels: cuBLAS, cuDNN, NCCL ...),
 # pynvml and gcc, but no TensorFlow: the parts scripts/gpu_tf_pack.sh made, already moved into
 # /tmp/tfparts by the calls that carried them, and the wheels in .tfgpu/whl.
@@ -9,18 +9,12 @@
 # STEPS (default: all): setup probe traced xspace mwms cost; setup, libs and probe first, the
 # rest in the order given. Each has its own time limit, bounded by what is left of TOTAL_SECONDS
 # (default 420); one failing does not stop the next ("setup" is skipped once done: /tmp keeps it
-# while the machine stays warm). COST_STEPS / COST_BUDGET_S / COST_LIMIT_S size the cost step. At most
-# 8 files land in OUTDIR: gpu_tf_check.log libs.json probe.json traced.tar.gz
+# while the machine stays warm). COST_STEPS / COST_BUDGET_S / COST_LIMIT_S size the cost step.
+# At most 8 files land in OUTDIR: gpu_tf_check.log libs.json probe.json traced.tar.gz
 # tf_gpu.xplane.pb.gz mwms.tar.gz cost.json
 set -u
-out="${1:?usage: scripts/gpu_tf_check.sh OUTDIR [TOTAL_SECONDS] [STEPS...]}"
-total="${2:-420}"
-shift $(( $# >= 2 ? 2 : 1 ))
-steps="${*:-setup probe traced xspace mwms cost}"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-logf="$out/gpu_tf_check.log"
-deadline=$(( $(date +%s) + total ))
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_steps.sh"
+gpu_steps_begin gpu_tf_check 420 "setup probe traced xspace mwms cost" "$@"
 py="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-1}"
 export CUDA_CACHE_PATH=/tmp/tf_otel_nvcache CUDA_CACHE_MAXSIZE=4294967296  # PTX JIT, once
@@ -28,21 +22,8 @@ site=/tmp/tfsite   # TensorFlow, unpacked
 wheels=/tmp/site   # the carried wheels, tf_otel's among them
 boot=/tmp/tfboot   # sitecustomize: /tmp/site as a site dir, so tf_otel-autostart.pth runs
 
-step() {
-  local name="$1" limit="$2"; shift 2
-  case " $steps " in *" $name "*) ;; *) return 0 ;; esac
-  local left=$(( deadline - $(date +%s) - 5 ))
-  (( left < limit )) && limit=$left
-  if (( limit < 5 )); then echo "=== $name skipped: no time left" | tee -a "$logf"; return 0; fi
-  echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$logf"
-  timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$logf"
-  local rc=${PIPESTATUS[0]}
-  echo "=== $name rc=$rc $(date -u +%T)" | tee -a "$logf"
-  return "$rc"
-}
-
 setup() {
-  if [ -f /tmp/tfsite/.done ]; then echo "already set up"; return 0; fi
+  if [ -f "$site/.done" ]; then echo "already set up"; return 0; fi
   ls -la /tmp/tfparts
   mkdir -p "$site" && cat /tmp/tfparts/tf.tar.xz.* | xz -T0 -dc | tar -x -C "$site" || return 1
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -54,7 +35,7 @@ setup() {
   local so="$wheels/tf_otel/nccl/plugin/libnccl-profiler-tf_otel.so"
   env PYTHON="$py" scripts/build_nccl_plugin.sh "$so" || gcc -std=c11 -O2 -fPIC -shared \
     -fvisibility=hidden -pthread -Itf_otel/nccl/plugin -o "$so" tf_otel/nccl/plugin/tf_otel_nccl_profiler.c
-  touch /tmp/tfsite/.done
+  touch "$site/.done"
 }
 case " $steps " in *" setup "*)  # no timeout: a shell function (unpacking takes ~10 s)
   echo "=== setup $(date -u +%T)" | tee -a "$logf"; setup 2>&1 | tee -a "$logf"

@@ -36,16 +36,14 @@ from tf_otel.sources.step_stats import (
     ATTR_OPS_TOTAL_NS,
     cap_records,
 )
-
-ATTR_KERNEL_OP = "tensorflow.op.name"  # on a kernel Record: "<op name>:<op type>" (tf_op)
-_XLA_MODULE = "XlaModule:"
+from tf_otel.sources.xplane_gpu import XLA_MODULE
 
 
 def _op_of(kernel: Record) -> Optional[Tuple[str, str]]:
-    value = kernel.attributes.get(ATTR_KERNEL_OP)
+    value = kernel.attributes.get(ATTR_OP_NAME)  # on a kernel: "<op name>:<op type>" (tf_op)
     if kernel.category != KERNEL or kernel.parent_id is not None or not isinstance(value, str):
         return None
-    if value.startswith(_XLA_MODULE):
+    if value.startswith(XLA_MODULE):
         return None
     name, sep, kind = value.rpartition(":")
     return (name, kind) if sep and name and kind else None

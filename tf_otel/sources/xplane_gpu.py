@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from tf_otel.nccl.kernels import parse_kernel_name
 from tf_otel.record import ATTR_COLLECTIVE_KEY, ATTR_TENSOR, COLLECTIVE, KERNEL, Record
+from tf_otel.sources.horovod_timeline import ATTR_BYTES
 from tf_otel.sources.xplane import parse_xspace, stat_value, time_base_ns
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,6 @@ STREAM_LINE = re.compile(r"^Stream #(\d{1,20})(?!\d)")
 TASK_ENV_PLANE = "Task Environment"
 MAX_EVENTS = 200_000
 XLA_MODULE = "XlaModule:"  # tf_op of kernels XLA launched (JAX; TF with jit_compile)
-_BYTES = "horovod.bytes"  # a collective Record's size (sources.horovod_timeline.ATTR_BYTES)
 
 _stats = {"skipped_lines": 0, "dropped_events": 0}
 _warned = [False]
@@ -219,7 +219,7 @@ def place_under_collectives(
             if ov < 0 or (ov == 0 and kr.end_ns > kr.start_ns):
                 continue
             named = int(any(n in hint for n in _names_of(c)))
-            same = int(bool(size) and str(c.attributes.get(_BYTES, "")) == size)
+            same = int(bool(size) and str(c.attributes.get(ATTR_BYTES, "")) == size)
             cand = (named, same, ov, c.start_ns, c)
             if best is None or cand[:4] > best[:4]:
                 best = cand
