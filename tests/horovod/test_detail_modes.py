@@ -21,12 +21,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import VENV_BIN, base_env, run  # noqa: E402
-from detail_steps import detailed_steps  # noqa: E402
+from detail_steps import detailed_steps, job_with_detail  # noqa: E402
 
 from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
 
 pytestmark = pytest.mark.integration
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "stamps_loop.py")
+KEY = "tf_function:train_step"
 
 
 def horovodrun(env, np: int = 2):
@@ -51,6 +52,8 @@ def test_collectives_only_on_the_detail_steps_of_every_rank(receiver, tmp_path, 
         STEPS="12",
         TMPDIR=str(tmp_path),
         TF_OTEL_HOROVOD_EVERY=str(every),
+        # a job id whose policy picks some of the 12 steps, not none (odds (2/3)**12 at random)
+        TF_OTEL_JOB_ID=job_with_detail(KEY, range(12), every, "modes"),
     )
     if mode == "timeline":
         env["TF_OTEL_HOROVOD_SOURCE"] = "timeline"
