@@ -20,6 +20,7 @@ from conftest import free_port_pair
 from locks import held_elsewhere
 
 from tf_otel import clock
+from tf_otel.clock import sync as sync_module
 from tf_otel.clock.host_share import HostShare, private_dir
 from tf_otel.clock.sync import SETTLED_ROUNDS, ClockSync
 from tf_otel.config import Settings
@@ -36,7 +37,14 @@ def _until(done: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def _start(rank: int, job_id: str, port: int, share: bool) -> ClockSync:
-    topology = Topology(rank=rank, world_size=4, local_size=2, host=HOSTS[rank], job_id=job_id)
+    topology = Topology(
+        rank=rank,
+        world_size=4,
+        local_rank=rank % 2,
+        local_size=2,
+        host=HOSTS[rank],
+        job_id=job_id,
+    )
     sync = ClockSync(publish=False, share_host=share, warmup_first_s=0.01)
     assert sync.start(topology, Settings(coordinator=("127.0.0.1", port)))
     return sync
@@ -71,6 +79,44 @@ def test_one_rank_a_host_syncs_the_others_take_its_model() -> None:
         before = follower.stats.rounds
         follower.resync_now(wait_s=5.0)
         assert follower.stats.rounds > before and follower._client.connected
+    finally:
+        for sync in reversed(syncs):
+            sync.stop(1.0)
+
+
+def test_a_rank_that_starts_before_rank_0_on_its_host_leaves_it_the_lead() -> None:
+    """Rank 1 (local rank 1) starts 0.5 s before rank 0 on hostA: it follows rank 0's exact
+    identity and never runs rounds of its own (it led, and ran unsettled rounds against a rank
+    0 still starting, when it won the host's lock first: a CI run lost its arrival stamps)."""
+    job_id, port = f"first-{uuid.uuid4().hex[:8]}", free_port_pair()
+    early = _start(1, job_id, port, share=True)
+    syncs = [early]
+    try:
+        time.sleep(0.5)
+        rank0 = _start(0, job_id, port, share=True)
+        syncs.insert(0, rank0)
+        assert _until(lambda: early.stats.rounds >= SETTLED_ROUNDS, 5)
+        assert early.share is not None and not early.share.leading
+        assert early.model == clock.IDENTITY and not early._client.connected
+        assert _connections(rank0) == 0
+    finally:
+        for sync in reversed(syncs):
+            sync.stop(1.0)
+
+
+def test_a_host_whose_first_rank_never_comes_is_led_by_another_after_the_grace(
+    monkeypatch: Any,
+) -> None:
+    """Control: the grace only defers. Rank 3 (local rank 1 on hostB) alone there leads after
+    it and runs its own rounds against rank 0."""
+    monkeypatch.setattr(sync_module, "LEAD_GRACE_S", 0.3)
+    job_id, port = f"grace-{uuid.uuid4().hex[:8]}", free_port_pair()
+    syncs = [_start(0, job_id, port, share=True), _start(3, job_id, port, share=True)]
+    try:
+        late = syncs[1]
+        assert _until(lambda: late.stats.rounds >= SETTLED_ROUNDS, 10)
+        assert late.share is not None and late.share.leading and late._client.connected
+        assert late.model.uncertainty_ns > 0
     finally:
         for sync in reversed(syncs):
             sync.stop(1.0)

@@ -55,7 +55,7 @@ from tf_otel.clock.transport import (
     mpi_ready,
 )
 from tf_otel.config import Settings
-from tf_otel.health import count, fail_open, log_once
+from tf_otel.health import count, fail_open, log_once, logger
 from tf_otel.job.topology import Topology
 
 CLOCK_PORT_DELTA = 1  # the clock service listens on the coordinator port + 1
@@ -66,6 +66,10 @@ SETTLED_ROUNDS = 6
 SETTLE_MAX_S = 15.0
 FOLLOW_EARLY_S = 0.2  # a host follower reads the leader's model this often until settled ...
 FOLLOW_S = 5.0  # ... then this often (the leader's rounds are a clock interval apart)
+# a rank not first on its host (local rank > 0) leaves the lead to the first this long: on rank
+# 0's host rank 0 leads with the exact identity, and a rank that beat it to the lock would run
+# rounds against it instead (unsettled for seconds while rank 0 is still starting)
+LEAD_GRACE_S = 5.0
 # a leader's first round waits uniform(0, spread): spread = this much a client of rank 0's
 # clock service (its host leaders, or every rank without host sharing), at most the cap (well
 # inside SETTLE_MAX_S, which the warm-up rounds after it must also fit)
@@ -153,6 +157,7 @@ class ClockSync:
         self._interval_s = 60.0
         self._start_spread_s = 0.0  # set by start(): see start_spread_s
         self._first_failure: Optional[float] = None
+        self._lead_after = 0.0  # monotonic time before which this rank does not claim the lead
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -204,6 +209,8 @@ class ClockSync:
         if self.transport_used == "mpi":
             atexit.register(self.stop)  # before mpi4py's own finalize (atexit runs LIFO)
         if topology.rank != 0:
+            if topology.local_rank > 0:
+                self._lead_after = time.monotonic() + LEAD_GRACE_S
             sharing = self.share is not None and topology.local_size > 1
             self._start_spread_s = start_spread_s(topology.world_size, topology.local_size, sharing)
             self._thread = threading.Thread(
@@ -272,7 +279,7 @@ class ClockSync:
             self._wake.clear()
             final = self._stopping.is_set()
             share = self.share
-            if share is not None and not share.claim():  # another rank of this host leads
+            if share is not None and not self._claim(share):  # another rank of this host leads
                 if final:
                     return
                 with fail_open("clock.follow"):
@@ -298,6 +305,13 @@ class ClockSync:
             else:  # jittered: clients that failed together do not retry together
                 delay = min(backoff, self._backoff_cap_s()) * random.uniform(0.5, 1.0)
                 backoff *= 2
+
+    def _claim(self, share: HostShare) -> bool:
+        """Lead the host's sync if nobody does, once the first rank of the host had its chance
+        (LEAD_GRACE_S)."""
+        if not share.leading and time.monotonic() < self._lead_after:
+            return False
+        return share.claim()
 
     def _backoff_cap_s(self) -> float:
         """The longest wait before a failed round's retry: BACKOFF_MAX_S while rank 0 has never
@@ -366,6 +380,7 @@ class ClockSync:
             self._round_done.notify_all()
         if final:
             return  # rank 0 may already be gone at shutdown: not worth a log line
+        logger.debug("tf_otel: clock round failed (%s rounds so far): %r", self.stats.rounds, exc)
         now = time.monotonic()
         if self._first_failure is None:
             self._first_failure = now
