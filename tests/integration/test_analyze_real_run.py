@@ -1,12 +1,15 @@
 """`tf-otel analyze` on a real `horovodrun -np 2` job in which rank 1 is slowed by a known delay
-in some steps: it names rank 1 as the straggler of those steps, with the delay within 15 ms
-plus the lateness the same run shows in its steps with nothing injected, and any other step it
-names is a true straggler by the example's own ready stamps; both from the OTLP-JSON files
-(TF_OTEL_FILE) and from a real Jaeger v2."""
+in some steps: it names rank 1 as the straggler of those steps, with the delay as it happened
+(the ranks' own stamps of their gradients, taken just before the all-reduce, independent of
+tf_otel; never less than the injected delay) within 35 ms plus the lateness the same run shows
+in its steps with nothing injected, and any other step it names is a true straggler by those
+stamps (or the kernel saw one of its threads wait that long for a CPU in the step); both from
+the OTLP-JSON files (TF_OTEL_FILE) and from a real Jaeger v2."""
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from typing import Dict
 
@@ -25,6 +28,9 @@ pytestmark = pytest.mark.integration
 # left little room above it)
 DELAY_MS = 300
 SLEEP_MS = 15  # what the delay itself may be off by (a sleep's overshoot), before the noise
+# and, once, a thread of either rank waiting for a core inside the slowed window (2 cores at load
+# 5-6: 294 ms found for 318 ms stamped, with 8.5 ms of steady-step noise, 1 run in 20)
+LOAD_MS = 20
 SLOW_STEPS = {10, 20}
 # enough steady steps that the noise is learned over a few load hiccups: with 10 steps, 2 of the
 # 8 unslowed ones late by 82 and 144 ms (load 9) made the upper quartile, and the threshold
@@ -68,25 +74,22 @@ def _analyze(args) -> dict:
     return json.loads(result.stdout)
 
 
-def _ready(stdout: str) -> Dict[int, Dict[int, int]]:
-    """rank -> step -> when its loss was ready (the example's READY_STAMPS, wall-clock ns)."""
+def _stamps(stdout: str, what: str) -> Dict[int, Dict[int, int]]:
+    """rank -> step -> when its loss (``READY``) or its local gradients (``SENT``) were ready
+    (the example's READY_STAMPS, wall-clock ns)."""
     found = {}
     for line in stdout.splitlines():
-        if "READY " in line:
-            rank, stamps = line.split("READY ", 1)[1].split(" ", 1)
+        if f"{what} " in line:
+            rank, stamps = line.split(f"{what} ", 1)[1].split(" ", 1)
             found[int(rank)] = {int(step): ns for step, ns in json.loads(stamps).items()}
     assert sorted(found) == [0, 1], stdout[-2000:]
     return found
 
 
-def _true_lateness_ms(ready: Dict[int, Dict[int, int]], step: int, rank: int) -> float:
-    return (ready[rank][step] - max(r[step] for k, r in ready.items() if k != rank)) / 1e6
+def _true_lateness_ms(stamps: Dict[int, Dict[int, int]], step: int, rank: int) -> float:
+    return (stamps[rank][step] - max(r[step] for k, r in stamps.items() if k != rank)) / 1e6
 
 
-# kept: 1 of 18 runs at load 2-6 failed with these checks (its reason was not captured; the 17
-# others passed, 4 of them beside a CPU hog); a hiccup between the ready stamp and the all-reduce
-# (the backward pass) is the one the stamps cannot see
-@pytest.mark.flaky(reruns=1, reruns_delay=2)
 def test_rank1_named_as_the_straggler_of_the_slowed_steps_and_no_false_one(tmp_path):
     """The slowed steps are named, rank 1, the delay within the tolerance; any other step named
     (a load hiccup of >= --straggler-min-ms on this 2-core machine is a real straggler: step 9,
@@ -112,7 +115,9 @@ def test_rank1_named_as_the_straggler_of_the_slowed_steps_and_no_false_one(tmp_p
             SLOW_STEPS=",".join(map(str, sorted(SLOW_STEPS))),
             READY_STAMPS="1",
         )
-        ready = _ready(horovodrun("horovod_tape.py", env, backend="gloo").stdout)
+        stdout = horovodrun("horovod_tape.py", env, backend="gloo").stdout
+        ready, sent = _stamps(stdout, "READY"), _stamps(stdout, "SENT")
+        starved = _stamps(stdout, "STARVED")
         exported = load_paths([str(tmp_path)])  # the same spans went to the files and Jaeger
         _wait_for_spans(jaeger, len(exported))  # Jaeger stores what it received a moment later
         from_files = _analyze([str(tmp_path)])
@@ -125,7 +130,7 @@ def test_rank1_named_as_the_straggler_of_the_slowed_steps_and_no_false_one(tmp_p
     unslowed = [s for s in control.steady_steps if s.trace.step not in SLOW_STEPS]
     assert len(unslowed) >= STEPS * 3 // 4 - len(SLOW_STEPS), [s.trace.step for s in unslowed]
     noise_ms = max(abs(v) for s in unslowed for v in s.path.lateness_by_rank().values()) / 1e6
-    tolerance_ms = SLEEP_MS + noise_ms
+    tolerance_ms = SLEEP_MS + LOAD_MS + noise_ms
     for report in (from_files, from_jaeger):
         train = [s for s in report["steps"] if s["step"] > 0]
         assert len(train) >= STEPS - 1
@@ -133,13 +138,27 @@ def test_rank1_named_as_the_straggler_of_the_slowed_steps_and_no_false_one(tmp_p
         context = (stragglers, report["summary"]["lateness_noise"], noise_ms)
         assert SLOW_STEPS <= set(stragglers), context
         for step, straggler in stragglers.items():
-            truth_ms = _true_lateness_ms(ready, step, straggler["rank"])
+            # how late the rank's gradients were for their all-reduce, by its own stamps: the
+            # delay as it happened (a sleep overshoots under load: 366 ms measured for 300
+            # injected at load 5.5) and any hiccup of its backward pass (338 ms once at load 6,
+            # in a step whose loss was ready 11.7 ms late)
+            truth_ms = _true_lateness_ms(sent, step, straggler["rank"])
+            found = (step, straggler, truth_ms, context)
             if step in SLOW_STEPS:
                 assert straggler["rank"] == 1
-                assert abs(straggler["excess_ms"] - DELAY_MS) <= tolerance_ms, (straggler, context)
-                assert truth_ms > DELAY_MS / 2, (step, truth_ms)  # the stamps come after the delay
-            else:  # a real hiccup, named rightly: the stamps saw that rank late too
-                assert truth_ms >= 0.5 * straggler["excess_ms"], (step, straggler, truth_ms)
+                # the delay came before the loss was ready (where the example sleeps)
+                assert _true_lateness_ms(ready, step, 1) > DELAY_MS / 2, found
+                assert abs(straggler["excess_ms"] - truth_ms) <= tolerance_ms, found
+                assert straggler["excess_ms"] >= DELAY_MS - tolerance_ms, found
+            else:  # a real hiccup, named rightly: the stamps saw that rank late too, or one of
+                # its threads waited for a CPU that long in the step, far more than it usually
+                # does (Horovod's own thread, 143 ms once at load 5, after the stamps)
+                rank, claimed_ns = straggler["rank"], straggler["excess_ms"] * 1e6
+                usual_ns = statistics.median(starved[rank].values())
+                waited_ns = starved[rank][step]
+                found += (waited_ns / 1e6, usual_ns / 1e6)
+                starved_then = waited_ns >= 0.5 * claimed_ns and waited_ns >= 4 * usual_ns
+                assert truth_ms >= 0.5 * straggler["excess_ms"] or starved_then, found
 
 
 def test_collective_detail_off_says_communication_not_measured_never_zero(tmp_path):
