@@ -93,8 +93,9 @@ def _true_lateness_ms(stamps: Dict[int, Dict[int, int]], step: int, rank: int) -
 def test_rank1_named_as_the_straggler_of_the_slowed_steps_and_no_false_one(tmp_path):
     """The slowed steps are named, rank 1, the delay within the tolerance; any other step named
     (a load hiccup of >= --straggler-min-ms on this 2-core machine is a real straggler: step 9,
-    rank 1, 89 ms at load 10) must be true: the named rank's loss was ready at least half the
-    claimed excess after the other's (the example's ready stamps, independent of tf_otel)."""
+    rank 1, 89 ms at load 10) must be true: the named rank's gradients were ready at least half
+    the claimed excess after the other's, or one of its threads waited that long for a CPU in the
+    step (the example's stamps and the kernel's schedstat, independent of tf_otel)."""
     with JaegerServer() as jaeger:
         env = base_env(
             TF_OTEL_ENABLED="1",
