@@ -1,15 +1,18 @@
 """Horovod timeline parser on real timelines written by horovodrun -np 2 (fixtures/): complete,
-read incrementally, truncated at every kind of cut, and with garbage inside."""
+read incrementally, truncated at every kind of cut, with garbage inside, and split in two files
+where rank 0 switched files between steps."""
 
 from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from tf_otel import record
+from tf_otel.instrument.horovod import timeline
 from tf_otel.sources import horovod_timeline as tl
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -264,3 +267,104 @@ def test_records_for_a_rank_are_a_collective_with_wait_and_transfer_children():
     assert parent.attributes["horovod.backend"] == "mpi"
     assert parent.attributes["horovod.last_arrival"] is False
     assert parent.attributes["tf_otel.collective.key"] == "k/4/t"
+
+
+def _switched_files(events: list, cut: int) -> tuple:
+    """``events`` written to two files as Horovod's writer does when ``start_timeline`` names a
+    new file while one runs: the first file closed after ``cut`` events; the second begins with
+    the epoch record, and its tensors are numbered anew (the writer clears its table), each
+    named by a ``process_name`` record before its first event."""
+    names = {e["pid"]: e["args"]["name"] for e in events[:cut] if "name" in e.get("args", {})}
+    second = [e for e in events[:4] if e["pid"] == 0]  # the epoch and its sort index
+    renumbered: dict = {}
+    for event in events[cut:]:
+        if event["ph"] == "M":
+            if "name" in event.get("args", {}):
+                names[event["pid"]] = event["args"]["name"]
+            continue
+        pid = event["pid"]
+        if pid not in renumbered:
+            renumbered[pid] = len(renumbered) + 1
+            meta = {"name": "process_name", "ph": "M", "pid": renumbered[pid]}
+            second.append({**meta, "args": {"name": names[pid]}})
+        second.append({**event, "pid": renumbered[pid]})
+    return events[:cut], second
+
+
+def _cuts_inside_negotiations(events: list) -> list:
+    """Every event index inside a negotiation: after its first rank's tick, before its end."""
+    open_pids: dict = {}
+    cuts = []
+    for at, event in enumerate(events):
+        if event["ph"] == "B" and event["name"].startswith("NEGOTIATE_"):
+            open_pids[event["pid"]] = 0
+        elif event["ph"] == "X" and event["pid"] in open_pids:
+            open_pids[event["pid"]] += 1
+            if open_pids[event["pid"]] == 1:
+                cuts.append(at + 1)
+        elif event["ph"] == "E" and event["pid"] in open_pids:
+            del open_pids[event["pid"]]
+    return cuts
+
+
+def _write_switched(directory: Path, events: list, cut: int) -> tuple:
+    paths = directory / f"a{cut}.json", directory / f"b{cut}.json"
+    for path, part in zip(paths, _switched_files(events, cut)):
+        path.write_text("[\n" + ",\n".join(json.dumps(e) for e in part) + "]")
+    return paths
+
+
+def _parsed(path: Path, parser: tl.TimelineParser) -> list:
+    for event in tl.TimelineReader(str(path)).poll(final=True):
+        parser.feed(event)
+    return parser.take()
+
+
+def test_a_negotiation_cut_by_a_file_switch_is_read_whole(tmp_path):
+    """Rank 0 switches timeline files from one detail step to the next without a stop, so a
+    rank's request already queued for the next step is written to the old file and the rest of
+    that negotiation to the new one: the new file's parser continues the old one's collectives
+    (tensor numbers differ between files) and reads the same collectives as the one file."""
+    events = json.loads((FIXTURES / "mpi_uncached.json").read_text())
+    whole, _ = parse_file(FIXTURES / "mpi_uncached.json")
+    cuts = _cuts_inside_negotiations(events)
+    assert len(cuts) >= 6
+    for cut in cuts:
+        paths = _write_switched(tmp_path, events, cut)
+        parser = tl.TimelineParser()
+        done = _parsed(paths[0], parser)
+        following = tl.TimelineParser()
+        following.continue_from(parser)
+        done += _parsed(paths[1], following)
+        assert [(c.tensor, c.negotiate_start, c.ticks, c.op_end) for c in done] == [
+            (c.tensor, c.negotiate_start, c.ticks, c.op_end) for c in whole
+        ], cut
+        # control: the second file read on its own loses the cut negotiation's first ready tick
+        alone = _parsed(paths[1], tl.TimelineParser())
+        assert any(len(c.ticks) < 2 for c in alone), cut
+
+
+def test_the_hook_reads_a_switched_file_after_the_one_before_it(tmp_path, monkeypatch):
+    """Rank 0's reader thread: a file switched to is not read before the file before it is
+    read to its end (listed first or not), and then continues its collectives."""
+    events = json.loads((FIXTURES / "mpi_uncached.json").read_text())
+    whole, _ = parse_file(FIXTURES / "mpi_uncached.json")
+    cut = _cuts_inside_negotiations(events)[2]
+    first, second = (
+        timeline._Source(str(p), managed=True) for p in _write_switched(tmp_path, events, cut)
+    )
+    second.after = first
+    first.stopped_at = second.stopped_at = time.monotonic() - 2 * timeline._CLOSE_WAIT_S
+    hook = timeline.TimelineHook()
+    hook._sources = [second, first]
+    hook._windows[("k", 0)] = timeline._Window(start=0, end=2**62, source=second)
+    emitted: list = []
+    monkeypatch.setattr(hook, "_emit", lambda key, step, window, *rest: emitted.append(window))
+    hook.process(final=False)
+    assert second.reader.offset == 0 and first.done, "the file before it is read first"
+    assert emitted == [], "the step's own file is not read yet"
+    hook.process(final=False)
+    assert second.done and len(emitted) == 1
+    assert [(c.tensor, c.negotiate_start, c.ticks) for c in emitted[0].items] == [
+        (c.tensor, c.negotiate_start, c.ticks) for c in whole
+    ]

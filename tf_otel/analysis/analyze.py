@@ -401,9 +401,9 @@ def _summarise(
     if unattributed:
         warnings.append(
             f"{len(unattributed)} step(s) (first: {', '.join(unattributed[:5])}) waited at a "
-            "collective for a rank whose arrival Horovod's response cache hid, and no rank's own "
-            "work explains the wait: counted as straggler_wait, nobody blamed "
-            "(TF_OTEL_HOROVOD_EXACT=1 records every arrival)"
+            "collective for a rank whose arrival was not recorded (horovod.arrival=unknown), and "
+            "no rank's own work explains the wait: counted as straggler_wait, nobody blamed "
+            "(Horovod's response cache hides arrivals: TF_OTEL_HOROVOD_EXACT=1 turns it off)"
         )
     result = AnalysisResult(
         source=source,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from tf_otel import record
 from tf_otel.health import count
@@ -201,6 +201,22 @@ class TimelineParser:
         self._stack: Dict[int, List[str]] = {}  # pid -> open B phase names
         self._done: List[Collective] = []
         self.max_open = max_open
+        # tensor name -> (collective, open phases) still in progress when the previous file of
+        # the same writer ended (``continue_from``): claimed by the pid the name gets here
+        self._carried: Dict[str, Tuple[Collective, List[str]]] = {}
+
+    def continue_from(self, previous: TimelineParser) -> None:
+        """Read this file as the continuation of ``previous``'s: Horovod switched files without
+        a gap (``start_timeline`` while one runs), so a collective whose NEGOTIATE began there
+        ends here. Pids are per file (the writer numbers tensors anew), so the collectives in
+        progress are carried by tensor name."""
+        for pid, current in previous._open.items():
+            name = previous.names.get(pid)
+            if name is not None:
+                self._carried[name] = (current, previous._stack.get(pid, []))
+        previous._open.clear()
+        if self.epoch_us is None:
+            self.epoch_us = previous.epoch_us
 
     def feed(self, event: Dict[str, Any]) -> None:
         try:
@@ -216,7 +232,10 @@ class TimelineParser:
             if "start_time_since_epoch_in_micros" in args:
                 self.epoch_us = _time_us(0.0, args["start_time_since_epoch_in_micros"])
             elif event.get("name") == "process_name" and "name" in args and pid is not None:
-                self.names[int(pid)] = str(args["name"])
+                name = self.names[int(pid)] = str(args["name"])
+                carried = self._carried.pop(name, None) if self._carried else None
+                if carried is not None:
+                    self._open[int(pid)], self._stack[int(pid)] = carried
             return
         if pid is None or self.epoch_us is None:
             return

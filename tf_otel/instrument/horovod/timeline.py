@@ -9,9 +9,12 @@ The allreduce runs inside the TF graph, so Python wrappers would only time dispa
 - rank 0 starts a timeline file for each detail step and stops it at its end: at the end of
   the step before where the sampler decides by the trace id alone, so that a rank already in the
   step's collectives while rank 0 is still between steps has its NEGOTIATE start written (else
-  at the step's own start); it tails the file on a daemon thread, and turns each tensor's
-  NEGOTIATE / per-rank ready ticks / op phases into, for every rank, a ``collective`` record with
-  ``collective.wait`` and ``collective.transfer`` children (sources.horovod_timeline);
+  at the step's own start). From one detail step to the next it switches files without stopping
+  (Horovod closes the old one as it opens the new), and the reader carries the collectives in
+  progress at the switch into the new file's; it tails the files on a daemon thread, and turns
+  each tensor's NEGOTIATE / per-rank ready ticks / op phases into, for every rank, a
+  ``collective`` record with ``collective.wait`` and ``collective.transfer`` children
+  (sources.horovod_timeline);
 - every other rank tells rank 0 when it began each detail step (``hvd.b``): on a response-cache
   hit the timeline says when the first and the last rank arrived, not which rank was which, and
   a rank that began its step after the first arrival was not the first;
@@ -94,6 +97,9 @@ class _Source:
         # written from hvd.init() on
         self.opened_ns: Optional[int] = None
         self.done = False
+        # the file Horovod wrote just before this one, switched to without a gap: read first,
+        # its collectives in progress continue here (``TimelineParser.continue_from``)
+        self.after: Optional[_Source] = None
 
 
 @dataclass(slots=True)
@@ -172,23 +178,26 @@ class TimelineHook(StepHook[None]):
                 window = self._windows.get((handle.key, handle.step))
                 if window is not None:
                     window.end = handle.end_ns or clock.now_ns()
-        if self.running is not None:
-            self._stop_managed()
+        ahead = False
         if choice.mode == MANAGED and not self._finished:
             with fail_open("horovod.open_ahead"):
-                self._open_ahead(handle)
+                ahead = self._next_is_detail(handle)
+        if ahead and self._start_managed(switch=True):
+            return
+        if self.running is not None:
+            self._stop_managed()
 
-    def _open_ahead(self, handle: StepHandle) -> None:
-        """Rank 0: start the next step's file now when it is a detail step. Horovod writes
-        nothing while no file is open, so a file opened at rank 0's own step start holds no
-        NEGOTIATE start for a rank already waiting there: a rank 0 late to begin the step would
-        read as the first to arrive (sources.horovod_timeline.negotiation)."""
+    def _next_is_detail(self, handle: StepHandle) -> bool:
+        """Rank 0: whether the next step is a detail step, so its file starts now, at the end
+        of this one. Horovod writes nothing while no file is open, so a file opened at rank 0's
+        own step start holds no NEGOTIATE start for a rank already waiting there: a rank 0 late
+        to begin the step would read as the first to arrive (sources.horovod_timeline.
+        negotiation)."""
         pipeline = current_pipeline()
         if pipeline is None or pipeline.topology.rank != 0 or pipeline.topology.world_size < 2:
-            return
+            return False
         ahead = pipeline.sampled_ahead(handle.key, handle.step + 1)
-        if ahead is not None and ahead[1] and detail_wanted(ahead[0], choice.every):
-            self._start_managed()
+        return ahead is not None and ahead[1] and detail_wanted(ahead[0], choice.every)
 
     def _send_began(self, pipeline: Pipeline, handle: StepHandle) -> None:
         """A rank > 0: when it began this detail step (reference ns), for rank 0's reading of
@@ -215,8 +224,13 @@ class TimelineHook(StepHook[None]):
         }
         pipeline.send_to_reference(message)
 
-    def _start_managed(self) -> bool:
-        if self.running is not None:
+    def _start_managed(self, switch: bool = False) -> bool:
+        """Start a managed file; ``switch``: also while one runs, which Horovod's writer closes
+        as it opens the new one (one hand-over: a stop and then a start leave a gap of two, in
+        which a rank already in the next step's collectives has its request unwritten; on a
+        loaded host that gap took several ms and lost whole negotiations)."""
+        previous = self.running
+        if previous is not None and not switch:
             return True
         if not choice.horovod_ready():
             return False
@@ -229,7 +243,11 @@ class TimelineHook(StepHook[None]):
             log_once("hvd_start", "tf_otel: cannot start the Horovod timeline (%s)", exc)
             return False
         source = _Source(path, managed=True)
-        source.opened_ns = clock.now_ns()  # after the writer took the file (start_timeline waits)
+        if previous is None:
+            source.opened_ns = clock.now_ns()  # after the writer took it (start_timeline waits)
+        else:
+            previous.stopped_at = time.monotonic()  # closed by the writer as it took this one
+            source.after, source.opened_ns = previous, previous.opened_ns
         with self._lock:
             self._sources.append(source)
         self.running = source
@@ -265,6 +283,11 @@ class TimelineHook(StepHook[None]):
         for source in sources:
             if source.done:
                 continue
+            if source.after is not None:
+                if not source.after.done:
+                    continue  # the file before it is read to its end first
+                source.parser.continue_from(source.after.parser)
+                source.after = None
             closed = final or (
                 source.stopped_at is not None
                 and (
