@@ -8,6 +8,7 @@ class LineDecoder:
     bailed: int
     scanned: int
     lists_scanned: int
+    lists_recent: int
     def __init__(self, helper: Any, slot_keys: List[str], kept_keys: List[str]) -> None: ...
     def decode(self, data: bytes, begin: int, end: int) -> Optional[List[Tuple[Any, ...]]]: ...
     def spill_block(

@@ -447,6 +447,29 @@ struct Resource {
     has_job: bool, // the resource names the job: it wins over the span's
     // an attribute list's bytes -> the row's last seven fields (`rows.RowTail`)
     tails: FastMap<Vec<u8>, Py<PyTuple>>,
+    // the lists of `tails` met last, most recent first: compared before the map is hashed
+    recent: Vec<(Vec<u8>, Py<PyTuple>)>,
+}
+
+const RECENT_TAILS: usize = 4;
+
+impl Resource {
+    /// The tail of a list among the last few met (it moves to the front).
+    fn recent_tail(&mut self, py: Python<'_>, list: &[u8]) -> Option<Py<PyTuple>> {
+        let at = self
+            .recent
+            .iter()
+            .position(|(bytes, _)| bytes.as_slice() == list)?;
+        self.recent[..=at].rotate_right(1);
+        Some(self.recent[0].1.clone_ref(py))
+    }
+
+    fn remember(&mut self, py: Python<'_>, list: &[u8], tail: &Py<PyTuple>) {
+        if self.recent.len() == RECENT_TAILS {
+            self.recent.pop();
+        }
+        self.recent.insert(0, (list.to_vec(), tail.clone_ref(py)));
+    }
 }
 
 #[pyclass(module = "tf_otel_native", unsendable)]
@@ -457,6 +480,7 @@ struct LineDecoder {
     parent_ids: FastMap<String, Option<Py<PyString>>>,
     names: FastMap<String, Py<PyString>>,
     keys: Keys,
+    recent: scan::Recent, // the attribute lists the scanner met last
     /// lines handed back to the generic path
     #[pyo3(get)]
     bailed: u64,
@@ -558,6 +582,7 @@ impl LineDecoder {
             empty: empty.unbind(),
             has_job: made.get_item(2)?.is_truthy()?,
             tails: FastMap::default(),
+            recent: Vec::new(),
         };
         if self.resources.len() < RESOURCES_MAX {
             self.resources.insert(raw.to_vec(), resource);
@@ -570,7 +595,7 @@ impl LineDecoder {
     /// parser's.
     fn rows<'py>(&mut self, py: Python<'py>, line: &[u8]) -> Result<Bound<'py, PyList>, Bail> {
         let mut parts = Vec::new();
-        if let Some(groups) = scan::line(line) {
+        if let Some(groups) = scan::line(line, &mut self.recent) {
             self.scanned += 1;
             self.add_parts(py, groups, &mut parts)?;
         } else {
@@ -583,8 +608,7 @@ impl LineDecoder {
     fn span_parts(
         &mut self,
         py: Python<'_>,
-        resource_raw: &[u8],
-        own: &mut Option<Resource>,
+        resource: &mut Resource,
         span: &SpanFields<'_>,
     ) -> Result<Parts, Bail> {
         let start = time_ns(span.start)?;
@@ -603,12 +627,23 @@ impl LineDecoder {
         };
         let name = span.name.as_deref().map(|raw| self.name(py, raw));
         let attributes = span.attributes;
-        let resource = match own.as_mut() {
-            Some(resource) => resource,
-            None => self.resources.get_mut(resource_raw).ok_or(BAIL)?,
-        };
+        if let Some(tail) = resource.recent_tail(py, attributes) {
+            return Ok(Parts {
+                trace,
+                span_id: span_id.into_owned(),
+                parent,
+                name,
+                start,
+                end,
+                tail,
+            });
+        }
         let tail = match resource.tails.get(attributes) {
-            Some(tail) => tail.clone_ref(py),
+            Some(tail) => {
+                let tail = tail.clone_ref(py);
+                resource.remember(py, attributes, &tail);
+                tail
+            }
             None => {
                 let (tail, shared) = match self.keys.tail(py, resource, attributes)? {
                     Some(tail) => (tail, true),
@@ -637,6 +672,7 @@ impl LineDecoder {
                     resource
                         .tails
                         .insert(attributes.to_vec(), tail.clone_ref(py));
+                    resource.remember(py, attributes, &tail);
                 }
                 tail
             }
@@ -672,10 +708,25 @@ impl LineDecoder {
         into: &mut Vec<Parts>,
     ) -> Result<(), Bail> {
         for group in &groups {
-            let mut own = self.resource_key(py, group.resource)?;
+            // the group's resource out of the map while its spans are read: one lookup a group
+            let (mut resource, kept) = match self.resource_key(py, group.resource)? {
+                Some(own) => (own, false), // not remembered (RESOURCES_MAX)
+                None => (self.resources.remove(group.resource).ok_or(BAIL)?, true),
+            };
+            let mut read = Ok(());
             for span in &group.spans {
-                into.push(self.span_parts(py, group.resource, &mut own, span)?);
+                match self.span_parts(py, &mut resource, span) {
+                    Ok(parts) => into.push(parts),
+                    Err(bail) => {
+                        read = Err(bail);
+                        break;
+                    }
+                }
             }
+            if kept {
+                self.resources.insert(group.resource.to_vec(), resource);
+            }
+            read?;
         }
         Ok(())
     }
@@ -712,6 +763,7 @@ impl LineDecoder {
             trace_ids: FastMap::default(),
             parent_ids: FastMap::default(),
             names: FastMap::default(),
+            recent: scan::Recent::default(),
             bailed: 0,
             scanned: 0,
         })
@@ -722,6 +774,12 @@ impl LineDecoder {
     #[getter]
     fn lists_scanned(&self) -> u64 {
         self.keys.scanned.get()
+    }
+
+    /// Attribute lists the scanner took as one of the last few it met (by one comparison)
+    #[getter]
+    fn lists_recent(&self) -> u64 {
+        self.recent.hits
     }
 
     /// The spill of the lines of `data[:stop]` as `tf_otel.analysis.load.spill._write` makes
@@ -753,7 +811,7 @@ impl LineDecoder {
         let mut at = 0;
         while at < block.len() {
             // a line the scanner reads ends where its object (and spaces) end
-            if let Some((groups, end)) = scan::object(text, at) {
+            if let Some((groups, end)) = scan::object(text, at, &mut self.recent) {
                 if end == block.len() || block[end] == b'\n' {
                     self.scanned += 1;
                     if let Err(bail) = self.add_parts(py, groups, &mut rows) {

@@ -2,8 +2,9 @@
 //!
 //! Usage (inside the crate):
 //!
-//!     if let Some(groups) = scan::line(bytes) { /* each group: resource bytes, span fields */ }
-//!     if let Some((groups, end)) = scan::object(block_text, at) { /* a line of a block */ }
+//!     let mut recent = scan::Recent::default();    // attribute lists seen lately
+//!     if let Some(groups) = scan::line(bytes, &mut recent) { /* each group: resource, spans */ }
+//!     if let Some((groups, end)) = scan::object(block_text, at, &mut recent) { /* a line */ }
 //!     if let Some(pairs) = scan::pairs(list_text, |key| slots.get(key)) { /* an attribute list */ }
 //!
 //! It reads the fields the rows need in one pass over the bytes, without building values for
@@ -40,6 +41,41 @@ pub const NULL: &[u8] = b"null";
 const DEPTH: u32 = 64; // deeper values go to the general parser
 const DIGITS_MAX: usize = 15; // longer skipped numbers too: parsers differ on their range
 
+/// The attribute lists the scanner delimited last, most recent first: a span's list that
+/// begins with one of them is that list (an array ends at its closing bracket, so a complete
+/// list at the start of the text is the whole value), taken by one comparison instead of a
+/// walk over its brackets and strings. The spans of a step repeat a few lists (an op's, a
+/// collective's parts'): nine in ten are one of the last few.
+#[derive(Default)]
+pub struct Recent {
+    lists: Vec<Vec<u8>>,
+    /// lists taken by comparison
+    pub hits: u64,
+}
+
+impl Recent {
+    const KEPT: usize = 4;
+
+    /// The length of the recent list `text` begins with (it moves to the front).
+    fn find(&mut self, text: &[u8]) -> Option<usize> {
+        let at = self.lists.iter().position(|list| text.starts_with(list))?;
+        self.lists[..=at].rotate_right(1);
+        self.hits += 1;
+        Some(self.lists[0].len())
+    }
+
+    fn push(&mut self, list: &[u8]) {
+        let mut kept = if self.lists.len() == Self::KEPT {
+            self.lists.pop().unwrap_or_default() // its allocation reused
+        } else {
+            Vec::new()
+        };
+        kept.clear();
+        kept.extend_from_slice(list);
+        self.lists.insert(0, kept);
+    }
+}
+
 /// An attribute value of one scalar kind, as its JSON text.
 pub enum RawScalar<'a> {
     Str(&'a str),
@@ -57,7 +93,11 @@ pub fn pairs<'a, T>(
     text: &'a str,
     slot: impl Fn(&str) -> Option<T>,
 ) -> Option<Vec<(T, &'a str, Option<RawScalar<'a>>)>> {
-    let mut cursor = Cursor { text, at: 0 };
+    let mut cursor = Cursor {
+        text,
+        at: 0,
+        recent: None,
+    };
     let mut found = Vec::new();
     cursor.elements(|cursor| {
         let mut key: Option<(&'a str, Option<T>)> = None;
@@ -84,17 +124,25 @@ pub fn pairs<'a, T>(
 }
 
 /// The groups of a line in the plain layout, or None: the general parser decides.
-pub fn line(bytes: &[u8]) -> Option<Vec<Group<'_>>> {
+pub fn line<'a>(bytes: &'a [u8], recent: &mut Recent) -> Option<Vec<Group<'a>>> {
     let text = std::str::from_utf8(bytes).ok()?;
-    let (groups, end) = object(text, 0)?;
+    let (groups, end) = object(text, 0, recent)?;
     (end == bytes.len()).then_some(groups) // else trailing bytes
 }
 
 /// The groups of the `TracesData` object at `text[at..]` (after spaces) and where it ends,
 /// spaces after it included; None: the general parser decides. `text` may go on (a block of
 /// lines): the object's end is found, not assumed.
-pub fn object(text: &str, at: usize) -> Option<(Vec<Group<'_>>, usize)> {
-    let mut cursor = Cursor { text, at };
+pub fn object<'a>(
+    text: &'a str,
+    at: usize,
+    recent: &mut Recent,
+) -> Option<(Vec<Group<'a>>, usize)> {
+    let mut cursor = Cursor {
+        text,
+        at,
+        recent: Some(recent),
+    };
     let mut groups: Option<Vec<Group>> = None;
     cursor.members(|cursor, key| match key {
         "resourceSpans" => {
@@ -147,12 +195,13 @@ fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
     Some(())
 }
 
-struct Cursor<'a> {
+struct Cursor<'a, 'r> {
     text: &'a str,
     at: usize,
+    recent: Option<&'r mut Recent>, // attribute lists delimited lately (`raw_unchecked`)
 }
 
-impl<'a> Cursor<'a> {
+impl<'a> Cursor<'a, '_> {
     fn bytes(&self) -> &'a [u8] {
         self.text.as_bytes()
     }
@@ -251,6 +300,10 @@ impl<'a> Cursor<'a> {
         }
         let bytes = self.bytes();
         let start = self.at;
+        if let Some(length) = self.recent.as_mut().and_then(|r| r.find(&bytes[start..])) {
+            self.at = start + length;
+            return Some(&bytes[start..self.at]);
+        }
         let mut depth = 0u32;
         let mut at = start;
         loop {
@@ -260,6 +313,9 @@ impl<'a> Cursor<'a> {
                     depth -= 1;
                     if depth == 0 {
                         self.at = at + 1;
+                        if let Some(recent) = self.recent.as_mut() {
+                            recent.push(&bytes[start..self.at]);
+                        }
                         return Some(&bytes[start..self.at]);
                     }
                 }

@@ -169,6 +169,8 @@ def test_the_benchmarks_traces_load_the_same_and_all_natively(tmp_path: Path, mo
         assert decoder.bailed == 0
         assert decoder.scanned == len(data.splitlines())  # the scanner, not the parser
         assert decoder.lists_scanned > 0  # ... and its attribute lists
+        # the spans of a step repeat a few lists: most taken by one comparison
+        assert decoder.lists_recent >= 0.8 * len(rows), (decoder.lists_recent, len(rows))
         assert repr(rows) == repr(rows_or_error(path, monkeypatch, NATIVE_DECODER=False))
         assert len(rows) == 3 * 200 + (3 if path.name == "rank0.jsonl" else 0)
 
@@ -335,6 +337,21 @@ def test_one_byte_changes_give_the_generic_rows_or_none():
                 assert repr(rows) == repr(generic), changed
                 took += 1
     assert took > 1000 and refused > 1000  # both sides are exercised
+
+
+@needs_native
+def test_lists_met_lately_are_taken_by_comparison_with_the_same_rows():
+    """A list the scanner met among the last few is taken by comparing its bytes: the same
+    list again is, one that begins like it but goes on (a longer list) or differs is not."""
+    short = [_attr("tf_otel.rank", {"intValue": "1"})]
+    longer = short + [_attr("gpu.utilization", {"doubleValue": 0.5})]
+    other = [_attr("tf_otel.rank", {"intValue": "2"})]
+    line = _line([_span(attributes=a) for a in (short, longer, short, other, longer, short)])
+    decoder = otlp_native.NativeLineDecoder()
+    rows = decoder.decode(line, 0, len(line))
+    assert rows is not None and repr(rows) == repr(_generic(line))
+    assert decoder.lists_recent == 3  # the second short and longer, the third short
+    assert [row[9] for row in rows] == [1, 1, 1, 2, 1, 1]  # each span its own list's rank
 
 
 # Attribute lists (one span's, the analysis reading rank, step, category, job, GPU and kept

@@ -110,3 +110,9 @@ class NativeLineDecoder:
     def lists_scanned(self) -> int:
         """Distinct attribute lists read by the scanner; the others by the general parser."""
         return self._decoder.lists_scanned
+
+    @property
+    def lists_recent(self) -> int:
+        """Span attribute lists the scanner took as one of the last few it met, by one
+        comparison (``scan::Recent``)."""
+        return self._decoder.lists_recent
