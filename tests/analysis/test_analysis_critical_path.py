@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import random
+from typing import List
+
 from analysis_builders import EPOCH_NS, JobBuilder, decoded_spans, ms
 
+from tf_otel.analysis import critical_path as critical_path_module
 from tf_otel.analysis.analyze import analyze_spans
 from tf_otel.analysis.critical_path import critical_path
 from tf_otel.analysis.steps import group_steps
@@ -229,3 +233,23 @@ def test_gpu_rule_only_with_gpu_metrics():
     findings = analyze_spans(decoded_spans(job)).findings
     low = [f for f in findings if f.rule == "low_gpu_utilization"]
     assert low and low[0].evidence["p95_percent_by_rank"] == {"0": 35.0}
+
+
+def _median_leaving_out(ordered: List[int], value: int) -> int:
+    """The plain way: the list without the first occurrence of ``value``, its median (the
+    mean of the middle two rounded toward zero, as the analysis has always taken it)."""
+    rest = list(ordered)
+    rest.remove(value)
+    n = len(rest)
+    if n % 2:
+        return rest[n // 2]
+    return int((rest[n // 2 - 1] + rest[n // 2]) / 2)
+
+
+def test_medians_without_each_value_match_leaving_it_out():
+    rng = random.Random(7)
+    for _ in range(2000):
+        ordered = sorted(rng.choice([0, 1, 5, 7, 7, 9, 10**9]) for _ in range(rng.randint(2, 9)))
+        median_without = critical_path_module._medians_without(ordered)
+        for value in ordered:
+            assert median_without(value) == _median_leaving_out(ordered, value), (ordered, value)

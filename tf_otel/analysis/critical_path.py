@@ -51,7 +51,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from tf_otel.analysis.carry import CARRIED_NAME, Carry
 from tf_otel.analysis.model import (
@@ -262,24 +262,24 @@ class CriticalPath:
             if len(lengths) < 2 or not leg.syncs:
                 continue
             ordered = sorted(lengths.values())
+            median_without = _medians_without(ordered)
             for rank, length in lengths.items():
-                median = _median_without(ordered, length)
-                totals[rank] = totals.get(rank, 0) + length - median
+                totals[rank] = totals.get(rank, 0) + length - median_without(length)
         self._lateness = dict(sorted(totals.items()))
         return self._lateness
 
 
-def _median_without(ordered: List[int], value: int) -> int:
-    """The median of ``ordered`` (sorted) with one occurrence of ``value`` left out."""
-    cut = bisect.bisect_left(ordered, value)
-    n = len(ordered) - 1
-
-    def at(i: int) -> int:
-        return ordered[i if i < cut else i + 1]
-
-    if n % 2:
-        return at(n // 2)
-    return int((at(n // 2 - 1) + at(n // 2)) / 2)
+def _medians_without(ordered: List[int]) -> Callable[[int], int]:
+    """value -> the median of ``ordered`` (sorted) with one occurrence of ``value`` (one of its
+    values) left out, without a search: the value left out shifts the middle only where it
+    lies below it (``ordered[i] < value`` exactly where one of the values before ``i`` is left
+    out: the first occurrence goes)."""
+    k = (len(ordered) - 1) // 2
+    if (len(ordered) - 1) % 2:
+        low, high = ordered[k], ordered[k + 1]
+        return lambda value: low if low < value else high
+    a, b, c = ordered[k - 1], ordered[k], ordered[k + 1]
+    return lambda value: int(((a if a < value else b) + (b if b < value else c)) / 2)
 
 
 _START_ID = attrgetter("start_ns", "span_id")
@@ -452,14 +452,15 @@ def _unknown_last_arrival(
 
 
 def _last_arrival(
-    members: Dict[int, Span], current: int, step: StepTrace
+    members: Dict[int, Span], current: int, step: StepTrace, hidden: bool
 ) -> Tuple[int, Optional[int]]:
+    """``hidden``: some member's arrival is unknown."""
     flagged = [
         rank for rank, span in members.items() if span.attributes.get(ATTR_LAST_ARRIVAL) is True
     ]
     if len(flagged) == 1:
         return flagged[0], None
-    if any(_unknown(span) for span in members.values()):
+    if hidden:
         return _unknown_last_arrival(members, current, step)
     latest = max(span.start_ns for span in members.values())
     tied = [rank for rank, span in members.items() if span.start_ns == latest]
@@ -498,10 +499,12 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
         return path
     indexes = _LazyIndexes(step)
     syncs = _collective_index(step)
-    path.arrivals = {  # only where every rank's arrival is known (not hidden by Horovod's cache)
+    # the collectives some of whose arrivals are unknown (hidden by Horovod's cache)
+    hidden = {key for key, members in syncs.items() if any(map(_unknown, members.values()))}
+    path.arrivals = {  # only where every rank's arrival is known
         key.name: {rank: span.start_ns for rank, span in members.items()}
         for key, members in syncs.items()
-        if not any(_unknown(span) for span in members.values())
+        if key not in hidden
     }
     syncs.update(_transfer_index(step))
     if not syncs and len(step.ranks) > 1 and not _has_op_spans(step):
@@ -553,7 +556,9 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
         # a sync point: close the leg that starts when this sync completes on this rank
         legs.append(Leg(leg_rank, sync_key, leg_end_key, node.end_ns, leg_end_ns))
         source, known_at = (
-            _last_arrival(members, rank, step) if node.category == COLLECTIVE else (None, None)
+            _last_arrival(members, rank, step, sync_key in hidden)
+            if node.category == COLLECTIVE
+            else (None, None)
         )
         if source is None:  # transfer: wait for the peer that started last
             source = max(members, key=lambda r: (members[r].start_ns, r == rank, -r))
@@ -679,36 +684,41 @@ def _compare_legs(
     carried: Dict[int, Carry],
 ) -> None:
     """Every rank's same leg; a first leg begins after what each rank inherited (``carry``)."""
+    step_start = step.start_ns
     for leg in legs:
-        if leg.begin == STEP_START:
+        first = leg.begin == STEP_START
+        if first:
             leg.inherited_ns = _inherited(carried, leg.rank)
         own_start = min(leg.start_ns + leg.inherited_ns, max(leg.start_ns, leg.end_ns))
-        leg.windows[leg.rank] = (own_start, leg.end_ns)
+        windows = leg.windows
+        windows[leg.rank] = (own_start, leg.end_ns)
         others: List[int] = []
         waited: List[int] = []  # the same, nothing inherited taken off
+        # loop invariants: the members of the leg's two ends, each looked up once a leg
+        begins = None if first else syncs.get(leg.begin, {})
+        ends = None if leg.end == STEP_END else syncs.get(leg.end, {})
         estimated: Optional[Dict[int, int]] = None
+        if ends is not None and any(map(_unknown, ends.values())):
+            estimated = estimated_arrivals(ends, step)
         for rank, timeline in step.ranks.items():
             if rank == leg.rank:
                 continue
-            if leg.begin == STEP_START:
-                begin: Optional[int] = step.start_ns + _inherited(carried, rank)
+            if begins is None:
+                begin: Optional[int] = step_start + _inherited(carried, rank)
             else:
-                member = syncs.get(leg.begin, {}).get(rank)
+                member = begins.get(rank)
                 begin = member.end_ns if member else None
-            if leg.end == STEP_END:
+            if ends is None:
                 end: Optional[int] = timeline.end_ns
             else:
-                members = syncs.get(leg.end, {})
-                member = members.get(rank)
+                member = ends.get(rank)
                 end = member.start_ns if member else None
-                if member is not None and _unknown(member):
-                    if estimated is None:
-                        estimated = estimated_arrivals(members, step)
+                if estimated is not None and member is not None and _unknown(member):
                     end = estimated[rank]
             if begin is not None and end is not None:
                 # a first leg's wall-clock length, from the step's start
-                waited.append(max(0, end - (step.start_ns if leg.begin == STEP_START else begin)))
+                waited.append(max(0, end - (step_start if first else begin)))
                 end = max(begin, end)  # overlapping collectives: this rank waited anyway
-                leg.windows[rank] = (begin, end)
+                windows[rank] = (begin, end)
                 others.append(end - begin)
         _set_others(leg, others, waited)

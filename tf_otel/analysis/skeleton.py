@@ -175,12 +175,21 @@ class Skeleton:
         for piece in self._pieces:
             spans = piece.spans
             if piece.positions is not None:
+                # spans made of the rows it reads only (a piece holds hundreds)
+                rows: Dict[str, Row] = {}
+                for row in self._rows(piece):
+                    if len(seen) + len(rows) >= count:
+                        break
+                    if row[1] not in seen:
+                        rows.setdefault(row[1], row)
                 spans = []
-                add_spans(spans, self._rows(piece))
+                add_spans(spans, rows.values())
             for span in spans:
                 if len(seen) >= count:
-                    return list(seen.values())
+                    break
                 seen.setdefault(span.span_id, span)
+            if len(seen) >= count:
+                break
         return list(seen.values())
 
 

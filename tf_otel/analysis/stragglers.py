@@ -148,8 +148,25 @@ def window_split(
     # a node starting before inside - longest ends before inside
     low = bisect_left(pieces.starts, inside - pieces.longest)
     high = bisect_left(pieces.starts, end)
+    nodes = pieces.nodes[low:high]
+    # where no two nodes overlap inside the window (ops one after another: the usual case)
+    # each node's time is its category's and the rest is the rank's own: no sweep needed
+    alone: Dict[str, int] = {}
+    reached = inside
+    for node_start, node_end, category in nodes:
+        start, stop = max(inside, node_start), min(end, node_end)
+        if stop > start:
+            if start < reached:
+                break  # an overlap: the sweep below decides who names the time
+            alone[category] = alone.get(category, 0) + stop - start
+            reached = stop
+    else:
+        for category, spent in alone.items():
+            split[category] += spent
+        split[pieces.rest] += end - inside - sum(alone.values())
+        return split
     changes: Dict[int, List[int]] = {}  # time -> change in (communication, input, compute)
-    for node_start, node_end, category in pieces.nodes[low:high]:
+    for node_start, node_end, category in nodes:
         start, stop = max(inside, node_start), min(end, node_end)
         if stop > start:
             slot = _SLOT[category]
