@@ -68,20 +68,25 @@ impl Marshal {
             self.out.extend_from_slice(&small.to_le_bytes());
             return;
         }
-        // 15-bit digits, least significant first; the count carries the sign
+        // 15-bit digits, least significant first; the count carries the sign (a nanosecond
+        // time has 5: two a span, so they are built on the stack, not the heap)
         let mut magnitude = value.unsigned_abs();
-        let mut digits: Vec<u16> = Vec::with_capacity(5);
+        let mut digits = [0u8; 10]; // 64 bits: at most 5 digits of 15
+        let mut count = 0;
         while magnitude != 0 {
-            digits.push((magnitude & 0x7fff) as u16);
+            digits[2 * count..2 * count + 2]
+                .copy_from_slice(&((magnitude & 0x7fff) as u16).to_le_bytes());
             magnitude >>= 15;
+            count += 1;
         }
-        let count = digits.len() as i32;
+        let signed = if value < 0 {
+            -(count as i32)
+        } else {
+            count as i32
+        };
         self.out.push(b'l' | flag);
-        self.out
-            .extend_from_slice(&(if value < 0 { -count } else { count }).to_le_bytes());
-        for digit in digits {
-            self.out.extend_from_slice(&digit.to_le_bytes());
-        }
+        self.out.extend_from_slice(&signed.to_le_bytes());
+        self.out.extend_from_slice(&digits[..2 * count]);
     }
 
     fn text(&mut self, text: &str, flag: u8) {

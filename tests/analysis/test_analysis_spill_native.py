@@ -79,6 +79,10 @@ BLOCKS = [
     _line([_span(attributes=[])], resource={"attributes": [_attr("x", {"stringValue": "y"})]}),
     _line([_span(traceId="q80AAAAAAAAAAAAAAAAAAA==", spanId="AAAAAAAAAAE=")]),  # base64 ids
     _line([_span(startTimeUnixNano=-5, endTimeUnixNano=2**62)]),
+    # times of every marshalled size: 1 to 5 digits of 15 bits, either sign
+    _line([_span(startTimeUnixNano=-(2**62) - 1, endTimeUnixNano=2**62 + 1)]),
+    _line([_span(startTimeUnixNano=-(2**40) - 7, endTimeUnixNano=2**31)]),
+    _line([_span(startTimeUnixNano=-(2**31) - 1, endTimeUnixNano=2**45 + 3)]),
     _line([_span(name="\u00e9\u4e2d")]),  # not ASCII
     _line([_span(traceId="ab" * 16, spanId=f"{n:016x}") for n in range(300)]),  # > 255 rows
     # a rank's first spans a stall and a job: its timeline begins with the op after them
