@@ -626,57 +626,7 @@ impl LineDecoder {
             _ => None,
         };
         let name = span.name.as_deref().map(|raw| self.name(py, raw));
-        let attributes = span.attributes;
-        if let Some(tail) = resource.recent_tail(py, attributes) {
-            return Ok(Parts {
-                trace,
-                span_id: span_id.into_owned(),
-                parent,
-                name,
-                start,
-                end,
-                tail,
-            });
-        }
-        let tail = match resource.tails.get(attributes) {
-            Some(tail) => {
-                let tail = tail.clone_ref(py);
-                resource.remember(py, attributes, &tail);
-                tail
-            }
-            None => {
-                let (tail, shared) = match self.keys.tail(py, resource, attributes)? {
-                    Some(tail) => (tail, true),
-                    None => {
-                        let made = self
-                            .helper
-                            .bind(py)
-                            .call_method1(
-                                "tail",
-                                (resource.attributes.bind(py), PyBytes::new(py, attributes)),
-                            )?
-                            .cast_into::<PyTuple>()
-                            .map_err(|_| BAIL)?;
-                        let tail = made.get_item(0)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
-                        (tail, made.get_item(1)?.is_truthy()?)
-                    }
-                };
-                if tail.len() != 7 {
-                    return Err(BAIL);
-                }
-                let tail = tail.unbind();
-                if shared {
-                    if resource.tails.len() >= TAILS_MAX {
-                        resource.tails.clear(); // the older steps' lists
-                    }
-                    resource
-                        .tails
-                        .insert(attributes.to_vec(), tail.clone_ref(py));
-                    resource.remember(py, attributes, &tail);
-                }
-                tail
-            }
-        };
+        let tail = self.row_tail(py, resource, span.attributes)?;
         Ok(Parts {
             trace,
             span_id: span_id.into_owned(),
@@ -686,6 +636,54 @@ impl LineDecoder {
             end,
             tail,
         })
+    }
+
+    /// The row's last seven fields (`rows.RowTail`) for an attribute list: one of the
+    /// resource's last few lists, else its map, else parsed (and kept where shareable).
+    fn row_tail(
+        &mut self,
+        py: Python<'_>,
+        resource: &mut Resource,
+        attributes: &[u8],
+    ) -> Result<Py<PyTuple>, Bail> {
+        if let Some(tail) = resource.recent_tail(py, attributes) {
+            return Ok(tail);
+        }
+        if let Some(tail) = resource.tails.get(attributes) {
+            let tail = tail.clone_ref(py);
+            resource.remember(py, attributes, &tail);
+            return Ok(tail);
+        }
+        let (tail, shared) = match self.keys.tail(py, resource, attributes)? {
+            Some(tail) => (tail, true),
+            None => {
+                let made = self
+                    .helper
+                    .bind(py)
+                    .call_method1(
+                        "tail",
+                        (resource.attributes.bind(py), PyBytes::new(py, attributes)),
+                    )?
+                    .cast_into::<PyTuple>()
+                    .map_err(|_| BAIL)?;
+                let tail = made.get_item(0)?.cast_into::<PyTuple>().map_err(|_| BAIL)?;
+                (tail, made.get_item(1)?.is_truthy()?)
+            }
+        };
+        if tail.len() != 7 {
+            return Err(BAIL);
+        }
+        let tail = tail.unbind();
+        if shared {
+            if resource.tails.len() >= TAILS_MAX {
+                resource.tails.clear(); // the older steps' lists
+            }
+            resource
+                .tails
+                .insert(attributes.to_vec(), tail.clone_ref(py));
+            resource.remember(py, attributes, &tail);
+        }
+        Ok(tail)
     }
 
     /// The parts of a line the scanner left, read by the general parser (`Err`: the line is
