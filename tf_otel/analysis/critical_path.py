@@ -51,7 +51,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from tf_otel.analysis.carry import CARRIED_NAME, Carry
 from tf_otel.analysis.model import (
@@ -400,6 +400,11 @@ def _unknown(span: Span) -> bool:
     return span.attributes.get(ATTR_ARRIVAL) == UNKNOWN_ARRIVAL
 
 
+def _hidden(index: Dict[SyncKey, Dict[int, Span]]) -> Set[SyncKey]:
+    """The sync points some of whose members' arrivals are unknown (hidden by Horovod's cache)."""
+    return {key for key, members in index.items() if any(map(_unknown, members.values()))}
+
+
 def known_before(timeline: RankTimeline, t: int) -> int:
     """The last moment before ``t`` this rank is known to have been busy with its own work:
     the latest end of its non-collective spans ending by ``t``, else its step's start."""
@@ -499,14 +504,15 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
         return path
     indexes = _LazyIndexes(step)
     syncs = _collective_index(step)
-    # the collectives some of whose arrivals are unknown (hidden by Horovod's cache)
-    hidden = {key for key, members in syncs.items() if any(map(_unknown, members.values()))}
+    hidden = _hidden(syncs)
     path.arrivals = {  # only where every rank's arrival is known
         key.name: {rank: span.start_ns for rank, span in members.items()}
         for key, members in syncs.items()
         if key not in hidden
     }
-    syncs.update(_transfer_index(step))
+    transfers = _transfer_index(step)
+    hidden |= _hidden(transfers)
+    syncs.update(transfers)
     if not syncs and len(step.ranks) > 1 and not _has_op_spans(step):
         return _implicit_sync_path(path, carried)
     expected = set(step.expected_ranks)
@@ -591,7 +597,7 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
     legs.append(Leg(leg_rank, STEP_START, leg_end_key, step.start_ns, leg_end_ns))
     path.segments = backward[::-1]
     path.legs = legs[::-1]
-    _compare_legs(path.legs, step, syncs, carried)
+    _compare_legs(path.legs, step, syncs, hidden, carried)
     return path
 
 
@@ -681,6 +687,7 @@ def _compare_legs(
     legs: List[Leg],
     step: StepTrace,
     syncs: Dict[SyncKey, Dict[int, Span]],
+    hidden: Set[SyncKey],
     carried: Dict[int, Carry],
 ) -> None:
     """Every rank's same leg; a first leg begins after what each rank inherited (``carry``)."""
@@ -698,7 +705,7 @@ def _compare_legs(
         begins = None if first else syncs.get(leg.begin, {})
         ends = None if leg.end == STEP_END else syncs.get(leg.end, {})
         estimated: Optional[Dict[int, int]] = None
-        if ends is not None and any(map(_unknown, ends.values())):
+        if ends is not None and leg.end in hidden:
             estimated = estimated_arrivals(ends, step)
         for rank, timeline in step.ranks.items():
             if rank == leg.rank:
