@@ -104,6 +104,10 @@ def test_a_persistent_slowdown_is_raised_once_and_closed():
     assert len(ended) == 1 and ended[0].rank == 2 and 60 <= ended[0].step <= 60 + SLOW_WINDOW
     assert ended[0].since_step == began[0].since_step
     assert all(c.rank is not None for c in changes), "a slow rank explains the step time"
+    # each lies in the time of the step whose trace it goes in (inside that step's root)
+    assert (began[0].start_ns, began[0].end_ns) == verdicts[began[0].since_step].extent_ns
+    assert (ended[0].start_ns, ended[0].end_ns) == verdicts[ended[0].step].extent_ns
+    assert verdicts[began[0].since_step].extent_ns != verdicts[began[0].step].extent_ns
 
 
 def test_a_slowdown_on_a_noisy_host_is_named_in_its_steps():

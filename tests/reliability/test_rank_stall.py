@@ -345,6 +345,16 @@ def test_a_persistent_slowdown_of_one_rank_is_raised_once_and_closed(receiver) -
     closed = ended[0].attributes
     assert closed[record.ATTR_SLOWDOWN_RANK] == 1 and closed[record.ATTR_SLOWDOWN_SINCE] == since
     assert SLOWDOWN_TO <= closed[record.ATTR_SLOWDOWN_AT] <= SLOWDOWN_TO + 10, closed
+    # each inside the root of the step whose trace it is in (a backend draws it there)
+    root_spans = {
+        s.attributes[record.ATTR_STEP]: s
+        for s in spans
+        if s.category == record.STEP_ROOT and "train_step" in s.name
+    }
+    for span, step in ((began[0], since), (ended[0], closed[record.ATTR_SLOWDOWN_AT])):
+        root = root_spans[step]
+        assert span.parent_id == root.span_id, (span.attributes, step)
+        assert root.start_ns <= span.start_ns <= span.end_ns <= root.end_ns, (span, root)
     logs = receiver.wait_for_logs(lambda got: any("slowdown" in str(x.body) for x in got), 10)
     raised_log = [x for x in logs if "rank 1 slowdown:" in str(x.body)]
     assert raised_log and raised_log[0].trace_id == began[0].trace_id, [x.body for x in logs]

@@ -355,17 +355,19 @@ class StepExporter:
                     )
             for change in verdict.changes:
                 with fail_open("verdicts.slowdown"):
-                    self._export_slowdown(change, start_ns, end_ns)
+                    self._export_slowdown(change)
 
-    def _export_slowdown(self, change: Change, start_ns: int, end_ns: int) -> None:
+    def _export_slowdown(self, change: Change) -> None:
         """A slowdown that began (in the trace of the step it began at) or ended (in this
-        step's): a span under that step's root, and a log record in its trace."""
+        step's): a span under that step's root and within its time, and a log record in its
+        trace."""
         name, attributes, summary = slowdown_record(change)
         attributes[record.ATTR_CATEGORY] = record.SLOWDOWN
         attributes[record.ATTR_STEP] = change.since_step if change.began else change.step
         attributes[record.ATTR_STEP_KEY] = change.key
         step = attributes[record.ATTR_STEP]
         trace_id = step_trace_id(self.job_id, change.key, step)
+        start_ns, end_ns = change.start_ns, change.end_ns
         handle = StepHandle(change.key, step, "slowdown", "", trace_id, True, start_ns, end_ns)
         span = self.tracer.start_span(
             name,

@@ -72,6 +72,10 @@ class Change:
     step: int
     lateness_ns: int  # the median lateness (or step time over the usual) while it lasted
     threshold_ns: int
+    # the extent (reference ns, every rank) of the step whose trace it belongs in: since_step's
+    # when it began, step's when it ended; its span lies inside that step's root
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 @dataclass
@@ -89,6 +93,7 @@ class Verdict:
     by_category_ns: Dict[str, int] = field(default_factory=dict)
     threshold_ns: int = 0
     changes: List[Change] = field(default_factory=list)
+    extent_ns: Tuple[int, int] = (0, 0)  # the step over every rank: first start, last end
 
     @property
     def judged(self) -> bool:
@@ -121,18 +126,22 @@ def _medians_without_each(values: Mapping[int, int]) -> Dict[int, float]:
 class _Slowdown:
     """One rank's (or the step time's) recent steps: late or not, and an open slowdown."""
 
-    recent: Deque[Tuple[int, bool, int]] = field(default_factory=lambda: deque(maxlen=SLOW_WINDOW))
+    # step, late, value, the step's extent
+    recent: Deque[Tuple[int, bool, int, Tuple[int, int]]] = field(
+        default_factory=lambda: deque(maxlen=SLOW_WINDOW)
+    )
     since: Optional[int] = None  # the step it began at, while open
+    since_extent: Tuple[int, int] = (0, 0)  # that step's extent
     values: List[int] = field(default_factory=list)  # lateness while open (bounded)
 
-    def update(self, step: int, late: bool, value: int) -> Optional[bool]:
+    def update(self, step: int, late: bool, value: int, extent: Tuple[int, int]) -> Optional[bool]:
         """True: it began now; False: it ended now; None: no change."""
-        self.recent.append((step, late, value))
-        lates = [s for s, is_late, _ in self.recent if is_late]
+        self.recent.append((step, late, value, extent))
+        lates = [entry for entry in self.recent if entry[1]]
         if self.since is None:
             if len(lates) >= SLOW_STEPS:
-                self.since = lates[0]
-                self.values = [v for s, is_late, v in self.recent if is_late]
+                self.since, self.since_extent = lates[0][0], lates[0][3]
+                self.values = [entry[2] for entry in lates]
                 return True
             return None
         if len(self.values) < 4 * WINDOW:
@@ -190,12 +199,15 @@ class LiveVerdicts:
         others = _medians_without_each(ready)
         lateness = {r: int(v - others[r]) for r, v in ready.items()}
         verdict = Verdict(key, step, lateness, "arrivals" if arrivals is not None else "extents")
+        first = min(e[0] for e in extents.values())
+        last = max(e[1] for e in extents.values())
+        verdict.extent_ns = (first, last)
         state = self._state(key)
         state.seen += 1
         if state.seen <= WARMUP_STEPS:
             verdict.warmup = True
             return verdict
-        duration = max(e[1] for e in extents.values()) - min(e[0] for e in extents.values())
+        duration = last - first
         if len(state.window) >= MIN_JUDGED:
             self._judge(state, verdict, extents, duration)
         self._learn(state, verdict, duration)
@@ -266,7 +278,7 @@ class LiveVerdicts:
                 return  # nothing to remember for a rank that was never late
             slow = state.slow[rank] = _Slowdown()
         began = slow.since
-        changed = slow.update(verdict.step, late, value)
+        changed = slow.update(verdict.step, late, value, verdict.extent_ns)
         if changed is None:
             return
         since = slow.since if changed else began
@@ -309,7 +321,8 @@ def _change(
     """A slowdown raised (``began``) or ended at this verdict's step; its typical value is the
     median of what the slowdown saw (``value`` where it saw nothing yet)."""
     typical = int(statistics.median(slow.values)) if slow.values else value
-    return Change(verdict.key, rank, began, since, verdict.step, typical, threshold)
+    start, end = slow.since_extent if began else verdict.extent_ns
+    return Change(verdict.key, rank, began, since, verdict.step, typical, threshold, start, end)
 
 
 def _settled(entries: Deque[Tuple[int, Any]], step: int) -> List[Any]:
