@@ -802,7 +802,7 @@ impl LineDecoder {
             )));
         }
         let block = &data[..stop];
-        let Ok(text) = std::str::from_utf8(block) else {
+        let Ok(text) = simdutf8::basic::from_utf8(block) else {
             return Ok(None); // the Python path names the line
         };
         let mut rows: Vec<Parts> = Vec::new();
