@@ -35,7 +35,13 @@ from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.measured import measured_categories
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
-from tf_otel.analysis.result import AnalysisResult, StepResult, digests_of
+from tf_otel.analysis.result import (
+    AnalysisResult,
+    StepDigest,
+    StepResult,
+    digests_of,
+    steps_where,
+)
 from tf_otel.analysis.skeleton import NeedSpans, skeleton_step
 from tf_otel.analysis.step_facts import step_facts
 from tf_otel.analysis.step_store import Paged, PagedSteps
@@ -337,6 +343,14 @@ def _analyze(
     )
 
 
+def _GPU_SPANS(digest: StepDigest) -> bool:
+    return digest.gpu_spans
+
+
+def _GPU_STEP_SPANS(digest: StepDigest) -> bool:
+    return digest.gpu_step_spans
+
+
 class _Paths(Mapping[int, CriticalPath]):
     """Step key -> its critical path, read from the analysed steps when asked."""
 
@@ -412,8 +426,17 @@ def _summarise(
         stragglers=stragglers,
         outliers=outliers,
         gpu_utilization=gpu_utilisation(
-            (sample for r in results for sample in r.facts.gpu_samples),
-            (t.step_span for r in results for t in r.trace.ranks.values() if t.step_span),
+            (
+                sample
+                for r in steps_where(results, digests, _GPU_SPANS)
+                for sample in r.facts.gpu_samples
+            ),
+            (
+                t.step_span
+                for r in steps_where(results, digests, _GPU_STEP_SPANS)
+                for t in r.trace.ranks.values()
+                if t.step_span
+            ),
         ),
         warnings=warnings,
         reload=steps.with_spans,

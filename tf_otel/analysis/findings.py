@@ -54,7 +54,7 @@ def _ordered(settings: Dict[str, str]) -> Dict[str, str]:
 
 def straggler_findings(result: AnalysisResult) -> List[Finding]:
     findings = []
-    total = sum(step.trace.duration_ns for step in result.steady_steps) or 1
+    total = sum(d.duration_ns for d in result.digests(warmup=False)) or 1
     for stats in result.stragglers.ranks.values():
         count = len(stats.straggler_steps)
         if not count:
@@ -149,7 +149,7 @@ _TF_REMEDIES = (
 
 def _collective_libraries(result: AnalysisResult) -> List[str]:
     """Whose collectives the job ran (span names "horovod.<op> ..." / "tensorflow.<op> ...")."""
-    return sorted(set().union(*(step.facts.libraries for step in result.steps)))
+    return sorted(set().union(*(d.libraries for d in result.digests())))
 
 
 def communication_findings(result: AnalysisResult) -> List[Finding]:

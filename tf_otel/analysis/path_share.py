@@ -66,9 +66,9 @@ def path_share_findings(
 def _measured_by_category(result: AnalysisResult, categories: List[str]) -> Dict[str, int]:
     """Path time by category over the steady steps that measured all of ``categories``."""
     totals = dict.fromkeys(categories, 0)
-    for step in result.steady_steps:
-        if all(c in step.measured for c in categories):
-            split = step.path.by_category()
+    for digest in result.digests(warmup=False):
+        if all(c in digest.measured for c in categories):
+            split = digest.by_category
             for category in categories:
                 totals[category] += split[category]
     return totals

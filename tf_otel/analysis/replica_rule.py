@@ -33,7 +33,7 @@ def replica_lateness(result: AnalysisResult) -> Dict[int, List[Tuple[int, Dict[i
     """rank -> [(step key, {replica: lateness ns}), ...] over the steady steps whose collectives
     carry replica spreads (each step: the last replica of its widest spread; the others 0)."""
     out: Dict[int, List[Tuple[int, Dict[int, int]]]] = {}
-    for step in result.steady_steps:
+    for step in result.steps_with(lambda d: d.replicas, warmup=False):
         worst = step.facts.replica_worst  # rank -> (spread, replica, replicas)
         for rank, (spread, last, replicas) in worst.items():
             lateness = {r: 0 for r in range(max(replicas, last + 1))}
@@ -44,7 +44,8 @@ def replica_lateness(result: AnalysisResult) -> Dict[int, List[Tuple[int, Dict[i
 
 def slow_replica_findings(result: AnalysisResult) -> List[Finding]:
     findings = []
-    durations = [step.trace.duration_ns for step in result.steady_steps]
+    digests = result.digests()
+    durations = [d.duration_ns for d in digests if not d.warmup]
     typical = int(statistics.median(durations)) if durations else 0
     total = sum(durations) or 1
     for rank, steps in sorted(replica_lateness(result).items()):
@@ -52,7 +53,7 @@ def slow_replica_findings(result: AnalysisResult) -> List[Finding]:
         late: Dict[int, List[Tuple[int, int]]] = {}  # replica -> [(step key, ns)]
         for key, lateness in steps:
             replica = max(lateness, key=lambda r: (lateness[r], -r))
-            over = result.steps[key].trace.duration_ns - typical
+            over = digests[key].duration_ns - typical
             # late beyond the noise, and the step longer for it (as ranks are judged)
             if lateness[replica] > noise.threshold_for(replica) and noise.delayed(over):
                 late.setdefault(replica, []).append((key, lateness[replica]))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
 
 from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
 from tf_otel.analysis.measured import (
@@ -26,6 +26,7 @@ from tf_otel.analysis.outliers import OutlierStats
 from tf_otel.analysis.step_facts import StepFacts
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.analysis.stragglers import StepStraggler, StragglerSummary
+from tf_otel.record import ATTR_HW_GPU_UTILIZATION
 
 
 @dataclass
@@ -74,6 +75,12 @@ class StepDigest:
     ranks: Tuple[int, ...]
     warmup: bool
     series: Optional[str]  # step_series
+    step: Optional[int]  # trace.step
+    libraries: FrozenSet[str]  # facts.libraries
+    # which steps a report's pass over the steps needs to read back (the others have none)
+    replicas: bool  # facts.replica_worst: a collective's replica spread
+    gpu_spans: bool  # facts.gpu_samples: spans with the older per-span GPU attribute
+    gpu_step_spans: bool  # a rank's step span with hw.gpu.utilization
 
 
 SERIES_CHARS = 24  # a series' short name in labels
@@ -102,7 +109,26 @@ def step_digest(step: StepResult) -> StepDigest:
         tuple(step.trace.ranks),
         step.warmup,
         sys.intern(series) if (series := step_series(step.trace)) else None,
+        step.trace.step,
+        step.facts.libraries,
+        bool(step.facts.replica_worst),
+        bool(step.facts.gpu_samples),
+        any(
+            t.step_span is not None
+            and t.step_span.attributes.get(ATTR_HW_GPU_UTILIZATION) is not None
+            for t in step.trace.ranks.values()
+        ),
     )
+
+
+def steps_where(
+    steps: Sequence[StepResult], digests: Sequence[StepDigest], flag: Callable[[StepDigest], bool]
+) -> Iterator[StepResult]:
+    """The steps whose digest has ``flag``, in order, read one at a time: a pass over the steps
+    for what few of them hold reads only those from disk."""
+    for key, digest in enumerate(digests):
+        if flag(digest):
+            yield steps[key]
 
 
 def digests_of(steps: Sequence[StepResult]) -> List[StepDigest]:
@@ -153,6 +179,16 @@ class AnalysisResult:
     @property
     def what_if_total_ns(self) -> int:
         return sum(digest.what_if_ns for digest in self.digests())
+
+    def steps_with(
+        self, flag: Callable[[StepDigest], bool], warmup: Optional[bool] = None
+    ) -> Iterator[StepResult]:
+        """The steps (those with this warm-up mark where given) whose digest has ``flag``."""
+        return steps_where(
+            self.steps,
+            digests_of(self.steps),
+            lambda d: (warmup is None or d.warmup == warmup) and flag(d),
+        )
 
     @property
     def steady_steps(self) -> Sequence[StepResult]:

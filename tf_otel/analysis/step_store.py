@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import (
     IO,
     Dict,
+    FrozenSet,
     Generic,
     Iterator,
     List,
@@ -132,11 +133,15 @@ class PagedSteps(Paged[StepResult]):
         super().__init__(directory)
         self._digests: List[StepDigest] = []
         self._ranks: Dict[Tuple[int, ...], Tuple[int, ...]] = {}  # one tuple for equal ranks
+        self._libraries: Dict[FrozenSet[str], FrozenSet[str]] = {}  # one set for equal ones
 
     def _digest(self, item: StepResult) -> StepDigest:
         digest = step_digest(item)
         ranks = self._ranks.setdefault(digest.ranks, digest.ranks)
-        return replace(digest, ranks=ranks) if ranks is not digest.ranks else digest
+        libraries = self._libraries.setdefault(digest.libraries, digest.libraries)
+        if ranks is digest.ranks and libraries is digest.libraries:
+            return digest
+        return replace(digest, ranks=ranks, libraries=libraries)
 
     def append(self, item: StepResult) -> int:
         self._digests.append(self._digest(item))

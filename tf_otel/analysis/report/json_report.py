@@ -109,7 +109,8 @@ def _category(found: CategoryShare) -> Dict[str, Any]:
 
 def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
     shares = result.category_shares()
-    durations = sorted(step.trace.duration_ns for step in result.steady_steps)
+    durations = sorted(d.duration_ns for d in result.digests(warmup=False))
+    warmup = result.digests(warmup=True)
     noise = result.stragglers.noise
     path_by_rank = result.by_rank()
     ranks = []
@@ -155,8 +156,8 @@ def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
                 for c, found in shares.items()
             },
             "categories": {c: _category(found) for c, found in shares.items()},
-            "warmup_steps": [step.trace.step for step in result.warmup_steps],
-            "warmup_ms": _ms(sum(step.trace.duration_ns for step in result.warmup_steps)),
+            "warmup_steps": [d.step for d in warmup],
+            "warmup_ms": _ms(sum(d.duration_ns for d in warmup)),
             "straggler_threshold_ms": _ms(noise.threshold_ns),
             "lateness_noise": {
                 "center_ms": _ms(noise.center_ns),
