@@ -11,10 +11,10 @@ import pytest
 
 from tf_otel.analysis.critical_path import CriticalPath, Segment
 from tf_otel.analysis.outliers import OutlierStats
-from tf_otel.analysis.result import AnalysisResult, StepResult
+from tf_otel.analysis.result import AnalysisResult, StepMarks, StepResult
 from tf_otel.analysis.step_store import Paged, PagedSteps
 from tf_otel.analysis.steps import RankTimeline, StepTrace
-from tf_otel.analysis.stragglers import StragglerSummary
+from tf_otel.analysis.stragglers import StepStraggler, StragglerSummary
 
 
 def test_items_come_back_equal_and_new(tmp_path: Path) -> None:
@@ -99,6 +99,74 @@ def test_the_sums_over_steps_read_no_step_back(
     assert reads == []
     # equal ranks are one tuple in memory
     assert paged.digests()[0].ranks is paged.digests()[3].ranks
+
+
+def test_marks_go_on_every_read_and_a_step_stored_again_keeps_its_own(tmp_path: Path) -> None:
+    """The statistics' marks (warm-up, series, straggler, outlier) are kept in memory and put on
+    the step at each read, the digest following them (its what-if saving); the step is not
+    written again. A step stored after it was marked is read back as stored."""
+    steps = PagedSteps(tmp_path)
+    for key in range(4):
+        steps.append(_step(key + 1, warmup=False))
+    written = steps._end
+    straggler = StepStraggler(1, 1_500_000, 1_000_000, "input", {"input": 1_500_000})
+    steps.mark(2, StepMarks(warmup=False, series="eval", straggler=straggler, outlier=True))
+    steps.mark(0, StepMarks(warmup=True, series=None, straggler=None, outlier=False))
+    assert steps._end == written, "marking writes nothing"
+    for _ in range(2):  # every read, not the first alone
+        step = steps[2]
+        assert (step.series, step.straggler, step.outlier) == ("eval", straggler, True)
+        assert step.label == "eval:3" and step.what_if_ns == 2_000_000
+    assert steps[0].warmup and not steps[1].warmup and steps[1].straggler is None
+    assert [s.key for s in steps.where(warmup=False)] == [2, 3, 4]  # keys from 1
+    assert steps.digests()[2].what_if_ns == 2_000_000 and steps.digests()[2].warmup is False
+    assert steps.digests()[0].warmup is True
+    again = steps[2]
+    again.outlier = False
+    steps[2] = again
+    assert steps[2].outlier is False and steps[2].straggler == straggler
+
+
+def test_a_report_reads_a_step_back_four_times_not_once_a_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tf-otel analyze with its steps on disk: the statistics, the findings and the JSON report
+    read an analysed step back four times (the straggler summary's two passes, the whole-step
+    samples, the report's steps; a straggler step a few more, for its label), not once a pass
+    (14 before the passes read the steps' digests); the same report as with every step in
+    memory."""
+    import json
+    import sys
+
+    from tf_otel.analysis import analyze
+    from tf_otel.analysis.load.files import load_paths
+    from tf_otel.analysis.load.spill import load_spilled
+    from tf_otel.analysis.report.json_report import to_json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import bench_analysis
+
+    steps = 12
+    bench_analysis.generate(tmp_path, steps=steps, ranks=4)
+    reads: Dict[int, int] = {}
+    original = PagedSteps._loaded
+
+    def counted(self: PagedSteps, index: int, item: StepResult) -> StepResult:
+        reads[index] = reads.get(index, 0) + 1
+        return original(self, index, item)
+
+    monkeypatch.setattr(PagedSteps, "_loaded", counted)
+    with load_spilled([str(tmp_path)], progress=False, workers=1) as source:
+        result = analyze.analyze_source(source, source="t")
+        assert isinstance(result.steps, PagedSteps)
+        report = json.dumps(to_json(result))
+    stragglers = set(result.stragglers.step_stragglers)  # rank 3 late in steps 0 and 10
+    assert stragglers and len(reads) == steps, reads
+    assert all(reads[n] <= 4 for n in range(steps) if n not in stragglers), reads
+    assert sum(reads.values()) <= 5 * steps, reads
+    in_memory = analyze.analyze_spans(load_paths([str(tmp_path)], progress=False), source="t")
+    assert isinstance(in_memory.steps, list)
+    assert json.dumps(to_json(in_memory)) == report
 
 
 def test_memory_holds_two_numbers_an_item(tmp_path: Path) -> None:

@@ -38,8 +38,10 @@ from tf_otel.analysis.outliers import step_outliers
 from tf_otel.analysis.result import (
     AnalysisResult,
     StepDigest,
+    StepMarks,
     StepResult,
     digests_of,
+    step_label,
     steps_where,
 )
 from tf_otel.analysis.skeleton import NeedSpans, skeleton_step
@@ -397,21 +399,23 @@ def _summarise(
     slow = set(outliers.outliers)
     unattributed: List[str] = []
     job = job_id
-    for step_result in results:
-        key = step_result.key
-        step_result.warmup = key in skipped
-        if main is not None and digests[key].series != main:
-            step_result.series = digests[key].series
-        step_result.straggler = stragglers.step_stragglers.get(key)
-        step_result.outlier = key in slow
+    for key, digest in enumerate(digests):  # the steps are read only where kept in memory
+        marks = StepMarks(
+            warmup=key in skipped,
+            series=digest.series if main is not None and digest.series != main else None,
+            straggler=stragglers.step_stragglers.get(key),
+            outlier=key in slow,
+        )
         if isinstance(results, PagedSteps):
-            results[key] = step_result
-        missing = step_result.trace.missing_ranks
-        if missing:
-            warnings.append(f"step {step_result.label}: no spans from ranks {missing}")
-        if step_result.path.unattributed_waits and not step_result.warmup:
-            unattributed.append(step_result.label)
-        job = job or step_result.trace.job_id
+            results.mark(key, marks)
+        else:
+            marks.put_on(results[key])
+        label = step_label(digest.step, marks.series, key)
+        if digest.missing_ranks:
+            warnings.append(f"step {label}: no spans from ranks {list(digest.missing_ranks)}")
+        if digest.unattributed and not marks.warmup:
+            unattributed.append(label)
+        job = job or digest.job_id
     if unattributed:
         warnings.append(
             f"{len(unattributed)} step(s) (first: {', '.join(unattributed[:5])}) waited at a "

@@ -47,8 +47,7 @@ class StepResult:
 
     @property
     def label(self) -> str:
-        number = str(self.trace.step) if self.trace.step is not None else f"#{self.key}"
-        return f"{self.series}:{number}" if self.series else number
+        return step_label(self.trace.step, self.series, self.key)
 
     @property
     def not_measured(self) -> Dict[str, str]:
@@ -57,8 +56,34 @@ class StepResult:
 
     @property
     def what_if_ns(self) -> int:
-        saving = self.straggler.saving_ns if self.straggler else 0
-        return min(self.trace.duration_ns, max(0, self.trace.duration_ns - saving))
+        return what_if_ns(self.trace.duration_ns, self.straggler)
+
+
+def step_label(number: Optional[int], series: Optional[str], key: int) -> str:
+    """A step's label: its number (``#key`` without one), after its series where it has one."""
+    text = str(number) if number is not None else f"#{key}"
+    return f"{series}:{text}" if series else text
+
+
+def what_if_ns(duration_ns: int, straggler: Optional[StepStraggler]) -> int:
+    """The step's duration had its straggler not been late."""
+    saving = straggler.saving_ns if straggler else 0
+    return min(duration_ns, max(0, duration_ns - saving))
+
+
+@dataclass(frozen=True)
+class StepMarks:
+    """What the statistics over all steps mark a step with (``analyze._summarise``)."""
+
+    warmup: bool
+    series: Optional[str]  # set where the step is not of the job's main series
+    straggler: Optional[StepStraggler]
+    outlier: bool
+
+    def put_on(self, step: StepResult) -> None:
+        step.warmup, step.straggler, step.outlier = self.warmup, self.straggler, self.outlier
+        if self.series is not None:
+            step.series = self.series
 
 
 @dataclass(frozen=True)
@@ -76,6 +101,9 @@ class StepDigest:
     warmup: bool
     series: Optional[str]  # step_series
     step: Optional[int]  # trace.step
+    job_id: Optional[str]  # trace.job_id
+    missing_ranks: Tuple[int, ...]  # trace.missing_ranks
+    unattributed: bool  # path.unattributed_waits
     libraries: FrozenSet[str]  # facts.libraries
     # which steps a report's pass over the steps needs to read back (the others have none)
     replicas: bool  # facts.replica_worst: a collective's replica spread
@@ -110,6 +138,9 @@ def step_digest(step: StepResult) -> StepDigest:
         step.warmup,
         sys.intern(series) if (series := step_series(step.trace)) else None,
         step.trace.step,
+        step.trace.job_id,
+        tuple(step.trace.missing_ranks),
+        step.path.unattributed_waits > 0,
         step.facts.libraries,
         bool(step.facts.replica_worst),
         bool(step.facts.gpu_samples),
@@ -228,7 +259,8 @@ class AnalysisResult:
         return self.steps[key].label
 
     def step_number(self, key: int) -> Optional[int]:
-        return self.steps[key].trace.step
+        kept = getattr(self.steps, "digest", None)  # steps on disk: from memory
+        return kept(key).step if kept is not None else self.steps[key].trace.step
 
     def ranks(self) -> List[int]:
         seen: Set[int] = set()

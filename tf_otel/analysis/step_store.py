@@ -37,7 +37,7 @@ from typing import (
     overload,
 )
 
-from tf_otel.analysis.result import StepDigest, StepResult, step_digest
+from tf_otel.analysis.result import StepDigest, StepMarks, StepResult, step_digest, what_if_ns
 
 T = TypeVar("T")
 
@@ -83,7 +83,11 @@ class Paged(Sequence[T], Generic[T]):
         index = self._at(index)
         offset, length = self._where[2 * index], self._where[2 * index + 1]
         self._file.seek(offset)
-        return pickle.loads(self._file.read(length))
+        return self._loaded(index, pickle.loads(self._file.read(length)))
+
+    def _loaded(self, index: int, item: T) -> T:
+        """An item as read back (a subclass may add to it)."""
+        return item
 
     def __iter__(self) -> Iterator[T]:
         for index in range(len(self)):
@@ -127,13 +131,15 @@ class View(Sequence[T], Generic[T]):
 class PagedSteps(Paged[StepResult]):
     """Analysed steps on disk, with each one's digest in memory (``result.StepDigest``: its
     warm-up mark, duration, path sums and ranks), which the reports filter on and sum again and
-    again."""
+    again; the marks the statistics over all steps give them (``mark``) are kept in memory too
+    and put on each step as it is read, not written with it."""
 
     def __init__(self, directory: Optional[Union[str, os.PathLike[str]]] = None) -> None:
         super().__init__(directory)
         self._digests: List[StepDigest] = []
         self._ranks: Dict[Tuple[int, ...], Tuple[int, ...]] = {}  # one tuple for equal ranks
         self._libraries: Dict[FrozenSet[str], FrozenSet[str]] = {}  # one set for equal ones
+        self._marks: Dict[int, StepMarks] = {}
 
     def _digest(self, item: StepResult) -> StepDigest:
         digest = step_digest(item)
@@ -149,7 +155,29 @@ class PagedSteps(Paged[StepResult]):
 
     def __setitem__(self, index: int, item: StepResult) -> None:
         super().__setitem__(index, item)
+        self._marks.pop(self._at(index), None)  # the step as stored, marks and all
         self._digests[self._at(index)] = self._digest(item)
+
+    def mark(self, index: int, marks: StepMarks) -> None:
+        """Mark a step without writing it again (its digest follows the marks)."""
+        index = self._at(index)
+        self._marks[index] = marks
+        digest = self._digests[index]
+        self._digests[index] = replace(
+            digest,
+            warmup=marks.warmup,
+            what_if_ns=what_if_ns(digest.duration_ns, marks.straggler),
+        )
+
+    def _loaded(self, index: int, item: StepResult) -> StepResult:
+        marks = self._marks.get(index)
+        if marks is not None:
+            marks.put_on(item)
+        return item
+
+    def digest(self, index: int) -> StepDigest:
+        """One step's digest."""
+        return self._digests[self._at(index)]
 
     def digests(self) -> List[StepDigest]:
         """Every step's digest, in order."""
