@@ -393,6 +393,7 @@ def _summarise(
         straggler_min_ns,
         warmup,
         lambda key: steps.with_spans(results[key]).path,
+        lambda key: (digests[key].ranks, digests[key].lateness(), durations[key]),
     )
     skipped = set(warmup)
     outliers = step_outliers({k: d for k, d in durations.items() if k not in skipped})

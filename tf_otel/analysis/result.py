@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
 
@@ -109,6 +110,14 @@ class StepDigest:
     replicas: bool  # facts.replica_worst: a collective's replica spread
     gpu_spans: bool  # facts.gpu_samples: spans with the older per-span GPU attribute
     gpu_step_spans: bool  # a rank's step span with hw.gpu.utilization
+    # path.lateness_by_rank(), which the noise model reads of every steady step: its ranks and
+    # values apart (8 bytes a rank; equal rank tuples are one object in ``PagedSteps``)
+    lateness_ranks: Tuple[int, ...]
+    lateness_ns: array[int]
+
+    def lateness(self) -> Dict[int, int]:
+        """``path.lateness_by_rank()``."""
+        return dict(zip(self.lateness_ranks, self.lateness_ns))
 
 
 SERIES_CHARS = 24  # a series' short name in labels
@@ -128,6 +137,7 @@ def step_series(trace: StepTrace) -> Optional[str]:
 
 
 def step_digest(step: StepResult) -> StepDigest:
+    lateness = step.path.lateness_by_rank()
     return StepDigest(
         step.trace.duration_ns,
         step.what_if_ns,
@@ -149,6 +159,8 @@ def step_digest(step: StepResult) -> StepDigest:
             and t.step_span.attributes.get(ATTR_HW_GPU_UTILIZATION) is not None
             for t in step.trace.ranks.values()
         ),
+        tuple(lateness),
+        array("q", lateness.values()),
     )
 
 

@@ -144,10 +144,9 @@ class PagedSteps(Paged[StepResult]):
     def _digest(self, item: StepResult) -> StepDigest:
         digest = step_digest(item)
         ranks = self._ranks.setdefault(digest.ranks, digest.ranks)
+        late = self._ranks.setdefault(digest.lateness_ranks, digest.lateness_ranks)
         libraries = self._libraries.setdefault(digest.libraries, digest.libraries)
-        if ranks is digest.ranks and libraries is digest.libraries:
-            return digest
-        return replace(digest, ranks=ranks, libraries=libraries)
+        return replace(digest, ranks=ranks, lateness_ranks=late, libraries=libraries)
 
     def append(self, item: StepResult) -> int:
         self._digests.append(self._digest(item))

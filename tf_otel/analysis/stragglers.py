@@ -61,6 +61,8 @@ EXCESS_CATEGORIES = (PATH_BEFORE_STEP, PATH_INPUT, PATH_COMPUTE, PATH_COMMUNICAT
 _SPAN_CATEGORY = {COLLECTIVE: PATH_COMMUNICATION, TRANSFER: PATH_COMMUNICATION, INPUT: PATH_INPUT}
 # where spans overlap in a window, the first of these that is open names the time
 _BY_SLOT = (PATH_COMMUNICATION, PATH_INPUT, PATH_COMPUTE)
+# what the noise model reads of one step: its ranks, lateness by rank and duration
+Known = Tuple[Iterable[int], Dict[int, int], int]
 _SLOT = {category: slot for slot, category in enumerate(_BY_SLOT)}
 
 
@@ -300,10 +302,12 @@ def straggler_summary(
     min_ns: int = 1_000_000,
     warmup: Optional[List[int]] = None,
     with_spans: Optional[Callable[[int], CriticalPath]] = None,
+    known: Optional[Callable[[int], Known]] = None,
 ) -> StragglerSummary:
     """``paths``: step key -> critical path, in step order, read twice a step (it may read them
-    from disk: ``analysis.step_store``); ``warmup``: keys kept out; ``with_spans``: step key ->
-    its path on its spans (``step_straggler``)."""
+    from disk: ``analysis.step_store``), once where ``known`` gives the first pass's
+    (a step's ranks, lateness by rank and duration, kept in memory); ``warmup``: keys kept out;
+    ``with_spans``: step key -> its path on its spans (``step_straggler``)."""
     summary = StragglerSummary()
     summary.warmup = list(warmup or [])
     skipped = set(summary.warmup)
@@ -311,12 +315,17 @@ def straggler_summary(
     late_by_step: List[Dict[int, int]] = []
     durations: List[int] = []
     for key in paths:
-        path = paths[key]
-        for rank in path.step.ranks:  # warm-up ranks still listed
+        if known is not None:
+            ranks, lateness, duration = known(key)
+        else:
+            path = paths[key]
+            ranks, duration = path.step.ranks, path.step.duration_ns
+            lateness = path.lateness_by_rank() if key not in skipped else {}
+        for rank in ranks:  # warm-up ranks still listed
             summary.ranks.setdefault(rank, RankStragglerStats(rank))
         if key not in skipped:
-            late_by_step.append(path.lateness_by_rank())
-            durations.append(path.step.duration_ns)
+            late_by_step.append(lateness)
+            durations.append(duration)
     summary.noise = noise_of(late_by_step, min_ns)
     if steady:
         summary.noise.typical_step_ns = int(_median(durations))
@@ -340,9 +349,9 @@ def straggler_summary(
         collectives, lasts = path.arrival_tally or _arrival_tally(path)
         for rank, count in collectives.items():
             stats(rank).collectives += count
-        for latest, lateness in lasts:
+        for latest, late_ns in lasts:
             stats(latest).last_arrivals += 1
-            stats(latest).arrival_lateness_ns += lateness
+            stats(latest).arrival_lateness_ns += late_ns
         ends = {rank: timeline.end_ns for rank, timeline in step.ranks.items()}
         last = _strictly_last(ends)
         if last is not None:
