@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Sequence
+from typing import Callable, Dict, Iterable, List, Mapping, Sequence
 
 NOISE_SIGMAS = 5.0
 MAD_TO_SIGMA = 1.4826
@@ -91,3 +91,16 @@ def noise_of(per_step: Sequence[Mapping[int, int]], min_ns: int) -> StragglerNoi
     )
     threshold = max(min_ns, int(middle + NOISE_SIGMAS * sigma))
     return StragglerNoise(int(middle), int(sigma), threshold, len(worst), baseline, persistent)
+
+
+def medians_without(ordered: List[int]) -> Callable[[int], int]:
+    """value -> the median of ``ordered`` (sorted, at least two values) with one occurrence of
+    ``value`` (one of its values) left out, without a search: the value left out shifts the middle only where it
+    lies below it (``ordered[i] < value`` exactly where one of the values before ``i`` is left
+    out: the first occurrence goes)."""
+    k = (len(ordered) - 1) // 2
+    if (len(ordered) - 1) % 2:
+        low, high = ordered[k], ordered[k + 1]
+        return lambda value: low if low < value else high
+    a, b, c = ordered[k - 1], ordered[k], ordered[k + 1]
+    return lambda value: int(((a if a < value else b) + (b if b < value else c)) / 2)

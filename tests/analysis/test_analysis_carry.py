@@ -19,7 +19,7 @@ import pytest
 from analysis_builders import JobBuilder, decoded_spans, ms
 
 from tf_otel.analysis.analyze import analyze_source, analyze_spans
-from tf_otel.analysis.carry import CARRIED_NAME
+from tf_otel.analysis.carry import CARRIED_NAME, _beyond_others
 from tf_otel.analysis.load.spill import load_spilled
 
 LATE_RANK = 1
@@ -433,3 +433,23 @@ def _pictures_carry_the_same(result):
         carried += sum(s.name.startswith(CARRIED_NAME) for s in step.path.segments)
         carried += sum(leg.inherited_ns > 0 for leg in again.path.legs)
     assert carried, "nothing carried: the test would show nothing"
+
+
+def test_each_ranks_lateness_over_the_others_median_matches_leaving_it_out() -> None:
+    """_beyond_others (one sort a step) against the definition, a median of the other ranks
+    taken for each rank: nanosecond times (the float the median of an even count is taken as
+    rounds them alike), ties, two ranks, one."""
+    rng = random.Random(11)
+    base = 1_795_847_135_591_021_254
+    for _ in range(1500):
+        ranks = rng.randint(1, 9)
+        values = {
+            r: base + rng.choice([0, 1, 3, 1_000, 1_000, 250_000, 10**9]) for r in range(ranks)
+        }
+        expected = {
+            rank: max(0, v - int(statistics.median([o for r, o in values.items() if r != rank])))
+            if len(values) > 1
+            else 0
+            for rank, v in values.items()
+        }
+        assert _beyond_others(values) == expected, values

@@ -7,10 +7,10 @@ from typing import List
 
 from analysis_builders import EPOCH_NS, JobBuilder, decoded_spans, ms
 
-from tf_otel.analysis import critical_path as critical_path_module
 from tf_otel.analysis.analyze import analyze_spans
 from tf_otel.analysis.critical_path import critical_path
 from tf_otel.analysis.steps import group_steps
+from tf_otel.lateness import medians_without
 
 
 def only_path(job: JobBuilder):
@@ -250,6 +250,6 @@ def test_medians_without_each_value_match_leaving_it_out():
     rng = random.Random(7)
     for _ in range(2000):
         ordered = sorted(rng.choice([0, 1, 5, 7, 7, 9, 10**9]) for _ in range(rng.randint(2, 9)))
-        median_without = critical_path_module._medians_without(ordered)
+        median_without = medians_without(ordered)
         for value in ordered:
             assert median_without(value) == _median_leaving_out(ordered, value), (ordered, value)

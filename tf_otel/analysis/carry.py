@@ -44,13 +44,13 @@ it: two such steps with the same number make the match ambiguous, and nothing is
 from __future__ import annotations
 
 import re
-import statistics
 from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.steps import SYNC_CATEGORIES, StepTrace
+from tf_otel.lateness import medians_without
 from tf_otel.record import COLLECTIVE
 
 CARRIED_NAME = "(previous step) "  # prefix of the path segment it books
@@ -186,10 +186,13 @@ def last_collectives(step: StepTrace) -> Dict[int, Span]:
     return last
 
 
-def _beyond_others(values: Dict[int, int], rank: int) -> int:
-    """How much later than the other ranks' median this rank's value is (0 if not later)."""
-    others = [v for r, v in values.items() if r != rank]
-    return max(0, values[rank] - int(statistics.median(others))) if others else 0
+def _beyond_others(values: Dict[int, int]) -> Dict[int, int]:
+    """How much later than the other ranks' median each rank's value is (0 if not later); one
+    sort (a median of the others a rank was O(ranks^2) a step)."""
+    if len(values) < 2:
+        return dict.fromkeys(values, 0)
+    median_without = medians_without(sorted(values.values()))
+    return {rank: max(0, value - median_without(value)) for rank, value in values.items()}
 
 
 def step_spans(step: StepTrace) -> Dict[int, Span]:
@@ -221,9 +224,8 @@ def carried_into(step: StepTrace, previous: Union[Previous, StepTrace, None]) ->
         return {}
     ends = {rank: span.end_ns for rank, span in last.items()}
     starts = {rank: step.ranks[rank].start_ns for rank in last}
-    inherited = {
-        rank: min(_beyond_others(ends, rank), _beyond_others(starts, rank)) for rank in last
-    }
+    late_end, late_start = _beyond_others(ends), _beyond_others(starts)
+    inherited = {rank: min(late_end[rank], late_start[rank]) for rank in last}
     evidence_step = None
     if not collective:  # a step span end: only what the evidence step shows as inherited
         bounds = _evidence_bounds(evidence, last)
@@ -249,4 +251,5 @@ def _evidence_bounds(evidence: Optional[StepTrace], ranks: Dict[int, Span]) -> D
     if evidence is None:
         return {}
     ends = {rank: span.end_ns for rank, span in last_collectives(evidence).items()}
-    return {rank: _beyond_others(ends, rank) for rank in ranks if rank in ends}
+    late = _beyond_others(ends)
+    return {rank: late[rank] for rank in ranks if rank in ends}

@@ -51,7 +51,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 from tf_otel.analysis.carry import CARRIED_NAME, Carry
 from tf_otel.analysis.model import (
@@ -62,6 +62,7 @@ from tf_otel.analysis.model import (
     Span,
 )
 from tf_otel.analysis.steps import RankTimeline, StepTrace
+from tf_otel.lateness import medians_without
 from tf_otel.record import (
     ATTR_COLLECTIVE_KEY,
     COLLECTIVE,
@@ -262,24 +263,11 @@ class CriticalPath:
             if len(lengths) < 2 or not leg.syncs:
                 continue
             ordered = sorted(lengths.values())
-            median_without = _medians_without(ordered)
+            median_without = medians_without(ordered)
             for rank, length in lengths.items():
                 totals[rank] = totals.get(rank, 0) + length - median_without(length)
         self._lateness = dict(sorted(totals.items()))
         return self._lateness
-
-
-def _medians_without(ordered: List[int]) -> Callable[[int], int]:
-    """value -> the median of ``ordered`` (sorted) with one occurrence of ``value`` (one of its
-    values) left out, without a search: the value left out shifts the middle only where it
-    lies below it (``ordered[i] < value`` exactly where one of the values before ``i`` is left
-    out: the first occurrence goes)."""
-    k = (len(ordered) - 1) // 2
-    if (len(ordered) - 1) % 2:
-        low, high = ordered[k], ordered[k + 1]
-        return lambda value: low if low < value else high
-    a, b, c = ordered[k - 1], ordered[k], ordered[k + 1]
-    return lambda value: int(((a if a < value else b) + (b if b < value else c)) / 2)
 
 
 _START_ID = attrgetter("start_ns", "span_id")
