@@ -95,9 +95,9 @@ def noise_of(per_step: Sequence[Mapping[int, int]], min_ns: int) -> StragglerNoi
 
 def medians_without(ordered: List[int]) -> Callable[[int], int]:
     """value -> the median of ``ordered`` (sorted, at least two values) with one occurrence of
-    ``value`` (one of its values) left out, without a search: the value left out shifts the middle only where it
-    lies below it (``ordered[i] < value`` exactly where one of the values before ``i`` is left
-    out: the first occurrence goes)."""
+    ``value`` (one of its values) left out, without a search: the value left out shifts the
+    middle only where it lies below it (``ordered[i] < value`` exactly where one of the values
+    before ``i`` is left out: the first occurrence goes)."""
     k = (len(ordered) - 1) // 2
     if (len(ordered) - 1) % 2:
         low, high = ordered[k], ordered[k + 1]
