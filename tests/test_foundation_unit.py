@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -205,6 +206,28 @@ def test_wheel_ships_the_startup_hook(tmp_path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "tf_otel-autostart.pth" in names
     assert "tf_otel/instrument/__init__.py" in names
+    plugin = "tf_otel/nccl/plugin/"
+    for source in ("tf_otel_nccl_profiler.c", "nccl_profiler_abi.h", "tf_otel_nccl_ring.h"):
+        assert plugin + source in names, source  # `tf-otel nccl-plugin` builds from these
+    assert plugin + "build.sh" in names
+    # ... and does, from the wheel's files alone (unpacked, as pip installs a pure wheel)
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    out = tmp_path / "built" / "libnccl-profiler-tf_otel.so"
+    env = dict(os.environ, PYTHONPATH=str(site))
+    code = (
+        "import sys, tf_otel; print(tf_otel.__file__, flush=True); "
+        "from tf_otel.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, "nccl-plugin", "--out", str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0 and out.exists(), run.stdout + run.stderr
+    assert run.stdout.startswith(str(site / "tf_otel")), run.stdout  # the wheel's copy ran
     entry_points_txt = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points_txt).decode()
     assert "[opentelemetry_instrumentor]" in text

@@ -4,6 +4,7 @@ Usage::
 
     tf-otel analyze traces/ --format json
     horovodrun -np 2 tf-otel clock-check
+    tf-otel nccl-plugin
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import sys
 from typing import List, Optional
 
 # Each module exposes add_parser(subparsers) and sets a ``func`` default taking the parsed args.
-_COMMAND_MODULES = ("tf_otel.analysis.cli", "tf_otel.analysis.export.cli", "tf_otel.clock.cli")
+_COMMAND_MODULES = (
+    "tf_otel.analysis.cli",
+    "tf_otel.analysis.export.cli",
+    "tf_otel.clock.cli",
+    "tf_otel.nccl.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

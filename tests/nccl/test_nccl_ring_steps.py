@@ -54,6 +54,7 @@ def test_ring_collectives_are_spans_under_their_step_on_every_rank(receiver, tmp
 def test_plugin_request_points_nccl_at_the_built_plugin(tmp_path, monkeypatch):
     from tf_otel.instrument import nccl_ring
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no plugin there yet
     built = tmp_path / "libnccl-profiler-tf_otel.so"
     built.write_bytes(b"")
     monkeypatch.setattr(nccl_ring, "PLUGIN_PATH", built)
@@ -65,3 +66,29 @@ def test_plugin_request_points_nccl_at_the_built_plugin(tmp_path, monkeypatch):
     monkeypatch.setattr(nccl_ring, "PLUGIN_PATH", tmp_path / "missing.so")
     missing = {"TF_OTEL_NCCL_PROFILER": "1"}
     assert not plugin_requested(missing) and "NCCL_PROFILER_PLUGIN" not in missing
+
+
+def test_the_cli_builds_the_plugin_from_the_packaged_sources_where_it_is_then_found(
+    tmp_path, monkeypatch
+):
+    """`tf-otel nccl-plugin` (a pip install has no scripts/): the package's build of its own
+    sources, into the user's cache where the package folder is not writable; the hook finds it
+    there. The library exports every profiler version NCCL looks for."""
+    import ctypes
+
+    from tf_otel.cli import main
+    from tf_otel.instrument import nccl_ring
+    from tf_otel.nccl import cli as nccl_cli
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(nccl_ring, "PLUGIN_PATH", tmp_path / "not-built-here.so")
+    monkeypatch.setattr(nccl_cli.os, "access", lambda path, mode: False)  # site-packages, read-only
+    assert main(["nccl-plugin"]) == 0
+    cached = tmp_path / "cache" / "tf_otel" / "libnccl-profiler-tf_otel.so"
+    library = ctypes.CDLL(str(cached))
+    for version in range(1, 6):
+        assert hasattr(library, f"ncclProfiler_v{version}"), version
+    env = {"TF_OTEL_NCCL_PROFILER": "1"}
+    assert plugin_requested(env) and env["NCCL_PROFILER_PLUGIN"] == str(cached)
+    # a folder given as --out: one message naming it, nothing built
+    assert main(["nccl-plugin", "--out", str(tmp_path)]) == 2

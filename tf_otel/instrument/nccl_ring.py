@@ -4,9 +4,10 @@ Usage::
 
     TF_OTEL_ENABLED=1 TF_OTEL_NCCL_PROFILER=1 horovodrun -np 8 python train.py
 
-``TF_OTEL_NCCL_PROFILER=1`` points ``NCCL_PROFILER_PLUGIN`` at the built plugin
-(``scripts/build_nccl_plugin.sh``) unless the variable is already set; NCCL then loads it when
-its first communicator is created, and the plugin writes every collective into this process's
+``TF_OTEL_NCCL_PROFILER=1`` points ``NCCL_PROFILER_PLUGIN`` at the built plugin (``tf-otel
+nccl-plugin``; ``scripts/build_nccl_plugin.sh`` in a clone) unless the variable is already set;
+NCCL then loads it when its first communicator is created, and the plugin writes every
+collective into this process's
 ring (``/dev/shm/tf_otel_nccl_<pid>``, unlinked once both sides have mapped it). For each
 sampled step the export thread reads the ring and emits the collectives that began inside the
 step as ``nccl.<Coll>`` kernel spans under the step span, with ``nccl.comm_hash`` +
@@ -27,6 +28,7 @@ from typing import Any, List, MutableMapping, Optional
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import HookOrder, StepCall, StepHook, add_step_hook
+from tf_otel.nccl.cli import PLUGIN_NAME, SOURCES, cache_path
 from tf_otel.pipeline.lifecycle import get_pipeline
 from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.record import Record
@@ -35,8 +37,15 @@ log = logging.getLogger(__name__)
 
 PLUGIN_ENV = "NCCL_PROFILER_PLUGIN"
 ENABLE_ENV = "TF_OTEL_NCCL_PROFILER"
-PLUGIN_DIR = Path(__file__).resolve().parents[1] / "nccl" / "plugin"
-PLUGIN_PATH = PLUGIN_DIR / "libnccl-profiler-tf_otel.so"
+PLUGIN_PATH = SOURCES / PLUGIN_NAME  # built from a clone or by `tf-otel nccl-plugin`
+
+
+def plugin_paths() -> List[Path]:
+    """Where a built plugin is looked for: beside its sources, then the user's cache (where
+    ``tf-otel nccl-plugin`` writes it when the package's folder is read-only)."""
+    return [PLUGIN_PATH, cache_path()]
+
+
 SETTLE_NS = 50_000_000  # a collective's record may be rewritten until its last child event ends
 _RETRY_OPEN_NS = 1_000_000_000
 _MAX_BUFFERED = 65536
@@ -123,15 +132,16 @@ def plugin_requested(
     if settings is None:
         settings = Settings.from_env(target)
     if settings.nccl_profiler and not target.get(PLUGIN_ENV):
-        if PLUGIN_PATH.exists():
-            target[PLUGIN_ENV] = str(PLUGIN_PATH)
+        built = next((path for path in plugin_paths() if path.exists()), None)
+        if built is not None:
+            target[PLUGIN_ENV] = str(built)
         else:
             log_once(
                 "nccl_plugin_missing",
-                "tf_otel: %s=1 but the NCCL profiler plugin is not built (%s); run "
-                "scripts/build_nccl_plugin.sh",
+                "tf_otel: %s=1 but the NCCL profiler plugin is not built (looked for %s); run "
+                "tf-otel nccl-plugin",
                 ENABLE_ENV,
-                PLUGIN_PATH,
+                " and ".join(map(str, plugin_paths())),
             )
     return bool(target.get(PLUGIN_ENV))
 
