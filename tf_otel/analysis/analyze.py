@@ -345,11 +345,11 @@ def _analyze(
     )
 
 
-def _GPU_SPANS(digest: StepDigest) -> bool:
+def _has_gpu_spans(digest: StepDigest) -> bool:
     return digest.gpu_spans
 
 
-def _GPU_STEP_SPANS(digest: StepDigest) -> bool:
+def _has_gpu_step_spans(digest: StepDigest) -> bool:
     return digest.gpu_step_spans
 
 
@@ -433,12 +433,12 @@ def _summarise(
         gpu_utilization=gpu_utilisation(
             (
                 sample
-                for r in steps_where(results, digests, _GPU_SPANS)
+                for r in steps_where(results, digests, _has_gpu_spans)
                 for sample in r.facts.gpu_samples
             ),
             (
                 t.step_span
-                for r in steps_where(results, digests, _GPU_STEP_SPANS)
+                for r in steps_where(results, digests, _has_gpu_step_spans)
                 for t in r.trace.ranks.values()
                 if t.step_span
             ),

@@ -89,9 +89,9 @@ class StepMarks:
 
 @dataclass(frozen=True)
 class StepDigest:
-    """What the sums over all steps read of one analysed step: a few hundred bytes, kept in
-    memory for steps kept on disk (``step_store.PagedSteps``), so that the reports' sums do not
-    read every step back again and again."""
+    """What the sums over all steps read of one analysed step: a few hundred bytes and 8 a
+    rank (its lateness), kept in memory for steps kept on disk (``step_store.PagedSteps``), so
+    that the reports' sums and filters do not read every step back again and again."""
 
     duration_ns: int
     what_if_ns: int

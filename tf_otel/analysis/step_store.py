@@ -130,9 +130,9 @@ class View(Sequence[T], Generic[T]):
 
 class PagedSteps(Paged[StepResult]):
     """Analysed steps on disk, with each one's digest in memory (``result.StepDigest``: its
-    warm-up mark, duration, path sums and ranks), which the reports filter on and sum again and
-    again; the marks the statistics over all steps give them (``mark``) are kept in memory too
-    and put on each step as it is read, not written with it."""
+    warm-up mark, duration, path sums, ranks and lateness), which the reports filter on and sum
+    again and again; the marks the statistics over all steps give them (``mark``) are kept in
+    memory too and put on each step as it is read, not written with it."""
 
     def __init__(self, directory: Optional[Union[str, os.PathLike[str]]] = None) -> None:
         super().__init__(directory)

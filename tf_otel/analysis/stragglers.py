@@ -61,9 +61,9 @@ EXCESS_CATEGORIES = (PATH_BEFORE_STEP, PATH_INPUT, PATH_COMPUTE, PATH_COMMUNICAT
 _SPAN_CATEGORY = {COLLECTIVE: PATH_COMMUNICATION, TRANSFER: PATH_COMMUNICATION, INPUT: PATH_INPUT}
 # where spans overlap in a window, the first of these that is open names the time
 _BY_SLOT = (PATH_COMMUNICATION, PATH_INPUT, PATH_COMPUTE)
+_SLOT = {category: slot for slot, category in enumerate(_BY_SLOT)}
 # what the noise model reads of one step: its ranks, lateness by rank and duration
 Known = Tuple[Iterable[int], Dict[int, int], int]
-_SLOT = {category: slot for slot, category in enumerate(_BY_SLOT)}
 
 
 @dataclass
