@@ -175,6 +175,27 @@ def test_a_report_reads_a_step_back_three_times_not_once_a_pass(
     assert json.dumps(to_json(in_memory)) == report
 
 
+def test_a_span_comes_back_whole_and_shares_what_it_shared() -> None:
+    """Span pickles as its fields and one call back (``Span.__reduce__``): every field comes back,
+    and the attribute and resource dicts spans shared are one object again."""
+    import pickle
+
+    from tf_otel.analysis.model import Span
+
+    resource = {"tf_otel.rank": 3, "service.name": "train"}
+    attributes = {"tf_otel.category": "collective", "tf_otel.step": 7, "gpu.utilization": 0.5}
+    spans = [
+        Span("a" * 32, f"{n:016x}", "b" * 16, f"op{n}", 10 + n, 20 + n, attributes, resource)
+        for n in range(3)
+    ]
+    spans.append(Span("a" * 32, "f" * 16, None, "root", 1, 99, {}, {}))
+    back = pickle.loads(pickle.dumps(spans, pickle.HIGHEST_PROTOCOL))
+    assert [s.to_row() for s in back] == [s.to_row() for s in spans]
+    assert back[0].rank == 3 and back[0].step == 7 and back[0].category == "collective"
+    assert back[3].parent_id is None and back[3].rank is None
+    assert back[0].attributes is back[2].attributes and back[0].resource is back[1].resource
+
+
 def test_memory_holds_two_numbers_an_item(tmp_path: Path) -> None:
     # a 10 KB item each: 1,000 of them stay on disk, not in memory
     pages: Paged[bytes] = Paged(tmp_path)
