@@ -21,6 +21,7 @@ from analysis_builders import JobBuilder, decoded_spans, ms
 from tf_otel.analysis.analyze import analyze_source, analyze_spans
 from tf_otel.analysis.carry import CARRIED_NAME, _beyond_others
 from tf_otel.analysis.load.spill import load_spilled
+from tf_otel.analysis.report.json_report import to_json
 
 LATE_RANK = 1
 DELAY_MS = 40.0
@@ -421,6 +422,63 @@ def test_a_picture_read_again_carries_what_the_analysis_carried(every, spilled, 
             _pictures_carry_the_same(result)
     else:
         _pictures_carry_the_same(analyze_spans(decoded_spans(job)))
+
+
+@pytest.mark.parametrize("every", [1, SAMPLED_EVERY])
+@pytest.mark.parametrize("shuffled", [False, True], ids=["in_order", "shuffled"])
+def test_steps_analysed_as_they_are_built_carry_what_a_second_pass_carries(
+    every, shuffled, tmp_path, monkeypatch
+):
+    """One process over spilled traces analyses each step as it is built, with the step before
+    it as the steps met so far give it; the match over all steps decides which of those stand
+    (the others are analysed in a second pass): the same report, carry and all, as two passes.
+    Lines shuffled: steps met before the one before them. Sampled detail: a step after one
+    without collectives needs its evidence step, which may come later: the second pass."""
+    from tf_otel.analysis import analyze
+
+    job = chained_run(steps=24, collective_late_ms=DELAY_MS, collective_every=every)
+    lines = _lines_by_trace(job.otlp_lines())  # a rank's step a line
+    if shuffled:
+        random.Random(5).shuffle(lines)
+    path = tmp_path / "job.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    analyse = analyze.analyse_batch
+    reports, second = {}, {}
+    for one_pass in (True, False):
+        second[one_pass] = 0
+
+        def counted(task, one_pass=one_pass):
+            second[one_pass] += len(task[3])
+            return analyse(task)
+
+        monkeypatch.setattr(analyze, "ONE_PASS", one_pass)
+        monkeypatch.setattr(analyze, "analyse_batch", counted)
+        with load_spilled([str(path)], progress=False, workers=1) as source:
+            result = analyze_source(source)
+            reports[one_pass] = json.dumps(to_json(result, True), sort_keys=True)
+            carried = sum(leg.inherited_ns > 0 for r in result.steps for leg in r.path.legs)
+    assert reports[True] == reports[False]
+    assert carried, "nothing carried: the test would show nothing"
+    assert second[False] == 24
+    if every == 1 and not shuffled:
+        assert second[True] == 0  # every step analysed as it was built
+    else:
+        assert 0 < second[True] < 24, second
+
+
+def _lines_by_trace(documents) -> list:
+    """OTLP-JSON lines of one resource and one trace each (a rank's step)."""
+    lines = []
+    for document in documents:
+        for group in document["resourceSpans"]:
+            for scope in group["scopeSpans"]:
+                by_trace: Dict[str, list] = {}
+                for span in scope["spans"]:
+                    by_trace.setdefault(span["traceId"], []).append(span)
+                for spans in by_trace.values():
+                    one = {"resource": group["resource"], "scopeSpans": [{**scope, "spans": spans}]}
+                    lines.append(json.dumps({"resourceSpans": [one]}))
+    return lines
 
 
 def _pictures_carry_the_same(result):

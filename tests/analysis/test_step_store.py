@@ -121,7 +121,7 @@ def test_marks_go_on_every_read_and_a_step_stored_again_keeps_its_own(tmp_path: 
         assert (step.series, step.straggler, step.outlier) == ("eval", straggler, True)
         assert step.label == "eval:3" and step.what_if_ns == 2_000_000
     assert steps[0].warmup and not steps[1].warmup and steps[1].straggler is None
-    assert [s.key for s in steps.where(warmup=False)] == [2, 3, 4]  # keys from 1
+    assert [s.key for s in steps.where(warmup=False)] == [1, 2, 3]  # a step's key: its place
     assert steps.digests()[2].what_if_ns == 2_000_000 and steps.digests()[2].warmup is False
     assert steps.digests()[0].warmup is True
     again = steps[2]
@@ -173,6 +173,29 @@ def test_a_report_reads_a_step_back_three_times_not_once_a_pass(
     in_memory = analyze.analyze_spans(load_paths([str(tmp_path)], progress=False), source="t")
     assert isinstance(in_memory.steps, list)
     assert json.dumps(to_json(in_memory)) == report
+
+
+def test_steps_stored_out_of_order_are_put_in_order_without_reading_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``select``: steps analysed in another order than the selection's (some not selected
+    after all) are indexed anew; each reads back with its new place as its key, its digest with
+    it, and nothing is read or written to do it."""
+    steps = PagedSteps(tmp_path)
+    for number in (5, 3, 9, 4):  # stored in the order they were analysed
+        steps.append(_step(number, warmup=False))
+    written, reads = steps._end, []
+    original = Paged.__getitem__
+    monkeypatch.setattr(Paged, "__getitem__", lambda *a: reads.append(a) or original(*a))
+    steps.select([1, 3, 0])  # the selection: 3, 4, 5 (9 left out)
+    assert reads == [] and steps._end == written
+    monkeypatch.undo()
+    assert len(steps) == 3
+    assert [(s.key, s.trace.step) for s in steps] == [(0, 3), (1, 4), (2, 5)]
+    assert [d.duration_ns for d in steps.digests()] == [3_000_000, 4_000_000, 5_000_000]
+    steps.mark(0, StepMarks(warmup=True, series=None, straggler=None, outlier=False))
+    with pytest.raises(ValueError, match="marked before"):
+        steps.select([0, 1])
 
 
 def test_a_span_comes_back_whole_and_shares_what_it_shared() -> None:

@@ -11,6 +11,10 @@ and match each with the one before it (``carry.StepKey``); the second reads each
 spans again, finds its critical path (reading the outlines of the step before it and of its
 evidence step) and what the rules need (``step_facts``, ``stragglers.keep_for_statistics``), and
 slims it. The statistics over all steps and the rules then read those few values per step.
+In one process over spilled traces the first pass also analyses each step as it is built, with
+the step before it as the steps met so far give it (``_first_pass``); once every step is
+matched, those analysed with the step the match gives stand and only the others go through the
+second pass (in input order, usually none).
 
 From a source that reads the spans anew (spilled trace files), the outlines and the analysed
 steps (without their collectives: ``StepTrace.strip``) wait on disk (``step_store``) and are read
@@ -53,6 +57,9 @@ from tf_otel.analysis.trace_source import MemorySource, TraceSource
 
 StepRange = Tuple[Optional[int], Optional[int]]
 SKELETONS = True  # False: every step built from all its spans (tests compare the two)
+# in one process over spilled traces, each step analysed as it is built (``_first_pass``);
+# False: always in a second pass (tests compare the two)
+ONE_PASS = True
 T = TypeVar("T")
 
 
@@ -193,6 +200,19 @@ class _Steps:
         except NeedSpans:  # a rank's rest read for the path could not be placed exactly
             return self._analysed(key, outline, self.build_whole(outline.trace_id, [], False))
 
+    def analysed_now(self, step: StepTrace, previous: Optional[Previous]) -> Optional[StepResult]:
+        """``step``, just built from its skeleton, analysed with the step before it as outlined
+        so far; None where a rank's rest cannot be placed exactly (``NeedSpans``: the second
+        pass builds it whole). Its key is set where it is kept (``PagedSteps``)."""
+        if previous is not None:
+            self.previous[step.trace_id] = previous
+        try:
+            return self._analysed(0, step, step)
+        except NeedSpans:
+            return None
+        finally:
+            self.previous.pop(step.trace_id, None)
+
     def _analysed(self, key: int, outline: StepTrace, trace: Optional[StepTrace]) -> StepResult:
         if trace is None:  # pragma: no cover - the source changed between the passes
             raise AnalysisError(f"trace {outline.trace_id}: its spans changed while analysed")
@@ -293,20 +313,13 @@ def _analyze(
     where = getattr(traces, "directory", None)  # beside the spill
     outlines: Union[Paged[StepTrace], List[StepTrace]] = Paged(where) if paged else []
     keys: List[StepKey] = []
-    trace_ids = sorted(traces.trace_ids())
-    batches = _batches(trace_ids, engine.workers)
-    tasks = ((traces.view(batch), steps.job_id, batch) for batch in batches)
-    with Progress("building steps", len(trace_ids), progress) as bar:
-        for (built, batch_warnings, repair), batch in zip(
-            engine.map(outline_batch, tasks), batches
-        ):
-            for outline in built:
-                keys.append(step_key(outline, len(outlines)))
-                outlines.append(outline)
-            del built
-            warnings.extend(batch_warnings)
-            steps.add_repair(repair)
-            bar.advance(len(batch))
+    results: Union[PagedSteps, List[StepResult]] = PagedSteps(where) if paged else []
+    made: Optional[Dict[str, Tuple[int, Assumed]]] = None
+    one_pass = ONE_PASS and steps.skeletons and engine.workers <= 1
+    if one_pass and isinstance(outlines, Paged) and isinstance(results, PagedSteps):
+        made = _first_pass(steps, outlines, results, keys, warnings, progress)
+    else:
+        _outline_pass(steps, outlines, keys, warnings, progress)
     keys.sort(key=step_order)
     repair = steps.repair
     if repair.violations:
@@ -323,26 +336,147 @@ def _analyze(
     # matched over every step, so the first selected one still carries from the one before
     steps.previous_keys, steps.outlines = previous_keys(keys), outlines
     del keys
-    results: Union[PagedSteps, List[StepResult]] = PagedSteps(where) if paged else []
     options = (steps.min_share, steps.min_ns, steps.keep_segments)
-    groups = _batches(list(enumerate(selected)), engine.workers)
+    # the steps the first pass analysed with the step before them that the match over all
+    # steps gives are kept; the others are analysed now
+    order: List[int] = []
+    pending: List[Tuple[int, StepKey]] = []
+    for n, key in enumerate(selected):
+        at = _kept(made, key.trace_id, steps.previous_keys)
+        order.append(at)
+        if at < 0:
+            pending.append((n, key))
+    groups = _batches(pending, engine.workers)
 
     def task(group: List[Tuple[int, StepKey]]) -> Tuple[Any, ...]:
         items = [(n, outlines[k.index], steps.previous_of(k.trace_id)) for n, k in group]
         view = traces.view([k.trace_id for _, k in group])
         return (view, steps.job_id, options, items)
 
-    with Progress("analysing steps", len(selected), progress) as bar:
+    with Progress("analysing steps", len(pending), progress and bool(pending)) as bar:
         for analysed, group in zip(engine.map(analyse_batch, map(task, groups)), groups):
             for result in analysed:
                 if paged:  # kept on disk: only what the reports read
                     result.trace.strip()
+                order[result.key] = len(results)
                 results.append(result)
             bar.advance(len(group))
+    if isinstance(results, PagedSteps) and made is not None:
+        results.select(order)  # in the selection's order, those of unselected steps left out
     del selected, groups
     return _summarise(
         results, steps, source, job_id, warnings, straggler_min_share, straggler_min_ns
     )
+
+
+# the step a step was analysed with in the first pass: the one before it (trace id), or None
+Assumed = Optional[str]
+
+
+def _outline_pass(
+    steps: _Steps,
+    outlines: Union[Paged[StepTrace], List[StepTrace]],
+    keys: List[StepKey],
+    warnings: List[str],
+    progress: Optional[bool],
+) -> None:
+    """Build every step (batches on the engine) into ``outlines`` and ``keys``."""
+    traces, engine = steps.traces, steps.engine
+    trace_ids = sorted(traces.trace_ids())
+    batches = _batches(trace_ids, engine.workers)
+    tasks = ((traces.view(batch), steps.job_id, batch) for batch in batches)
+    with Progress("building steps", len(trace_ids), progress) as bar:
+        for (built, batch_warnings, repair), batch in zip(
+            engine.map(outline_batch, tasks), batches
+        ):
+            for outline in built:
+                keys.append(step_key(outline, len(outlines)))
+                outlines.append(outline)
+            del built
+            warnings.extend(batch_warnings)
+            steps.add_repair(repair)
+            bar.advance(len(batch))
+
+
+def _first_pass(
+    steps: _Steps,
+    outlines: Paged[StepTrace],
+    results: PagedSteps,
+    keys: List[StepKey],
+    warnings: List[str],
+    progress: Optional[bool],
+) -> Dict[str, Tuple[int, Assumed]]:
+    """``_outline_pass`` in this process, each step also analysed as it is built (not built
+    again in a second pass) with the step before it as the steps met so far give it (in the
+    source's order a step's predecessor comes first, mostly); trace id -> (where its result is
+    kept, the step before it it was analysed with). A step built whole, or whose predecessor
+    has no sync spans (its evidence step may come later), is left to the second pass."""
+    traces = steps.traces
+    made: Dict[str, Tuple[int, Assumed]] = {}
+    seen: Dict[Tuple[Optional[str], int], List[StepKey]] = {}  # by (name, step number)
+    collective = False  # as ``previous_keys``: nothing carried where no step has a collective
+    found: Dict[str, List[str]] = {}
+    trace_ids = traces.trace_ids()
+    with Progress("building and analysing steps", len(trace_ids), progress) as bar:
+        for trace_id in trace_ids:
+            own: List[str] = []
+            step = steps.build(trace_id, own, True)
+            if own:
+                found[trace_id] = own
+            bar.advance(1)
+            if step is None:
+                continue
+            key = step_key(step, len(outlines))
+            collective = collective or key.collective
+            result, assumed = None, None
+            before = _met_before(key, seen, collective)
+            if not step.whole and (before is None or before.sync):
+                assumed = before.trace_id if before is not None else None
+                previous = Previous(outlines[before.index], None) if before is not None else None
+                result = steps.analysed_now(step, previous)
+            step.slim()
+            keys.append(step_key(step, len(outlines)))
+            outlines.append(step)
+            if key.step is not None:
+                seen.setdefault((key.name, key.step), []).append(key)
+            if result is not None:
+                result.trace.strip()
+                made[trace_id] = (len(results), assumed)
+                results.append(result)
+    for trace_id in sorted(found):  # as the outline batches give them: in trace id order
+        warnings.extend(found[trace_id])
+    return made
+
+
+def _met_before(
+    key: StepKey, seen: Dict[Tuple[Optional[str], int], List[StepKey]], collective: bool
+) -> Optional[StepKey]:
+    """The step before ``key``'s among the steps met so far, as ``previous_keys`` matches them
+    over all steps (one step numbered one less with the same name, this one the only one so
+    far); None: none."""
+    if key.step is None or key.name is None or not collective:
+        return None
+    if (key.name, key.step) in seen:
+        return None  # a second step with this number: neither has one
+    before = seen.get((key.name, key.step - 1), [])
+    return before[0] if len(before) == 1 else None
+
+
+def _kept(
+    made: Optional[Dict[str, Tuple[int, Assumed]]],
+    trace_id: str,
+    matched: Dict[str, Tuple[StepKey, Optional[StepKey]]],
+) -> int:
+    """Where the first pass kept ``trace_id``'s result, if it was analysed with the step
+    before it that the match over all steps gives (and no evidence step); else -1."""
+    if made is None or trace_id not in made:
+        return -1
+    at, assumed = made[trace_id]
+    found = matched.get(trace_id)
+    if found is None:
+        return at if assumed is None else -1
+    before, evidence = found
+    return at if evidence is None and before.trace_id == assumed else -1
 
 
 def _has_gpu_spans(digest: StepDigest) -> bool:

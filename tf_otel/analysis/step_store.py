@@ -168,7 +168,20 @@ class PagedSteps(Paged[StepResult]):
             what_if_ns=what_if_ns(digest.duration_ns, marks.straggler),
         )
 
+    def select(self, order: Sequence[int]) -> None:
+        """Keep the steps stored at ``order``'s positions, in that order (steps analysed out
+        of order, some not selected after all): step ``n`` is then the one stored ``order[n]``-th
+        and reads back with its key ``n``; nothing is read or written."""
+        if self._marks:
+            raise ValueError("steps marked before they were put in order")
+        where = array("q")
+        for at in order:
+            where.extend((self._where[2 * at], self._where[2 * at + 1]))
+        self._where = where
+        self._digests = [self._digests[at] for at in order]
+
     def _loaded(self, index: int, item: StepResult) -> StepResult:
+        item.key = index  # its position (``select``)
         marks = self._marks.get(index)
         if marks is not None:
             marks.put_on(item)
