@@ -361,6 +361,9 @@ class _LazyIndexes(Dict[int, _RankIndex]):
 
 def _collective_index(step: StepTrace) -> Dict[SyncKey, Dict[int, Span]]:
     index: Dict[SyncKey, Dict[int, Span]] = {}
+    # a collective's members by its key's text: every rank names the same collectives, so
+    # each one's SyncKey is made once, not once a rank
+    by_name: Dict[str, Dict[int, Span]] = {}
     for rank in sorted(step.ranks):
         for span in step.ranks[rank].syncs:
             if span.category != COLLECTIVE:
@@ -368,7 +371,10 @@ def _collective_index(step: StepTrace) -> Dict[SyncKey, Dict[int, Span]]:
             key = span.attributes.get(ATTR_COLLECTIVE_KEY)
             if key is None:
                 continue
-            members = index.setdefault(SyncKey(COLLECTIVE, str(key)), {})
+            name = key if type(key) is str else str(key)
+            members = by_name.get(name)
+            if members is None:
+                members = by_name[name] = index[SyncKey(COLLECTIVE, name)] = {}
             if rank not in members or span.start_ns < members[rank].start_ns:
                 members[rank] = span
     return index
