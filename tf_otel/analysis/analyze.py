@@ -409,8 +409,8 @@ def _first_pass(
     """``_outline_pass`` in this process, each step also analysed as it is built (not built
     again in a second pass) with the step before it as the steps met so far give it (in the
     source's order a step's predecessor comes first, mostly); trace id -> (where its result is
-    kept, the step before it it was analysed with). A step built whole, or whose predecessor
-    has no sync spans (its evidence step may come later), is left to the second pass."""
+    kept, the predecessor it was analysed with). A step built whole, or whose predecessor has
+    no sync spans (its evidence step may come later), is left to the second pass."""
     traces = steps.traces
     made: Dict[str, Tuple[int, Assumed]] = {}
     seen: Dict[Tuple[Optional[str], int], List[StepKey]] = {}  # by (name, step number)
