@@ -53,6 +53,7 @@ from tf_otel.analysis.load.files import (
     plan_parts,
     requested_workers,
 )
+from tf_otel.analysis.load.heap import hold_block_buffers
 from tf_otel.analysis.load.otlp_native import NativeLineDecoder, SpilledBlock
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Row, Span, add_spans, by_trace
@@ -134,6 +135,7 @@ _TRACE_ID, _JOB_ID = itemgetter(0), itemgetter(11)
 def spill_part(task: Tuple[Part, str]) -> bytes:
     """Decode one part into its spill file; the pieces, job ids and span count, marshalled."""
     part, target = task
+    hold_block_buffers()  # in whichever process decodes (a Dask worker too)
     pieces: Pieces = []
     jobs: Set[str] = set()
     count = 0
