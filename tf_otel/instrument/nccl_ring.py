@@ -28,7 +28,7 @@ from typing import Any, List, MutableMapping, Optional
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import HookOrder, StepCall, StepHook, add_step_hook
-from tf_otel.nccl.cli import PLUGIN_NAME, SOURCES, cache_path
+from tf_otel.nccl.plugin_files import PLUGIN_NAME, SOURCES, cache_path
 from tf_otel.pipeline.lifecycle import get_pipeline
 from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.record import Record

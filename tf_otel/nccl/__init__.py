@@ -4,7 +4,8 @@
 - ``ring``: the NCCL profiler plugin's shared-memory ring -> ``kernel`` Records keyed by
   (``nccl.comm_hash``, ``nccl.collective``, ``nccl.seq``), the cross-rank key of one
   collective (NCCL numbers collectives per type).
-- ``plugin/``: the plugin's C source (scripts/build_nccl_plugin.sh builds it).
+- ``plugin/``: the plugin's C source and its ``build.sh`` (``tf-otel nccl-plugin`` runs it:
+  ``cli``; where the built library goes: ``plugin_files``).
 
 XPlane GPU planes are parsed in ``tf_otel.sources.xplane_gpu``; NVML gauges come from
 ``tf_otel.pipeline.gpu_metrics``. Nothing here imports TensorFlow or pynvml at import time.

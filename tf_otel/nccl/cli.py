@@ -18,22 +18,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, List
+from typing import Any
 
-PLUGIN_NAME = "libnccl-profiler-tf_otel.so"
-SOURCES = Path(__file__).resolve().parent / "plugin"
-BUILD_SCRIPT = SOURCES / "build.sh"
-
-
-def cache_path() -> Path:
-    """Where the plugin goes when the package's own folder is not writable (site-packages)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tf_otel" / PLUGIN_NAME
-
-
-def default_paths() -> List[Path]:
-    """Where the plugin is looked for, in order: beside its sources, then the cache."""
-    return [SOURCES / PLUGIN_NAME, cache_path()]
+from tf_otel.nccl.plugin_files import BUILD_SCRIPT, PLUGIN_NAME, SOURCES, cache_path
 
 
 def _default_out() -> Path:
