@@ -443,7 +443,11 @@ def test_a_rank_rest_is_read_only_when_asked(tmp_path: Path, monkeypatch: pytest
     read: Dict[int, List[int]] = {}  # a step's skeleton -> the ranks whose rest it read
     rest = skeleton.Skeleton.rest
 
+    alive: List[Any] = []  # each skeleton kept, so no later one reuses its id
+
     def counted(self: skeleton.Skeleton, rank: int) -> Any:
+        if id(self) not in read:
+            alive.append(self)
         read.setdefault(id(self), []).append(rank)
         return rest(self, rank)
 
