@@ -28,25 +28,38 @@ pub struct Sets {
     pub sync: Vec<String>,         // SYNC_CATEGORIES
 }
 
-/// A marshal stream (format 4) of one blob.
-struct Marshal {
-    out: Vec<u8>,
+/// A blob's reference tables, emptied and handed from one blob to the next so that a block's
+/// pieces grow them once (a new map a blob rehashed as it grew: ~1 % of a span's decoding).
+#[derive(Default)]
+struct Tables {
     refs: FastMap<usize, u32>, // object address -> its reference number
-    next: u32,
     // a row tail's bytes once all its values are referred to (no definition among them): the
     // same for every later row with that tail
     tails: FastMap<usize, Vec<u8>>,
 }
 
+/// A marshal stream (format 4) of one blob.
+struct Marshal {
+    out: Vec<u8>,
+    next: u32,
+    tables: Tables,
+}
+
 impl Marshal {
-    /// A blob written at the end of `out`.
-    fn over(out: Vec<u8>) -> Self {
+    /// A blob written at the end of `out`, with `tables` emptied.
+    fn over(out: Vec<u8>, mut tables: Tables) -> Self {
+        tables.refs.clear();
+        tables.tails.clear();
         Marshal {
             out,
-            refs: FastMap::default(),
             next: 0,
-            tails: FastMap::default(),
+            tables,
         }
+    }
+
+    /// The bytes, and the tables for the next blob.
+    fn done(self) -> (Vec<u8>, Tables) {
+        (self.out, self.tables)
     }
 
     fn count(&mut self, code: u8, count: usize) {
@@ -109,12 +122,12 @@ impl Marshal {
             return self.value(value, 0); // singletons: never marked
         }
         let address = value.as_ptr() as usize;
-        if let Some(&number) = self.refs.get(&address) {
+        if let Some(&number) = self.tables.refs.get(&address) {
             self.out.push(b'r');
             self.out.extend_from_slice(&number.to_le_bytes());
             return Ok(());
         }
-        self.refs.insert(address, self.next);
+        self.tables.refs.insert(address, self.next);
         self.next += 1; // numbered in the order the reader meets them (containers first)
         self.value(value, FLAG_REF)
     }
@@ -180,7 +193,7 @@ impl Marshal {
         self.int(parts.start, 0);
         self.int(parts.end, 0);
         let key = tail.as_ptr() as usize;
-        if let Some(bytes) = self.tails.get(&key) {
+        if let Some(bytes) = self.tables.tails.get(&key) {
             self.out.extend_from_slice(bytes);
             return Ok(());
         }
@@ -203,7 +216,7 @@ impl Marshal {
             self.shared(&tail.get_item(at)?)?;
         }
         if self.next == defined {
-            self.tails.insert(key, self.out[start..].to_vec());
+            self.tables.tails.insert(key, self.out[start..].to_vec());
         }
         Ok(())
     }
@@ -246,16 +259,19 @@ pub fn pieces(py: Python<'_>, rows: &[Parts], sets: &Sets, size: usize) -> Resul
     }
     let mut pieces = Vec::with_capacity(groups.len());
     let mut bytes = Vec::with_capacity(size);
+    let mut tables = Tables::default();
     for (trace, members) in groups {
         let start = bytes.len();
-        bytes = head(py, rows, &facts, &members, &categories, bytes)?;
-        let middle = bytes.len();
-        let mut every = Marshal::over(bytes);
+        let mut skeleton = Marshal::over(bytes, tables);
+        head(py, rows, &facts, &members, &categories, &mut skeleton)?;
+        let middle = skeleton.out.len();
+        let (out, used) = skeleton.done();
+        let mut every = Marshal::over(out, used);
         every.count(b'[', members.len());
         for &at in &members {
             every.row(py, &rows[at])?;
         }
-        bytes = every.out;
+        (bytes, tables) = every.done();
         pieces.push((trace, middle - start, bytes.len() - middle));
     }
     Ok(Pieces {
@@ -265,8 +281,7 @@ pub fn pieces(py: Python<'_>, rows: &[Parts], sets: &Sets, size: usize) -> Resul
     })
 }
 
-/// A group's skeleton as `analysis.skeleton.split_rows` chooses it, marshalled at the end of
-/// `bytes`:
+/// A group's skeleton as `analysis.skeleton.split_rows` chooses it, marshalled into `out`:
 /// (its rows, their positions among the group's or None where it is all of them, the ranks and
 /// the categories of the group's rows).
 fn head(
@@ -275,8 +290,8 @@ fn head(
     facts: &[Facts],
     members: &[usize],
     categories: &Categories,
-    bytes: Vec<u8>,
-) -> Result<Vec<u8>, Bail> {
+    out: &mut Marshal,
+) -> Result<(), Bail> {
     let mut keep: Vec<bool> = members
         .iter()
         .map(|&at| {
@@ -309,7 +324,6 @@ fn head(
     if let Some(position) = sync {
         keep[position] = true;
     }
-    let mut out = Marshal::over(bytes);
     out.tuple_start(4);
     if keep.iter().all(|&kept| kept) {
         out.count(b'[', members.len());
@@ -317,7 +331,7 @@ fn head(
             out.row(py, &rows[at])?;
         }
         out.out.extend_from_slice(&[b'N', b')', 0, b')', 0]);
-        return Ok(out.out);
+        return Ok(());
     }
     let positions: Vec<usize> = (0..members.len()).filter(|&p| keep[p]).collect();
     out.count(b'[', positions.len());
@@ -344,7 +358,7 @@ fn head(
     for name in names {
         out.text(name, 0);
     }
-    Ok(out.out)
+    Ok(())
 }
 
 /// What the skeleton is chosen by, of one row.
