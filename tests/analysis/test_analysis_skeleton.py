@@ -441,7 +441,7 @@ def test_mixed_rank_files(
 def test_a_rank_rest_is_read_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     directory = _write(tmp_path, _plain)
     read: Dict[int, List[int]] = {}  # a step's skeleton -> the ranks whose rest it read
-    rest = skeleton.Skeleton.rest
+    rest = skeleton.Skeleton.rest_rows
 
     alive: List[Any] = []  # each skeleton kept, so no later one reuses its id
 
@@ -451,7 +451,7 @@ def test_a_rank_rest_is_read_only_when_asked(tmp_path: Path, monkeypatch: pytest
         read.setdefault(id(self), []).append(rank)
         return rest(self, rank)
 
-    monkeypatch.setattr(skeleton.Skeleton, "rest", counted)
+    monkeypatch.setattr(skeleton.Skeleton, "rest_rows", counted)
     monkeypatch.setattr(analyze, "SKELETONS", True)
     with load_spilled([str(directory)], progress=False, workers=1) as source:
         analyze.analyze_source(source, source="t")
@@ -521,6 +521,41 @@ def test_each_rank_read_whole_is_the_whole_step(
             assert shape == (_shape(whole) if whole is not None else None)
             decided += 1
     assert decided >= (STEPS if case in DECIDED else 0)
+
+
+@pytest.mark.parametrize("case", ["plain", "nested_ops", "repeated_ops", "orphans"])
+def test_a_rank_extents_are_its_nodes_without_its_spans_made(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``RankTimeline.extents`` (the straggler split's read of every rank) gives the nodes'
+    extents in their order and leaves the rest's spans unmade; a rest that cannot be placed
+    raises NeedSpans both ways."""
+    monkeypatch.setattr(spill, "BLOCK_BYTES", 20_000)
+    directory = _write(tmp_path, CHANGES[case])
+    read, refused = 0, 0
+    with load_spilled([str(directory)], progress=False, workers=1) as source:
+        steps = analyze._Steps(source, None, 0.0, 0)
+        for trace_id in source.trace_ids():
+            built = steps._from_skeleton(trace_id, [], checked=False)
+            assert built is not None
+            for timeline in built.ranks.values():
+                try:
+                    extents = timeline.extents()
+                except skeleton.NeedSpans:
+                    with pytest.raises(skeleton.NeedSpans):
+                        timeline.nodes
+                    refused += 1
+                    continue
+                assert timeline.more is not None  # no span made yet
+                assert timeline.extents() == extents  # read once, kept until made spans
+                assert extents == [(n.start_ns, n.end_ns, n.category) for n in timeline.nodes]
+                assert timeline.more is None and timeline.extents() == extents
+                read += 1
+    assert read >= STEPS * RANKS // 2
+    if case in ("plain", "nested_ops"):
+        assert refused == 0
+    if case == "orphans":
+        assert refused > 0  # a parent never exported: neither read places it
 
 
 # Random small traces (after a reviewer's differential check): any category anywhere, ranks

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import (
     Any,
-    Callable,
     Dict,
     FrozenSet,
     Iterable,
@@ -57,6 +56,17 @@ SYNC_CATEGORIES = frozenset((COLLECTIVE, COLLECTIVE_WAIT, COLLECTIVE_TRANSFER, T
 SYNC_NODES = frozenset((COLLECTIVE, TRANSFER))
 _TRACE_ID = attrgetter("trace_id")
 _SPAN_ID = attrgetter("span_id")
+Extent = Tuple[int, int, str]  # a node's start, end and category
+
+
+class RestRead(Protocol):
+    """Reads a rank's spans not read yet into its timeline (``RankTimeline.more``)."""
+
+    def __call__(self, timeline: RankTimeline) -> None: ...
+
+    def extents(self, timeline: RankTimeline) -> List[Extent]:
+        """The timeline's nodes as ``Extent``s, in ``nodes``' order, the spans not made."""
+        ...
 
 
 class RankTimeline:
@@ -86,7 +96,7 @@ class RankTimeline:
         self.step_span = step_span
         self.syncs: List[Span] = []  # collective and transfer nodes, in input order
         # reads the rest of the rank's spans into the lists below (a skeleton step's)
-        self.more: Optional[Callable[[RankTimeline], None]] = None
+        self.more: Optional[RestRead] = None
         self._nodes: List[Span] = []
         self._fillers: List[Span] = []
         self._parts: Dict[str, List[Span]] = {}
@@ -105,6 +115,13 @@ class RankTimeline:
         if self.more is not None:
             self._read()
         return self._nodes
+
+    def extents(self) -> List[Extent]:
+        """``nodes`` as ``Extent``s; a rest not read yet is read without making its spans (a
+        straggler step splits every rank's time: the path visits a few)."""
+        if self.more is not None:
+            return self.more.extents(self)
+        return [(span.start_ns, span.end_ns, span.category) for span in self._nodes]
 
     @property
     def fillers(self) -> List[Span]:

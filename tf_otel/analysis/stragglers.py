@@ -37,6 +37,7 @@ import statistics
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import partial
+from operator import itemgetter, sub
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from tf_otel.analysis.critical_path import (
@@ -62,6 +63,7 @@ _SPAN_CATEGORY = {COLLECTIVE: PATH_COMMUNICATION, TRANSFER: PATH_COMMUNICATION, 
 # where spans overlap in a window, the first of these that is open names the time
 _BY_SLOT = (PATH_COMMUNICATION, PATH_INPUT, PATH_COMPUTE)
 _SLOT = {category: slot for slot, category in enumerate(_BY_SLOT)}
+_START, _END, _CATEGORY = itemgetter(0), itemgetter(1), itemgetter(2)  # of an Extent
 # what the noise model reads of one step: its ranks, lateness by rank and duration
 Known = Tuple[Iterable[int], Dict[int, int], int]
 
@@ -122,16 +124,14 @@ def warmup_keys(durations: Dict[int, int]) -> List[int]:
 
 
 class _RankPieces:
-    """One rank's timeline nodes as (start, end, path category), by start (``window_split``)."""
+    """One rank's timeline nodes as ``Extent``s by start (``window_split``): every rank's are
+    read where a step has a straggler, without making spans of a rest not read yet."""
 
     def __init__(self, timeline: RankTimeline) -> None:
-        self.nodes = sorted(
-            (span.start_ns, span.end_ns, _SPAN_CATEGORY.get(span.category, PATH_COMPUTE))
-            for span in timeline.nodes
-        )
-        self.starts = [node[0] for node in self.nodes]
-        self.longest = max((end - start for start, end, _ in self.nodes), default=0)
-        detailed = any(span.category == COMPUTE for span in timeline.nodes)
+        self.nodes = sorted(timeline.extents())
+        self.starts = list(map(_START, self.nodes))
+        self.longest = max(map(sub, map(_END, self.nodes), self.starts), default=0)
+        detailed = COMPUTE in map(_CATEGORY, self.nodes)
         self.rest = PATH_FRAMEWORK if detailed else PATH_COMPUTE
 
 
@@ -155,11 +155,12 @@ def window_split(
     # each node's time is its category's and the rest is the rank's own: no sweep needed
     alone: Dict[str, int] = {}
     reached = inside
-    for node_start, node_end, category in nodes:
+    for node_start, node_end, kind in nodes:
         start, stop = max(inside, node_start), min(end, node_end)
         if stop > start:
             if start < reached:
                 break  # an overlap: the sweep below decides who names the time
+            category = _SPAN_CATEGORY.get(kind, PATH_COMPUTE)
             alone[category] = alone.get(category, 0) + stop - start
             reached = stop
     else:
@@ -168,10 +169,10 @@ def window_split(
         split[pieces.rest] += end - inside - sum(alone.values())
         return split
     changes: Dict[int, List[int]] = {}  # time -> change in (communication, input, compute)
-    for node_start, node_end, category in nodes:
+    for node_start, node_end, kind in nodes:
         start, stop = max(inside, node_start), min(end, node_end)
         if stop > start:
-            slot = _SLOT[category]
+            slot = _SLOT[_SPAN_CATEGORY.get(kind, PATH_COMPUTE)]
             changes.setdefault(start, [0, 0, 0])[slot] += 1
             changes.setdefault(stop, [0, 0, 0])[slot] -= 1
     cuts = sorted(changes.keys() | {inside, end})
