@@ -50,6 +50,7 @@ import bisect
 import statistics
 import sys
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
@@ -272,6 +273,7 @@ class CriticalPath:
 
 _START_ID = attrgetter("start_ns", "span_id")
 _END_START = attrgetter("end_ns", "start_ns")
+_ATTRIBUTES = attrgetter("attributes")
 
 
 def _sorted_by_end(nodes: List[Span]) -> List[Span]:
@@ -396,7 +398,13 @@ def _unknown(span: Span) -> bool:
 
 def _hidden(index: Dict[SyncKey, Dict[int, Span]]) -> Set[SyncKey]:
     """The sync points some of whose members' arrivals are unknown (hidden by Horovod's cache)."""
-    return {key for key, members in index.items() if any(map(_unknown, members.values()))}
+    # at C speed: where nothing is hidden every member of every collective is looked at
+    return {
+        key
+        for key, members in index.items()
+        if UNKNOWN_ARRIVAL
+        in map(dict.get, map(_ATTRIBUTES, members.values()), repeat(ATTR_ARRIVAL))
+    }
 
 
 def known_before(timeline: RankTimeline, t: int) -> int:
@@ -691,8 +699,9 @@ def _compare_legs(
         if first:
             leg.inherited_ns = _inherited(carried, leg.rank)
         own_start = min(leg.start_ns + leg.inherited_ns, max(leg.start_ns, leg.end_ns))
+        own_rank = leg.rank
         windows = leg.windows
-        windows[leg.rank] = (own_start, leg.end_ns)
+        windows[own_rank] = (own_start, leg.end_ns)
         others: List[int] = []
         waited: List[int] = []  # the same, nothing inherited taken off
         # loop invariants: the members of the leg's two ends, each looked up once a leg
@@ -702,10 +711,11 @@ def _compare_legs(
         if ends is not None and leg.end in hidden:
             estimated = estimated_arrivals(ends, step)
         for rank, timeline in step.ranks.items():
-            if rank == leg.rank:
+            if rank == own_rank:
                 continue
             if begins is None:
-                begin: Optional[int] = step_start + _inherited(carried, rank)
+                carry = carried.get(rank)
+                begin: Optional[int] = step_start + (carry.inherited_ns if carry is not None else 0)
             else:
                 member = begins.get(rank)
                 begin = member.end_ns if member else None
@@ -718,8 +728,10 @@ def _compare_legs(
                     end = estimated[rank]
             if begin is not None and end is not None:
                 # a first leg's wall-clock length, from the step's start
-                waited.append(max(0, end - (step_start if first else begin)))
-                end = max(begin, end)  # overlapping collectives: this rank waited anyway
+                length = end - (step_start if first else begin)
+                waited.append(length if length > 0 else 0)
+                if end < begin:
+                    end = begin  # overlapping collectives: this rank waited anyway
                 windows[rank] = (begin, end)
                 others.append(end - begin)
         _set_others(leg, others, waited)

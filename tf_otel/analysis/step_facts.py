@@ -31,12 +31,12 @@ class StepFacts:
 
 
 def step_facts(trace: StepTrace) -> StepFacts:
-    libraries = set()
+    names = set()  # every rank names the same collectives: each name's library taken once
     worst: Dict[int, Tuple[int, int, int]] = {}  # rank -> (spread, replica, replicas)
     for span in trace.spans:
         if span.category != COLLECTIVE:
             continue
-        libraries.add(span.name.split(".", 1)[0])  # "horovod.<op> ..." / "tensorflow.<op> ..."
+        names.add(span.name)
         attributes = span.attributes
         if span.rank is None or record.ATTR_REPLICA_SPREAD_NS not in attributes:
             continue
@@ -48,5 +48,7 @@ def step_facts(trace: StepTrace) -> StepFacts:
             continue
         if span.rank not in worst or spread > worst[span.rank][0]:
             worst[span.rank] = (spread, last, replicas)
+    # "horovod.<op> ..." / "tensorflow.<op> ..."
+    libraries = {name.split(".", 1)[0] for name in names}
     gpu = tuple((s.rank, s.gpu_utilization) for s in trace.spans if s.gpu_utilization is not None)
     return StepFacts(frozenset(libraries & _LIBRARIES), worst, gpu)
