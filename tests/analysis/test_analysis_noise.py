@@ -178,3 +178,24 @@ def test_steps_of_other_step_functions_are_labelled_with_theirs():
     control = analyze_spans(_named_roots(decoded_spans(job), lambda n: "session_run:train_op"))
     assert [s.label for s in control.steps] == [str(n) for n in range(12)]
     assert all("series" not in s for s in to_json(control)["steps"])
+
+
+def test_last_arrival_and_the_others_median_match_their_definitions():
+    """The strictly last rank and the others' median, taken at C speed, against the plain
+    definitions (sorted by time then rank; the median of the others), ties included."""
+    import statistics
+
+    from tf_otel.analysis.stragglers import _median_others, _strictly_last
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        values = {
+            r: rng.choice((rng.randint(0, 4), rng.randint(0, 10**12)))
+            for r in range(rng.randint(0, 9))
+        }
+        ordered = sorted(values.items(), key=lambda item: (-item[1], item[0]))
+        unique = len(ordered) >= 2 and ordered[0][1] > ordered[1][1]
+        assert _strictly_last(values) == (ordered[0][0] if unique else None), values
+        for rank in values if len(values) >= 2 else ():
+            others = [v for r, v in values.items() if r != rank]
+            assert _median_others(values, rank) == int(statistics.median(others)), values

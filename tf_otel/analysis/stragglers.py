@@ -50,7 +50,7 @@ from tf_otel.analysis.critical_path import (
     CriticalPath,
 )
 from tf_otel.analysis.steps import RankTimeline, StepTrace
-from tf_otel.lateness import MAD_TO_SIGMA, StragglerNoise, noise_of
+from tf_otel.lateness import MAD_TO_SIGMA, StragglerNoise, medians_without, noise_of
 from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRANSFER
 
 WARMUP_Z = 3.5
@@ -277,12 +277,14 @@ def _arrival_tally(path: CriticalPath) -> Tuple[Dict[int, int], List[Tuple[int, 
 def _strictly_last(values: Dict[int, int]) -> Optional[int]:
     if len(values) < 2:
         return None
-    ordered = sorted(values.items(), key=lambda item: (-item[1], item[0]))
-    return ordered[0][0] if ordered[0][1] > ordered[1][1] else None
+    times = list(values.values())  # at C speed: once a collective a step
+    latest = max(times)
+    return list(values)[times.index(latest)] if times.count(latest) == 1 else None
 
 
 def _median_others(values: Dict[int, int], rank: int) -> int:
-    return int(_median(v for r, v in values.items() if r != rank))
+    """The median of the others' values (``values`` holds at least two)."""
+    return medians_without(sorted(values.values()))(values[rank])
 
 
 def _collective_arrivals(step: StepTrace) -> Arrivals:
