@@ -543,7 +543,7 @@ def test_a_rank_extents_are_its_nodes_without_its_spans_made(
                     extents = timeline.extents()
                 except skeleton.NeedSpans:
                     with pytest.raises(skeleton.NeedSpans):
-                        timeline.nodes
+                        _ = timeline.nodes
                     refused += 1
                     continue
                 assert timeline.more is not None  # no span made yet

@@ -341,7 +341,7 @@ class _RestRead:
                 rows.extra_parts.append(span)
             else:
                 rows.extra_fillers.append(span)
-        # the rows column by column at C speed (a Python step per row cost a third of a read)
+        # the rows column by column at C speed (a Python step per row cost what decoding it did)
         on_timeline = list(map(TIMELINE_CATEGORIES.__contains__, map(_CATEGORY, rest)))
         if all(on_timeline):
             rows.nodes = rest
