@@ -174,6 +174,21 @@ def _beyond_others(values: Dict[int, float], rank: int) -> float:
     return values[rank] - statistics.median(v for r, v in values.items() if r != rank)
 
 
+# an injected step is the slow rank's beyond doubt where the ranks' own truth has it ready
+# later than every other rank by this much (the larger of the two)
+CLEAR_MS, CLEAR_SHARE = 20.0, 0.25
+
+
+def _clear_injection(ready: Dict[int, float]) -> bool:
+    """Whether the slow rank was ready later than every other rank by a clear margin. A loaded
+    host can delay another rank in the same step by about as much (seen once in CI: rank 1
+    began step 5 70-84 ms late while rank 2 ran its big batch), and then naming that rank is
+    right too, where the truth shows it late."""
+    slow = _beyond_others(ready, SLOW_RANK)
+    others = max(_beyond_others(ready, r) for r in ready if r != SLOW_RANK)
+    return slow - others > max(CLEAR_MS, CLEAR_SHARE * slow)
+
+
 def test_analysis_names_the_injected_stragglers_and_only_real_ones(scenario):
     name, report, truth, _ = scenario
     steps = {s["step"]: s for s in report["steps"]}
@@ -201,8 +216,14 @@ def test_analysis_names_the_injected_stragglers_and_only_real_ones(scenario):
     if name not in CAUSE:
         return
     assert set(SLOW_STEPS) <= set(named), context
+    clear = [n for n in SLOW_STEPS if _clear_injection(truth["ready"][n])]
+    assert clear, context  # the injection made the slow rank the straggler beyond doubt
     for number in SLOW_STEPS:
         straggler = named[number]
+        if number not in clear and straggler["rank"] != SLOW_RANK:
+            late = _beyond_others(truth["ready"][number], straggler["rank"])
+            assert late >= 0.5 * straggler["excess_ms"], (number, context)  # a real one
+            continue
         assert straggler["rank"] == SLOW_RANK, context
         assert straggler["category"] == CAUSE[name], context
         # the delay as the ranks measured it in-process (a loaded host oversleeps a sleep):
@@ -221,15 +242,16 @@ def test_analysis_names_the_injected_stragglers_and_only_real_ones(scenario):
         assert straggler["excess_ms"] <= steps[number]["duration_ms"]
     found = [f for f in report["findings"] if f["rule"] == "straggler"]
     finding = next(f for f in found if f["evidence"]["rank"] == SLOW_RANK)
-    assert set(SLOW_STEPS) <= set(finding["evidence"]["steps"]), context
+    assert set(clear) <= set(finding["evidence"]["steps"]), context
 
 
 def test_rank_0_names_the_injected_stragglers_live_on_the_step_roots(scenario):
     """Issue 27: rank 0's verdict on each root (pipeline/verdicts.py), made while the job runs
     from what it gathers (every rank's extent and, with collective detail on every step, every
-    rank's first collective arrival), names the slowed rank in exactly the slowed steps with
-    the cause; a root named beyond them is a real straggler (the ranks' own in-process truth),
-    and the control and the slowed link name nobody else."""
+    rank's first collective arrival), names the slowed rank in the slowed steps with the cause
+    (where the ranks' own in-process truth leaves no doubt who was late; where another rank was
+    about as late, that rank if the truth shows it late); a root named beyond them is a real
+    straggler, and the control and the slowed link name nobody else."""
     name, _, truth, roots = scenario
     assert sorted(roots) == list(range(STEPS))
     judged = [n for n, a in roots.items() if record.ATTR_STRAGGLER_THRESHOLD in a]
@@ -252,9 +274,16 @@ def test_rank_0_names_the_injected_stragglers_live_on_the_step_roots(scenario):
     if name not in CAUSE:
         return
     assert set(SLOW_STEPS) <= set(named), context
+    clear = [n for n in SLOW_STEPS if _clear_injection(truth["ready"][n])]
+    assert clear, context  # the injection made the slow rank the straggler beyond doubt
     for number in SLOW_STEPS:
         attributes = named[number]
-        assert attributes[record.ATTR_STRAGGLER_RANK] == SLOW_RANK, context
+        rank = attributes[record.ATTR_STRAGGLER_RANK]
+        if number not in clear and rank != SLOW_RANK:
+            late = _beyond_others(truth["ready"][number], rank)
+            assert late >= 0.5 * attributes[record.ATTR_STRAGGLER_LATENESS] / 1e6, context
+            continue
+        assert rank == SLOW_RANK, context
         assert attributes[record.ATTR_STRAGGLER_CATEGORY] == CAUSE[name], context
         # as the offline analysis: the slow rank's extra work, bounded by how much later than
         # the others' median it was ready (its first collective arrival)
