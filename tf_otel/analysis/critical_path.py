@@ -398,7 +398,7 @@ def _unknown(span: Span) -> bool:
 
 def _hidden(index: Dict[SyncKey, Dict[int, Span]]) -> Set[SyncKey]:
     """The sync points some of whose members' arrivals are unknown (hidden by Horovod's cache)."""
-    # at C speed: where nothing is hidden every member of every collective is looked at
+    # ``_unknown`` at C speed: where nothing is hidden every member of every collective is read
     return {
         key
         for key, members in index.items()
@@ -714,8 +714,7 @@ def _compare_legs(
             if rank == own_rank:
                 continue
             if begins is None:
-                carry = carried.get(rank)
-                begin: Optional[int] = step_start + (carry.inherited_ns if carry is not None else 0)
+                begin: Optional[int] = step_start + _inherited(carried, rank)
             else:
                 member = begins.get(rank)
                 begin = member.end_ns if member else None

@@ -292,11 +292,9 @@ class _RestRead:
         spans: List[Span] = []
         add_spans(spans, rows.nodes)
         nodes = timeline.syncs + rows.extra_nodes + spans
-        fillers = list(rows.extra_fillers)
+        fillers: List[Span] = []
         parts: Dict[str, List[Span]] = {}
-        for span in rows.extra_parts:
-            parts.setdefault(span.parent_id or "", []).append(span)
-        others: List[Span] = []
+        others = list(rows.extra_others)
         add_spans(others, rows.others)
         for span in others:
             if span.category in COLLECTIVE_PARTS and span.parent_id:
@@ -334,13 +332,10 @@ class _RestRead:
 
         rows = _Sorted()
         for span in self.extras:
-            if span.category in TIMELINE_CATEGORIES:
-                if not span.parent_id or not nested(span.parent_id):
-                    rows.extra_nodes.append(span)
-            elif span.category in COLLECTIVE_PARTS and span.parent_id:
-                rows.extra_parts.append(span)
-            else:
-                rows.extra_fillers.append(span)
+            if span.category not in TIMELINE_CATEGORIES:
+                rows.extra_others.append(span)
+            elif not span.parent_id or not nested(span.parent_id):
+                rows.extra_nodes.append(span)
         # the rows column by column at C speed (a Python step per row cost what decoding it did)
         on_timeline = list(map(TIMELINE_CATEGORIES.__contains__, map(_CATEGORY, rest)))
         if all(on_timeline):
@@ -361,10 +356,10 @@ class _RestRead:
 
 @dataclass
 class _Sorted:
-    """A rank's rest, checked: its skeleton spans of the rest's kind sorted, and its rows."""
+    """A rank's rest, checked: its skeleton spans of the rest's kind and its rows, each split
+    into timeline nodes and the others (sorted into fillers and parts when made spans)."""
 
     extra_nodes: List[Span] = field(default_factory=list)
-    extra_fillers: List[Span] = field(default_factory=list)
-    extra_parts: List[Span] = field(default_factory=list)
+    extra_others: List[Span] = field(default_factory=list)  # fillers and collective parts
     nodes: List[Row] = field(default_factory=list)  # on the timeline, in input order
     others: List[Row] = field(default_factory=list)  # fillers and collective parts
