@@ -112,13 +112,18 @@ def test_bad_files_give_one_clear_error(tmp_path: Path, name: str):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_truncated_last_line_names_file_and_line(tmp_path: Path):
+def test_truncated_last_line_names_file_and_line_with_strict(tmp_path: Path):
     text = "".join(json.dumps(line) + "\n" for line in straggler_job().otlp_lines())
     path = tmp_path / "cut.jsonl"
     path.write_text(text[: len(text) - 200])
-    done = analyze(str(path))
+    done = analyze(str(path), "--strict")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"{path}: line 2 is not valid JSON" in done.stderr
+    # without --strict: skipped, said with its offset, the rest analysed (rank 0's record)
+    done = analyze(str(path))
+    assert done.returncode == 0, done.stderr
+    offset = len(json.dumps(straggler_job().otlp_lines()[0])) + 1
+    assert f"{path}: byte {offset:,}: skipped its last record, cut short" in done.stderr
 
 
 def test_malformed_span_and_missing_path(tmp_path: Path):

@@ -55,5 +55,5 @@ def test_the_spill_holds_them_where_it_decodes(tmp_path, monkeypatch) -> None:
     import bench_analysis
 
     bench_analysis.generate(tmp_path, steps=1, ranks=1)
-    spill.spill_part(((tmp_path / "rank0.jsonl", 0, -1), str(tmp_path / "0.spill")))
+    spill.spill_part(((tmp_path / "rank0.jsonl", 0, -1), str(tmp_path / "0.spill"), True))
     assert asked == [True]

@@ -305,8 +305,9 @@ def _analyze(
     straggler_min_ns: int,
     progress: Optional[bool],
 ) -> AnalysisResult:
-    warnings: List[str] = []
     traces, engine = steps.traces, steps.engine
+    # what loading said first (trace files' lines skipped: ``load.files.skip_note``)
+    warnings: List[str] = list(getattr(traces, "load_warnings", ()))
     # read anew from the source (spilled), the outlines and results wait on disk: memory holds
     # a few values a step (``StepKey``), not every step of the job
     paged = traces.fresh
@@ -503,6 +504,51 @@ class _Paths(Mapping[int, CriticalPath]):
         return len(self._results)
 
 
+# (series, rank) -> (the rank's last step, the last step of the others): ``stopped_ranks``
+Stopped = Dict[Tuple[Optional[str], int], Tuple[int, int]]
+
+
+def stopped_ranks(digests: Sequence[StepDigest]) -> Stopped:
+    """The ranks whose spans end before the other ranks' (killed, stopped, or their last spans
+    never written): said once each instead of a warning for every later step they miss."""
+    last: Dict[Optional[str], Dict[int, int]] = {}
+    for digest in digests:
+        if digest.step is None:
+            continue
+        seen = last.setdefault(digest.series, {})
+        for rank in digest.ranks:
+            if seen.get(rank, -1) < digest.step:
+                seen[rank] = digest.step
+        for rank in digest.missing_ranks:
+            seen.setdefault(rank, -1)  # a rank never seen in the series: not "stopped"
+    stopped: Stopped = {}
+    for series, seen in last.items():
+        end = max(seen.values(), default=-1)
+        for rank, step in seen.items():
+            if 0 <= step < end:
+                stopped[(series, rank)] = (step, end)
+    return stopped
+
+
+def _stopped_order(item: Tuple[Tuple[Optional[str], int], Tuple[int, int]]) -> Tuple[str, int]:
+    (series, rank), _ = item
+    return (series or "", rank)
+
+
+def _missing(digest: StepDigest, stopped: Stopped) -> List[int]:
+    """The step's missing ranks, less those that stopped before it (said once)."""
+    if not digest.missing_ranks:
+        return []
+    if digest.step is None or not stopped:
+        return list(digest.missing_ranks)
+    series, step = digest.series, digest.step
+    return [
+        rank
+        for rank in digest.missing_ranks
+        if not ((series, rank) in stopped and stopped[(series, rank)][0] < step)
+    ]
+
+
 def _summarise(
     results: Union[PagedSteps, List[StepResult]],
     steps: _Steps,
@@ -534,6 +580,13 @@ def _summarise(
     slow = set(outliers.outliers)
     unattributed: List[str] = []
     job = job_id
+    stopped = stopped_ranks(digests)
+    for (name, rank), (last, end) in sorted(stopped.items(), key=_stopped_order):
+        shown = name if main is not None and name != main else None
+        warnings.append(
+            f"rank {rank}'s spans end at step {step_label(last, shown, 0)} (the others ran to "
+            f"{end}): it stopped or was killed"
+        )
     for key, digest in enumerate(digests):  # the steps are read only where kept in memory
         marks = StepMarks(
             warmup=key in skipped,
@@ -546,8 +599,9 @@ def _summarise(
         else:
             marks.put_on(results[key])
         label = step_label(digest.step, marks.series, key)
-        if digest.missing_ranks:
-            warnings.append(f"step {label}: no spans from ranks {list(digest.missing_ranks)}")
+        missing = _missing(digest, stopped)
+        if missing:
+            warnings.append(f"step {label}: no spans from ranks {missing}")
         if digest.unattributed and not marks.warmup:
             unattributed.append(label)
         job = job or digest.job_id

@@ -8,7 +8,10 @@ Usage::
     tf-otel analyze --tempo http://localhost:3200 --job 1234 --since 2h --html report.html
     tf-otel analyze traces/ --html report.html --png pictures/
 
-Exit codes: 0 done, 2 bad input (one line on stderr naming the file or URL).
+Exit codes: 0 done, 2 bad input (one line on stderr naming the file or URL). A trace file's
+line that is not JSON (the record a killed rank was writing, cut short; a corrupt line) is
+skipped with one line on stderr naming the file, its byte offset and what was lost, and the
+report's warnings say it; --strict makes it an error (exit 2) instead.
 """
 
 from __future__ import annotations
@@ -74,6 +77,12 @@ def add_source_arguments(parser: argparse.ArgumentParser, title: str) -> None:
     )
     source.add_argument(
         "--limit", type=cli_args.positive_int, default=10000, help="backend search limit"
+    )
+    source.add_argument(
+        "--strict",
+        action="store_true",
+        help="a trace file's line that is not JSON (cut short or corrupt) is an error (exit 2) "
+        "instead of skipped with a warning",
     )
     source.add_argument(
         "--progress",
@@ -185,11 +194,13 @@ def _load(
             args.progress,
             engine=getattr(args, "engine", None),
             spill_dir=getattr(args, "spill_dir", None),
+            strict=bool(getattr(args, "strict", False)),
         )
         return spilled, ", ".join(args.paths)
     from tf_otel.analysis.load.files import load_paths
 
-    return load_paths(args.paths, args.progress), ", ".join(args.paths)
+    strict = bool(getattr(args, "strict", False))
+    return load_paths(args.paths, args.progress, strict=strict), ", ".join(args.paths)
 
 
 def _write(path: str, text: str) -> None:

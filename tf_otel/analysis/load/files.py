@@ -4,9 +4,16 @@ One ``TracesData`` object per line (optionally gzip-compressed), or one whole-fi
 (a pretty-printed ``TracesData``, or a Jaeger UI download). Directories are searched for
 ``*.json``, ``*.jsonl``, ``*.otlp`` (``.gz`` too).
 
+A line that is not JSON (a record a killed process was writing when it died, cut short; a
+corrupt line) is skipped with a note (``Skip``, ``skip_note``: the file, the byte offset and what
+was lost) and everything else is read; ``strict=True`` raises ``AnalysisError`` on it instead,
+naming the file and the line. A file whose lines are all unreadable is still an error unless
+they begin as trace records do (a short job's one record, cut short).
+
 Usage::
 
     spans = load_paths(["traces/", "rank0.jsonl.gz"])
+    spans = load_paths(["traces/"], strict=True)       # a bad line: AnalysisError
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import marshal
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Tuple, Union
 
 from tf_otel.analysis.engine import Engine, engine_workers, open_engine
 from tf_otel.analysis.errors import AnalysisError
@@ -126,21 +133,75 @@ def _decode_document(obj: Any, origin: str) -> List[Row]:
     raise AnalysisError(f"{origin}: not OTLP-JSON ({what})")
 
 
-def load_file(path: Path) -> List[Span]:
+# A line skipped for not being JSON: (file, its byte offset in the file's (gunzipped) bytes, its
+# length, the spans begun in it, whether it is the file's last line cut short). Marshalled from
+# a worker as it is.
+Skip = Tuple[str, int, int, int, bool]
+_SPAN_BEGINS = b'"spanId"'  # each span of a TracesData line names its id once
+_RECORD_START = b'{"resourceSpans"'  # how the records tf_otel and the Collector write begin
+SKIP_NOTES_PER_FILE = 3  # lines a file's skips get on stderr; the rest are counted
+
+
+def skip_note(skip: Skip) -> str:
+    """The one line that says what a skipped line cost."""
+    path, offset, length, spans, torn = skip
+    where = f"byte {offset:,}" + (" (uncompressed)" if path.lower().endswith(".gz") else "")
+    lost = f"{length:,} bytes, {spans:,} span(s) begun in it, lost"
+    if torn:
+        return (
+            f"{path}: {where}: skipped its last record, cut short ({lost}): the process "
+            "stopped while writing it"
+        )
+    return f"{path}: {where}: skipped a line that is not valid JSON ({lost})"
+
+
+def skip_notes(skips: Iterable[Skip]) -> List[str]:
+    """The notes of ``skips``: at most ``SKIP_NOTES_PER_FILE`` a file, then one that counts the
+    rest."""
+    notes: List[str] = []
+    by_file: Dict[str, List[Skip]] = {}
+    for skip in skips:
+        by_file.setdefault(skip[0], []).append(skip)
+    for path, found in by_file.items():
+        notes.extend(skip_note(skip) for skip in found[:SKIP_NOTES_PER_FILE])
+        if len(found) > SKIP_NOTES_PER_FILE:
+            rest = found[SKIP_NOTES_PER_FILE:]
+            notes.append(
+                f"{path}: {len(rest):,} more line(s) skipped ({sum(s[2] for s in rest):,} bytes, "
+                f"{sum(s[3] for s in rest):,} span(s) begun in them, lost)"
+            )
+    return notes
+
+
+def say_skips(skips: Iterable[Skip]) -> List[str]:
+    """Each note on stderr (``tf-otel: <note>``); the notes, for the report's warnings."""
+    notes = skip_notes(skips)
+    for note in notes:
+        print(f"tf-otel: {note}", file=sys.stderr)
+    return notes
+
+
+def load_file(path: Path, strict: bool = True, skips: Optional[List[Skip]] = None) -> List[Span]:
     spans: List[Span] = []
-    add_spans(spans, load_file_rows(path))
+    add_spans(spans, load_file_rows(path, strict, skips))
     return spans
 
 
-def load_file_rows(path: Path) -> List[Row]:
-    """One file's spans as ``model.Row``s."""
+def load_file_rows(
+    path: Path, strict: bool = True, skips: Optional[List[Skip]] = None
+) -> List[Row]:
+    """One file's spans as ``model.Row``s; not ``strict``: lines that are not JSON are skipped
+    and added to ``skips``."""
     data = read_trace_bytes(path)
+    found: Optional[List[Skip]] = None if strict else []
     try:
-        spans = _decode_lines(path, data)
+        spans = _decode_lines(path, data, skips=found)
     except _NotLines as not_lines:
-        return _load_whole(path, data, not_lines.line, not_lines.line_count)
+        return _load_whole(path, data, not_lines.line, not_lines.line_count, found, skips)
     if not spans and not data.strip():
         raise AnalysisError(f"{path}: empty file")
+    if skips is not None and found:
+        skips.extend(found)
     return spans
 
 
@@ -167,12 +228,31 @@ def _line_bounds(data: bytes, stop: int) -> Optional[List[Tuple[int, int]]]:
     return bounds
 
 
+def _split_bounds(data: bytes, stop: int) -> List[Tuple[int, int]]:
+    """``_line_bounds`` where lines may end in carriage returns: as ``splitlines`` splits."""
+    bounds: List[Tuple[int, int]] = []
+    start = 0
+    for line in data[:stop].splitlines(keepends=True):
+        bounds.append((start, start + len(line.rstrip(b"\r\n"))))
+        start += len(line)
+    return bounds
+
+
 def _decode_lines(
-    path: Path, data: bytes, first_line: int = 1, stop: Optional[int] = None
+    path: Path,
+    data: bytes,
+    first_line: int = 1,
+    stop: Optional[int] = None,
+    skips: Optional[List[Skip]] = None,
+    base: int = 0,
+    skip_any: bool = False,
 ) -> List[Row]:
     """Spans of newline-delimited ``TracesData`` lines (numbered from ``first_line``) in
     ``data[:stop]``: each line on the fastest path that takes it (native, msgspec), else on the
-    generic path, which names the error."""
+    generic path, which names the error. With ``skips`` a line that is not JSON is skipped and
+    added to it (``base``: where ``data`` begins in the file), except one before any span that
+    does not begin as a record does (maybe the file is one pretty-printed document; any, with
+    ``skip_any``)."""
     stop = len(data) if stop is None else stop
     bounds = _line_bounds(data, stop)
     native = NativeLineDecoder() if NATIVE_DECODER and bounds and type(data) is bytes else None
@@ -202,6 +282,14 @@ def _decode_lines(
         try:
             obj = loads(whole)
         except DECODE_ERRORS:
+            lenient = skips is not None
+            if lenient and (spans or skip_any or whole.lstrip().startswith(_RECORD_START)):
+                at = number - first_line
+                begin = (bounds or _split_bounds(data, stop))[at][0]
+                torn = at == len(lines) - 1 and data[stop - 1 : stop] not in (b"\n", b"\r")
+                skip = (str(path), base + begin, len(whole), whole.count(_SPAN_BEGINS), torn)
+                skips.append(skip)  # type: ignore[union-attr]
+                continue
             if not spans:
                 raise _NotLines(number, len(lines)) from None
             raise _bad_line(path, number) from None
@@ -209,13 +297,20 @@ def _decode_lines(
     return spans
 
 
-def decode_line_block(path: Path, block: bytes, stop: Optional[int] = None) -> List[Row]:
+def decode_line_block(
+    path: Path,
+    block: bytes,
+    stop: Optional[int] = None,
+    skips: Optional[List[Skip]] = None,
+    base: int = 0,
+) -> List[Row]:
     """Spans of a block of whole ``TracesData`` lines from ``path`` (``block[:stop]``, read
     without a copy). Raises ``AnalysisError`` on any line that is not one, without its number:
     the caller decodes the whole part again (``load_part_rows``) for the exact error, or as one
-    JSON document."""
+    JSON document. With ``skips``, as ``_decode_lines`` (``base``: the block's offset in the
+    file; past the file's first line any line that is not JSON is skipped)."""
     try:
-        return _decode_lines(path, block, 1, stop)
+        return _decode_lines(path, block, 1, stop, skips, base, skip_any=base > 0)
     except _NotLines:
         raise AnalysisError(f"{path}: not newline-delimited OTLP-JSON") from None
 
@@ -224,11 +319,27 @@ def _bad_line(path: Path, number: int) -> AnalysisError:
     return AnalysisError(f"{path}: line {number} is not valid JSON (truncated or corrupt file)")
 
 
-def _load_whole(path: Path, data: bytes, bad_line: int, line_count: int) -> List[Row]:
-    """A file whose first line is not JSON: maybe one pretty-printed document."""
+def _load_whole(
+    path: Path,
+    data: bytes,
+    bad_line: int,
+    line_count: int,
+    found: Optional[List[Skip]] = None,
+    skips: Optional[List[Skip]] = None,
+) -> List[Row]:
+    """A file whose first line is not JSON: maybe one pretty-printed document. ``found`` (not
+    strict): its lines are read again, any line that is not JSON skipped, where the document is
+    not JSON either and they give spans."""
     try:
         obj = loads(data)
     except DECODE_ERRORS:
+        if found is not None:
+            found.clear()
+            spans = _decode_lines(path, data, skips=found, skip_any=True)
+            if spans:
+                if skips is not None:
+                    skips.extend(found)
+                return spans
         if line_count == 1 or bad_line > 1:
             raise _bad_line(path, bad_line) from None
         raise AnalysisError(f"{path}: not valid JSON (truncated, corrupt or not a trace)") from None
@@ -296,17 +407,26 @@ def _cut(path: Path, size: int, target: int) -> List[Part]:
     return [(path, start, end) for start, end in zip(bounds, bounds[1:])]
 
 
-def load_part_rows(part: Part) -> List[Row]:
-    """The spans of one part of a file (``plan_parts``)."""
+def load_part_rows(
+    part: Part, strict: bool = True, skips: Optional[List[Skip]] = None
+) -> List[Row]:
+    """The spans of one part of a file (``plan_parts``); not ``strict``: lines that are not
+    JSON skipped and added to ``skips``."""
     path, start, end = part
     if start == 0 and end < 0:
-        return load_file_rows(path)
+        return load_file_rows(path, strict, skips)
     try:
         with open(path, "rb") as handle:
             handle.seek(start)
             data = handle.read(end - start)
     except OSError as error:
         raise AnalysisError(f"{path}: cannot read ({error})") from None
+    if not strict:  # a later part of a file whose first line is JSON: any bad line is skipped
+        found: List[Skip] = []
+        rows = _decode_lines(path, data, skips=found, base=start, skip_any=start > 0)
+        if skips is not None:
+            skips.extend(found)
+        return rows
     try:
         return _decode_lines(path, data)
     except (AnalysisError, _NotLines):
@@ -321,11 +441,14 @@ def load_part_rows(part: Part) -> List[Row]:
     raise AssertionError("a part decoded differently twice")  # pragma: no cover
 
 
-def _load_rows(part: Part) -> bytes:
+def _load_rows(task: Tuple[Part, bool]) -> bytes:
     """In a worker process: one part's spans as marshalled rows (half pickle's cost; rows hold
-    only JSON types). An ``AnalysisError`` travels back to the parent as is."""
+    only JSON types) and the lines skipped. An ``AnalysisError`` travels back to the parent as
+    is."""
+    part, strict = task
+    skips: List[Skip] = []
     with paused_gc():
-        return marshal.dumps(load_part_rows(part))
+        return marshal.dumps((load_part_rows(part, strict, skips), skips))
 
 
 def requested_workers(workers: Optional[int]) -> int:
@@ -352,28 +475,38 @@ def load_paths(
     progress: Optional[bool] = None,
     workers: Optional[int] = None,
     engine: Optional[Engine] = None,
+    strict: bool = True,
 ) -> List[Span]:
     """Spans of all trace files under ``paths``, in file order; with several workers the
     files (big ones in parts) are decoded by ``engine``'s worker processes (default: one
-    chosen for ``workers`` and the input's size, closed before returning)."""
+    chosen for ``workers`` and the input's size, closed before returning). Not ``strict``:
+    lines that are not JSON are skipped, each said on stderr (``skip_note``)."""
     files = find_trace_files(paths)
     if engine is None:
         with open_engine(requested_workers(workers), None, input_size(files)) as own:
-            return _load_files(files, progress, own)
-    return _load_files(files, progress, engine)
+            return _load_files(files, progress, own, strict)
+    return _load_files(files, progress, engine, strict)
 
 
-def _load_files(files: List[Path], progress: Optional[bool], engine: Engine) -> List[Span]:
+def _load_files(
+    files: List[Path], progress: Optional[bool], engine: Engine, strict: bool
+) -> List[Span]:
     spans: List[Span] = []
+    skips: List[Skip] = []
     if engine.workers <= 1:
         with paused_gc(), Progress("reading trace files", len(files), progress) as bar:
             for path in files:
-                spans.extend(load_file(path))
+                spans.extend(load_file(path, strict, skips))
                 bar.advance()
+        say_skips(skips)
         return spans
     parts = plan_parts(files, engine.workers)
+    tasks = [(part, strict) for part in parts]
     with paused_gc(), Progress("reading trace files", len(parts), progress) as bar:
-        for blob in engine.map(_load_rows, parts):  # in file order
-            add_spans(spans, marshal.loads(blob))
+        for blob in engine.map(_load_rows, tasks):  # in file order
+            rows, part_skips = marshal.loads(blob)
+            add_spans(spans, rows)
+            skips.extend(part_skips)
             bar.advance()
+    say_skips(skips)
     return spans

@@ -45,6 +45,7 @@ from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load import files as trace_files
 from tf_otel.analysis.load.files import (
     Part,
+    Skip,
     decode_line_block,
     find_trace_files,
     input_size,
@@ -52,6 +53,7 @@ from tf_otel.analysis.load.files import (
     open_trace_file,
     plan_parts,
     requested_workers,
+    say_skips,
 )
 from tf_otel.analysis.load.heap import hold_block_buffers
 from tf_otel.analysis.load.otlp_native import NativeLineDecoder, SpilledBlock
@@ -72,12 +74,14 @@ PIECE = 4  # numbers a piece
 Pieces = List[Tuple[str, int, int, int]]
 
 
-def _blocks(part: Part) -> Iterator[Tuple[bytes, int]]:
-    """The part's whole lines in blocks: (data, where its whole lines end). Each read of
-    ``BLOCK_BYTES`` is decoded in place up to its last newline and the rest of that line follows
-    as a small block of its own: joining the blocks' ends to the next read copied 8 MiB twice a
-    block, and the allocator's heap grew with the copies (63 -> 80 MB over 64 parts of 47 MB)."""
+def _blocks(part: Part) -> Iterator[Tuple[bytes, int, int]]:
+    """The part's whole lines in blocks: (data, where its whole lines end, where it begins in
+    the file). Each read of ``BLOCK_BYTES`` is decoded in place up to its last newline and the
+    rest of that line follows as a small block of its own: joining the blocks' ends to the next
+    read copied 8 MiB twice a block, and the allocator's heap grew with the copies (63 -> 80 MB
+    over 64 parts of 47 MB)."""
     path, start, end = part
+    at = start
     with open_trace_file(path) as handle:
         if start:
             handle.seek(start)
@@ -90,16 +94,19 @@ def _blocks(part: Part) -> Iterator[Tuple[bytes, int]]:
                 left -= len(data)
             cut = data.rfind(b"\n") + 1
             if cut == len(data):
-                yield data, cut
+                yield data, cut, at
+                at += cut
                 continue
             tail = handle.readline()  # parts end at a line's end: never past ``end``
             if left is not None:
                 left -= len(tail)
             if cut:
-                yield data, cut
+                yield data, cut, at
+                at += cut
             rest = data[cut:] + tail
             del data
-            yield rest, len(rest)
+            yield rest, len(rest), at
+            at += len(rest)
 
 
 def _write(out: BinaryIO, rows: List[Row], pieces: Pieces, jobs: Set[str]) -> int:
@@ -132,35 +139,39 @@ def _write_spilled(out: BinaryIO, spilled: SpilledBlock, pieces: Pieces, jobs: S
 _TRACE_ID, _JOB_ID = itemgetter(0), itemgetter(11)
 
 
-def spill_part(task: Tuple[Part, str]) -> bytes:
-    """Decode one part into its spill file; the pieces, job ids and span count, marshalled."""
-    part, target = task
+def spill_part(task: Tuple[Part, str, bool]) -> bytes:
+    """Decode one part into its spill file; the pieces, job ids, span count and the lines
+    skipped (not strict: ``files.Skip``), marshalled."""
+    part, target, strict = task
     hold_block_buffers()  # in whichever process decodes (a Dask worker too)
     pieces: Pieces = []
     jobs: Set[str] = set()
     count = 0
+    skips: Optional[List[Skip]] = None if strict else []
     # the native decoder writes a block's pieces itself where it reads every line of it (no
     # Python object per span); else the block's rows are decoded line by line and written. A
     # decoder a block: its caches (attribute lists, ids) last a block, as the rows' do
     native = NATIVE_SPILL and trace_files.NATIVE_DECODER
     with paused_gc(), open(target, "wb") as out:
         try:
-            for block, stop in _blocks(part):
+            for block, stop, at in _blocks(part):
                 spilled = None
                 if native:
                     spilled = NativeLineDecoder().spill_block(block, stop, SKELETON_SETS)
                 if spilled is not None:
                     count += _write_spilled(out, spilled, pieces, jobs)
                     continue
-                count += _write(out, decode_line_block(part[0], block, stop), pieces, jobs)
+                rows = decode_line_block(part[0], block, stop, skips, at)
+                count += _write(out, rows, pieces, jobs)
         except (AnalysisError, OSError, EOFError, zlib.error):
             count = -1  # decoded again whole below: the error names the file and line
         if count <= 0:  # no spans, an error, or one JSON document: read as the loader does
             out.seek(0)
             out.truncate()
             pieces.clear()
-            count = _write(out, load_part_rows(part), pieces, jobs)
-    return marshal.dumps((pieces, sorted(jobs), count))
+            skips = None if strict else []
+            count = _write(out, load_part_rows(part, strict, skips), pieces, jobs)
+    return marshal.dumps((pieces, sorted(jobs), count, skips or []))
 
 
 class _SpillFiles:
@@ -205,6 +216,8 @@ class SpillSource:
     ) -> None:
         self.directory = directory
         self.span_count = 0
+        # what loading said about the input (lines skipped): the report's warnings begin so
+        self.load_warnings: List[str] = []
         self.owner = files is None  # removes the directory on close (a view does not)
         self._index = index
         self._jobs = jobs
@@ -268,16 +281,19 @@ def load_spilled(
     workers: Optional[int] = None,
     engine: Optional[Engine] = None,
     spill_dir: Optional[str] = None,
+    strict: bool = True,
 ) -> SpillSource:
     """Every trace file under ``paths`` read into a ``SpillSource`` (close it when done);
     ``engine`` decodes the parts (default: one chosen for ``workers`` and the input's size,
-    closed before returning); ``spill_dir``: where the spill goes (default: ``TMPDIR``)."""
+    closed before returning); ``spill_dir``: where the spill goes (default: ``TMPDIR``). Not
+    ``strict``: lines that are not JSON are skipped, each said on stderr and in the source's
+    ``load_warnings`` (``files.skip_note``)."""
     paths = list(paths)
     files = find_trace_files(paths)
     if engine is None:
         with open_engine(requested_workers(workers), None, input_size(files)) as own:
-            return _spill(paths, files, progress, own, spill_dir)
-    return _spill(paths, files, progress, engine, spill_dir)
+            return _spill(paths, files, progress, own, spill_dir, strict)
+    return _spill(paths, files, progress, engine, spill_dir, strict)
 
 
 def _spill(
@@ -286,17 +302,22 @@ def _spill(
     progress: Optional[bool],
     engine: Engine,
     spill_dir: Optional[str],
+    strict: bool = True,
 ) -> SpillSource:
     parts = plan_parts(files, max(engine.workers, 1))  # blocks, not parts, bound the memory
     directory = _spill_directory(spill_dir)
-    tasks = [(part, str(directory / f"{number}.spill")) for number, part in enumerate(parts)]
+    tasks = [
+        (part, str(directory / f"{number}.spill"), strict) for number, part in enumerate(parts)
+    ]
+    skips: List[Skip] = []
     index: Dict[str, TracePieces] = {}
     jobs: Set[str] = set()
     source = SpillSource(directory, index, jobs)
     try:
         with Progress("reading trace files", len(parts), progress) as bar:
             for number, blob in enumerate(engine.map(spill_part, tasks)):
-                pieces, part_jobs, count = marshal.loads(blob)
+                pieces, part_jobs, count, part_skips = marshal.loads(blob)
+                skips.extend(part_skips)
                 for trace_id, offset, head, rest in pieces:
                     found = index.get(trace_id)
                     if found is None:
@@ -308,6 +329,7 @@ def _spill(
     except BaseException:
         source.close()
         raise
+    source.load_warnings = say_skips(skips)
     if not source.span_count:
         source.close()
         raise AnalysisError(f"{', '.join(map(str, paths))}: no spans")
