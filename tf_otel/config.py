@@ -3,8 +3,9 @@
 A bad value never stops the job: it is reported in one log line naming the variable and the value,
 and the default is used instead.
 
-Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_FILE, TF_OTEL_ROOT_WAIT_MS,
-TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY, TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTIONS,
+Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_FILE, TF_OTEL_FILE_FLUSH_S (the file is written at least this
+often; default 0.5), TF_OTEL_ROOT_WAIT_MS, TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY,
+TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTIONS,
 TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by ","; read by
 tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S,
 TF_OTEL_INPUT_WAIT (every step's wait on tf.data, instrument/input_wait.py; unset, the default:
@@ -191,6 +192,9 @@ class Settings:
     job_secret: Optional[str] = field(default=None, repr=False)
     file_max_mb: float = 1024.0  # TF_OTEL_FILE rotates past this size; 0: no cap
     file_keep: int = 3  # rotated files kept beside TF_OTEL_FILE
+    # TF_OTEL_FILE is written at least this often: a killed process loses about this much
+    # (and the export thread's half second) of spans
+    file_flush_s: float = 0.5
     exit_timeout_s: float = 5.0  # the exit flush gives up on a silent exporter after this
     horovod: bool = True  # Horovod collectives on step traces
     horovod_exact: bool = False  # HOROVOD_CACHE_CAPACITY=0: per-rank ready ticks every step
@@ -245,6 +249,7 @@ class Settings:
             ),
             file_max_mb=read(env, "TF_OTEL_FILE_MAX_MB", _non_negative_float, 1024.0),
             file_keep=read(env, "TF_OTEL_FILE_KEEP", _non_negative_int, 3),
+            file_flush_s=read(env, "TF_OTEL_FILE_FLUSH_S", _positive_float, 0.5),
             exit_timeout_s=read(env, "TF_OTEL_EXIT_TIMEOUT_S", _non_negative_float, 5.0),
             horovod=read(env, "TF_OTEL_HOROVOD", _bool, True),
             horovod_exact=read(env, "TF_OTEL_HOROVOD_EXACT", _bool, False),
@@ -278,6 +283,7 @@ VARIABLES = (
     "TF_OTEL_FILE",
     "TF_OTEL_FILE_MAX_MB",
     "TF_OTEL_FILE_KEEP",
+    "TF_OTEL_FILE_FLUSH_S",
     "TF_OTEL_EXIT_TIMEOUT_S",
     "TF_OTEL_ROOT_WAIT_MS",
     "TF_OTEL_MAX_QUEUE",

@@ -92,6 +92,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
                     keep=settings.file_keep,
                     provider=tracer_provider,
                     template=settings.file if sdk.rank_known_later(settings.file) else None,
+                    flush_s=settings.file_flush_s,
                 )
         with fail_open("delivery.watch"):  # after every span processor is in place
             from opentelemetry import trace

@@ -22,6 +22,9 @@ from typing import IO, Any, Callable, Dict, Optional, Sequence, cast
 from tf_otel.health import count, fail_open, first_time, log_once
 from tf_otel.notices import EXPORTER_LOGGERS
 
+# the file's batch processor writes at least this often (TF_OTEL_FILE_FLUSH_S; config.py)
+FILE_FLUSH_S = 0.5
+
 _configured_here = False
 
 
@@ -248,6 +251,12 @@ class OtlpJsonFileExporter:
             os.makedirs(directory, exist_ok=True)
             self._file = open(self.path, "ab")  # noqa: SIM115
             self._size = self._file.tell()
+            if self._size and not _ends_a_line(self.path):
+                # an earlier process was killed while writing its last record: ours start on
+                # a line of their own, so the analysis skips only that record (its cut end)
+                self._file.write(b"\n")
+                self._file.flush()
+                self._size += 1
             return True
         except OSError as exc:
             self._cannot_write(exc)
@@ -337,6 +346,16 @@ class OtlpJsonFileExporter:
                 self._file = None
 
 
+def _ends_a_line(path: str) -> bool:
+    """Whether the file's last byte ends a line (an empty file does)."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if not handle.tell():
+            return True
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"
+
+
 def file_path_for_rank(template: str) -> str:
     """TF_OTEL_FILE may hold ``{rank}``, ``{host}`` or ``{pid}``: one file per rank."""
     if "{" not in template:
@@ -371,12 +390,18 @@ def add_file_exporter(
     keep: int = 0,
     provider: Any = None,
     template: Optional[str] = None,
+    flush_s: float = FILE_FLUSH_S,
 ) -> bool:
     """Add a batch processor writing OTLP-JSON to ``path`` on ``provider`` (default: the global
     SDK TracerProvider); the file is opened now, so a path that cannot be written is said at
     start. With ``template`` (TF_OTEL_FILE whose ``{rank}`` may be learned later,
     ``rank_known_later``) the file is named from it at its first spans; ``path`` (the template
-    as it reads now) has its directory checked at start."""
+    as it reads now) has its directory checked at start. ``flush_s``: the processor writes
+    what it holds at least this often (``TF_OTEL_FILE_FLUSH_S``, or the shorter
+    ``OTEL_BSP_SCHEDULE_DELAY``), so a process killed by
+    SIGKILL loses about that much and the export thread's half second; the SDK's default, 5 s,
+    lost a short job's whole run. Its queue stays the SDK's (bounded: 2,048 spans, the rest
+    dropped and counted); the writes happen on its own thread, never the training thread's."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
@@ -389,7 +414,11 @@ def add_file_exporter(
     if not exporter.open():
         return False
     # duck-typed SpanExporter (export / shutdown / force_flush): the SDK is imported lazily
-    provider.add_span_processor(BatchSpanProcessor(cast(SpanExporter, exporter)))
+    delay_ms = max(1, round(flush_s * 1000))
+    with contextlib.suppress(ValueError):  # a shorter OTEL_BSP_SCHEDULE_DELAY is kept
+        delay_ms = min(delay_ms, max(1, int(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", ""))))
+    processor = BatchSpanProcessor(cast(SpanExporter, exporter), schedule_delay_millis=delay_ms)
+    provider.add_span_processor(processor)
     return True
 
 
