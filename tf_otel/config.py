@@ -3,7 +3,8 @@
 A bad value never stops the job: it is reported in one log line naming the variable and the value,
 and the default is used instead.
 
-Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_FILE, TF_OTEL_FILE_FLUSH_S (the file is written at least this
+Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_ATTEMPT (this launch of the job,
+tf_otel/job/topology.py), TF_OTEL_FILE, TF_OTEL_FILE_FLUSH_S (the file is written at least this
 often; default 0.5), TF_OTEL_ROOT_WAIT_MS, TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY,
 TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTIONS,
 TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by ","; read by
@@ -163,6 +164,8 @@ def read(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: 
 class Settings:
     enabled: bool = False
     job_id: Optional[str] = None
+    # this launch of the job, the same on every rank (job/topology.py, launch_attempt)
+    attempt: Optional[str] = None
     file: Optional[str] = None
     root_wait_ms: float = 3000.0
     max_queue: int = 4096
@@ -224,6 +227,7 @@ class Settings:
         return cls(
             enabled=read(env, "TF_OTEL_ENABLED", _bool, False),
             job_id=(env.get("TF_OTEL_JOB_ID") or "").strip() or None,
+            attempt=(env.get("TF_OTEL_ATTEMPT") or "").strip() or None,
             file=(env.get("TF_OTEL_FILE") or "").strip() or None,
             root_wait_ms=read(env, "TF_OTEL_ROOT_WAIT_MS", _positive_float, 3000.0),
             max_queue=max(16, read(env, "TF_OTEL_MAX_QUEUE", _non_negative_int, 4096)),
@@ -279,6 +283,7 @@ class Settings:
 VARIABLES = (
     "TF_OTEL_ENABLED",
     "TF_OTEL_JOB_ID",
+    "TF_OTEL_ATTEMPT",
     "TF_OTEL_JOB_SECRET",
     "TF_OTEL_FILE",
     "TF_OTEL_FILE_MAX_MB",

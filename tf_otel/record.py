@@ -33,6 +33,9 @@ ATTR_WORLD_SIZE = "tf_otel.world_size"
 ATTR_STEP_WORLD_SIZE = "tf_otel.step_world_size"
 ATTR_LOCAL_RANK = "tf_otel.local_rank"
 ATTR_JOB_ID = "tf_otel.job.id"
+# one launch of the job (job/topology.py, launch_attempt): step trace ids differ between attempts
+ATTR_JOB_ATTEMPT = "tf_otel.job.attempt"
+ATTR_JOB_PREVIOUS_ATTEMPT = "tf_otel.job.previous_attempt"  # the job span: the attempt before
 ATTR_LAUNCHER = "tf_otel.launcher"
 ATTR_STEP = "tf_otel.step"
 ATTR_STEP_KIND = "tf_otel.step.kind"

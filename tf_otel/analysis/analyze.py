@@ -37,7 +37,7 @@ from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.gpu import gpu_utilisation
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.measured import measured_categories
-from tf_otel.analysis.model import Span
+from tf_otel.analysis.model import ATTEMPT_MARK, Span, base_job
 from tf_otel.analysis.outliers import step_outliers
 from tf_otel.analysis.result import (
     AnalysisResult,
@@ -84,15 +84,15 @@ def analyze_source(
         if not traces:
             raise AnalysisError(f"{source or 'input'}: no spans")
         traces = MemorySource(traces)
-    steps = _Steps(
-        traces, _chosen_job(traces, job_id), straggler_min_share, straggler_min_ns, engine
-    )
+    chosen = _chosen_job(traces, job_id)
+    steps = _Steps(traces, chosen, straggler_min_share, straggler_min_ns, engine)
     steps.keep_segments = keep_segments
+    steps.notes = _attempt_notes(traces, chosen)
     with paused_gc():
         return _analyze(
             steps,
             source,
-            job_id,
+            chosen,
             step_range,
             start_ns,
             end_ns,
@@ -106,18 +106,49 @@ analyze_spans = analyze_source  # spans in a list: the same analysis, its option
 
 
 def _chosen_job(traces: TraceSource, job_id: Optional[str]) -> Optional[str]:
-    """``job_id``, checked; without it the input must hold at most one job."""
+    """``job_id``, checked; without it the input must hold at most one job. A job's attempts
+    (``model.job_of``: "<job id>@<attempt>") are jobs of their own: ``job_id`` without an
+    attempt chooses the job's only one."""
     jobs = traces.job_ids()
     if job_id is None:
         if len(jobs) > 1:
             listed = ", ".join(sorted(jobs)[:10])
+            bases = {base_job(job) for job in jobs}
+            if len(bases) == 1:
+                raise AnalysisError(
+                    f"the traces hold {len(jobs)} attempts of job {bases.pop()} ({listed}: a "
+                    "rerun or restart, each its own traces): choose one with --job"
+                )
             raise AnalysisError(
                 f"the traces hold {len(jobs)} jobs ({listed}): choose one with --job"
             )
         return None
     if job_id not in jobs:
+        attempts = sorted(job for job in jobs if base_job(job) == job_id)
+        if len(attempts) == 1:
+            return attempts[0]
+        if attempts:
+            raise AnalysisError(
+                f"job {job_id!r} has {len(attempts)} attempts in the input "
+                f"({', '.join(attempts[:10])}): choose one with --job"
+            )
         raise AnalysisError(f"no spans of job {job_id!r} in the input")
     return job_id
+
+
+def _attempt_notes(traces: TraceSource, job_id: Optional[str]) -> List[str]:
+    """What the report says of the job's other attempts in the input, left out."""
+    if job_id is None or ATTEMPT_MARK not in job_id:
+        return []
+    base = base_job(job_id)
+    others = sorted(job for job in traces.job_ids() if job != job_id and base_job(job) == base)
+    if not others:
+        return []
+    return [
+        f"job {base}: attempt {job_id[len(base) + 1 :]} analysed; the input also holds "
+        f"{', '.join(others[:10])} (a rerun or restart: each attempt is analysed alone, "
+        "--job chooses)"
+    ]
 
 
 class _Steps:
@@ -135,6 +166,7 @@ class _Steps:
         self.engine: Engine = engine or InProcess()
         self.min_share, self.min_ns = min_share, min_ns  # the straggler floors
         self.keep_segments = True  # False: each path keeps its totals only (drop_segments)
+        self.notes: List[str] = []  # the report's first warnings (the job's other attempts)
         self.repair = CausalityRepair()
         self.previous: Dict[str, Previous] = {}  # a batch's steps (``analyse_batch``)
         # the whole selection's: trace id -> the previous and evidence steps' keys, and where
@@ -307,7 +339,7 @@ def _analyze(
 ) -> AnalysisResult:
     traces, engine = steps.traces, steps.engine
     # what loading said first (trace files' lines skipped: ``load.files.skip_note``)
-    warnings: List[str] = list(getattr(traces, "load_warnings", ()))
+    warnings: List[str] = list(getattr(traces, "load_warnings", ())) + steps.notes
     # read anew from the source (spilled), the outlines and results wait on disk: memory holds
     # a few values a step (``StepKey``), not every step of the job
     paged = traces.fresh

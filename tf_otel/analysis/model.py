@@ -22,6 +22,7 @@ from tf_otel.record import (
     ATTR_CATEGORY,
     ATTR_COLLECTIVE_KEY,
     ATTR_GPU_UTILIZATION,
+    ATTR_JOB_ATTEMPT,
     ATTR_JOB_ID,
     ATTR_LAST_ARRIVAL,
     ATTR_RANK,
@@ -53,6 +54,24 @@ ANALYSIS_ATTRIBUTES = (
     }
     | WHOLE_STEP_ATTRIBUTES
 )
+
+
+ATTEMPT_MARK = "@"  # a job's attempt in the analysis' job id: "<job id>@<attempt>"
+
+
+def job_of(resource: Dict[str, Any], job: Any) -> Optional[str]:
+    """The job id the analysis keeps spans apart by: the job's, with its attempt where the
+    resource names one (``tf_otel.job.attempt``: a rerun or restart under the same launcher
+    identity is a job of its own to the analysis)."""
+    if job is None:
+        return None
+    attempt = resource.get(ATTR_JOB_ATTEMPT)
+    return f"{job}{ATTEMPT_MARK}{attempt}" if attempt not in (None, "") else str(job)
+
+
+def base_job(job: str) -> str:
+    """The job id without its attempt (``job_of``)."""
+    return job.rpartition(ATTEMPT_MARK)[0] or job
 
 
 def as_int(value: Any) -> Optional[int]:
@@ -150,8 +169,11 @@ class Span:
             rank = resource.get(ATTR_RANK)
         self.rank: Optional[int] = as_int(rank)
         self.step: Optional[int] = as_int(attributes.get(ATTR_STEP))
-        job = resource.get(ATTR_JOB_ID, attributes.get(ATTR_JOB_ID))
-        self.job_id: Optional[str] = None if job is None else str(job)
+        if ATTR_JOB_ID in resource:
+            self.job_id: Optional[str] = job_of(resource, resource[ATTR_JOB_ID])
+        else:
+            job = attributes.get(ATTR_JOB_ID)
+            self.job_id = None if job is None else str(job)
         self.gpu_utilization: Any = attributes.get(ATTR_GPU_UTILIZATION)
 
     def to_row(self) -> Row:

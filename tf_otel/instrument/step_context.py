@@ -129,7 +129,8 @@ class StepContextHook(StepHook[None]):
             pipeline = self.pipeline_of()
             if pipeline is None:
                 return
-            steps = ThreadSteps(pipeline.job_id, pipeline.topology.rank)
+            # the step ids hash the job id and the attempt (Topology.trace_scope)
+            steps = ThreadSteps(pipeline.trace_scope, pipeline.topology.rank)
             self.local.steps = steps
             with self._lock:
                 self.all.add(steps)

@@ -20,6 +20,19 @@ overrides all of these):
   from a ``ClusterSpec``, e.g. tf_cnn_benchmarks' ``--ps_hosts --worker_hosts --job_name
   --task_index``): the same as TF_CONFIG, since it is the same cluster.
 
+The attempt (``launch_attempt``): one launch of the job, shared by every rank of it without a
+message, so a rerun or a restart under the same launcher identity gets step trace ids of its own
+(``Topology.trace_scope``) while every rank of one attempt still shares each step's. From, in
+turn: ``TF_OTEL_ATTEMPT``; a launcher's restart count (``SLURM_RESTART_COUNT``, 0 in a SLURM job
+without one; ``TORCHELASTIC_RESTART_COUNT``), with the launch's own id where the job id is not
+made of it (mpirun / horovodrun / PMIx inside a SLURM step); else a launch id alone where the
+job id came from elsewhere (``TF_OTEL_JOB_ID``); else, for a rank alone (a single-worker
+TF_CONFIG, ``TF_OTEL_JOB_ID`` on one process), a random one drawn once per process. A job of
+several ranks identified by TF_CONFIG or the program's cluster alone has none: nothing tells its
+launches apart before the first step, and rank 0 handing one out would make every rank's first
+steps wait for it (set ``TF_OTEL_ATTEMPT`` to a value of the launch, docs/RELIABILITY.md). A
+numeric attempt n > 0 names n - 1 as the attempt before it (``previous_attempt``).
+
 Precedence, first found wins: launcher environment (Horovod, Open MPI, PMI, PMIx, SLURM), then
 TF_CONFIG, then the cluster the program gave its ``tf.distribute.Server`` (learned by
 tf_otel/instrument/cluster.py through ``learn_cluster``, before the first step), else a lone
@@ -46,7 +59,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from tf_otel.health import log_once
@@ -74,6 +87,15 @@ class Topology:
     task: Optional[str] = None
     # ranks that run training steps (parameter servers do not); 0: all of world_size
     stepping_ranks: int = 0
+    # this launch of the job (``launch_attempt``); "": none known (ids from the job id alone)
+    attempt: str = ""
+    previous_attempt: Optional[str] = None  # the attempt before it, where known
+
+    @property
+    def trace_scope(self) -> str:
+        """What a step's ids hash besides its key and number (pipeline/ids.py): the job id,
+        and the attempt where there is one."""
+        return f"{self.job_id}/attempt/{self.attempt}" if self.attempt else self.job_id
 
     @property
     def step_world_size(self) -> int:
@@ -381,16 +403,87 @@ def learn_cluster(found: Optional[ProgramCluster]) -> None:
     _program = found
 
 
-def detect(env: Optional[Mapping[str, str]] = None, job_id: Optional[str] = None) -> Topology:
+def detect(
+    env: Optional[Mapping[str, str]] = None,
+    job_id: Optional[str] = None,
+    attempt: Optional[str] = None,
+) -> Topology:
     """Read the topology from ``env`` (default: os.environ; for os.environ, the cluster the
-    program gave its ``tf.distribute.Server`` comes after the environment, see learn_cluster)."""
+    program gave its ``tf.distribute.Server`` comes after the environment, see learn_cluster).
+    ``job_id``, ``attempt``: TF_OTEL_JOB_ID, TF_OTEL_ATTEMPT (the settings)."""
     own = env is None or env is os.environ  # this process: what its program said counts too
     env = os.environ if env is None else env
     host = socket.gethostname()
     topo = _detect(env, host, _program if own else None)
     if job_id:
-        topo = Topology(**{**topo.__dict__, "job_id": job_id})
-    return topo
+        topo = replace(topo, job_id=job_id)
+    found, previous = launch_attempt(env, topo, attempt, job_given=bool(job_id))
+    return replace(topo, attempt=found, previous_attempt=previous)
+
+
+# a launcher's count of the job's restarts (0 on its first run)
+RESTART_COUNTS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+# what differs between two launches of one program (the job id's facts but SLURM's)
+LAUNCH_FACTS = (
+    ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"),
+    ("OMPI_MCA_ess_base_jobid",),
+    ("PMIX_NAMESPACE",),
+    ("OMPI_MCA_orte_hnp_uri",),
+    ("PMI_KVSNAME",),
+    ("PMI_PORT",),
+)
+# a rank alone with nothing to tell its launches apart draws one, once per process (detect()
+# is asked again later in a process: the same attempt every time)
+_PROCESS_ATTEMPT = uuid.uuid4().hex[:12]
+
+
+def launch_attempt(
+    env: Mapping[str, str],
+    topo: Topology,
+    explicit: Optional[str] = None,
+    job_given: bool = False,
+) -> Tuple[str, Optional[str]]:
+    """This launch's attempt and the one before it (None: unknown), every rank alike (module
+    docstring). ``explicit``: TF_OTEL_ATTEMPT; ``job_given``: the job id is TF_OTEL_JOB_ID's."""
+    if explicit:
+        return explicit, _previous(explicit)
+    count = _int(env, *RESTART_COUNTS)
+    if count is None and env.get("SLURM_JOB_ID"):
+        count = 0  # SLURM sets the count from the first requeue on
+    launch = next(
+        (_hash("attempt", *(env[n] for n in names)) for names in LAUNCH_FACTS if _all(env, names)),
+        None,
+    )
+    # a launch id the job id is made of already tells the launches apart (a SLURM job's id is
+    # made of SLURM's facts first, whoever launched the ranks in it)
+    launch_in_job = (
+        not job_given
+        and topo.launcher in _LAUNCHERS
+        and not _all(env, ("SLURM_JOB_ID", "SLURM_STEP_ID"))
+    )
+    if launch_in_job or topo.launcher == "slurm":  # srun's PMI namespace is its job step's
+        launch = None
+    if count is not None:
+        if launch is None:
+            return str(count), _previous(str(count))
+        return f"{count}.{launch[:8]}", None
+    if launch is not None:
+        return launch[:12], None
+    if topo.world_size == 1 and (job_given or topo.launcher != "none"):
+        return _PROCESS_ATTEMPT, None  # a rank alone (a launcher "none" job id is random)
+    return "", None
+
+
+_LAUNCHERS = ("horovod", "openmpi", "pmi", "pmix", "slurm")
+
+
+def _all(env: Mapping[str, str], names: Tuple[str, ...]) -> bool:
+    return all(env.get(name) for name in names)
+
+
+def _previous(attempt: str) -> Optional[str]:
+    """n - 1 for a numeric attempt n > 0; None otherwise."""
+    return str(int(attempt) - 1) if attempt.isdigit() and int(attempt) > 0 else None
 
 
 def _detect(

@@ -75,6 +75,11 @@ class StepExporter:
     def job_id(self) -> str:
         return self.topology.job_id
 
+    @property
+    def trace_scope(self) -> str:
+        """What the step ids hash: the job id and the attempt (``Topology.trace_scope``)."""
+        return self.topology.trace_scope
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -165,7 +170,7 @@ class StepExporter:
 
         root = SpanContext(
             trace_id=handle.trace_id,
-            span_id=step_root_span_id(self.job_id, handle.key, handle.step),
+            span_id=step_root_span_id(self.trace_scope, handle.key, handle.step),
             is_remote=True,
             trace_flags=TraceFlags(TraceFlags.SAMPLED),
         )
@@ -190,7 +195,7 @@ class StepExporter:
         if self.ids is not None:  # the id the step context announced at step begin
             self.ids.prime(
                 handle.trace_id,
-                step_rank_span_id(self.job_id, handle.key, handle.step, self.topology.rank),
+                step_rank_span_id(self.trace_scope, handle.key, handle.step, self.topology.rank),
             )
         span = self.tracer.start_span(
             f"rank {self.topology.rank} {handle.name}",
@@ -321,7 +326,8 @@ class StepExporter:
         if job_span is not None and job_span.get_span_context().is_valid:
             links.append(Link(job_span.get_span_context()))
         self.ids.prime(
-            step_trace_id(self.job_id, key, step), step_root_span_id(self.job_id, key, step)
+            step_trace_id(self.trace_scope, key, step),
+            step_root_span_id(self.trace_scope, key, step),
         )
         span = self.tracer.start_span(
             f"{key} step {step}",
@@ -366,7 +372,7 @@ class StepExporter:
         attributes[record.ATTR_STEP] = change.since_step if change.began else change.step
         attributes[record.ATTR_STEP_KEY] = change.key
         step = attributes[record.ATTR_STEP]
-        trace_id = step_trace_id(self.job_id, change.key, step)
+        trace_id = step_trace_id(self.trace_scope, change.key, step)
         start_ns, end_ns = change.start_ns, change.end_ns
         handle = StepHandle(change.key, step, "slowdown", "", trace_id, True, start_ns, end_ns)
         span = self.tracer.start_span(

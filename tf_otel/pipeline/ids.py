@@ -1,8 +1,10 @@
 """Ids every rank derives alike for a step, and the id generator that hands them to the SDK.
 
-A step's trace id and root span id are hashes of (job id, step key, step number): every rank
-computes the same ones with no message, and rank 0's root span gets exactly that span id. Each
-rank's step span id adds the rank, so it is known at step begin (the step context).
+A step's trace id and root span id are hashes of (job id, step key, step number), the job id
+with the attempt where there is one (``Topology.trace_scope``: a rerun or restart gets traces of
+its own): every rank computes the same ones with no message, and rank 0's root span gets
+exactly that span id. Each rank's step span id adds the rank, so it is known at step begin (the
+step context). An attempt's job span has ids of its own the next attempt can link to.
 
 Usage::
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from typing import Any
+from typing import Any, Tuple
 
 
 def step_trace_id(job_id: str, key: str, step: int) -> int:
@@ -32,6 +34,13 @@ def step_rank_span_id(job_id: str, key: str, step: int, rank: int) -> int:
     context while it runs (instrument/step_context.py) and the exported span has that very id."""
     digest = hashlib.sha256(f"{job_id}/{key}/{step}/rank/{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "big") or 1
+
+
+def job_span_ids(scope: str) -> Tuple[int, int]:
+    """The job span's trace id and span id for one attempt (``Topology.trace_scope``): known to
+    the next attempt, whose job span links to it."""
+    digest = hashlib.sha256(f"{scope}/job".encode()).digest()
+    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
 
 
 def fast_root_decision(sampler: Any) -> Any:

@@ -49,7 +49,11 @@ def get_pipeline() -> Pipeline:
                 settings = config.current()
                 from tf_otel.job.topology import detect
 
-                pipeline = Pipeline(settings, detect(job_id=settings.job_id), _tracer_provider)
+                pipeline = Pipeline(
+                    settings,
+                    detect(job_id=settings.job_id, attempt=settings.attempt),
+                    _tracer_provider,
+                )
                 for setup in _setups:  # before any step: no message can arrive unhandled
                     with fail_open("pipeline.setup"):
                         setup(pipeline)
@@ -95,7 +99,8 @@ def learn_cluster(cluster: Any, task_type: str, task_index: int) -> bool:
             topology.learn_cluster(new)
             if pipeline is None:  # the usual case: get_pipeline() will detect() it
                 return True
-            adopted = topology.detect(job_id=config.current().job_id)
+            settings = config.current()
+            adopted = topology.detect(job_id=settings.job_id, attempt=settings.attempt)
             if adopted.launcher not in (topology.TF_SERVER, "none"):
                 return False  # the launcher's environment or TF_CONFIG identify the process
             if pipeline.adopt(adopted):

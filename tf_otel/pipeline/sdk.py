@@ -54,7 +54,7 @@ def configure_from_env() -> bool:
             from tf_otel.config import current
             from tf_otel.job.topology import detect
 
-            merge_topology_resource(detect(job_id=current().job_id))
+            merge_topology_resource(detect(job_id=current().job_id, attempt=current().attempt))
         with fail_open("sdk.logs"):
             setup_logs()
     return _configured_here
@@ -451,7 +451,7 @@ def topology_resource(topology: Any) -> Dict[str, Any]:
     """The rank's resource attributes (docs/ARCHITECTURE.md, Attributes)."""
     from tf_otel import record
 
-    return {
+    attributes = {
         "host.name": topology.host,
         "process.pid": os.getpid(),
         record.ATTR_RANK: topology.rank,
@@ -461,6 +461,9 @@ def topology_resource(topology: Any) -> Dict[str, Any]:
         record.ATTR_JOB_ID: topology.job_id,
         record.ATTR_LAUNCHER: topology.launcher,
     }
+    if getattr(topology, "attempt", ""):  # one launch: the analysis keeps attempts apart
+        attributes[record.ATTR_JOB_ATTEMPT] = topology.attempt
+    return attributes
 
 
 def merge_topology_resource(topology: Any, tracer_provider: Any = None) -> None:

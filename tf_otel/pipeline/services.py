@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from tf_otel import clock, record
@@ -30,6 +30,7 @@ from tf_otel.pipeline.coordinator import StepAggregator
 from tf_otel.pipeline.coordinator_client import CoordinatorClient
 from tf_otel.pipeline.exit_deadline import Deadline
 from tf_otel.pipeline.host_relay import close_link, coordinator_link, lead_directly
+from tf_otel.pipeline.ids import PrimedIdGenerator, job_span_ids
 from tf_otel.pipeline.messages import Handlers
 
 
@@ -159,14 +160,32 @@ def job_span(tracer: Any, topology: Topology) -> Any:
             carrier[header] = os.environ[env_name]
     parent = extract(carrier) if carrier else None
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    attributes = {
+        record.ATTR_CATEGORY: record.JOB,
+        record.ATTR_JOB_ID: topology.job_id,
+        record.ATTR_WORLD_SIZE: topology.world_size,
+        record.ATTR_LAUNCHER: topology.launcher,
+    }
+    links = []
+    if topology.attempt:  # ids the next attempt knows; a link to the one before where known
+        from opentelemetry.trace import Link, SpanContext, TraceFlags
+
+        attributes[record.ATTR_JOB_ATTEMPT] = topology.attempt
+        ids = getattr(tracer, "id_generator", None)
+        if isinstance(ids, PrimedIdGenerator):
+            ids.prime(*job_span_ids(topology.trace_scope))
+        previous = topology.previous_attempt
+        if previous is not None:
+            attributes[record.ATTR_JOB_PREVIOUS_ATTEMPT] = previous
+            if parent is None:  # under a TRACEPARENT the earlier attempt's trace is unknown
+                before = replace(topology, attempt=previous).trace_scope
+                trace_id, span_id = job_span_ids(before)
+                context = SpanContext(trace_id, span_id, True, TraceFlags(TraceFlags.SAMPLED))
+                links.append(Link(context))
     return tracer.start_span(
         f"training job {script}",
         context=parent,
+        links=links,
         start_time=clock.now_ns(),
-        attributes={
-            record.ATTR_CATEGORY: record.JOB,
-            record.ATTR_JOB_ID: topology.job_id,
-            record.ATTR_WORLD_SIZE: topology.world_size,
-            record.ATTR_LAUNCHER: topology.launcher,
-        },
+        attributes=attributes,
     )

@@ -416,7 +416,7 @@ class StallWatch:
             step=step,
             name=key,
             kind="",
-            trace_id=step_trace_id(self.pipeline.job_id, key, step),
+            trace_id=step_trace_id(self.pipeline.trace_scope, key, step),
             sampled=True,
             start_ns=now - age_ns,
         )

@@ -62,6 +62,7 @@ class Pipeline:
         self.settings = settings
         self.topology = topology
         self.job_id = topology.job_id
+        self.trace_scope = topology.trace_scope  # what step ids hash (job id, attempt)
         self._tracer_provider = tracer_provider
         with fail_open("resource"):  # on the tracer and the logger provider (OTLP logs)
             from tf_otel.pipeline.sdk import merge_topology_resource
@@ -128,6 +129,7 @@ class Pipeline:
                 return False
             self.topology = topology
             self.job_id = topology.job_id
+            self.trace_scope = topology.trace_scope
             self.exporter.topology = topology
             self.exporter.clock_settled = topology.is_reference
             if self._metrics is not None:
@@ -150,7 +152,7 @@ class Pipeline:
         if counter is None:  # setdefault is atomic: closure threads (TF2 PS) may race here
             counter = self._counters.setdefault(key, itertools.count())
         step = next(counter)
-        trace_id = step_trace_id(self.job_id, key, step)
+        trace_id = step_trace_id(self.trace_scope, key, step)
         handle = StepHandle(
             key=key,
             step=step,
@@ -253,7 +255,7 @@ class Pipeline:
         keeps state, a rate limit, ahead of the step would change its decisions)."""
         if self._sample_fast is None:
             return None
-        trace_id = step_trace_id(self.job_id, key, step)
+        trace_id = step_trace_id(self.trace_scope, key, step)
         return trace_id, bool(self._sample_fast(trace_id))
 
     def _is_sampled(self, trace_id: int, name: str) -> bool:

@@ -25,7 +25,7 @@ import binascii
 from operator import itemgetter
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, SLOT_ATTRIBUTES, Row, as_int
+from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, SLOT_ATTRIBUTES, Row, as_int, job_of
 from tf_otel.record import ATTR_CATEGORY, ATTR_JOB_ID, ATTR_RANK, ATTR_STEP
 
 NO_ATTRIBUTES: Dict[str, Any] = {}  # shared by spans with no kept attributes; never mutated
@@ -88,7 +88,8 @@ class RowBuilder:
             resource = attributes
             resource_rank = attributes.get(ATTR_RANK)
             has_resource_job = ATTR_JOB_ID in attributes
-            resource_job = attributes.get(ATTR_JOB_ID)
+            # with its attempt where the resource names one (``model.job_of``)
+            resource_job = job_of(attributes, attributes.get(ATTR_JOB_ID))
 
         def tail(found: Dict[str, Any]) -> RowTail:
             """A row's fields from ``attributes`` on (``ROW_TAIL``). ``found``:
