@@ -82,13 +82,24 @@ def test_a_launch_id_tells_launches_apart_where_the_job_id_is_not_made_of_it() -
         "HOROVOD_GLOO_RENDEZVOUS_PORT": "1234",
     }
     assert topology.detect(gloo).attempt == ""  # its job id is the launch's already
-    named = topology.detect(gloo, job_id="mine")  # TF_OTEL_JOB_ID: the launch id tells
-    other = topology.detect({**gloo, "HOROVOD_GLOO_RENDEZVOUS_PORT": "99"}, job_id="mine")
-    assert named.attempt and named.attempt != other.attempt
     in_slurm = topology.detect({**gloo, **SLURM})  # horovodrun inside a SLURM job step
-    assert in_slurm.attempt.startswith("0.") and in_slurm.previous_attempt is None
-    alone = topology.detect({}, job_id="mine")  # one process, its job id given
-    assert alone.attempt and topology.detect({}).attempt == ""  # a random job id is enough
+    other = topology.detect({**gloo, **SLURM, "HOROVOD_GLOO_RENDEZVOUS_PORT": "99"})
+    assert in_slurm.attempt.startswith("0.") and in_slurm.attempt != other.attempt
+    assert in_slurm.previous_attempt is None and in_slurm.job_id == other.job_id
+    assert topology.detect({}).attempt == ""  # a lone process: its job id is random
+
+
+def test_a_job_id_given_is_the_whole_identity_unless_told() -> None:
+    """TF_OTEL_JOB_ID: the same trace ids every launch (tests and users pick the steps its
+    sampling and detail choose by them), unless a restart count or TF_OTEL_ATTEMPT says."""
+    gloo = {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1", "HOROVOD_LOCAL_RANK": "0"}
+    gloo.update(HOROVOD_LOCAL_SIZE="1", HOROVOD_GLOO_RENDEZVOUS_ADDR="h")
+    gloo.update(HOROVOD_GLOO_RENDEZVOUS_PORT="1")
+    for env in (gloo, _tf_config(), {}):
+        topo = topology.detect(env, job_id="mine")
+        assert topo.attempt == "" and topo.trace_scope == "mine", env
+    assert topology.detect(_slurm(0, 2), job_id="mine").attempt == "2"
+    assert topology.detect({}, job_id="mine", attempt="b").trace_scope == "mine/attempt/b"
 
 
 # -- real runs ---------------------------------------------------------------------------------

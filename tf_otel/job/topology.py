@@ -25,13 +25,15 @@ message, so a rerun or a restart under the same launcher identity gets step trac
 (``Topology.trace_scope``) while every rank of one attempt still shares each step's. From, in
 turn: ``TF_OTEL_ATTEMPT``; a launcher's restart count (``SLURM_RESTART_COUNT``, 0 in a SLURM job
 without one; ``TORCHELASTIC_RESTART_COUNT``), with the launch's own id where the job id is not
-made of it (mpirun / horovodrun / PMIx inside a SLURM step); else a launch id alone where the
-job id came from elsewhere (``TF_OTEL_JOB_ID``); else, for a rank alone (a single-worker
-TF_CONFIG, ``TF_OTEL_JOB_ID`` on one process), a random one drawn once per process. A job of
-several ranks identified by TF_CONFIG or the program's cluster alone has none: nothing tells its
-launches apart before the first step, and rank 0 handing one out would make every rank's first
-steps wait for it (set ``TF_OTEL_ATTEMPT`` to a value of the launch, docs/RELIABILITY.md). A
-numeric attempt n > 0 names n - 1 as the attempt before it (``previous_attempt``).
+made of it (mpirun / horovodrun / PMIx inside a SLURM step); else, for a rank alone identified
+by its cluster spec (a single-worker TF_CONFIG), a random one drawn once per process. None for a
+job id made of the launch's own id (horovodrun's, mpirun's, PMIx's: it differs per launch
+already) or a random one (a lone process). None where ``TF_OTEL_JOB_ID`` gives the job id and
+no restart count or ``TF_OTEL_ATTEMPT`` is set: a job id given is the job's whole identity. None
+for a job of several ranks identified by TF_CONFIG or the program's cluster alone: nothing tells
+its launches apart before the first step, and rank 0 handing one out would make every rank's
+first steps wait for it (set ``TF_OTEL_ATTEMPT`` to a value of the launch, docs/RELIABILITY.md).
+A numeric attempt n > 0 names n - 1 as the attempt before it (``previous_attempt``).
 
 Precedence, first found wins: launcher environment (Horovod, Open MPI, PMI, PMIx, SLURM), then
 TF_CONFIG, then the cluster the program gave its ``tf.distribute.Server`` (learned by
@@ -454,23 +456,20 @@ def launch_attempt(
         (_hash("attempt", *(env[n] for n in names)) for names in LAUNCH_FACTS if _all(env, names)),
         None,
     )
-    # a launch id the job id is made of already tells the launches apart (a SLURM job's id is
-    # made of SLURM's facts first, whoever launched the ranks in it)
-    launch_in_job = (
-        not job_given
-        and topo.launcher in _LAUNCHERS
-        and not _all(env, ("SLURM_JOB_ID", "SLURM_STEP_ID"))
-    )
-    if launch_in_job or topo.launcher == "slurm":  # srun's PMI namespace is its job step's
+    # a launch id tells launches apart where the job id is not made of it: mpirun / horovodrun
+    # / PMIx inside a SLURM job step (a SLURM job's id comes first; srun's own PMI namespace is
+    # its step's). Never where the job id is TF_OTEL_JOB_ID's: an id given is the job's whole
+    # identity, the same every launch (so are the steps its sampling and detail pick by trace
+    # id, known before it runs) unless TF_OTEL_ATTEMPT or a restart count tells otherwise
+    in_slurm = topo.launcher in _LAUNCHERS and _all(env, ("SLURM_JOB_ID", "SLURM_STEP_ID"))
+    if job_given or not in_slurm or topo.launcher == "slurm":
         launch = None
     if count is not None:
         if launch is None:
             return str(count), _previous(str(count))
         return f"{count}.{launch[:8]}", None
-    if launch is not None:
-        return launch[:12], None
-    if topo.world_size == 1 and (job_given or topo.launcher != "none"):
-        return _PROCESS_ATTEMPT, None  # a rank alone (a launcher "none" job id is random)
+    if topo.world_size == 1 and not job_given and topo.launcher in ("tf_config", TF_SERVER):
+        return _PROCESS_ATTEMPT, None  # a rank alone, identified by its cluster spec alone
     return "", None
 
 
