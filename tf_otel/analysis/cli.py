@@ -165,13 +165,16 @@ def _load(
         from tf_otel.analysis.load.jaeger import jaeger_batches
         from tf_otel.analysis.load.spill import spill_batches
         from tf_otel.analysis.load.tempo import tempo_batches
+        from tf_otel.analysis.model import base_job
+
+        job = base_job(args.job) if args.job else None  # the backends know the job, not attempts
 
         if args.jaeger:
             url = args.jaeger
             batches = jaeger_batches(
                 url,
                 args.service,
-                args.job,
+                job,
                 start_ns,
                 end_ns,
                 args.limit,
@@ -181,7 +184,7 @@ def _load(
         else:
             url = args.tempo
             batches = tempo_batches(
-                url, args.job, start_ns, end_ns, args.limit, args.trace_ids, args.progress
+                url, job, start_ns, end_ns, args.limit, args.trace_ids, args.progress
             )
         if spill:  # each answer kept on disk by trace as it comes: memory holds one
             return spill_batches(batches, url, getattr(args, "spill_dir", None)), url

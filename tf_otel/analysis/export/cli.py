@@ -176,7 +176,10 @@ def _run(args: argparse.Namespace) -> int:
     # kept on disk by trace: memory holds a step at a time, then the chosen steps
     traces, source = _load(args, start_ns, end_ns, spill=True)
     with traces:
-        outlines, warnings = _outlines(traces, args.job)
+        from tf_otel.analysis.analyze import _chosen_job
+
+        job = _chosen_job(traces, args.job)  # a job's attempts are jobs of their own
+        outlines, warnings = _outlines(traces, job)
         for warning in warnings[:5]:
             print(f"tf-otel export: warning: {warning}", file=sys.stderr)
         outlines = select_steps(outlines, None, start_ns, end_ns)
@@ -192,7 +195,7 @@ def _run(args: argparse.Namespace) -> int:
         chosen = [
             step
             for o in picked
-            if (step := build_step(o.trace_id, _job_spans(traces, o.trace_id, args.job), []))
+            if (step := build_step(o.trace_id, _job_spans(traces, o.trace_id, job), []))
         ]
     attributes = None
     if args.paths:  # the file loader kept only the analysis' attributes: read the rest
