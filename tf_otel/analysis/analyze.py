@@ -25,7 +25,20 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from tf_otel.analysis.carry import Previous, StepKey, carried_into, previous_keys, step_key
 from tf_otel.analysis.causality import CausalityRepair, repair_trace_causality
@@ -52,8 +65,14 @@ from tf_otel.analysis.skeleton import NeedSpans, skeleton_step
 from tf_otel.analysis.step_facts import step_facts
 from tf_otel.analysis.step_store import Paged, PagedSteps
 from tf_otel.analysis.steps import StepTrace, build_step, select_steps, step_order
-from tf_otel.analysis.stragglers import keep_for_statistics, straggler_summary, warmup_keys
+from tf_otel.analysis.stragglers import (
+    StragglerSummary,
+    keep_for_statistics,
+    straggler_summary,
+    warmup_keys,
+)
 from tf_otel.analysis.trace_source import MemorySource, TraceSource
+from tf_otel.analysis.what_if import RunWhatIf, run_what_if, slow_subjects
 
 StepRange = Tuple[Optional[int], Optional[int]]
 SKELETONS = True  # False: every step built from all its spans (tests compare the two)
@@ -76,10 +95,12 @@ def analyze_source(
     progress: Optional[bool] = False,
     engine: Optional[Engine] = None,
     keep_segments: bool = True,
+    group_by: Optional[str] = None,
 ) -> AnalysisResult:
     """The analysis of ``traces`` (a source, or spans held in memory); ``engine`` runs its
     passes' batches (default: this process); ``keep_segments``: False keeps each step's path
-    totals only (what every report but ``--with-path`` reads)."""
+    totals only (what every report but ``--with-path`` reads); ``group_by``: the resource
+    attribute that labels a group of slow ranks before ``host.name`` (``what_if``)."""
     if isinstance(traces, list):
         if not traces:
             raise AnalysisError(f"{source or 'input'}: no spans")
@@ -88,6 +109,7 @@ def analyze_source(
     steps = _Steps(traces, chosen, straggler_min_share, straggler_min_ns, engine)
     steps.keep_segments = keep_segments
     steps.notes = _attempt_notes(traces, chosen)
+    steps.group_by = group_by
     with paused_gc():
         return _analyze(
             steps,
@@ -167,6 +189,7 @@ class _Steps:
         self.min_share, self.min_ns = min_share, min_ns  # the straggler floors
         self.keep_segments = True  # False: each path keeps its totals only (drop_segments)
         self.notes: List[str] = []  # the report's first warnings (the job's other attempts)
+        self.group_by: Optional[str] = None  # the attribute naming a slow group (what_if)
         self.repair = CausalityRepair()
         self.previous: Dict[str, Previous] = {}  # a batch's steps (``analyse_batch``)
         # the whole selection's: trace id -> the previous and evidence steps' keys, and where
@@ -666,5 +689,53 @@ def _summarise(
         warnings=warnings,
         reload=steps.with_spans,
     )
+    result.what_if = _run_what_if(results, digests, stragglers, steps)
     result.findings = evaluate_rules(result)
     return result
+
+
+def _run_what_if(
+    results: Union[PagedSteps, List[StepResult]],
+    digests: List[StepDigest],
+    stragglers: StragglerSummary,
+    steps: _Steps,
+) -> RunWhatIf:
+    """Ranks and groups slow throughout the steady steps, and the run's saving without them
+    (``what_if``); the steps are read again only where there are some."""
+    steady = [key for key, digest in enumerate(digests) if not digest.warmup]
+    subjects = slow_subjects(
+        (digests[key].work() for key in steady if digests[key].work_ns),
+        stragglers.noise.persistent(),
+    )
+    if any(len(subject.ranks) > 1 for subject in subjects):  # a group's label
+        ranks = {r for subject in subjects for r in subject.ranks}
+        labels = _rank_resources(results, steady, ranks, steps.with_spans)
+        subjects = slow_subjects(
+            (digests[key].work() for key in steady if digests[key].work_ns),
+            stragglers.noise.persistent(),
+            labels,
+            steps.group_by,
+        )
+    named = {key: (s.rank, s.saving_ns) for key, s in stragglers.step_stragglers.items()}
+    return run_what_if(_Paths(results), steady, subjects, named)
+
+
+def _rank_resources(
+    results: Sequence[StepResult],
+    steady: List[int],
+    ranks: Set[int],
+    reload: Callable[[StepResult], StepResult],
+) -> Dict[int, Dict[str, str]]:
+    """Each of ``ranks``' resource attributes, from the first steady steps that hold them
+    (read again with their spans: a slim step's spans have no resource)."""
+    found: Dict[int, Dict[str, str]] = {}
+    for key in steady[:8]:
+        step = results[key]
+        trace = step.trace if not step.trace.slimmed else reload(step).trace
+        for rank, timeline in trace.ranks.items():
+            span = timeline.step_span
+            if rank in ranks and rank not in found and span is not None and span.resource:
+                found[rank] = {k: str(v) for k, v in span.resource.items()}
+        if ranks <= found.keys():
+            break
+    return found

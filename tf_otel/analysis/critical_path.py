@@ -52,7 +52,7 @@ import sys
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
-from typing import Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from tf_otel.analysis.carry import CARRIED_NAME, Carry
 from tf_otel.analysis.model import (
@@ -65,6 +65,7 @@ from tf_otel.analysis.model import (
 from tf_otel.analysis.steps import RankTimeline, StepTrace
 from tf_otel.lateness import medians_without
 from tf_otel.record import (
+    ATTR_CLOCK_UNCERTAINTY,
     ATTR_COLLECTIVE_KEY,
     COLLECTIVE,
     COLLECTIVE_WAIT,
@@ -72,6 +73,9 @@ from tf_otel.record import (
     INPUT,
     TRANSFER,
 )
+
+if TYPE_CHECKING:
+    from tf_otel.analysis.replay import StepGraph
 
 __all__ = ["ATTR_LAST_ARRIVAL", "ATTR_TRANSFER_EDGE", "ATTR_WAIT_NS", "critical_path"]
 
@@ -96,6 +100,13 @@ UNEXPLAINED_MIN_NS = 1_000_000  # a hidden rank readier than the last known one 
 _NODE_CATEGORY = {COMPUTE: PATH_COMPUTE, INPUT: PATH_INPUT}
 _PRIORITY = {COLLECTIVE: 3, TRANSFER: 2, COMPUTE: 1, INPUT: 0}
 _PARTIAL_OK = frozenset((COMPUTE, INPUT))
+_SYNC = frozenset((COLLECTIVE, TRANSFER))
+# Timestamps overlap by recording alone: GPU streams, float timestamps, clock error between
+# ranks (production traces: median 5-16 us, p99 110 us). A sync span that ends at most this
+# much plus the rank's clock uncertainty after the next op of its rank began is still that op's
+# predecessor (docs/ANALYSIS.md, "Overlap").
+OVERLAP_FLOOR_NS = 200_000
+_CONCURRENT_LOOK = 8
 
 
 class SyncKey(NamedTuple):
@@ -206,6 +217,16 @@ class CriticalPath:
     )
     # collectives on the path whose last arrival was unknown and unexplained (nobody blamed)
     unattributed_waits: int = 0
+    # sync spans the path took that ended within the overlap tolerance after the next op of
+    # their rank began (``overlap_tolerance``), and syncs running beyond it where the path
+    # passed (real concurrency: the path followed what ended last)
+    overlaps: int = 0
+    concurrent: int = 0
+    # rank -> what it inherited from its previous step (``carry``), for the step's graph
+    inherited: Dict[int, int] = field(default_factory=dict, repr=False)
+    # the step's dependency graph (``replay.step_graph``: stragglers.keep_for_statistics),
+    # what the run's what-if replays once the steps' spans are gone
+    graph: Optional[StepGraph] = field(default=None, repr=False)
     _lateness: Optional[Dict[int, int]] = field(default=None, repr=False)
     # (by category, by rank, length) once the segments are dropped (``drop_segments``)
     _totals: Optional[Tuple[Dict[str, int], Dict[int, int], int]] = field(default=None, repr=False)
@@ -295,6 +316,7 @@ class _RankIndex:
         self.by_end = nodes
         self.ends = [s.end_ns for s in nodes]
         self.limit = len(nodes)  # spans at or after this index are used or ended too late
+        self.concurrent: Set[str] = set()  # syncs running beyond the tolerance where the path was
         self._partial: Optional[Tuple[List[int], List[Span]]] = None
         self._fillers: Optional[Tuple[List[int], List[Span]]] = None
 
@@ -313,13 +335,29 @@ class _RankIndex:
             self._partial = ([s.start_ns for s in partial], reach)
         return self._partial
 
-    def last_before(self, t: int) -> Tuple[Optional[Span], bool]:
-        """The span the path takes at time t, and whether it is still running at t."""
+    def last_before(self, t: int, tolerance: int = 0) -> Tuple[Optional[Span], bool]:
+        """The span the path takes at time t, and whether it is still running at t. A sync
+        span (collective, transfer) that began before t and ended at most ``tolerance`` after
+        it is taken as ending at t: recording overlap, not concurrency (``overlap_tolerance``);
+        of several, the one that ended last."""
         index = min(bisect.bisect_right(self.ends, t), self.limit) - 1
         ended = self.by_end[index] if index >= 0 else None
         if ended is not None and ended.end_ns == t:
             self.limit = index
             return ended, False
+        if tolerance > 0:
+            within = min(bisect.bisect_right(self.ends, t + tolerance), self.limit) - 1
+            for j in range(within, index, -1):
+                span = self.by_end[j]
+                if span.category in _SYNC and span.start_ns < t:
+                    self.limit = j
+                    return span, False
+            # a sync still running beyond the tolerance: real concurrency, the path stays
+            # with what ended last (counted once a span; a bounded look, nearest ends first)
+            for j in range(within + 1, min(within + 1 + _CONCURRENT_LOOK, self.limit)):
+                span = self.by_end[j]
+                if span.category in _SYNC and span.start_ns < t:
+                    self.concurrent.add(span.span_id)
         starts, reach = self._partial_index()
         cut = bisect.bisect_left(starts, t)
         if cut > 0:
@@ -502,6 +540,7 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
     None or empty: nothing (the first step, or no previous step to match)."""
     path = CriticalPath(step)
     carried = carried or {}
+    path.inherited = {r: c.inherited_ns for r, c in carried.items() if c.inherited_ns > 0}
     if not step.ranks:
         return path
     indexes = _LazyIndexes(step)
@@ -543,17 +582,24 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
     add(rank, last_end, step.end_ns, PATH_FRAMEWORK, "(after last rank)")
     t = last_end
     leg_rank, leg_end_key, leg_end_ns = rank, STEP_END, t
+    tolerances: Dict[int, int] = {}
     while True:
         index = indexes[rank]
-        node, running = index.last_before(t)
+        tolerance = tolerances.get(rank)
+        if tolerance is None:
+            tolerance = tolerances[rank] = overlap_tolerance(step.ranks[rank])
+        node, running = index.last_before(t, tolerance)
         if node is None:
             break
         if running:
             add(rank, node.start_ns, t, _NODE_CATEGORY[node.category], node.name, node.span_id)
             t = node.start_ns
             continue
-        add_gap(rank, node.end_ns, t)
-        t = node.end_ns
+        if node.end_ns > t:  # a sync ending within the tolerance after t: it ends at t
+            path.overlaps += 1
+        else:
+            add_gap(rank, node.end_ns, t)
+            t = node.end_ns
         sync_key = _sync_key(node)
         members = syncs.get(sync_key) if sync_key else None
         if not members or sync_key is None:
@@ -562,7 +608,7 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
             t = node.start_ns
             continue
         # a sync point: close the leg that starts when this sync completes on this rank
-        legs.append(Leg(leg_rank, sync_key, leg_end_key, node.end_ns, leg_end_ns))
+        legs.append(Leg(leg_rank, sync_key, leg_end_key, t, leg_end_ns))
         source, known_at = (
             _last_arrival(members, rank, step, sync_key in hidden)
             if node.category == COLLECTIVE
@@ -584,6 +630,7 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
         add(rank, arrival, wait_end, PATH_STRAGGLER_WAIT, node.name, node.span_id)
         rank, t = source, arrival
         leg_rank, leg_end_key, leg_end_ns = rank, sync_key, t
+    path.concurrent = sum(len(index.concurrent) for index in indexes.values())
     first = min(step.ranks[rank].start_ns, t)
     add_gap(rank, first, t)
     # until its previous step's last collective ended the rank was still communicating (a
@@ -601,6 +648,18 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
     path.legs = legs[::-1]
     _compare_legs(path.legs, step, syncs, hidden, carried)
     return path
+
+
+def overlap_tolerance(timeline: RankTimeline) -> int:
+    """How far a sync span may end after the next op of its rank began and still be that op's
+    predecessor: ``OVERLAP_FLOOR_NS`` plus the rank's clock uncertainty (its step span's)."""
+    span = timeline.step_span
+    uncertainty = span.attributes.get(ATTR_CLOCK_UNCERTAINTY) if span is not None else None
+    try:
+        extra = max(0, int(uncertainty)) if uncertainty is not None else 0
+    except (TypeError, ValueError):
+        extra = 0
+    return OVERLAP_FLOOR_NS + extra
 
 
 def _inherited(carried: Dict[int, Carry], rank: int) -> int:

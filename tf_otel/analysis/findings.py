@@ -13,6 +13,9 @@ In the spirit of SageMaker Debugger's profiler rules. Thresholds (module constan
   them too: the finding says so (no claim of pure compute);
 - persistent_lateness: a rank whose median lateness (over the steady steps) stands out from
   the ranks' step-to-step variation: late in most steps, so measured against itself per step;
+  with the run's what-if (``what_if``: the steps replayed without its excess);
+- slow_group: ranks slow together throughout (``what_if.slow_subjects``), named once with
+  what they share and their own what-if;
 - step_outliers: at least one step above median + 3.5 robust sigmas (see ``outliers``).
 The other rules live where their data is read, one module a rule or a family:
 - input_bound (``input_rule``): the step spans' input wait graded as the TF profiler does, or
@@ -27,7 +30,7 @@ Severity: high when the time at stake is >= 10% of the total, medium >= 3%, else
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from tf_otel.analysis.critical_path import (
     PATH_CATEGORIES,
@@ -35,7 +38,13 @@ from tf_otel.analysis.critical_path import (
     PATH_COMPUTE,
     PATH_STRAGGLER_WAIT,
 )
-from tf_otel.analysis.finding_figures import MAX_LISTED_STEPS, ms, severity, straggles_enough
+from tf_otel.analysis.finding_figures import (
+    MAX_LISTED_STEPS,
+    STRAGGLER_MIN_SAVING_SHARE,
+    ms,
+    severity,
+    straggles_enough,
+)
 from tf_otel.analysis.gpu_rule import low_gpu_findings
 from tf_otel.analysis.input_rule import input_bound_findings
 from tf_otel.analysis.measured import holds_text
@@ -43,6 +52,7 @@ from tf_otel.analysis.path_share import path_share_findings
 from tf_otel.analysis.replica_rule import slow_replica_findings
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.analysis.step_rules import whole_step_findings
+from tf_otel.analysis.what_if import HOST_ATTRIBUTE, MIN_SAVING_SHARE, Subject
 from tf_otel.analysis.whole_step import step_samples
 
 COMMUNICATION_BOUND_SHARE = 0.30
@@ -110,22 +120,52 @@ def straggler_findings(result: AnalysisResult) -> List[Finding]:
 
 
 def persistent_findings(result: AnalysisResult) -> List[Finding]:
+    """A rank late in most steps (the noise model's, or slow throughout by its own work: the
+    run's what-if), and ranks slow together as one group (``what_if``)."""
     noise = result.stragglers.noise
+    run = result.what_if
+    steady_total = sum(d.duration_ns for d in result.digests(warmup=False)) or 1
+    persistent = noise.persistent()
+    grouped = {r for subject in run.subjects if len(subject.ranks) > 1 for r in subject.ranks}
     findings = []
-    for rank, usual in noise.persistent().items():
+    for subject in run.subjects:
+        if len(subject.ranks) > 1:
+            findings.append(_group_finding(result, subject, steady_total))
+    singles = {s.ranks[0]: s for s in run.subjects if len(s.ranks) == 1}
+    for rank in sorted(set(persistent) | set(singles)):
+        if rank in grouped:
+            continue
+        saving = run.saving_ns.get((rank,))
+        share = saving / steady_total if saving is not None else None
+        usual = persistent.get(rank)
+        if share is not None and share < (
+            # late by the shape of its work (a pipeline's first stage): slowing nobody
+            MIN_SAVING_SHARE if usual is not None else STRAGGLER_MIN_SAVING_SHARE
+        ):
+            continue  # late, but the step replayed without its excess is no shorter
+        single = singles.get(rank)
+        if usual is not None:
+            behind = f"median {ms(usual)} ms behind the other ranks"
+            at_stake = usual * len(result.steady_steps) / steady_total
+        else:
+            assert single is not None  # a rank slow by its own work is a subject
+            behind = f"its own work {single.ratio:.2f}x the other ranks'"
+            at_stake = 0.0
+        at_stake = share if share is not None else at_stake
+        what_if = f"; the run {_pct(share)} shorter without its excess" if share else ""
         findings.append(
             Finding(
                 rule="persistent_lateness",
-                severity=severity(usual * len(result.steady_steps) / (result.total_ns or 1)),
-                summary=(
-                    f"rank {rank} is late in most steps: median {ms(usual)} ms behind the "
-                    f"other ranks"
-                ),
+                severity=severity(at_stake),
+                summary=f"rank {rank} is late in most steps: {behind}{what_if}",
                 evidence={
                     "rank": rank,
-                    "median_lateness_ms": ms(usual),
+                    "median_lateness_ms": ms(usual) if usual is not None else None,
                     "threshold_ms": ms(noise.threshold_ns),
                     "noise_sigma_ms": ms(noise.sigma_ns),
+                    "work_ratio": round(single.ratio, 3) if single else None,
+                    "what_if_saving_ms": ms(saving) if saving is not None else None,
+                    "what_if_saving_share": round(share, 4) if share is not None else None,
                 },
                 suggestion=(
                     "Something this rank does every step and the others do not: rank-0 duties "
@@ -135,6 +175,53 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
             )
         )
     return findings
+
+
+_GROUP_SUGGESTIONS = {
+    HOST_ATTRIBUTE: (
+        "These ranks share a host: look at that host's hardware and load (a slower CPU or GPU, "
+        "thermal throttling, another job or process contending, a degraded link or NIC)."
+    ),
+    None: (
+        "These ranks are slower together by the same amount: look at what they share (a "
+        "host, a switch, a data shard, a pipeline stage) and balance the work across ranks."
+    ),
+}
+_PARTITION_SUGGESTION = (
+    "These ranks share {attribute}={value}: the work is not balanced across it (a pipeline "
+    "stage or partition with more layers or heavier ones). Repartition so that each holds "
+    "about the same compute."
+)
+
+
+def _group_finding(result: AnalysisResult, subject: Subject, steady_total: int) -> Finding:
+    saving = result.what_if.saving_ns.get(subject.ranks, 0)
+    share = saving / steady_total
+    if subject.attribute is not None and subject.attribute != HOST_ATTRIBUTE:
+        suggestion = _PARTITION_SUGGESTION.format(attribute=subject.attribute, value=subject.value)
+    else:
+        suggestion = _GROUP_SUGGESTIONS[subject.attribute]
+    return Finding(
+        rule="slow_group",
+        severity=severity(share),
+        summary=(
+            f"{subject.label} are slow together in most steps: their own work "
+            f"{subject.ratio:.2f}x the other ranks'; the run {_pct(share)} shorter without "
+            "their excess"
+        ),
+        evidence={
+            "ranks": list(subject.ranks),
+            "shared": {subject.attribute: subject.value} if subject.attribute else {},
+            "work_ratio": round(subject.ratio, 3),
+            "what_if_saving_ms": ms(saving),
+            "what_if_saving_share": round(share, 4),
+        },
+        suggestion=suggestion,
+    )
+
+
+def _pct(share: Optional[float]) -> str:
+    return f"{100 * (share or 0):.1f} %"
 
 
 _HOROVOD_REMEDIES = (

@@ -27,6 +27,7 @@ from tf_otel.analysis.outliers import OutlierStats
 from tf_otel.analysis.step_facts import StepFacts
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.analysis.stragglers import StepStraggler, StragglerSummary
+from tf_otel.analysis.what_if import RunWhatIf
 from tf_otel.record import ATTR_HW_GPU_UTILIZATION
 
 
@@ -114,10 +115,18 @@ class StepDigest:
     # values apart (8 bytes a rank; equal rank tuples are one object in ``PagedSteps``)
     lateness_ranks: Tuple[int, ...]
     lateness_ns: array[int]
+    # the ranks' own work in the step (``replay.StepGraph.work``), by rank in ``ranks`` order
+    # of the graph (sorted); empty where the step has no graph
+    work_ns: array[int] = field(default_factory=lambda: array("q"))
+    overlaps: Tuple[int, int] = (0, 0)  # path.overlaps, path.concurrent
 
     def lateness(self) -> Dict[int, int]:
         """``path.lateness_by_rank()``."""
         return dict(zip(self.lateness_ranks, self.lateness_ns))
+
+    def work(self) -> Dict[int, int]:
+        """Each rank's own work in the step (``replay.StepGraph.work``)."""
+        return dict(zip(sorted(self.ranks), self.work_ns))
 
 
 SERIES_CHARS = 24  # a series' short name in labels
@@ -161,6 +170,8 @@ def step_digest(step: StepResult) -> StepDigest:
         ),
         tuple(lateness),
         array("q", lateness.values()),
+        step.path.graph.work_ns if step.path.graph is not None else array("q"),
+        (step.path.overlaps, step.path.concurrent),
     )
 
 
@@ -202,6 +213,8 @@ class AnalysisResult:
     warnings: List[str] = field(default_factory=list)
     # the step again with its spans (``trace.slimmed`` steps have none): for the pictures
     reload: Optional[Callable[[StepResult], StepResult]] = field(default=None, repr=False)
+    # ranks and groups slow throughout the run, and what the run saves without them
+    what_if: RunWhatIf = field(default_factory=RunWhatIf)
 
     def with_spans(self, step: StepResult) -> StepResult:
         """``step`` with its op spans, for drawing it."""
@@ -221,7 +234,9 @@ class AnalysisResult:
 
     @property
     def what_if_total_ns(self) -> int:
-        return sum(digest.what_if_ns for digest in self.digests())
+        """The run's length without its step stragglers' and slow subjects' excess."""
+        steps = sum(digest.what_if_ns for digest in self.digests())
+        return max(0, steps - self.what_if.beyond_steps_ns)
 
     def steps_with(
         self, flag: Callable[[StepDigest], bool], warmup: Optional[bool] = None

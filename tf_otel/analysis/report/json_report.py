@@ -159,6 +159,8 @@ def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
             "warmup_steps": [d.step for d in warmup],
             "warmup_ms": _ms(sum(d.duration_ns for d in warmup)),
             "straggler_threshold_ms": _ms(noise.threshold_ns),
+            **_what_if(result),
+            **_overlaps(result),
             "lateness_noise": {
                 "center_ms": _ms(noise.center_ns),
                 "sigma_ms": _ms(noise.sigma_ns),
@@ -176,3 +178,34 @@ def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
         "findings": [asdict(finding) for finding in result.findings],
         "warnings": list(result.warnings),
     }
+
+
+def _what_if(result: AnalysisResult) -> Dict[str, Any]:
+    """The ranks and groups slow throughout and the run's saving without each (only where
+    there are some: a report without them is as before)."""
+    run = result.what_if
+    if not run.subjects:
+        return {}
+    steady = sum(d.duration_ns for d in result.digests(warmup=False)) or 1
+    return {
+        "slow_throughout": [
+            {
+                "ranks": list(subject.ranks),
+                "label": subject.label,
+                "work_ratio": round(subject.ratio, 3),
+                "what_if_saving_ms": _ms(run.saving_ns.get(subject.ranks, 0)),
+                "what_if_saving_share": round(run.saving_ns.get(subject.ranks, 0) / steady, 4),
+            }
+            for subject in run.subjects
+        ]
+    }
+
+
+def _overlaps(result: AnalysisResult) -> Dict[str, Any]:
+    """How often the path took a sync span that overlapped its rank's next op within the
+    tolerance, and passed one running beyond it (only where it did)."""
+    within = sum(d.overlaps[0] for d in result.digests())
+    beyond = sum(d.overlaps[1] for d in result.digests())
+    if not within and not beyond:
+        return {}
+    return {"path_overlaps": {"within_tolerance": within, "concurrent": beyond}}

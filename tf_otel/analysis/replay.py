@@ -1,0 +1,233 @@
+"""A step's dependency graph, replayed with some ranks' excess work taken off: the what-if.
+
+Usage::
+
+    graph = step_graph(step, inherited={1: ns})   # while the step has its sync spans
+    graph.work                                     # rank -> its own work in the step (ns)
+    graph.saving({3: 0.5})                         # ns the step saves had rank 3 done half its work
+
+The graph: on each rank its sync spans (collectives by ``tf_otel.collective.key``, PS / pipeline
+transfers by ``tensorflow.transfer.edge``) in start order. A rank arrives at a sync after its
+own work since its predecessor, the last of its syncs that ended by then (within the overlap
+tolerance, ``critical_path.overlap_tolerance``), or since the step's start plus what it
+inherited from its previous step; a sync completes on each member when its last member has
+arrived plus what that member spent in it after the last arrival (the transfer itself); the
+rank's step ends after its own work since its last sync. Replaying the graph with a rank's own
+work scaled answers "how much shorter had it been no slower than the others". The saving is the
+replay of the graph as recorded minus the replay as changed, so what the graph does not model
+(work inside a sync, a hidden arrival's estimate) cancels out.
+
+A rank's work is what it did outside its syncs: its first arrival after the step's start (less
+what it inherited), the gaps between its syncs and its tail; where its syncs overlap, only the
+time outside all of them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional
+
+from tf_otel.analysis.critical_path import (
+    estimated_arrivals,
+    overlap_tolerance,
+)
+from tf_otel.analysis.model import ATTR_ARRIVAL, ATTR_TRANSFER_EDGE, Span
+from tf_otel.analysis.steps import StepTrace
+from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, TRANSFER
+
+_FIELDS = 5  # an event: rank, work ns, predecessor event (-1: the step start), post ns, sync
+
+
+@dataclass
+class StepGraph:
+    """One step's syncs and each rank's own work between them (``step_graph``)."""
+
+    start_ns: int
+    ranks: array  # the ranks, in order
+    base_ns: array  # per rank (by position): when its own work may begin (start + inherited)
+    # events grouped by sync, the syncs in an order that respects the dependencies; per event
+    # _FIELDS values: rank position, own work before it, predecessor event, post, sync index
+    events: array
+    tail_pred: array  # per rank: its last sync's event (-1: none)
+    tail_ns: array  # per rank: its own work after it
+    work_ns: array  # per rank: all its own work in the step
+
+    @property
+    def work(self) -> Dict[int, int]:
+        return dict(zip(self.ranks, self.work_ns))
+
+    def duration(self, scale: Optional[Mapping[int, float]] = None) -> int:
+        """The step's length replayed, each rank's own work times its ``scale`` (1: as is)."""
+        factors = [1.0 if scale is None else scale.get(rank, 1.0) for rank in self.ranks]
+        events = self.events
+        count = len(events) // _FIELDS
+        done = [0] * count  # each event's completion
+        i = 0
+        while i < count:
+            sync = events[i * _FIELDS + 4]
+            j = i
+            latest = None
+            while j < count and events[j * _FIELDS + 4] == sync:
+                at = j * _FIELDS
+                position, work, pred = events[at], events[at + 1], events[at + 2]
+                begin = done[pred] if 0 <= pred < i else self.base_ns[position]
+                arrival = begin + int(work * factors[position])
+                done[j] = arrival  # the arrival for now; the completion below
+                latest = arrival if latest is None or arrival > latest else latest
+                j += 1
+            for k in range(i, j):
+                done[k] = latest + events[k * _FIELDS + 3]
+            i = j
+        end = self.start_ns
+        for position in range(len(self.ranks)):
+            pred = self.tail_pred[position]
+            begin = done[pred] if pred >= 0 else self.base_ns[position]
+            end = max(end, begin + int(self.tail_ns[position] * factors[position]))
+        return end - self.start_ns
+
+    def saving(self, scale: Mapping[int, float]) -> int:
+        """How much shorter the step had been with the ranks' work scaled so."""
+        if not scale:
+            return 0
+        return max(0, self.duration() - self.duration(scale))
+
+
+def step_graph(step: StepTrace, inherited: Optional[Mapping[int, int]] = None) -> StepGraph:
+    """The graph of ``step`` (which still holds its sync spans); ``inherited``: rank -> what it
+    carried in from its previous step (``carry``), not its own work."""
+    inherited = inherited or {}
+    ranks = sorted(step.ranks)
+    position = {rank: i for i, rank in enumerate(ranks)}
+    members: Dict[str, Dict[int, Span]] = {}
+    for rank in ranks:
+        for span in step.ranks[rank].syncs:
+            key = _sync_name(span)
+            if key is not None:
+                found = members.setdefault(key, {})
+                if rank not in found or span.start_ns < found[rank].start_ns:
+                    found[rank] = span
+    # each sync's arrivals (estimated where Horovod's cache hid one) and last arrival
+    arrivals: Dict[str, Dict[int, int]] = {}
+    for key, spans in members.items():
+        hidden = any(s.attributes.get(ATTR_ARRIVAL) == "unknown" for s in spans.values())
+        arrivals[key] = (
+            estimated_arrivals(spans, step)
+            if hidden
+            else {rank: s.start_ns for rank, s in spans.items()}
+        )
+    base = array("q", (step.start_ns + max(0, inherited.get(r, 0)) for r in ranks))
+    own: Dict[int, List[str]] = {}
+    for key, spans in members.items():
+        for rank in spans:
+            own.setdefault(rank, []).append(key)
+    preds: Dict[int, Dict[str, Optional[str]]] = {}
+    work_before: Dict[int, Dict[str, int]] = {}
+    tail_pred_key: Dict[int, Optional[str]] = {}
+    tail = array("q", bytes(8 * len(ranks)))
+    work = array("q", bytes(8 * len(ranks)))
+    for rank in ranks:
+        timeline = step.ranks[rank]
+        keys = sorted(own.get(rank, ()), key=lambda k: members[k][rank].start_ns)
+        tolerance = overlap_tolerance(timeline)
+        ends: List[int] = []  # the syncs so far by end, for the predecessor search
+        ended: List[str] = []
+        pred_of: Dict[str, Optional[str]] = {}
+        before: Dict[str, int] = {}
+        rank_base = base[position[rank]]
+        for key in keys:
+            arrival = arrivals[key][rank]
+            cut = bisect.bisect_right(ends, arrival + tolerance)
+            pred = ended[cut - 1] if cut else None
+            pred_of[key] = pred
+            begin = members[pred][rank].end_ns if pred is not None else rank_base
+            before[key] = max(0, arrival - begin)
+            end = members[key][rank].end_ns
+            at = bisect.bisect_right(ends, end)
+            ends.insert(at, end)
+            ended.insert(at, key)
+        preds[rank], work_before[rank] = pred_of, before
+        last = ended[-1] if ended else None
+        tail_pred_key[rank] = last
+        last_end = members[last][rank].end_ns if last is not None else rank_base
+        tail[position[rank]] = max(0, timeline.end_ns - last_end)
+        work[position[rank]] = _own_work(
+            rank_base,
+            timeline.end_ns,
+            [(members[k][rank].start_ns, members[k][rank].end_ns) for k in keys],
+        )
+    order = _dependency_order(members, arrivals, preds)
+    sync_index = {key: i for i, key in enumerate(order)}
+    events = array("q")
+    event_of: Dict[tuple, int] = {}
+    for key in order:
+        for rank in sorted(members[key]):
+            event_of[(rank, key)] = len(events) // _FIELDS
+            events.extend((position[rank], 0, -1, 0, sync_index[key]))
+    for key in order:
+        last_arrival = max(arrivals[key].values())
+        for rank, span in members[key].items():
+            at = event_of[(rank, key)] * _FIELDS
+            pred = preds[rank][key]
+            events[at + 1] = work_before[rank][key]
+            events[at + 2] = event_of[(rank, pred)] if pred is not None else -1
+            events[at + 3] = max(0, span.end_ns - last_arrival)
+    tail_pred = array(
+        "q",
+        (event_of[(r, tail_pred_key[r])] if tail_pred_key[r] is not None else -1 for r in ranks),
+    )
+    return StepGraph(step.start_ns, array("q", ranks), base, events, tail_pred, tail, work)
+
+
+def _dependency_order(
+    members: Dict[str, Dict[int, Span]],
+    arrivals: Dict[str, Dict[int, int]],
+    preds: Dict[int, Dict[str, Optional[str]]],
+) -> List[str]:
+    """The syncs, each after the syncs its members' arrivals wait for (by last arrival where
+    free to choose; a cycle, which only inconsistent times make, is cut where it closes)."""
+    by_arrival = sorted(members, key=lambda k: (max(arrivals[k].values()), k))
+    done: set = set()
+    order: List[str] = []
+    for first in by_arrival:
+        stack = [first]
+        while stack:
+            key = stack[-1]
+            if key in done:
+                stack.pop()
+                continue
+            waiting = [
+                pred
+                for rank in members[key]
+                if (pred := preds[rank][key]) is not None and pred not in done and pred not in stack
+            ]
+            if waiting:
+                stack.append(waiting[0])
+                continue
+            stack.pop()
+            done.add(key)
+            order.append(key)
+    return order
+
+
+def _sync_name(span: Span) -> Optional[str]:
+    if span.category == COLLECTIVE:
+        key = span.attributes.get(ATTR_COLLECTIVE_KEY)
+        return None if key is None else "c:" + str(key)
+    if span.category == TRANSFER:
+        edge = span.attributes.get(ATTR_TRANSFER_EDGE)
+        return None if edge is None else "t:" + str(edge)
+    return None
+
+
+def _own_work(begin: int, end: int, syncs: List[tuple]) -> int:
+    """The time in [begin, end) outside every sync interval."""
+    busy = 0
+    reached = begin
+    for start, stop in sorted(syncs):
+        start, stop = max(start, reached), min(stop, end)
+        if stop > start:
+            busy += stop - start
+            reached = stop
+    return max(0, end - begin - busy)

@@ -1,0 +1,198 @@
+"""The run's what-if: how much faster without a rank's (or a group's) excess work, every step.
+
+Usage::
+
+    subjects = slow_subjects(work_by_step, persistent, labels)   # ranks / groups slow throughout
+    run = run_what_if(paths, steady_keys, subjects, step_stragglers)
+    run.saving_ns[(3,)], run.total_saving_ns
+
+A step straggler's saving (``stragglers``) counts a rank only in the steps where it is later
+than its own usual; a rank slow in every step, or a group of ranks slow together, would save
+nothing there. Here each steady step's dependency graph (``replay.step_graph``) is replayed with
+the subject's own work scaled down to the other ranks' median (``scale_for``), and the savings
+are summed over the run.
+
+Slow subjects are found from the ranks' own work (time outside their syncs) in each steady step
+against the median of the others' in the same step: a rank whose median ratio is at least
+``1 + SLOW_MIN_EXCESS``, in at least ``SLOW_MIN_STEPS`` of the steps, is slow. Slow ranks whose
+excesses are alike (the largest at most ``GROUP_SPREAD`` times the smallest) are one group,
+labelled by a resource attribute they all share where there is one (``group_by``, then
+``host.name``). Ranks the noise model calls persistently late are subjects too, each alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from tf_otel.analysis.critical_path import CriticalPath
+from tf_otel.analysis.replay import StepGraph
+
+SLOW_MIN_EXCESS = 0.15  # a rank's own work at least 15 % above the others' median
+SLOW_MIN_STEPS = 0.6  # in at least 60 % of the steady steps
+GROUP_SPREAD = 1.6  # slow ranks whose excesses differ less than this are one group
+HOST_ATTRIBUTE = "host.name"
+# a subject whose excess costs the run less than this is left out of the run's what-if
+MIN_SAVING_SHARE = 0.005
+
+
+@dataclass(frozen=True)
+class Subject:
+    """Ranks slow together throughout the run (one rank, or a group)."""
+
+    ranks: Tuple[int, ...]
+    ratio: float  # their median own work / the other ranks' median, over the steady steps
+    attribute: Optional[str] = None  # the resource attribute they share (a group's label)
+    value: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        names = ", ".join(map(str, self.ranks))
+        text = f"rank {names}" if len(self.ranks) == 1 else f"ranks {names}"
+        return f"{text} ({self.attribute}={self.value})" if self.attribute else text
+
+
+@dataclass
+class RunWhatIf:
+    subjects: List[Subject] = field(default_factory=list)
+    saving_ns: Dict[Tuple[int, ...], int] = field(default_factory=dict)  # per subject
+    # over the steady steps: every subject's excess and each step's straggler taken off at once
+    total_saving_ns: int = 0
+    # of which beyond the step stragglers' own savings (what the step what-ifs do not hold)
+    beyond_steps_ns: int = 0
+    steps: int = 0  # steady steps replayed
+
+
+def work_ratios(work: Mapping[int, int]) -> Dict[int, float]:
+    """Each rank's own work / the median of the other ranks' in one step."""
+    ratios: Dict[int, float] = {}
+    values = list(work.values())
+    if len(values) < 2:
+        return ratios
+    for rank, own in work.items():
+        others = list(values)
+        others.remove(own)
+        typical = statistics.median(others)
+        if typical > 0:
+            ratios[rank] = own / typical
+    return ratios
+
+
+def slow_subjects(
+    work_by_step: Iterable[Mapping[int, int]],
+    persistent: Iterable[int] = (),
+    labels: Optional[Mapping[int, Mapping[str, str]]] = None,
+    group_by: Optional[str] = None,
+) -> List[Subject]:
+    """The ranks and groups slow throughout the steady steps (``work_by_step``: each step's
+    rank -> own work); ``persistent``: ranks the noise model calls persistently late;
+    ``labels``: rank -> its resource attributes, for a group's label."""
+    ratios: Dict[int, List[float]] = {}
+    steps = 0
+    for work in work_by_step:
+        steps += 1
+        for rank, ratio in work_ratios(work).items():
+            ratios.setdefault(rank, []).append(ratio)
+    if not steps:
+        return []
+    typical = {rank: statistics.median(values) for rank, values in ratios.items()}
+    slow = {
+        rank
+        for rank, values in ratios.items()
+        if typical[rank] >= 1 + SLOW_MIN_EXCESS
+        and sum(v >= 1 + SLOW_MIN_EXCESS for v in values) >= SLOW_MIN_STEPS * steps
+    }
+    if len(slow) * 2 > len(typical):  # most ranks slow: the others are the odd ones, not them
+        slow = set()
+    subjects: List[Subject] = []
+    cluster: List[int] = []
+    for rank in sorted(slow, key=lambda r: (typical[r], r)):
+        excess = max(typical[rank] - 1, 1e-9)
+        if cluster and excess > GROUP_SPREAD * max(typical[cluster[0]] - 1, 1e-9):
+            subjects.append(_subject(cluster, typical, labels, group_by))
+            cluster = []
+        cluster.append(rank)
+    if cluster:
+        subjects.append(_subject(cluster, typical, labels, group_by))
+    # late by the noise model though not slower by their own work (a rank that starts its
+    # steps late): each its own subject, never part of a group
+    for rank in sorted(set(persistent) - slow):
+        if rank in typical:
+            subjects.append(Subject((rank,), typical[rank]))
+    return subjects
+
+
+def _subject(
+    ranks: List[int],
+    typical: Mapping[int, float],
+    labels: Optional[Mapping[int, Mapping[str, str]]],
+    group_by: Optional[str],
+) -> Subject:
+    ordered = tuple(sorted(ranks))
+    ratio = statistics.median(typical[r] for r in ordered)
+    if len(ordered) > 1 and labels:
+        for attribute in (group_by, HOST_ATTRIBUTE):
+            if not attribute:
+                continue
+            values = {labels.get(r, {}).get(attribute) for r in ordered}
+            if len(values) == 1 and None not in values:
+                return Subject(ordered, ratio, attribute, str(values.pop()))
+    return Subject(ordered, ratio)
+
+
+def scale_for(graph: StepGraph, ranks: Iterable[int]) -> Dict[int, float]:
+    """Each of ``ranks``' work scaled to the median of the other ranks' (never up)."""
+    work = graph.work
+    chosen = {r for r in ranks if r in work}
+    others = [w for r, w in work.items() if r not in chosen]
+    if not chosen or not others:
+        return {}
+    typical = statistics.median(others)
+    return {r: min(1.0, typical / work[r]) for r in chosen if work[r] > 0}
+
+
+def run_what_if(
+    paths: Mapping[int, CriticalPath],
+    steady: Sequence[int],
+    subjects: List[Subject],
+    straggler_of: Mapping[int, Tuple[int, int]],
+) -> RunWhatIf:
+    """``straggler_of``: step key -> (its straggler's rank, its saving) where one was named.
+    Reads each steady step's path once, and only where there are subjects."""
+    run = RunWhatIf(subjects=list(subjects))
+    if not subjects:
+        return run
+    total = 0
+    for key in steady:
+        path = paths[key]
+        if path.graph is None:
+            continue
+        run.steps += 1
+        total += path.step.duration_ns
+        for subject in subjects:
+            saving = path.graph.saving(scale_for(path.graph, subject.ranks))
+            run.saving_ns[subject.ranks] = run.saving_ns.get(subject.ranks, 0) + saving
+    # the run without them all: only the subjects whose excess costs it something (a rank
+    # late by the shape of its work saves nothing alone, and only noise together)
+    costly = sorted(
+        {
+            rank
+            for subject in subjects
+            if run.saving_ns.get(subject.ranks, 0) >= MIN_SAVING_SHARE * total
+            for rank in subject.ranks
+        }
+    )
+    if not costly:
+        return run
+    for key in steady:
+        graph = paths[key].graph
+        if graph is None:
+            continue
+        named = straggler_of.get(key)
+        removed = costly + ([named[0]] if named and named[0] not in costly else [])
+        step_saving = graph.saving(scale_for(graph, removed))
+        own = named[1] if named else 0
+        run.total_saving_ns += max(step_saving, own)
+        run.beyond_steps_ns += max(0, step_saving - own)
+    return run
