@@ -55,6 +55,9 @@ ATTR_WAIT_NS = "horovod.wait_ns"
 # a collective of several replicas in one process (MirroredStrategy): its span is the process's,
 # from its last replica's arrival; which replica came last and by how much after the first
 ATTR_REPLICAS = "tf_otel.replicas"
+# on a sampled step span: the devices of this process's MirroredStrategy (> 1), which
+# communicate with each other even in a one-process job
+ATTR_STEP_REPLICAS = "tf_otel.step.replicas"
 ATTR_REPLICA_LAST = "tf_otel.replica.last"
 ATTR_REPLICA_SPREAD_NS = "tf_otel.replica.spread_ns"
 # parameter-server transfers (sources.step_stats)
@@ -65,6 +68,9 @@ ATTR_GPU_UTILIZATION = "gpu.utilization"
 # step span attributes the whole-step rules read
 ATTR_INPUT_WAIT = "tf_otel.input.wait_ns"  # instrument.input_wait
 ATTR_INPUT_ELEMENTS = "tf_otel.input.elements"
+# False on a sampled step of a process that has iterated no tf.data dataset so far (the
+# input-wait hooks saw none): its input is not a pipeline there is anything to measure of
+ATTR_INPUT_SEEN = "tf_otel.input.tf_data_seen"
 ATTR_BETWEEN = "tf_otel.between_steps_ns"  # instrument.step_resources
 ATTR_CALLBACK = "tf_otel.between_steps.callback_ns"
 ATTR_CHECKPOINT = "tf_otel.between_steps.checkpoint_ns"

@@ -4,7 +4,10 @@ stragglers, and the run's what-if against a replay simulator that shares no anal
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 
 import pytest
 from analysis_builders import JobBuilder, decoded_spans, ms
@@ -191,3 +194,18 @@ def test_controls_with_nothing_injected_find_nothing(shape):
     for rule in ("straggler", "persistent_lateness", "slow_group"):
         assert rule not in rules, result.findings
     assert _what_if(result) < 0.01 * result.total_ns
+
+
+def test_the_cli_names_the_group_by_the_attribute_it_is_given(tmp_path):
+    pipe = Pipeline(stages=4, replicas=2, micro=4, steps=8, slow_stages={3: 1.74})
+    pipe.job(jitter_us=50).write_otlp(tmp_path / "spans.jsonl")
+    command = [sys.executable, "-m", "tf_otel.cli", "analyze", str(tmp_path), "--format", "json"]
+    done = subprocess.run(
+        command + ["--group-by", "pipeline.stage"], capture_output=True, text=True, check=True
+    )
+    report = json.loads(done.stdout)
+    groups = [f for f in report["findings"] if f["rule"] == "slow_group"]
+    assert [g["evidence"]["shared"] for g in groups] == [{"pipeline.stage": "3"}]
+    slow = report["summary"]["slow_throughout"]
+    assert [s["ranks"] for s in slow if len(s["ranks"]) > 1] == [[3, 7]]
+    assert slow[0]["label"].startswith("ranks 3, 7")

@@ -120,6 +120,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=1.0,
         help="and at least this many ms (1.0; the floor when the run shows no noise)",
     )
+    tuning.add_argument(
+        "--group-by",
+        metavar="ATTRIBUTE",
+        help="the resource attribute that labels ranks slow together, e.g. a pipeline stage "
+        "the job sets in OTEL_RESOURCE_ATTRIBUTES (default: host.name where they share it)",
+    )
     engine = parser.add_argument_group("where it runs (trace files)")
     engine.add_argument(
         "--scheduler",
@@ -280,12 +286,13 @@ def _analyze(
         int(args.straggler_min_ms * 1e6),
     )
     if not isinstance(loaded, SpillSource):
-        _report(args, analyze_spans(loaded, *options))
+        _report(args, analyze_spans(loaded, *options, group_by=args.group_by))
         return 0
     with loaded:  # the pictures read their steps' spans again
         result = analyze_source(
             loaded,
             *options,
+            group_by=args.group_by,
             progress=args.progress,
             engine=args.engine,
             keep_segments=args.with_path,  # the pictures read their steps again

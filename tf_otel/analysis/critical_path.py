@@ -52,7 +52,7 @@ import sys
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from tf_otel.analysis.carry import CARRIED_NAME, Carry
 from tf_otel.analysis.model import (
@@ -73,9 +73,6 @@ from tf_otel.record import (
     INPUT,
     TRANSFER,
 )
-
-if TYPE_CHECKING:
-    from tf_otel.analysis.replay import StepGraph
 
 __all__ = ["ATTR_LAST_ARRIVAL", "ATTR_TRANSFER_EDGE", "ATTR_WAIT_NS", "critical_path"]
 
@@ -226,7 +223,8 @@ class CriticalPath:
     inherited: Dict[int, int] = field(default_factory=dict, repr=False)
     # the step's dependency graph (``replay.step_graph``: stragglers.keep_for_statistics),
     # what the run's what-if replays once the steps' spans are gone
-    graph: Optional[StepGraph] = field(default=None, repr=False)
+    # (a replay.StepGraph: typed Any, replay reads this module)
+    graph: Any = field(default=None, repr=False)
     _lateness: Optional[Dict[int, int]] = field(default=None, repr=False)
     # (by category, by rank, length) once the segments are dropped (``drop_segments``)
     _totals: Optional[Tuple[Dict[str, int], Dict[int, int], int]] = field(default=None, repr=False)

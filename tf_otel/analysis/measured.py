@@ -13,12 +13,15 @@ and its time as ``compute`` (the residual). The reports must say "not measured" 
 - ``input`` is measured when every rank's step span carries ``tf_otel.input.wait_ns`` (the
   input-wait hook: by default Keras fit and datasets iterated in a tf.function,
   ``TF_OTEL_INPUT_WAIT=1`` every iterator; 0 counts) or the step has ``input`` spans (eager
-  ``next()``, op detail);
+  ``next()``, op detail); where every rank says its process iterated no tf.data dataset
+  (``tf_otel.input.tf_data_seen=false``) it is not measured for that reason: "no tf.data
+  input seen", not a setting to turn on;
 - ``communication`` and ``straggler_wait`` (both come from the same spans) are measured when
   the step has a collective or transfer span (``TF_OTEL_HOROVOD_EVERY=N``; RecvTensor on
   ``TF_OTEL_OPS_EVERY`` steps of a parameter-server job), or when the job is one process:
   ``tf_otel.world_size`` is 1 (a parameter-server job counts its servers in it) and the step
-  has one rank; there is nothing to communicate, measured as 0;
+  has one rank, not of a MirroredStrategy over several devices (``tf_otel.step.replicas``);
+  there is nothing to communicate, measured as 0;
 - ``compute``, ``framework`` and ``before_step`` are always measured (step spans, the path's
   own gaps), but ``compute`` then also holds what was not measured in the step.
 
@@ -45,7 +48,9 @@ from tf_otel.analysis.critical_path import (
 from tf_otel.analysis.model import as_int
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.record import (
+    ATTR_INPUT_SEEN,
     ATTR_INPUT_WAIT,
+    ATTR_STEP_REPLICAS,
     COLLECTIVE,
     COLLECTIVE_TRANSFER,
     COLLECTIVE_WAIT,
@@ -66,12 +71,25 @@ SETTINGS: Dict[str, str] = {
     PATH_STRAGGLER_WAIT: COMMUNICATION_SETTING,
 }
 ALWAYS_MEASURED = frozenset((PATH_COMPUTE, PATH_FRAMEWORK, PATH_BEFORE_STEP))
+# in a step's measured set: input was not measured because there was no tf.data input to
+# measure (``record.ATTR_INPUT_SEEN``), not because a setting was off
+NO_TF_DATA = "input:no_tf_data"
+NO_TF_DATA_TEXT = "no tf.data input seen"
 ALL_MEASURED = frozenset(PATH_CATEGORIES)
 _COMMUNICATION_SPANS = frozenset((COLLECTIVE, COLLECTIVE_WAIT, COLLECTIVE_TRANSFER, TRANSFER))
 _CATEGORY = attrgetter("category")
 
 # (a step's path time by category, the categories it measured)
 StepSplit = Tuple[Mapping[str, int], FrozenSet[str]]
+
+
+def _no_tf_data(trace: StepTrace) -> bool:
+    """Every rank's step span says its process had iterated no tf.data dataset."""
+    return bool(trace.ranks) and all(
+        timeline.step_span is not None
+        and timeline.step_span.attributes.get(ATTR_INPUT_SEEN) is False
+        for timeline in trace.ranks.values()
+    )
 
 
 def _input_measured(trace: StepTrace, categories: FrozenSet[str]) -> bool:
@@ -90,8 +108,13 @@ def _communication_measured(trace: StepTrace, categories: FrozenSet[str]) -> boo
     if categories & _COMMUNICATION_SPANS:
         return True
     # one process of a one-process job: no peer to wait for or send to. An unknown world size
-    # is not assumed to be 1 (ranks may be missing from the trace)
-    return trace.world_size == 1 and len(trace.ranks) == 1
+    # is not assumed to be 1 (ranks may be missing from the trace); a MirroredStrategy's
+    # replicas in that one process do communicate
+    if trace.world_size != 1 or len(trace.ranks) != 1:
+        return False
+    span = next(iter(trace.ranks.values())).step_span
+    replicas = as_int(span.attributes.get(ATTR_STEP_REPLICAS)) if span is not None else None
+    return replicas is None or replicas < 2
 
 
 def measured_categories(trace: StepTrace) -> FrozenSet[str]:
@@ -100,6 +123,8 @@ def measured_categories(trace: StepTrace) -> FrozenSet[str]:
     measured = set(ALWAYS_MEASURED)
     if _input_measured(trace, categories):
         measured.add(PATH_INPUT)
+    elif _no_tf_data(trace):
+        measured.add(NO_TF_DATA)
     if _communication_measured(trace, categories):
         measured.update((PATH_COMMUNICATION, PATH_STRAGGLER_WAIT))
     return frozenset(measured)
@@ -108,15 +133,22 @@ def measured_categories(trace: StepTrace) -> FrozenSet[str]:
 def not_measured(measured: FrozenSet[str]) -> Dict[str, str]:
     """Category -> the setting that measures it, for the categories missing from ``measured``
     (in report order)."""
-    return {c: SETTINGS[c] for c in PATH_CATEGORIES if c not in measured and c in SETTINGS}
+    reasons = {c: SETTINGS[c] for c in PATH_CATEGORIES if c not in measured and c in SETTINGS}
+    if NO_TF_DATA in measured and PATH_INPUT in reasons:
+        reasons[PATH_INPUT] = NO_TF_DATA_TEXT
+    return reasons
 
 
-def settings_text(categories: Iterable[str]) -> str:
+def settings_text(
+    categories: Iterable[str], reasons: Optional[Mapping[str, Optional[str]]] = None
+) -> str:
     """'input (TF_OTEL_INPUT_WAIT=1 ...); communication, straggler_wait (TF_OTEL_HOROVOD...)':
-    categories grouped by the setting that measures them."""
+    categories grouped by the setting that measures them (``reasons``: a category's own
+    text where it has one, e.g. ``CategoryShare.setting``)."""
     groups: Dict[str, List[str]] = {}
     for category in categories:
-        groups.setdefault(SETTINGS.get(category, ""), []).append(category)
+        reason = (reasons or {}).get(category) or SETTINGS.get(category, "")
+        groups.setdefault(reason, []).append(category)
     return "; ".join(
         ", ".join(names) + (f" ({setting})" if setting else "") for setting, names in groups.items()
     )
@@ -134,6 +166,7 @@ class CategoryShare:
     # compute: the categories it holds on some steps (not measured there), and on how many
     holds: Tuple[str, ...] = ()
     holds_steps: int = 0
+    no_tf_data_steps: int = 0  # of the steps not measured, those with no tf.data input seen
 
     @property
     def measured(self) -> bool:
@@ -151,18 +184,24 @@ class CategoryShare:
         """What measures the category on the steps where it was not; None where it always was."""
         if self.measured_steps == self.steps:
             return None
+        if self.no_tf_data_steps == self.steps - self.measured_steps:
+            return NO_TF_DATA_TEXT
         return "; ".join(dict.fromkeys(SETTINGS[c] for c in self.categories if c in SETTINGS))
 
 
 def group_share(steps: Sequence[StepSplit], categories: Sequence[str]) -> CategoryShare:
     """``categories`` together, over the steps where every one of them was measured."""
-    ns = path_ns = measured_steps = 0
+    ns = path_ns = measured_steps = no_tf_data = 0
     for split, measured in steps:
         if all(c in measured for c in categories):
             measured_steps += 1
             ns += sum(split[c] for c in categories)
             path_ns += sum(split.values())
-    return CategoryShare(tuple(categories), len(steps), measured_steps, ns, path_ns)
+        elif NO_TF_DATA in measured and tuple(categories) == (PATH_INPUT,):
+            no_tf_data += 1
+    return CategoryShare(
+        tuple(categories), len(steps), measured_steps, ns, path_ns, no_tf_data_steps=no_tf_data
+    )
 
 
 def category_shares(steps: Sequence[StepSplit]) -> Dict[str, CategoryShare]:
@@ -179,6 +218,7 @@ def category_shares(steps: Sequence[StepSplit]) -> Dict[str, CategoryShare]:
         compute.path_ns,
         holds,
         len(held),
+        compute.no_tf_data_steps,
     )
     return shares
 

@@ -18,6 +18,8 @@ WHOLE_STEP_ATTRIBUTES = frozenset(
     (
         record.ATTR_INPUT_WAIT,
         record.ATTR_INPUT_ELEMENTS,
+        record.ATTR_INPUT_SEEN,
+        record.ATTR_STEP_REPLICAS,
         record.ATTR_BETWEEN,
         record.ATTR_CALLBACK,
         record.ATTR_CHECKPOINT,

@@ -20,6 +20,7 @@ from typing import Any, Callable, List, Optional
 
 from tf_otel import clock
 from tf_otel.config import Settings
+from tf_otel.instrument import input_wait
 from tf_otel.instrument._patching import HookOrder, StepCall, StepHook, add_step_hook, when_imported
 from tf_otel.instrument._patching import state as _thread
 from tf_otel.instrument._patching import wrap as _wrap
@@ -41,6 +42,7 @@ _eager: List[Callable[[], bool]] = []
 
 
 def _next_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    input_wait.seen.set()
     if not _eager or not _eager[0]():
         return wrapped(*args, **kwargs)
     start = clock.now_ns()

@@ -231,6 +231,7 @@ def _wanted(dataset: Any) -> bool:
 
 
 def _iter_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    seen.set()
     tail = None
     with fail_open("input_wait.dataset"):
         if _wanted(instance):
@@ -248,6 +249,7 @@ def _iter_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -
 
 def _for_stmt_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
     """AutoGraph's ``for x in dataset`` (a scan + reduce in the graph): the dataset timed."""
+    seen.set()
     if args:
         tail = None
         with fail_open("input_wait.for_loop"):
@@ -268,6 +270,8 @@ def _data_function_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs
 
 _eager: List[Callable[[], bool]] = []
 _inside_function: List[Callable[[], bool]] = [lambda: False]
+# set once any tf.data dataset is iterated in this process (here, or eager next(): data.py)
+seen = threading.Event()
 _scope: Dict[str, bool] = {"every_iterator": False}
 
 
@@ -281,6 +285,10 @@ class InputWaitHook(StepHook[None]):
     order = HookOrder.INPUT_WAIT
 
     def on_step_end(self, handle: StepHandle, call: StepCall, error: Error, kept: None) -> None:
+        if not seen.is_set() and handle.sampled and call.kind != record.SESSION_RUN:
+            # no dataset iterated in this process yet: no tf.data input to measure (a TF1
+            # graph's iterators are made without __iter__: never claimed for Session.run)
+            handle.attributes[record.ATTR_INPUT_SEEN] = False
         if "reader" not in _state or not _eager_now():
             return
         totals = read_totals()

@@ -25,12 +25,22 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from tf_otel import record
 from tf_otel.config import Settings
 from tf_otel.health import fail_open
-from tf_otel.instrument._patching import when_imported, wrap
+from tf_otel.instrument._patching import (
+    Error,
+    HookOrder,
+    StepCall,
+    StepHook,
+    add_step_hook,
+    when_imported,
+    wrap,
+)
 from tf_otel.instrument.horovod.choice import choice
 from tf_otel.instrument.horovod.patching import timed_op
 from tf_otel.instrument.horovod.stamps import TENSORFLOW, collector
+from tf_otel.pipeline.step_handle import StepHandle
 
 # collective_ops function -> op (each takes its input tensor first)
 OPS = {
@@ -73,10 +83,28 @@ def _mirrored_built(wrapped: Callable, instance: Any, args: tuple, kwargs: dict)
 
         ops = getattr(instance, "_cross_device_ops", None)
         devices = getattr(instance, "_devices", ())
+        replicas_hook.devices = max(replicas_hook.devices, len(devices))
         if isinstance(ops, cross_device_ops.CollectiveAllReduce) and len(devices) > 1:
             choice.tf_collectives = True
             choice.replicas = max(choice.replicas, len(devices))
     return out
+
+
+class _ReplicasHook(StepHook[None]):
+    """Puts the MirroredStrategy's device count on sampled step spans: a one-process job of
+    several replicas communicates, and a step without collective spans did not measure it."""
+
+    order = HookOrder.HOROVOD
+
+    def __init__(self) -> None:
+        self.devices = 0
+
+    def on_step_end(self, handle: StepHandle, call: StepCall, error: Error, kept: None) -> None:
+        if self.devices > 1 and handle.sampled:
+            handle.attributes[record.ATTR_STEP_REPLICAS] = self.devices
+
+
+replicas_hook = _ReplicasHook()
 
 
 def _patch_strategy(module: Any) -> None:
@@ -92,3 +120,4 @@ def register(settings: Settings) -> None:
     when_imported("tensorflow", _patch_ops)
     when_imported(_STRATEGY, _patch_strategy)
     when_imported(_MIRRORED, _patch_mirrored)
+    add_step_hook(replicas_hook)

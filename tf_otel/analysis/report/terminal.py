@@ -84,10 +84,11 @@ def category_lines(shares: Dict[str, CategoryShare]) -> List[str]:
         )
     never = [c for c, found in shares.items() if found.setting and not found.measured]
     partly = [c for c, found in shares.items() if found.setting and found.measured]
+    reasons = {c: found.setting for c, found in shares.items()}
     if never:
-        lines.append(f"  {NOT_MEASURED}: {settings_text(never)}")
+        lines.append(f"  {NOT_MEASURED}: {settings_text(never, reasons)}")
     if partly:
-        lines.append(f"  {NOT_MEASURED} on some steps: {settings_text(partly)}")
+        lines.append(f"  {NOT_MEASURED} on some steps: {settings_text(partly, reasons)}")
     return lines
 
 
