@@ -40,6 +40,10 @@ class _Job(JobBuilder):
         return found
 
 
+def _ranks(which: object) -> Tuple[int, ...]:
+    return tuple(which) if isinstance(which, (tuple, list)) else (int(which),)  # type: ignore
+
+
 class DataParallel:
     """``legs`` pieces of work a step on every rank, an allreduce after each but the last."""
 
@@ -51,7 +55,8 @@ class DataParallel:
         work_ms: float = 20.0,
         comm_ms: float = 2.0,
         slow: Optional[Dict[int, float]] = None,  # rank -> factor on its work, every step
-        slow_steps: Optional[Dict[int, Tuple[int, float]]] = None,  # step -> (rank, +ms)
+        # step -> (rank or ranks, +ms on each)
+        slow_steps: Optional[Dict[int, Tuple[object, float]]] = None,
         spread: float = 0.05,  # each piece of work varies by up to this share
         hosts: Optional[Dict[int, str]] = None,
         seed: int = 1,
@@ -69,11 +74,11 @@ class DataParallel:
             for leg in range(legs)
         }
 
-    def _plan(self, slow: Dict[int, float], slow_steps: Dict[int, Tuple[int, float]]) -> Plan:
+    def _plan(self, slow: Dict[int, float], slow_steps: Dict[int, Tuple[object, float]]) -> Plan:
         plan = {}
         for (s, r, leg), value in self.base.items():
             value *= slow.get(r, 1.0)
-            if s in slow_steps and slow_steps[s][0] == r and leg == 0:
+            if s in slow_steps and r in _ranks(slow_steps[s][0]) and leg == 0:
                 value += slow_steps[s][1]
             plan[(s, r, leg)] = value
         return plan

@@ -181,6 +181,24 @@ def test_a_one_off_straggler_what_if_is_the_sum_of_its_steps_excess():
     assert not result.what_if.subjects
 
 
+def test_ranks_late_together_in_some_steps_are_one_group_over_those_steps():
+    hosts = {r: f"node{r // 2}" for r in range(8)}
+    slow = {3: ((4, 5), 40.0), 7: ((4, 5), 40.0), 10: ((4, 5), 40.0)}
+    sim = DataParallel(ranks=8, steps=14, slow_steps=slow, hosts=hosts)
+    truth = sim.total_ms() - sim.total_ms(slow_steps={})
+    result = analyze_spans(decoded_spans(sim.job(jitter_us=50, overlap_us=20)))
+    groups = [f for f in result.findings if f.rule == "slow_group"]
+    assert len(groups) == 1, result.findings
+    evidence = groups[0].evidence
+    assert (evidence["ranks"], evidence["steps"]) == ([4, 5], [3, 7, 10])
+    assert evidence["shared"] == {"host.name": "node2"}
+    assert evidence["median_lateness_ms"] == pytest.approx(40.0, rel=0.1)
+    assert evidence["what_if_saving_ms"] == pytest.approx(truth, rel=0.10)
+    assert _what_if(result) / 1e6 == pytest.approx(truth, rel=0.10)
+    # named once: not also as rank 4's (or 5's) straggler steps
+    assert not [f for f in result.findings if f.rule == "straggler"], result.findings
+
+
 @pytest.mark.parametrize("shape", ["data_parallel", "pipeline"])
 def test_controls_with_nothing_injected_find_nothing(shape):
     if shape == "pipeline":

@@ -72,7 +72,7 @@ from tf_otel.analysis.stragglers import (
     warmup_keys,
 )
 from tf_otel.analysis.trace_source import MemorySource, TraceSource
-from tf_otel.analysis.what_if import RunWhatIf, run_what_if, slow_subjects
+from tf_otel.analysis.what_if import RunWhatIf, late_together, run_what_if, slow_subjects
 
 StepRange = Tuple[Optional[int], Optional[int]]
 SKELETONS = True  # False: every step built from all its spans (tests compare the two)
@@ -717,7 +717,15 @@ def _run_what_if(
             steps.group_by,
         )
     named = {key: (s.rank, s.saving_ns) for key, s in stragglers.step_stragglers.items()}
-    return run_what_if(_Paths(results), steady, subjects, named)
+    lateness = {key: digests[key].lateness() for key in named}
+    ranks_of = {key: s.rank for key, s in stragglers.step_stragglers.items()}
+    threshold = stragglers.noise.threshold_for
+    together = late_together(lateness, ranks_of, threshold)
+    if together:
+        ranks = {r for subject in together for r in subject.ranks}
+        labels = _rank_resources(results, steady, ranks, steps.with_spans)
+        together = late_together(lateness, ranks_of, threshold, labels, steps.group_by)
+    return run_what_if(_Paths(results), steady, subjects + together, named)
 
 
 def _rank_resources(

@@ -65,9 +65,16 @@ def _ordered(settings: Dict[str, str]) -> Dict[str, str]:
 def straggler_findings(result: AnalysisResult) -> List[Finding]:
     findings = []
     total = sum(d.duration_ns for d in result.digests(warmup=False)) or 1
+    # steps where the rank was late together with others: named once, as their group
+    together = {
+        (rank, key)
+        for subject in result.what_if.subjects
+        for rank in subject.ranks
+        for key in subject.steps
+    }
     for stats in result.stragglers.ranks.values():
         count = len(stats.straggler_steps)
-        if not count:
+        if not count or all((stats.rank, key) in together for key in stats.straggler_steps):
             continue
         saving_share = stats.saving_ns / total
         step_share = count / max(1, len(result.steady_steps))
@@ -126,11 +133,21 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
     run = result.what_if
     steady_total = sum(d.duration_ns for d in result.digests(warmup=False)) or 1
     persistent = noise.persistent()
-    grouped = {r for subject in run.subjects if len(subject.ranks) > 1 for r in subject.ranks}
+    grouped = {
+        r
+        for subject in run.subjects
+        if len(subject.ranks) > 1 and not subject.steps
+        for r in subject.ranks
+    }
     findings = []
+    steady = max(1, len(result.steady_steps))
     for subject in run.subjects:
-        if len(subject.ranks) > 1:
-            findings.append(_group_finding(result, subject, steady_total))
+        if len(subject.ranks) < 2:
+            continue
+        saving_share = run.saving_ns.get(subject.ranks, 0) / steady_total
+        if subject.steps and not straggles_enough(saving_share, len(subject.steps) / steady):
+            continue  # late together, but too rarely and too little to report
+        findings.append(_group_finding(result, subject, steady_total))
     singles = {s.ranks[0]: s for s in run.subjects if len(s.ranks) == 1}
     for rank in sorted(set(persistent) | set(singles)):
         if rank in grouped:
@@ -201,18 +218,27 @@ def _group_finding(result: AnalysisResult, subject: Subject, steady_total: int) 
         suggestion = _PARTITION_SUGGESTION.format(attribute=subject.attribute, value=subject.value)
     else:
         suggestion = _GROUP_SUGGESTIONS[subject.attribute]
+    if subject.steps:
+        numbers = [result.step_number(key) for key in subject.steps]
+        how = (
+            f"were late together in {len(numbers)} of {len(result.steady_steps)} steady steps, "
+            f"by {ms(subject.late_ns)} ms (median)"
+        )
+    else:
+        numbers = []
+        how = (
+            f"are slow together in most steps: their own work {subject.ratio:.2f}x the other ranks'"
+        )
     return Finding(
         rule="slow_group",
         severity=severity(share),
-        summary=(
-            f"{subject.label} are slow together in most steps: their own work "
-            f"{subject.ratio:.2f}x the other ranks'; the run {_pct(share)} shorter without "
-            "their excess"
-        ),
+        summary=f"{subject.label} {how}; the run {_pct(share)} shorter without their excess",
         evidence={
             "ranks": list(subject.ranks),
             "shared": {subject.attribute: subject.value} if subject.attribute else {},
             "work_ratio": round(subject.ratio, 3),
+            "steps": numbers[:MAX_LISTED_STEPS],
+            "median_lateness_ms": ms(subject.late_ns) if subject.steps else None,
             "what_if_saving_ms": ms(saving),
             "what_if_saving_share": round(share, 4),
         },

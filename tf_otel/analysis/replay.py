@@ -4,7 +4,7 @@ Usage::
 
     graph = step_graph(step, inherited={1: ns})   # while the step has its sync spans
     graph.work                                     # rank -> its own work in the step (ns)
-    graph.saving({3: 0.5})                         # ns the step saves had rank 3 done half its work
+    graph.saving([3])                              # ns the step saves without rank 3's excess
 
 The graph: on each rank its sync spans (collectives by ``tf_otel.collective.key``, PS / pipeline
 transfers by ``tensorflow.transfer.edge``) in start order. A rank arrives at a sync after its
@@ -12,8 +12,9 @@ own work since its predecessor, the last of its syncs that ended by then (within
 tolerance, ``critical_path.overlap_tolerance``), or since the step's start plus what it
 inherited from its previous step; a sync completes on each member when its last member has
 arrived plus what that member spent in it after the last arrival (the transfer itself); the
-rank's step ends after its own work since its last sync. Replaying the graph with a rank's own
-work scaled answers "how much shorter had it been no slower than the others". The saving is the
+rank's step ends after its own work since its last sync. Replaying the graph with a rank's
+excess work taken off (``StepGraph.without``) answers "how much shorter had it been no slower
+than the others". The saving is the
 replay of the graph as recorded minus the replay as changed, so what the graph does not model
 (work inside a sync, a hidden arrival's estimate) cancels out.
 
@@ -25,9 +26,10 @@ time outside all of them.
 from __future__ import annotations
 
 import bisect
+import statistics
 from array import array
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from tf_otel.analysis.critical_path import (
     estimated_arrivals,
@@ -58,9 +60,9 @@ class StepGraph:
     def work(self) -> Dict[int, int]:
         return dict(zip(self.ranks, self.work_ns))
 
-    def duration(self, scale: Optional[Mapping[int, float]] = None) -> int:
-        """The step's length replayed, each rank's own work times its ``scale`` (1: as is)."""
-        factors = [1.0 if scale is None else scale.get(rank, 1.0) for rank in self.ranks]
+    def duration(self, ranks: Iterable[int] = ()) -> int:
+        """The step's length replayed, ``ranks``' excess work taken off (``without``)."""
+        work, tails = self.without(ranks)
         events = self.events
         count = len(events) // _FIELDS
         done = [0] * count  # each event's completion
@@ -71,9 +73,9 @@ class StepGraph:
             latest = None
             while j < count and events[j * _FIELDS + 4] == sync:
                 at = j * _FIELDS
-                position, work, pred = events[at], events[at + 1], events[at + 2]
+                position, pred = events[at], events[at + 2]
                 begin = done[pred] if 0 <= pred < i else self.base_ns[position]
-                arrival = begin + int(work * factors[position])
+                arrival = begin + work[j]
                 done[j] = arrival  # the arrival for now; the completion below
                 latest = arrival if latest is None or arrival > latest else latest
                 j += 1
@@ -84,14 +86,63 @@ class StepGraph:
         for position in range(len(self.ranks)):
             pred = self.tail_pred[position]
             begin = done[pred] if pred >= 0 else self.base_ns[position]
-            end = max(end, begin + int(self.tail_ns[position] * factors[position]))
+            end = max(end, begin + tails[position])
         return end - self.start_ns
 
-    def saving(self, scale: Mapping[int, float]) -> int:
-        """How much shorter the step had been with the ranks' work scaled so."""
-        if not scale:
+    def without(self, ranks: Iterable[int]) -> Tuple[List[int], List[int]]:
+        """Each event's and each rank's tail work with ``ranks``' excess taken off: a piece of
+        their work that other ranks did between the same two syncs (the same leg) is cut to
+        those ranks' median; a piece no other rank shares (a pipeline stage's own transfers)
+        is scaled by the rank's whole work over the other ranks' median (``scale_for``)."""
+        events = self.events
+        count = len(events) // _FIELDS
+        work = [events[e * _FIELDS + 1] for e in range(count)]
+        tails = list(self.tail_ns)
+        chosen = {self.ranks.index(r) for r in ranks if r in self.ranks}
+        if not chosen:
+            return work, tails
+        others = [w for p, w in enumerate(self.work_ns) if p not in chosen]
+        typical_work = statistics.median(others) if others else 0
+
+        def leg(e: int) -> Tuple[int, int]:
+            pred = events[e * _FIELDS + 2]
+            return (events[pred * _FIELDS + 4] if pred >= 0 else -1, events[e * _FIELDS + 4])
+
+        def tail_leg(position: int) -> Tuple[int, int]:
+            pred = self.tail_pred[position]
+            return (events[pred * _FIELDS + 4] if pred >= 0 else -1, -2)
+
+        shared: Dict[Tuple[int, int], List[int]] = {}
+        for e in range(count):
+            if events[e * _FIELDS] not in chosen:
+                shared.setdefault(leg(e), []).append(work[e])
+        for position in range(len(self.ranks)):
+            if position not in chosen:
+                shared.setdefault(tail_leg(position), []).append(tails[position])
+        scale = {
+            p: min(1.0, typical_work / self.work_ns[p]) if self.work_ns[p] > 0 else 1.0
+            for p in chosen
+        }
+
+        def cut(value: int, same: Optional[List[int]], position: int) -> int:
+            if same:
+                return min(value, int(statistics.median(same)))
+            return int(value * scale[position])
+
+        for e in range(count):
+            position = events[e * _FIELDS]
+            if position in chosen:
+                work[e] = cut(work[e], shared.get(leg(e)), position)
+        for position in chosen:
+            tails[position] = cut(tails[position], shared.get(tail_leg(position)), position)
+        return work, tails
+
+    def saving(self, ranks: Iterable[int]) -> int:
+        """How much shorter the step had been without ``ranks``' excess work."""
+        ranks = list(ranks)
+        if not ranks:
             return 0
-        return max(0, self.duration() - self.duration(scale))
+        return max(0, self.duration() - self.duration(ranks))
 
 
 def step_graph(step: StepTrace, inherited: Optional[Mapping[int, int]] = None) -> StepGraph:

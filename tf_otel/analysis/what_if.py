@@ -9,8 +9,8 @@ Usage::
 A step straggler's saving (``stragglers``) counts a rank only in the steps where it is later
 than its own usual; a rank slow in every step, or a group of ranks slow together, would save
 nothing there. Here each steady step's dependency graph (``replay.step_graph``) is replayed with
-the subject's own work scaled down to the other ranks' median (``scale_for``), and the savings
-are summed over the run.
+the subject's excess work taken off (``StepGraph.without``: each leg cut to the other ranks'
+median of the same leg, else its work scaled to theirs), and the savings summed over the run.
 
 Slow subjects are found from the ranks' own work (time outside their syncs) in each steady step
 against the median of the others' in the same step: a rank whose median ratio is at least
@@ -18,33 +18,39 @@ against the median of the others' in the same step: a rank whose median ratio is
 excesses are alike (the largest at most ``GROUP_SPREAD`` times the smallest) are one group,
 labelled by a resource attribute they all share where there is one (``group_by``, then
 ``host.name``). Ranks the noise model calls persistently late are subjects too, each alone.
+Ranks late by about the same amount in the same steps (``late_together``) are one subject
+over those steps.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from tf_otel.analysis.critical_path import CriticalPath
-from tf_otel.analysis.replay import StepGraph
 
 SLOW_MIN_EXCESS = 0.15  # a rank's own work at least 15 % above the others' median
 SLOW_MIN_STEPS = 0.6  # in at least 60 % of the steady steps
 GROUP_SPREAD = 1.6  # slow ranks whose excesses differ less than this are one group
 HOST_ATTRIBUTE = "host.name"
+TOGETHER_SHARE = 0.6  # late together: at least this share of the step straggler's lateness
+TOGETHER_MIN_STEPS = 2  # ... in at least this many steps
 # a subject whose excess costs the run less than this is left out of the run's what-if
 MIN_SAVING_SHARE = 0.005
 
 
 @dataclass(frozen=True)
 class Subject:
-    """Ranks slow together throughout the run (one rank, or a group)."""
+    """Ranks slow together throughout the run (one rank, or a group), or late together in
+    some steps (``steps``)."""
 
     ranks: Tuple[int, ...]
     ratio: float  # their median own work / the other ranks' median, over the steady steps
     attribute: Optional[str] = None  # the resource attribute they share (a group's label)
     value: Optional[str] = None
+    steps: Tuple[int, ...] = ()  # step keys where late together; () : throughout
+    late_ns: int = 0  # late together: their median lateness in those steps
 
     @property
     def label(self) -> str:
@@ -141,15 +147,49 @@ def _subject(
     return Subject(ordered, ratio)
 
 
-def scale_for(graph: StepGraph, ranks: Iterable[int]) -> Dict[int, float]:
-    """Each of ``ranks``' work scaled to the median of the other ranks' (never up)."""
-    work = graph.work
-    chosen = {r for r in ranks if r in work}
-    others = [w for r, w in work.items() if r not in chosen]
-    if not chosen or not others:
-        return {}
-    typical = statistics.median(others)
-    return {r: min(1.0, typical / work[r]) for r in chosen if work[r] > 0}
+def late_together(
+    lateness: Mapping[int, Mapping[int, int]],
+    named: Mapping[int, int],
+    threshold: Callable[[int], int],
+    labels: Optional[Mapping[int, Mapping[str, str]]] = None,
+    group_by: Optional[str] = None,
+) -> List[Subject]:
+    """Ranks late by about the same amount in the same steps (a host's contention, a shared
+    switch): in each step with a named straggler (``named``: step key -> its rank), the ranks
+    late beyond their threshold by at least ``TOGETHER_SHARE`` of its lateness; the same set
+    of two or more in at least ``TOGETHER_MIN_STEPS`` steps is one subject over those steps."""
+    found: Dict[Tuple[int, ...], List[int]] = {}
+    for key, rank in named.items():
+        late = lateness.get(key, {})
+        top = late.get(rank, 0)
+        if top <= 0:
+            continue
+        ranks = tuple(
+            sorted(
+                r
+                for r, value in late.items()
+                if value >= TOGETHER_SHARE * top and value > threshold(r)
+            )
+        )
+        if len(ranks) > 1 and rank in ranks:
+            found.setdefault(ranks, []).append(key)
+    subjects = []
+    for ranks, keys in sorted(found.items()):
+        if len(keys) < TOGETHER_MIN_STEPS:
+            continue
+        values = [lateness[k][r] for k in keys for r in ranks]
+        labelled = _subject(list(ranks), {r: 1.0 for r in ranks}, labels, group_by)
+        subjects.append(
+            Subject(
+                ranks,
+                1.0,
+                labelled.attribute,
+                labelled.value,
+                tuple(keys),
+                int(statistics.median(values)),
+            )
+        )
+    return subjects
 
 
 def run_what_if(
@@ -171,18 +211,13 @@ def run_what_if(
         run.steps += 1
         total += path.step.duration_ns
         for subject in subjects:
-            saving = path.graph.saving(scale_for(path.graph, subject.ranks))
+            if subject.steps and key not in subject.steps:
+                continue
+            saving = path.graph.saving(subject.ranks)
             run.saving_ns[subject.ranks] = run.saving_ns.get(subject.ranks, 0) + saving
     # the run without them all: only the subjects whose excess costs it something (a rank
     # late by the shape of its work saves nothing alone, and only noise together)
-    costly = sorted(
-        {
-            rank
-            for subject in subjects
-            if run.saving_ns.get(subject.ranks, 0) >= MIN_SAVING_SHARE * total
-            for rank in subject.ranks
-        }
-    )
+    costly = [s for s in subjects if run.saving_ns.get(s.ranks, 0) >= MIN_SAVING_SHARE * total]
     if not costly:
         return run
     for key in steady:
@@ -190,8 +225,11 @@ def run_what_if(
         if graph is None:
             continue
         named = straggler_of.get(key)
-        removed = costly + ([named[0]] if named and named[0] not in costly else [])
-        step_saving = graph.saving(scale_for(graph, removed))
+        removed = sorted(
+            {r for s in costly if not s.steps or key in s.steps for r in s.ranks}
+            | ({named[0]} if named else set())
+        )
+        step_saving = graph.saving(removed)
         own = named[1] if named else 0
         run.total_saving_ns += max(step_saving, own)
         run.beyond_steps_ns += max(0, step_saving - own)
