@@ -144,7 +144,7 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
     for subject in run.subjects:
         if len(subject.ranks) < 2:
             continue
-        saving_share = run.saving_ns.get(subject.ranks, 0) / steady_total
+        saving_share = run.saving_ns.get(subject, 0) / steady_total
         if subject.steps and not straggles_enough(saving_share, len(subject.steps) / steady):
             continue  # late together, but too rarely and too little to report
         findings.append(_group_finding(result, subject, steady_total))
@@ -152,7 +152,8 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
     for rank in sorted(set(persistent) | set(singles)):
         if rank in grouped:
             continue
-        saving = run.saving_ns.get((rank,))
+        single = singles.get(rank)
+        saving = run.saving_ns.get(single) if single is not None else None
         share = saving / steady_total if saving is not None else None
         usual = persistent.get(rank)
         if share is not None and share < (
@@ -160,7 +161,6 @@ def persistent_findings(result: AnalysisResult) -> List[Finding]:
             MIN_SAVING_SHARE if usual is not None else STRAGGLER_MIN_SAVING_SHARE
         ):
             continue  # late, but the step replayed without its excess is no shorter
-        single = singles.get(rank)
         if usual is not None:
             behind = f"median {ms(usual)} ms behind the other ranks"
             at_stake = usual * len(result.steady_steps) / steady_total
@@ -212,7 +212,7 @@ _PARTITION_SUGGESTION = (
 
 
 def _group_finding(result: AnalysisResult, subject: Subject, steady_total: int) -> Finding:
-    saving = result.what_if.saving_ns.get(subject.ranks, 0)
+    saving = result.what_if.saving_ns.get(subject, 0)
     share = saving / steady_total
     if subject.attribute is not None and subject.attribute != HOST_ATTRIBUTE:
         suggestion = _PARTITION_SUGGESTION.format(attribute=subject.attribute, value=subject.value)

@@ -4,7 +4,7 @@ Usage::
 
     subjects = slow_subjects(work_by_step, persistent, labels)   # ranks / groups slow throughout
     run = run_what_if(paths, steady_keys, subjects, step_stragglers)
-    run.saving_ns[(3,)], run.total_saving_ns
+    run.saving_ns[subject], run.total_saving_ns
 
 A step straggler's saving (``stragglers``) counts a rank only in the steps where it is later
 than its own usual; a rank slow in every step, or a group of ranks slow together, would save
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from tf_otel.analysis.critical_path import CriticalPath
+from tf_otel.lateness import medians_without
 
 SLOW_MIN_EXCESS = 0.15  # a rank's own work at least 15 % above the others' median
 SLOW_MIN_STEPS = 0.6  # in at least 60 % of the steady steps
@@ -62,7 +63,7 @@ class Subject:
 @dataclass
 class RunWhatIf:
     subjects: List[Subject] = field(default_factory=list)
-    saving_ns: Dict[Tuple[int, ...], int] = field(default_factory=dict)  # per subject
+    saving_ns: Dict[Subject, int] = field(default_factory=dict)  # per subject
     # over the steady steps: every subject's excess and each step's straggler taken off at once
     total_saving_ns: int = 0
     # of which beyond the step stragglers' own savings (what the step what-ifs do not hold)
@@ -72,14 +73,12 @@ class RunWhatIf:
 
 def work_ratios(work: Mapping[int, int]) -> Dict[int, float]:
     """Each rank's own work / the median of the other ranks' in one step."""
+    if len(work) < 2:
+        return {}
+    median_without = medians_without(sorted(work.values()))
     ratios: Dict[int, float] = {}
-    values = list(work.values())
-    if len(values) < 2:
-        return ratios
     for rank, own in work.items():
-        others = list(values)
-        others.remove(own)
-        typical = statistics.median(others)
+        typical = median_without(own)
         if typical > 0:
             ratios[rank] = own / typical
     return ratios
@@ -214,10 +213,10 @@ def run_what_if(
             if subject.steps and key not in subject.steps:
                 continue
             saving = path.graph.saving(subject.ranks)
-            run.saving_ns[subject.ranks] = run.saving_ns.get(subject.ranks, 0) + saving
+            run.saving_ns[subject] = run.saving_ns.get(subject, 0) + saving
     # the run without them all: only the subjects whose excess costs it something (a rank
     # late by the shape of its work saves nothing alone, and only noise together)
-    costly = [s for s in subjects if run.saving_ns.get(s.ranks, 0) >= MIN_SAVING_SHARE * total]
+    costly = [s for s in subjects if run.saving_ns.get(s, 0) >= MIN_SAVING_SHARE * total]
     if not costly:
         return run
     for key in steady:

@@ -193,8 +193,8 @@ def _what_if(result: AnalysisResult) -> Dict[str, Any]:
                 "ranks": list(subject.ranks),
                 "label": subject.label,
                 "work_ratio": round(subject.ratio, 3),
-                "what_if_saving_ms": _ms(run.saving_ns.get(subject.ranks, 0)),
-                "what_if_saving_share": round(run.saving_ns.get(subject.ranks, 0) / steady, 4),
+                "what_if_saving_ms": _ms(run.saving_ns.get(subject, 0)),
+                "what_if_saving_share": round(run.saving_ns.get(subject, 0) / steady, 4),
             }
             for subject in run.subjects
         ]
