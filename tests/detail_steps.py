@@ -1,22 +1,29 @@
 """Which steps a job details, known before it runs: the policy picks 1 sampled step in N by the
-step's trace id (deterministic: job id, step key, step), and a twin-based (stamps) job also
-details the step after the one that traced the program's function, when that step was not
-itself picked (the twin, traced beside it, runs then: instrument/twin.py ``warm_pending``).
+step's trace id (deterministic: job id, step key, step). With ``STEP_PREPARE`` in its
+environment a twin-based (stamps) job prepares its detail twin on the step that traced the
+program's function, so every picked step is detailed; by default the twin is prepared in the
+background and picked steps before it is ready everywhere are not (tests/horovod/
+test_twin_ready.py checks those).
 
+    env.update(STEP_PREPARE)
     job = job_with_detail("tf_function:train_step", range(12), every=2)   # TF_OTEL_JOB_ID
     job = job_without_detail("keras_train", [10, 20], every=20)  # none of these detailed
     expected = detailed_steps(picked)   # picked: steps where detail_wanted(trace id, every)
 """
 
-from typing import Iterable, Set
+from typing import Dict, Iterable, Set
 
 from tf_otel.instrument.horovod.choice import detail_wanted
 from tf_otel.pipeline.ids import step_trace_id
 
+# the detail twin prepared on the step that traced the program's function: every picked step
+# is detailed, whatever the machine's speed (instrument/twin.py)
+STEP_PREPARE: Dict[str, str] = {"TF_OTEL_TWIN_PREPARE": "step"}
 
-def detailed_steps(picked: Set[int], traced: int = 0) -> Set[int]:
-    """``traced``: the step whose call traced the step function (the first: 0)."""
-    return set(picked) | (set() if traced in picked else {traced + 1})
+
+def detailed_steps(picked: Set[int]) -> Set[int]:
+    """The steps a job run with ``STEP_PREPARE`` details: the picked ones."""
+    return set(picked)
 
 
 def _job(key: str, steps: Iterable[int], every: int, prefix: str, wanted: range) -> str:

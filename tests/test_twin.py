@@ -1,7 +1,12 @@
 """Detail-step twins (tf_otel/instrument/twin.py) in one process, real TensorFlow, no Horovod:
-which trace runs on which step, nested functions, and a twin that cannot be traced."""
+which trace runs on which step, nested functions, a twin that cannot be traced, and the twin's
+preparation off the training thread (issue 45): traced and instantiated on the twin thread,
+never run there, and picked steps gated until it is ready."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
@@ -13,6 +18,7 @@ tf = pytest.importorskip("tensorflow")
 def traced_flags():
     """A tf.function recording, per trace, whether it was traced inside a twin."""
     seen = []
+    threads = []
 
     @tf.function
     def inner(x):
@@ -22,7 +28,10 @@ def traced_flags():
     @tf.function
     def step(x):
         seen.append(("step", twin.tracing()))
+        threads.append((twin.tracing(), threading.current_thread().name))
         return inner(x) + 1
+
+    step.threads = threads
 
     return step, inner, seen
 
@@ -51,11 +60,16 @@ def source():
     unwrap(polymorphic_function.Function, "__call__")
 
 
-def test_steps_without_detail_run_the_program_trace_and_the_twin_is_traced_beside_it(source):
+def test_steps_without_detail_run_the_program_trace_and_the_twin_is_prepared_beside_it(source):
     step, inner, seen = traced_flags()
     x = tf.constant(1.0)
-    assert float(call(step, x)) == 3.0  # first call: the program's trace, then the twin's
+    assert float(call(step, x)) == 3.0  # first call: the program's trace; the twin's queued
+    assert twin.wait_open(120), twin.generations()
     assert ("step", False) in seen and ("step", True) in seen
+    main = threading.current_thread().name
+    assert (False, main) in step.threads, "the program's trace on the training thread"
+    assert (True, twin.THREAD_NAME) in step.threads, "the twin traced on the twin thread"
+    assert all(name != main for inside, name in step.threads if inside), step.threads
     traces = len(seen)
     twin.want(True)
     assert float(call(step, x)) == 3.0  # a detail step: the twin, already traced
@@ -64,6 +78,54 @@ def test_steps_without_detail_run_the_program_trace_and_the_twin_is_traced_besid
     assert len(seen) == traces, "no trace on the detail step or after it"
     assert step.experimental_get_tracing_count() == 1
     assert step._tf_otel_twin.experimental_get_tracing_count() == 1
+
+
+def test_preparing_a_twin_instantiates_it_without_running_it(source):
+    from tf_otel import health
+
+    runs = tf.Variable(0)
+
+    @tf.function
+    def counted(x):
+        runs.assign_add(1)  # a side effect: what a step's collectives and updates are
+        return x + 1
+
+    before = health.counters.get("twin_instantiated", 0)
+    x = tf.constant(1.0)
+    assert float(call(counted, x)) == 2.0
+    assert twin.wait_open(120), twin.generations()
+    assert health.counters.get("twin_instantiated", 0) == before + 1
+    assert health.counters.get("twin_instantiate_ran", 0) == 0
+    assert int(runs.numpy()) == 1, "the preparation never runs the twin"
+    assert twin.THREAD_NAME in twin.prepared_on()
+    twin.want(True)
+    assert float(call(counted, x)) == 2.0  # the detail step: the prepared twin, run once
+    twin.want(False)
+    assert int(runs.numpy()) == 2
+    assert counted._tf_otel_twin.experimental_get_tracing_count() == 1
+
+
+def test_picked_steps_wait_for_every_generation_to_open(source, monkeypatch):
+    opened = []
+    monkeypatch.setattr(twin._gate, "reporters", [opened.append])  # rank 0 answers, not here
+    queued, prepared, _ = twin.generations()
+
+    @tf.function
+    def fresh(x):
+        return x * 3
+
+    call(fresh, tf.constant(1.0))  # a new trace: a new generation, the gate closes
+    assert twin.generations()[0] == queued + 1
+    assert not twin.ready_for("tf_function:fresh", 10)
+    deadline = time.monotonic() + 120
+    while not opened and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert opened and opened[-1] == queued + 1, "the twin thread reports the prepared generation"
+    assert not twin.ready_for("tf_function:fresh", 10), "prepared here is not open everywhere"
+    twin.open(queued + 1, {"tf_function:fresh": 12})  # rank 0: from step 12 of this key
+    assert not twin.ready_for("tf_function:fresh", 11)
+    assert twin.ready_for("tf_function:fresh", 12) and twin.ready_for("tf_function:fresh", 40)
+    assert twin.ready_for("keras_train", 0), "a key rank 0 had not stepped: at once"
 
 
 def test_functions_nested_in_a_twin_get_twins_of_their_own(source):
@@ -97,6 +159,7 @@ def test_a_twin_that_cannot_be_traced_is_given_up_and_the_step_still_runs(source
 
     x = tf.constant(1.0)
     assert float(call(traces_once, x)) == 2.0  # its twin's trace fails beside it: given up
+    assert twin.wait_open(120)
     assert traces_once._tf_otel_twin is False
     twin.want(True)
     assert float(call(traces_once, x)) == 2.0  # a detail step runs the program's own

@@ -29,6 +29,10 @@ TF_OTEL_HOROVOD_PARTS (1: a collective whose rank waited >= 1 ms for the last on
 which the analysis reads as well: about half the spans of a detail step; unset: 1 when
 TF_OTEL_HOROVOD_EVERY >= 10, 0 for denser detail, where the children's export costs 4 % of
 MobileNetV2's throughput),
+TF_OTEL_TWIN_PREPARE (``background``, the default: a detail twin is traced and instantiated on a
+thread of its own and runs from the first picked step it is ready for on every rank;
+``step``: on the step that traced the program's function, so every picked step is detailed;
+instrument/twin.py),
 TF_OTEL_HOROVOD_FUSED (1: one collective span per group of tensors that completed together,
 Horovod's fused responses as rank 0's own ends tell them; unset: 1 for detail on 1 step in
 fewer than 10, where span volume is what detail costs; 0: one span per tensor),
@@ -123,6 +127,13 @@ def _horovod_source(text: str) -> str:
     return value
 
 
+def _twin_prepare(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("background", "step"):
+        raise ValueError("expected background or step")
+    return value
+
+
 def _port(text: str) -> int:
     value = _int(text)
     if not 0 <= value < 65536:
@@ -185,6 +196,9 @@ class Settings:
     # collective detail on 1 sampled step in N; 0: off (docs/HOROVOD.md: why 20)
     horovod_every: int = HOROVOD_EVERY_DEFAULT
     horovod_source: str = "stamps"  # or "timeline"
+    # detail twins prepared on a background thread, from the first picked step ready on every
+    # rank ("background"), or on the step that traced the program's function ("step")
+    twin_prepare: str = "background"
     # wait / transfer children under a collective that waited >= 1 ms; None: on when detail is
     # on 1 step in PARTS_DENSE_EVERY or fewer, off for denser detail (half the spans)
     horovod_parts: Optional[bool] = None
@@ -267,6 +281,7 @@ class Settings:
             nccl_ring_dir=read(env, "TF_OTEL_NCCL_RING_DIR", _directory, "/dev/shm"),
             analyze_workers=read(env, "TF_OTEL_ANALYZE_WORKERS", _non_negative_int, 0),
             horovod_source=read(env, "TF_OTEL_HOROVOD_SOURCE", _horovod_source, "stamps"),
+            twin_prepare=read(env, "TF_OTEL_TWIN_PREPARE", _twin_prepare, "background"),
             horovod_parts=read(env, "TF_OTEL_HOROVOD_PARTS", _bool, None),
             horovod_fused=read(env, "TF_OTEL_HOROVOD_FUSED", _bool, None),
             stall=read(env, "TF_OTEL_STALL", _bool, True),
@@ -308,6 +323,7 @@ VARIABLES = (
     "TF_OTEL_HOROVOD_SOURCE",
     "TF_OTEL_HOROVOD_PARTS",
     "TF_OTEL_HOROVOD_FUSED",
+    "TF_OTEL_TWIN_PREPARE",
     "TF_OTEL_CLOCK_INTERVAL_S",
     "TF_OTEL_GPU_METRICS_INTERVAL_S",
     "TF_OTEL_INPUT_WAIT",

@@ -85,6 +85,10 @@ ATTR_BATCH_SIZE = "tf_otel.batch.size"  # instrument.keras
 # what tf_otel itself did in the step beyond its step span ("ops", "resources"): its own
 # reads, CPU and memory are in that step's process counters (instrument.ops, step_detail)
 ATTR_DETAIL = "tf_otel.detail"
+# a picked collective-detail step that ran the program's own function: its detail twin was not
+# yet prepared on every rank (instrument/twin.py); value DETAIL_TWIN_PREPARING
+ATTR_DETAIL_TWIN = "tf_otel.detail.twin"
+DETAIL_TWIN_PREPARING = "preparing"
 
 # a rank's step span exported while the step still runs (a stall, SIGTERM or exit mid-step)
 ATTR_STEP_IN_FLIGHT = "tf_otel.step.in_flight"

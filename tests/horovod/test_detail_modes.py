@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import VENV_BIN, base_env, run  # noqa: E402
-from detail_steps import detailed_steps, job_with_detail  # noqa: E402
+from detail_steps import STEP_PREPARE, detailed_steps, job_with_detail  # noqa: E402
 
 from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
 
@@ -54,6 +54,7 @@ def test_collectives_only_on_the_detail_steps_of_every_rank(receiver, tmp_path, 
         TF_OTEL_HOROVOD_EVERY=str(every),
         # a job id whose policy picks some of the 12 steps, not none (odds (2/3)**12 at random)
         TF_OTEL_JOB_ID=job_with_detail(KEY, range(12), every, "modes"),
+        **STEP_PREPARE,  # every picked step detailed (background: tests/horovod/test_twin_ready)
     )
     if mode == "timeline":
         env["TF_OTEL_HOROVOD_SOURCE"] = "timeline"
@@ -85,7 +86,7 @@ def test_collectives_only_on_the_detail_steps_of_every_rank(receiver, tmp_path, 
     assert wanted and len(wanted) < 12, "the policy picks some steps, not all (trace ids)"
     if mode == "timeline":  # a step's collectives can start before Horovod opens its file
         assert got and set(got) <= wanted
-    else:  # the stamps' twin also runs on the step after its trace
+    else:
         assert set(got) == detailed_steps(wanted)
     assert all(ranks == {0, 1} for ranks in got.values())
     if mode == "stamps":  # detail 1 step in 3 (< 10): one span per collective, the wait on it

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import base_env, horovodrun  # noqa: E402
-from detail_steps import detailed_steps, job_with_detail  # noqa: E402
+from detail_steps import STEP_PREPARE, detailed_steps, job_with_detail  # noqa: E402
 
 from tf_otel.config import HOROVOD_EVERY_DEFAULT  # noqa: E402
 from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
@@ -46,6 +46,7 @@ def test_own_collectives_timed_in_a_twin_without_order(receiver, tmp_path, every
         TF_OTEL_ENABLED="1",
         STEPS=str(steps_n),
         TMPDIR=str(tmp_path),
+        **STEP_PREPARE,  # every picked step detailed (background: tests/horovod/test_twin_ready)
     )
     if every is None:  # the defaults: detail on 1 sampled step in HOROVOD_EVERY_DEFAULT
         every = HOROVOD_EVERY_DEFAULT
@@ -68,7 +69,7 @@ def test_own_collectives_timed_in_a_twin_without_order(receiver, tmp_path, every
     picked = {
         s.attributes["tf_otel.step"] for s in steps if detail_wanted(int(s.trace_id, 16), every)
     }
-    detail = detailed_steps(picked)  # and the twin's first run after its trace
+    detail = detailed_steps(picked)
     by_id = {s.span_id: s for s in spans}
     timed = defaultdict(set)  # (step, rank) -> tensors
     for c in (s for s in spans if s.category == "collective"):

@@ -16,7 +16,7 @@ from typing import Dict
 import pytest
 from backends import JaegerServer
 from conftest import VENV_BIN, base_env, horovodrun, run
-from detail_steps import job_with_detail
+from detail_steps import STEP_PREPARE, job_with_detail
 
 from tf_otel.analysis.analyze import analyze_spans
 from tf_otel.analysis.load.files import load_paths
@@ -175,10 +175,11 @@ def test_collective_detail_off_says_communication_not_measured_never_zero(tmp_pa
             OTEL_TRACES_EXPORTER="none",
             OTEL_METRICS_EXPORTER="none",
             STEPS="8",
+            **STEP_PREPARE,  # the twin prepared on the traced step: every picked step detailed
         )
         env["TF_OTEL_HOROVOD_EVERY"] = every
-        # detail picked on some, not all, of the steps past the warm-up (0: trace, 1: the
-        # twin's first run): a random job id picks all or none of 6 steps 1 time in 32
+        # detail picked on some, not all, of the steps past the warm-up (0: the trace): a
+        # random job id picks all or none of 6 steps 1 time in 32
         env["TF_OTEL_JOB_ID"] = job_with_detail("tf_function:train_step", range(2, 8), 2, "ar")
         horovodrun("horovod_tape.py", env, backend="gloo")
         reports[every] = _analyze([str(out)])

@@ -6,34 +6,69 @@ Usage::
 
     from tf_otel.instrument import twin
     twin.wanted_by(lambda: True)       # a source wants timing ops (e.g. the Horovod stamps)
+    if twin.ready_for(key, step): ...  # step hook: may this picked step run the twin?
     twin.want(True)                    # step hook, on a detail step's start
     result = twin.call(function, wrapped, args, kwargs)   # where the step calls its function
     if twin.tracing(): ...             # graph construction: inside a twin's trace?
     twin.want(False)                   # the step's end
+    twin.reported_by(send)             # a source tells rank 0 "prepared up to generation g"
+    twin.open(g, {key: first step})    # rank 0's answer: twins of generation g run from there
 
 A twin is ``Function._clone``: the same Python function and options, its own traces. While a
 twin traces, ``tracing()`` is true on that thread, so sources add their timing ops to the twin's
 graph only; tf.functions called inside it are swapped for their own twins, so a nested function
 the program shares between steps is never traced with timing ops into the program's graph.
 
-The twin is traced on the step that traced the program's function (``get_concrete_function``
-with the same arguments: a step that was slow anyway), not on the first detail step. Its first
-run is slow too (TF instantiates and optimises a concrete function on its first call: 7.6 s
-against 0.29 s steps, MobileNetV3Small, 2 ranks on 2 loaded cores), and there is no way to do
-that without running it: so the step after a new twin trace is a detail step as well
-(``warm_pending``; its source asks), and that cost falls in the warm-up, next to the trace,
-instead of on a steady step (where it looked like a straggler and cost a short job up to 10 %).
-Cost: a second set of traced graphs in memory; nothing on steps without detail.
+**No training step pays for a twin's preparation** (issue 45). When a step traced the program's
+function, the twin is prepared for the same arguments on a background thread (``tf_otel-twin``,
+at the lowest CPU priority where Linux allows it): traced (``get_concrete_function``), then
+instantiated, which is TensorFlow's graph optimisation, placement and kernel creation, the slow
+part of a function's first run (7.6 s against 0.29 s MobileNetV3Small steps on 2 loaded cores).
+TensorFlow instantiates a function only to run it; the preparation calls the twin's concrete
+function with a cancellation manager already cancelled, so TensorFlow instantiates it and then
+refuses to start it ("Function was cancelled before it was started"): no op of it runs, no
+collective is enqueued, no variable changes. Its inputs are the step's own, so the kernel found
+on the detail step is the one prepared. A preparation is never a run ahead of the program.
+
+Each preparation is one *generation*. A picked detail step runs the twin only once every rank
+has prepared every generation its steps have queued so far, from a step all ranks agree on:
+ranks report their prepared generation to rank 0 (``reported_by``), rank 0 answers every rank
+with the generation and, per step key, a first step a few steps past its own (``open``); the
+generations a step sees are the same on every rank (every rank traces at the same step), so a
+step either runs the twin on every rank or on none. A picked step before that runs the
+program's own function and says so on its span (``tf_otel.detail.twin = preparing``). Without a
+reporter (no pipeline, tests) the generation opens here as soon as it is prepared.
+``TF_OTEL_TWIN_PREPARE=step`` prepares it on the step that traced the program's function
+instead (that step pays for it; every picked step is detailed, as before issue 45).
+
+Thread safety: tracing in the background is tracing from a second thread, which tf.function
+allows (each Function traces under its own lock; graph-building state is per thread); the twin
+is its own Function, so the program's function never waits for it. A twin whose preparation
+fails is given up (logged once, counted) and the program's own function runs on its detail
+steps. Cost: a second set of traced graphs in memory, the background thread's CPU while it
+prepares (docs/BENCHMARKS.md, start-up), nothing on steps without detail.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+import os
+import queue
 import threading
-from typing import Any, Callable, List
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from tf_otel.health import count, fail_open, report_failure
+from tf_otel.config import current
+from tf_otel.health import count, fail_open, log_once, report_failure
 
 _OWN_MODULE = "tf_otel"
+THREAD_NAME = "tf_otel-twin"
+MAX_PENDING = 16  # preparations queued at most (one per trace of a program's function)
+MAX_KEYS = 64  # step keys whose last step is kept (rank 0's choice of the first detail step)
+RESEND_S = (1.0, 5.0)  # a prepared generation not opened yet is reported again, backing off
+IDLE_S = 5.0  # the twin thread looks again this often with nothing queued
 
 
 class _TwinState(threading.local):
@@ -44,8 +79,6 @@ class _TwinState(threading.local):
 _state = _TwinState()
 
 _sources: List[Callable[[], bool]] = []  # does a source want timing ops now?
-# a twin was traced and has not run yet: its first run (instantiation) is due
-_warm = {"pending": False}
 
 
 def wanted_by(source: Callable[[], bool]) -> None:
@@ -56,12 +89,6 @@ def wanted_by(source: Callable[[], bool]) -> None:
 
 def enabled() -> bool:
     return any(source() for source in _sources)
-
-
-def warm_pending() -> bool:
-    """A twin was traced beside the program's function and has not run: the next step should
-    be a detail step, so that the twin's first (slow) run falls next to the trace."""
-    return _warm["pending"]
 
 
 def want(on: bool) -> None:
@@ -90,18 +117,18 @@ def _twin_of(function: Any) -> Any:
     return None if twin is _BROKEN else twin
 
 
-def _traced(function: Any, twin: Any, args: tuple, kwargs: dict) -> bool:
-    """Trace (or find) the twin's graph for these arguments before it runs: a twin that cannot
-    be traced (e.g. it would create variables) is given up, once, and the program's own
-    function runs; errors while running a traced twin are the program's own and propagate."""
+def _traced(function: Any, twin: Any, args: tuple, kwargs: dict) -> Any:
+    """Trace (or find) the twin's graph for these arguments before it runs: its concrete
+    function, or None for a twin that cannot be traced (e.g. it would create variables), given
+    up once so the program's own function runs; errors while running a traced twin are the
+    program's own and propagate."""
     _state.tracing += 1
     try:
-        twin.get_concrete_function(*args, **kwargs)
-        return True
+        return twin.get_concrete_function(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001
         function._tf_otel_twin = _BROKEN
         report_failure("twin.trace", exc)
-        return False
+        return None
     finally:
         _state.tracing -= 1
 
@@ -112,7 +139,6 @@ def _is_own(function: Any) -> bool:
 
 
 def _run_twin(function: Any, twin: Any, args: tuple, kwargs: dict) -> Any:
-    _warm["pending"] = False
     _state.tracing += 1
     try:
         return twin(*args, **kwargs)
@@ -122,14 +148,24 @@ def _run_twin(function: Any, twin: Any, args: tuple, kwargs: dict) -> Any:
 
 def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool) -> Any:
     """Call a tf.function the program called: its twin on a detail step's top-level call and
-    inside a twin's trace, else the program's own (tracing the twin beside a new trace of it).
-    ``top``: the step's own call of its function (not a call nested in another function)."""
+    inside a twin's trace, else the program's own (preparing the twin in the background after
+    a new trace of it). ``top``: the step's own call of its function (not a nested call)."""
     if _is_own(function) or getattr(function, "_tf_otel_twin_of", None) is not None:
         return wrapped(*args, **kwargs)
-    if _state.tracing or (top and _state.wanted):
+    if _state.tracing:
         twin = _twin_of(function)
-        if twin is not None and (_state.tracing or _traced(function, twin, args, kwargs)):
+        if twin is not None:
             return _run_twin(function, twin, args, kwargs)
+        return wrapped(*args, **kwargs)
+    if top and _state.wanted:
+        twin = _twin_of(function)
+        if twin is not None:
+            before = twin.experimental_get_tracing_count()
+            if _traced(function, twin, args, kwargs) is not None:
+                if twin.experimental_get_tracing_count() != before:
+                    # arguments no trace of the program had yet: traced on this step
+                    count("twin_traced_on_step")
+                return _run_twin(function, twin, args, kwargs)
         return wrapped(*args, **kwargs)
     counter = getattr(function, "experimental_get_tracing_count", None)
     if not top or counter is None or not enabled():
@@ -137,18 +173,255 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
     before = counter()
     result = wrapped(*args, **kwargs)
     if counter() != before:
-        _trace_twin(function, args, kwargs)
+        _prepare_later(function, args, kwargs)
     return result
 
 
-def _trace_twin(function: Any, args: tuple, kwargs: dict) -> None:
-    """The program's function was traced on this call: trace its twin for the same arguments
-    now, so the first detail step runs a ready graph."""
+# -- preparation off the training thread ----------------------------------------------------
+
+
+@dataclass
+class _Job:
+    function: Any
+    twin: Any
+    args: tuple
+    kwargs: dict
+    generation: int
+    device: str = ""  # the training thread's device scope at the call (tf.device)
+
+
+class _Gate:
+    """Generations queued (training thread), prepared (the twin thread) and opened (rank 0's
+    answer), the step keys' last steps, and the preparation thread itself."""
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.prepared = 0
+        # (generation, {step key: first step}) from rank 0; replaced whole, never mutated
+        self.opened: Tuple[int, Dict[str, int]] = (0, {})
+        self.last_steps: Dict[str, int] = {}
+        self.reporters: List[Callable[[int], Any]] = []
+        self.prepared_on: List[str] = []  # thread names that prepared (tests; bounded)
+        self.jobs: queue.Queue[_Job] = queue.Queue(MAX_PENDING)
+        self.thread: Optional[threading.Thread] = None
+        self.changed = threading.Condition()
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+            self.thread.start()
+
+    def _loop(self) -> None:
+        with fail_open("twin.nice"):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: this thread
+        resend: Iterator[float] = itertools.repeat(RESEND_S[0])
+        waiting = False
+        while True:
+            try:
+                job: Optional[_Job] = self.jobs.get(timeout=next(resend) if waiting else IDLE_S)
+            except queue.Empty:
+                job = None
+            if job is not None:
+                with fail_open("twin.prepare"):
+                    _prepare(job)
+                job.args = job.kwargs = None  # type: ignore[assignment]  # the batch, let go
+                with self.changed:
+                    self.prepared = job.generation
+                    self.changed.notify_all()
+                resend = itertools.chain([RESEND_S[0]], itertools.repeat(RESEND_S[1]))
+            waiting = self.prepared == self.queued and self.opened[0] < self.prepared
+            if waiting:
+                self._report(self.prepared)
+
+    def _report(self, generation: int) -> None:
+        if not self.reporters:
+            self.open(generation, {})  # nobody to agree with: open here
+            return
+        for reporter in list(self.reporters):
+            with fail_open("twin.report"):
+                reporter(generation)
+
+    def open(self, generation: int, starts: Dict[str, int]) -> None:
+        with self.changed:
+            if generation >= self.opened[0]:
+                self.opened = (generation, dict(starts))
+            self.changed.notify_all()
+
+
+_gate = _Gate()
+
+
+def _prepare_later(function: Any, args: tuple, kwargs: dict) -> None:
+    """The program's function was traced on this call: prepare its twin for the same arguments
+    on the twin thread, so a later detail step runs a traced, instantiated graph."""
     twin = _twin_of(function)
     if twin is None:
         return
-    before = twin.experimental_get_tracing_count()
-    if _traced(function, twin, args, kwargs):
+    if not _in_background():  # TF_OTEL_TWIN_PREPARE=step: here, on the step that traced
+        with fail_open("twin.prepare"):
+            _prepare(_Job(function, twin, args, kwargs, 0))
+        return
+    generation = _gate.queued + 1
+    _gate.queued = generation  # before the job exists: the gate closes first, never after
+    job = _Job(function, twin, tuple(args), dict(kwargs), generation, _device_scope())
+    try:
+        _gate.jobs.put_nowait(job)
+    except queue.Full:
+        _gate.queued = generation - 1
+        count("twin_prepare_dropped")  # its detail steps trace and instantiate it themselves
+        return
+    _gate.start()
+
+
+def _device_scope() -> str:
+    """The calling thread's device scope (``with tf.device("CPU")``, as Horovod's benchmark
+    runs its steps): the call op is placed by it, so the twin is instantiated under it too."""
+    try:
+        from tensorflow.python.eager import context
+
+        return context.context().device_name or ""
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _in_background() -> bool:
+    try:
+        return current().twin_prepare != "step"
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def _prepare(job: _Job) -> None:
+    """On the twin thread: trace the twin, then have TensorFlow instantiate it without running
+    it. A twin that cannot be traced is given up; one that cannot be instantiated here still
+    runs (instantiated by its first detail step)."""
+    started = time.monotonic()
+    before = job.twin.experimental_get_tracing_count()
+    concrete = _traced(job.function, job.twin, job.args, job.kwargs)
+    _note_thread()
+    if concrete is None:
+        return
+    if job.twin.experimental_get_tracing_count() != before:
         count("twin_traces")
-        if twin.experimental_get_tracing_count() != before:  # a new graph, never run
-            _warm["pending"] = True
+    traced = time.monotonic()
+    try:
+        _instantiate(concrete, job.args, job.kwargs, job.device)
+        count("twin_instantiated")
+    except Exception as exc:  # noqa: BLE001
+        report_failure("twin.instantiate", exc)
+    done = time.monotonic()
+    log_once(
+        "twin_prepared",
+        "tf_otel: detail twin prepared off the training thread (trace %.2f s, instantiation "
+        "%.2f s)",
+        traced - started,
+        done - traced,
+        level=logging.DEBUG,
+    )
+
+
+def _note_thread() -> None:
+    if len(_gate.prepared_on) < 64:
+        _gate.prepared_on.append(threading.current_thread().name)
+
+
+class _Refused(Exception):
+    """TensorFlow ran a function it was asked to instantiate only (never expected)."""
+
+
+def _instantiate(concrete: Any, args: tuple, kwargs: dict, device: str = "") -> None:
+    """Instantiate ``concrete`` for these inputs (the kernel a later call finds in TensorFlow's
+    cache) without running it: the call is made with an already-cancelled cancellation manager,
+    which TensorFlow checks after instantiating the function and before starting it. The
+    manager is passed to this one call: ``cancellation.context()`` is process-wide, so it is
+    never set (the training thread's own calls would see it)."""
+    from tensorflow.python.eager import cancellation, context, execute
+    from tensorflow.python.eager.polymorphic_function import function_type_utils
+    from tensorflow.python.framework import errors, ops
+
+    bound = function_type_utils.canonicalize_function_inputs(args, kwargs, concrete.function_type)
+    flat = list(concrete.function_type.unpack_inputs(bound)) + list(concrete.captured_inputs)
+    atomic = concrete.inference_fn  # what a call outside any gradient tape runs
+    manager = cancellation.CancellationManager()
+    manager.start_cancel()
+    ctx = context.context()
+    attrs = tuple(itertools.chain(*ctx.function_call_options.as_attrs().items()))
+    try:
+        with ops.device(device or None):
+            execute.execute_with_cancellation(
+                atomic.name.decode("utf-8"),
+                num_outputs=len(atomic.function_type.flat_outputs),
+                inputs=flat,
+                attrs=attrs,
+                ctx=ctx,
+                cancellation_manager=manager,
+            )
+    except errors.CancelledError:
+        return  # instantiated, not started
+    count("twin_instantiate_ran")
+    raise _Refused("a cancelled function call ran; twins are no longer instantiated ahead")
+
+
+# -- which picked steps may run the twin ----------------------------------------------------
+
+
+def note_step(key: str, step: int) -> None:
+    """Training thread, every step: its key's last step (rank 0 picks first steps past it)."""
+    steps = _gate.last_steps
+    if key in steps or len(steps) < MAX_KEYS:
+        steps[key] = step
+
+
+def ready_for(key: str, step: int) -> bool:
+    """May this picked step run twins? Yes when no twin was ever queued, or when every rank has
+    prepared every generation queued so far and the step is at or past rank 0's first step for
+    its key. The same answer on every rank (see the module's docstring)."""
+    queued = _gate.queued
+    if queued == 0:
+        return True
+    generation, starts = _gate.opened
+    if generation < queued:
+        return False
+    start = starts.get(key)
+    return start is None or step >= start
+
+
+def reported_by(reporter: Callable[[int], Any]) -> None:
+    """A way to tell rank 0 "every twin queued here is prepared, up to generation g" (once per
+    process); called on the twin thread, again every few seconds until ``open`` answers."""
+    if reporter not in _gate.reporters:
+        _gate.reporters.append(reporter)
+
+
+def open(generation: int, starts: Dict[str, int]) -> None:  # noqa: A001 - the gate's verb
+    """Rank 0's answer: the twins of ``generation`` (and before) are prepared on every rank;
+    picked steps of each key in ``starts`` run them from that step on (other keys at once)."""
+    _gate.open(generation, starts)
+
+
+def last_steps() -> Dict[str, int]:
+    """Each step key's last step begun here (rank 0 chooses first detail steps past these)."""
+    return dict(_gate.last_steps)
+
+
+def generations() -> Tuple[int, int, int]:
+    """(queued, prepared, opened) generations of this process."""
+    return _gate.queued, _gate.prepared, _gate.opened[0]
+
+
+def wait_open(timeout_s: float) -> bool:
+    """Wait until every generation queued so far is open (tests, benches); never from a
+    training thread."""
+    deadline = time.monotonic() + timeout_s
+    with _gate.changed:
+        while _gate.opened[0] < _gate.queued:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            _gate.changed.wait(left)
+    return True
+
+
+def prepared_on() -> List[str]:
+    """Names of the threads that prepared twins (tests: never the training thread)."""
+    return list(_gate.prepared_on)

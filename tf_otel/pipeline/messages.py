@@ -59,6 +59,8 @@ HVD_LAST = "hvd.l"  # 0 -> ranks: HorovodLast
 HVD_BEGAN = "hvd.b"  # rank -> 0: HorovodBegan
 STALL_ASK = "tf_otel.stall.ask"  # 0 -> ranks: StallAsk ("where are you")
 STALL_WHERE = "tf_otel.stall.where"  # rank -> 0: StallWhere (the answer)
+TWIN_READY = "tf_otel.twin.ready"  # rank -> 0: TwinReady (instrument/twin_gate.py)
+TWIN_OPEN = "tf_otel.twin.open"  # 0 -> ranks: TwinOpen
 
 
 class Extent(TypedDict, total=False):
@@ -90,6 +92,21 @@ class OpsWindow(TypedDict):
     t: str
     w: Dict[str, int]
     n: int
+
+
+class TwinReady(TypedDict):
+    """A rank has prepared every detail twin it queued, up to generation "g"."""
+
+    t: str
+    g: int
+
+
+class TwinOpen(TypedDict):
+    """Rank 0: every rank prepared generation "g"; detail twins run from step "w" by key."""
+
+    t: str
+    g: int
+    w: Dict[str, int]
 
 
 class OpsRequest(TypedDict):
@@ -213,6 +230,14 @@ def ops_window(starts: Dict[str, int], steps: int) -> OpsWindow:
 
 def ops_request(steps: int) -> OpsRequest:
     return {"t": OPS_REQUEST, "n": int(steps)}
+
+
+def twin_ready(generation: int) -> TwinReady:
+    return {"t": TWIN_READY, "g": int(generation)}
+
+
+def twin_open(generation: int, starts: Dict[str, int]) -> TwinOpen:
+    return {"t": TWIN_OPEN, "g": int(generation), "w": {k: int(v) for k, v in starts.items()}}
 
 
 def stall_ask(query: int, key: str, step: int, export: bool = True) -> StallAsk:
@@ -376,6 +401,11 @@ def _check_hello(message: Message) -> None:
 def _check_ops_window(message: Message) -> None:
     _need_int_map(message, "w")
     _need_int(message, "n")
+
+
+def _check_twin_open(message: Message) -> None:
+    _need_int(message, "g", 0)
+    _need_int_map(message, "w")
 
 
 def _check_records(message: Message) -> None:
@@ -542,6 +572,8 @@ _CHECKS: Dict[str, Callable[[Message], None]] = {
     TO: _check_wrapped,
     OPS_WINDOW: _check_ops_window,
     OPS_REQUEST: lambda m: _need_int(m, "n"),
+    TWIN_READY: lambda m: _need_int(m, "g", 0),
+    TWIN_OPEN: _check_twin_open,
     HVD_RECORDS: _check_records,
     HVD_DONE: lambda m: None,
     HVD_ARRIVALS: _check_arrivals,

@@ -40,9 +40,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from tf_otel import clock
+from tf_otel import clock, record
 from tf_otel.health import count, fail_open
-from tf_otel.instrument import twin
+from tf_otel.instrument import twin, twin_gate
 from tf_otel.instrument._patching import (
     Error,
     HookOrder,
@@ -299,8 +299,7 @@ class StampCollector:
         choice.every = value
 
     def wanted(self, handle: StepHandle) -> bool:
-        # and the step after a new twin trace, so the twin's first (slow) run is in the warm-up
-        return choice.wanted(handle) or twin.warm_pending()
+        return choice.wanted(handle)
 
     def begin(self, handle: StepHandle) -> Optional[int]:
         """A sampled step starts: when it is a collective-detail step, its start (wall clock,
@@ -642,6 +641,7 @@ class StampsHook(StepHook[_DetailStep]):
         self._finished = False
 
     def on_step_start(self, handle: StepHandle, call: StepCall) -> Optional[_DetailStep]:
+        twin.note_step(handle.key, handle.step)  # rank 0 picks the first twin step past it
         if not handle.sampled or choice.mode == OFF or self._finished:
             return None
         pipeline = current_pipeline()
@@ -651,6 +651,11 @@ class StampsHook(StepHook[_DetailStep]):
             return None
         if collector.backend is None:
             collector.backend = choice.backend()
+        if collector.wanted(handle) and not twin.ready_for(handle.key, handle.step):
+            # picked, but its twin is not prepared on every rank yet: the program's own graph
+            handle.attributes[record.ATTR_DETAIL_TWIN] = record.DETAIL_TWIN_PREPARING
+            count("twin_detail_deferred")
+            return None
         started = collector.begin(handle)
         if started is None:
             return None
@@ -711,6 +716,7 @@ class StampsHook(StepHook[_DetailStep]):
         twin.wanted_by(self.twins_wanted)
         add_step_hook(self)
         with_pipeline(self._handle_messages)
+        with_pipeline(twin_gate.attach)
         before_shutdown(self.finish)
 
 
