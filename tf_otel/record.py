@@ -36,6 +36,16 @@ ATTR_JOB_ID = "tf_otel.job.id"
 # one launch of the job (job/topology.py, launch_attempt): step trace ids differ between attempts
 ATTR_JOB_ATTEMPT = "tf_otel.job.attempt"
 ATTR_JOB_PREVIOUS_ATTEMPT = "tf_otel.job.previous_attempt"  # the job span: the attempt before
+# a world that changed while the job ran (Horovod Elastic, pipeline/world.py): the event
+# WORLD_CHANGE on the first step root of the new world and on the job span
+WORLD_CHANGE = "tf_otel.world.change"
+ATTR_WORLD_BEFORE = "tf_otel.world.before"
+ATTR_WORLD_AFTER = "tf_otel.world.after"
+ATTR_WORLD_LEFT = "tf_otel.world.left"  # ranks (numbered in the old world) that left
+ATTR_WORLD_JOINED = "tf_otel.world.joined"
+# a run resumed from a checkpoint (Keras BackupAndRestore): the job span and its first step
+ATTR_RESUMED_EPOCH = "tf_otel.resumed.epoch"
+ATTR_RESUMED_STEP = "tf_otel.resumed.step"
 ATTR_LAUNCHER = "tf_otel.launcher"
 ATTR_STEP = "tf_otel.step"
 ATTR_STEP_KIND = "tf_otel.step.kind"

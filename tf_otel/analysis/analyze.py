@@ -576,13 +576,45 @@ def stopped_ranks(digests: Sequence[StepDigest]) -> Stopped:
                 seen[rank] = digest.step
         for rank in digest.missing_ranks:
             seen.setdefault(rank, -1)  # a rank never seen in the series: not "stopped"
+    # a rank missing from a step after its last: a stopped one; a rank no later step expects
+    # left a world that changed (Horovod Elastic: the roots say the world of each step)
+    expected_later: Dict[Optional[str], set] = {}
+    for digest in digests:
+        if digest.step is None:
+            continue
+        seen = last.get(digest.series, {})
+        for rank in digest.missing_ranks:
+            if seen.get(rank, -1) < digest.step:
+                expected_later.setdefault(digest.series, set()).add(rank)
     stopped: Stopped = {}
     for series, seen in last.items():
         end = max(seen.values(), default=-1)
         for rank, step in seen.items():
-            if 0 <= step < end:
+            if 0 <= step < end and rank in expected_later.get(series, ()):
                 stopped[(series, rank)] = (step, end)
     return stopped
+
+
+def world_changes(digests: Sequence[StepDigest], main: Optional[str] = None) -> List[str]:
+    """One line per change of the world between a step and the next of its series (Horovod
+    Elastic), from the ranks each step expected (its root's world size); ``main``: the job's
+    main series where there are several (the others' steps are labelled with theirs)."""
+    lines: List[str] = []
+    before: Dict[Optional[str], Tuple[int, int]] = {}  # series -> (step, world)
+    for digest in sorted(
+        (d for d in digests if d.step is not None), key=lambda d: (d.series or "", d.step or 0)
+    ):
+        world = len(digest.ranks) + len(digest.missing_ranks)
+        previous = before.get(digest.series)
+        if previous is not None and previous[1] != world:
+            shown = digest.series if main is not None and digest.series != main else None
+            label = step_label(digest.step, shown, 0)
+            lines.append(
+                f"world {previous[1]} -> {world} at step {label}: each step is judged by the "
+                "ranks of its own world"
+            )
+        before[digest.series] = (digest.step or 0, world)
+    return lines
 
 
 def _stopped_order(item: Tuple[Tuple[Optional[str], int], Tuple[int, int]]) -> Tuple[str, int]:
@@ -636,6 +668,7 @@ def _summarise(
     unattributed: List[str] = []
     job = job_id
     stopped = stopped_ranks(digests)
+    warnings.extend(world_changes(digests, main))
     for (name, rank), (last, end) in sorted(stopped.items(), key=_stopped_order):
         shown = name if main is not None and name != main else None
         warnings.append(

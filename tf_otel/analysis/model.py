@@ -30,6 +30,7 @@ from tf_otel.record import (
     ATTR_REPLICA_SPREAD_NS,
     ATTR_REPLICAS,
     ATTR_STEP,
+    ATTR_STEP_WORLD_SIZE,
     ATTR_TRANSFER_EDGE,
     ATTR_WAIT_NS,
     ATTR_WORLD_SIZE,
@@ -48,6 +49,7 @@ ANALYSIS_ATTRIBUTES = (
         ATTR_WAIT_NS,
         ATTR_TRANSFER_EDGE,
         ATTR_WORLD_SIZE,
+        ATTR_STEP_WORLD_SIZE,  # a root's: the world that ran the step (Horovod Elastic)
         ATTR_REPLICAS,
         ATTR_REPLICA_LAST,
         ATTR_REPLICA_SPREAD_NS,

@@ -55,6 +55,7 @@ from tf_otel.job import job_secret
 from tf_otel.pipeline import messages
 from tf_otel.pipeline.framing import LineConnection, decode_or_count, lines_from
 from tf_otel.pipeline.messages import BadMessage, Handlers, Outgoing, decode, encode
+from tf_otel.pipeline.world import WorldHistory
 
 if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
     from typing_extensions import TypeIs
@@ -151,16 +152,51 @@ class StepAggregator:
         self._emitted: OrderedDict[Tuple[str, int], None] = OrderedDict()  # bounded
         self._reporters: set = set()  # ranks that have reported any step
         self._late: Dict[int, int] = {}  # rank not yet a reporter -> its late extents so far
+        self._hosts: Dict[int, str] = {}  # rank -> the address its connection came from
+        # the world of each step where it changed while the job ran (pipeline/world.py)
+        self.history: Optional[WorldHistory] = None
         self._reaper = threading.Thread(target=self._reap_loop, name="tf_otel-roots", daemon=True)
         self._reaper.start()
 
-    def expected_ranks(self) -> int:
+    def expected_ranks(self, world: Optional[int] = None) -> int:
         """How many reports let a step's root go out without waiting: every stepping rank at
         first; once a few steps are out, the ranks that actually report (TF2
-        ParameterServerStrategy workers never do). Not what makes a root whole: see _emit."""
+        ParameterServerStrategy workers never do). Not what makes a root whole: see _emit.
+        ``world``: the step's own (``world_of``), else the job's now."""
+        size = self.world_size if world is None else world
         if len(self._emitted) < LEARN_STEPS:
-            return self.world_size
-        return max(1, min(self.world_size, len(self._reporters)))
+            return size
+        return max(1, min(size, len(self._reporters)))
+
+    def world_of(self, key: str, step: int) -> int:
+        """The ranks that ran ``step`` of ``key``: the job's world, or where it changed while
+        the job ran (Horovod Elastic), the world of that step."""
+        history = self.history
+        return self.world_size if history is None else history.size_of(key, step)
+
+    def host_of(self, rank: int) -> Optional[str]:
+        """The address rank ``rank``'s connection (or its host relay's) came from, if known."""
+        return self._hosts.get(rank)
+
+    def finished_ranks(self) -> Set[int]:
+        """The ranks that said bye or whose connection ended."""
+        with self._lock:
+            return set(self._finished)
+
+    def resize(self, world_size: int) -> None:
+        """The world changed (a Horovod Elastic reset): steps of the new world wait for its
+        ranks only, a departed rank is neither waited for nor refused back; pending steps that
+        now hold every rank of their own world go out."""
+        ready: List[Tuple[Tuple[str, int], _Pending]] = []
+        with self._lock:
+            self.world_size = world_size
+            self._reporters = {rank for rank in self._reporters if rank < world_size}
+            self._finished = {rank for rank in self._finished if rank < world_size}
+            for key_step, entry in list(self._pending.items()):
+                if len(entry.extents) >= self.expected_ranks(self.world_of(*key_step)):
+                    ready.append(self._take(key_step))
+        for key_step, done in ready:
+            self._emit(key_step, done)
 
     def add(
         self,
@@ -209,7 +245,8 @@ class StepAggregator:
             entry.start, entry.end = start, end
             if len(reporters) < self.world_size:  # every rank has reported: nothing to learn
                 reporters.update([item[0] for item in batch])
-            if key_step in self._pending and len(got) >= self.expected_ranks():
+            world = self.world_size if self.history is None else self.world_of(key, step)
+            if key_step in self._pending and len(got) >= self.expected_ranks(world):
                 ready.append(self._take(key_step))
         for key_step, done in ready:
             self._emit(key_step, done)
@@ -244,7 +281,7 @@ class StepAggregator:
         ranks = entry.extents
         # partial: a rank of the job never reported (killed mid-step, too late, never connected);
         # judged against the job, not the learnt reporters, which may lack a rank that failed
-        partial = tuple(sorted(ranks)) if len(ranks) < self.world_size else None
+        partial = tuple(sorted(ranks)) if len(ranks) < self.world_of(*key_step) else None
         if partial is not None:
             count("roots_partial")
         try:
@@ -396,6 +433,9 @@ class StepAggregator:
             for data in held:
                 writer.write(messages.wrap(messages.TO, rank, data) if relay else data)
             self._writers[rank] = writer
+            peer = writer.get_extra_info("peername")
+            if isinstance(peer, (tuple, list)) and peer:
+                self._hosts[rank] = str(peer[0])
         with self._lock:
             self._finished.discard(rank)
 

@@ -35,6 +35,7 @@ from tf_otel.pipeline.span_builder import SpanBuilder
 from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.pipeline.trace_log import log_in_trace
 from tf_otel.pipeline.verdicts import Change, LiveVerdicts, slowdown_record, verdict_attributes
+from tf_otel.pipeline.world import WorldHistory
 
 _STEP_CACHE = 256  # step span contexts kept for records that arrive after their step
 # steps whose records came before the step ended on this rank (rank 0 parsed its Horovod
@@ -63,6 +64,8 @@ class StepExporter:
         self.queue = steps
         self.services = Services()  # the started ones from the first step
         self.verdicts: Optional[LiveVerdicts] = None  # rank 0: the live verdicts (verdicts.py)
+        # the world of each step where it changed while the job ran (Horovod Elastic)
+        self.world: Optional[WorldHistory] = None
         self.spans = SpanBuilder(tracer)  # records' spans, direct where equivalent
         self.closed = False
         # rank 0 is the clock reference: it runs no rounds, so there is nothing to settle
@@ -329,6 +332,10 @@ class StepExporter:
             step_trace_id(self.trace_scope, key, step),
             step_root_span_id(self.trace_scope, key, step),
         )
+        world, step_world = self.topology.world_size, self.topology.step_world_size
+        history = self.world
+        if history is not None:  # the world that ran this step (Horovod Elastic)
+            world = step_world = history.size_of(key, step)
         span = self.tracer.start_span(
             f"{key} step {step}",
             context=Context(),
@@ -339,10 +346,14 @@ class StepExporter:
                 record.ATTR_STEP: step,
                 record.ATTR_JOB_ID: self.job_id,
                 record.ATTR_STEP_RANKS: ranks,
-                record.ATTR_WORLD_SIZE: self.topology.world_size,
-                record.ATTR_STEP_WORLD_SIZE: self.topology.step_world_size,
+                record.ATTR_WORLD_SIZE: world,
+                record.ATTR_STEP_WORLD_SIZE: step_world,
             },
         )
+        if history is not None:
+            changed = history.first_step_of(key, step)
+            if changed is not None:  # the first step of a new world says what changed
+                span.add_event(record.WORLD_CHANGE, changed.attributes(key), timestamp=start_ns)
         if reported is not None:
             span.set_attribute("tf_otel.step.partial", True)
             span.set_attribute("tf_otel.step.ranks_reported", list(reported))

@@ -20,6 +20,8 @@ import itertools
 import os
 import queue
 import threading
+import time
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tf_otel import clock, record
@@ -36,6 +38,7 @@ from tf_otel.pipeline.stall_record import frame_lines
 from tf_otel.pipeline.step_collectives import StepCollectives
 from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.pipeline.verdicts import LiveVerdicts
+from tf_otel.pipeline.world import WorldChange, WorldHistory
 
 _IN_FLIGHT_EXPORTED = 64  # (key, step) of in-flight step spans already exported, kept
 
@@ -105,6 +108,7 @@ class Pipeline:
 
                 stall.register(self)
         self._counters: Dict[str, Any] = {}  # step key -> itertools.count
+        self._resumed: Dict[str, Any] = {}  # where a resumed run resumed (resume_at)
         self._started = False
         self._closed = False
         self._start_lock = threading.Lock()
@@ -142,6 +146,129 @@ class Pipeline:
 
                 health_metrics.merge_resource(sdk_meter_provider(), _metrics_resource(topology))
             return True
+
+    # -- a world that changes while the job runs (Horovod Elastic, pipeline/world.py) --------
+
+    def next_steps(self) -> Dict[str, int]:
+        """The number the next step of each key counted so far will have."""
+        found = {}
+        for key, counter in list(self._counters.items()):
+            text = repr(counter)  # "count(24)": reading a count without taking a number
+            if text.startswith("count(") and text[6:-1].isdigit():
+                found[key] = int(text[6:-1])
+        return found
+
+    def change_world(
+        self,
+        rank: int,
+        world_size: int,
+        local_rank: Optional[int] = None,
+        local_size: Optional[int] = None,
+    ) -> Optional[WorldChange]:
+        """Horovod re-initialised with another rank or world (an elastic reset, between two
+        steps on every rank): the steps from the next one of each key are the new world's.
+        Rank 0's coordinator waits for its ranks only, its roots carry its size, the first
+        root of the new world and the job span carry a record of the change. None where
+        nothing changed."""
+        old = self.topology
+        if rank == old.rank and world_size == old.world_size:
+            return None
+        new = replace(
+            old,
+            rank=rank,
+            world_size=world_size,
+            local_rank=old.local_rank if local_rank is None else local_rank,
+            local_size=old.local_size if local_size is None else local_size,
+            stepping_ranks=0,
+        )
+        aggregator = self.exporter.services.aggregator
+        left: List[int] = []
+        joined: List[int] = []
+        if world_size < old.world_size:
+            # the ranks whose connection ended, where they account for the change (Horovod
+            # renumbers the survivors 0..n-1); else the top ones
+            gone = sorted(
+                r
+                for r in (aggregator.finished_ranks() if aggregator is not None else ())
+                if 0 < r < old.world_size
+            )
+            wanted = old.world_size - world_size
+            left = gone if len(gone) == wanted else list(range(world_size, old.world_size))
+        else:
+            joined = list(range(old.world_size, world_size))
+        hosts: Dict[int, str] = {}
+        if aggregator is not None:
+            for moved in left + joined:
+                host = aggregator.host_of(moved)
+                if host:
+                    hosts[moved] = host
+        history = self.exporter.world or WorldHistory(old.step_world_size)
+        change = history.change(new.step_world_size, self.next_steps(), left, joined, hosts)
+        if old.is_reference != new.is_reference:
+            log_once(
+                "world_rank0",
+                "tf_otel: Horovod made this process rank %d (it was rank %d): its spans keep "
+                "rank %d, and no step roots come from it (rank 0's services stay with the "
+                'process that began the job; docs/RELIABILITY.md, "Elastic Horovod")',
+                rank,
+                old.rank,
+                old.rank,
+            )
+            new = replace(new, rank=old.rank)
+        self.topology = self.exporter.topology = new
+        self.exporter.world = history
+        if self._metrics is not None:
+            self._metrics.rank = new.rank
+        if aggregator is not None:
+            aggregator.history = history
+            aggregator.resize(new.step_world_size)
+        if new.is_reference:
+            logger.info("tf_otel: %s", change.text())
+            job_span = self.exporter.services.job_span
+            if job_span is not None:
+                with fail_open("world.job_span"):
+                    job_span.add_event(record.WORLD_CHANGE, change.attributes())
+        return change
+
+    def flush_now(self, timeout_s: float) -> None:
+        """Export what this rank holds now, waiting up to ``timeout_s``: its queued steps become
+        spans, the span processors write them (the span file at least). Before an elastic
+        reset, which may end this process (a worker the driver removes is aborted by Horovod's
+        own init, no exit handler runs)."""
+        if not self._started or self._closed:
+            return
+        deadline = time.monotonic() + timeout_s
+        self.exporter.wake()
+        while self._queue.qsize() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with fail_open("flush.provider"):
+            from opentelemetry import trace
+
+            from tf_otel.pipeline.sdk import bounded_flush
+
+            provider = self._tracer_provider or trace.get_tracer_provider()
+            bounded_flush(provider, max(0.0, deadline - time.monotonic()))
+
+    # -- a run resumed from a checkpoint (instrument/keras.py: BackupAndRestore) ------------
+
+    def resume_at(self, key: str, step: int, attributes: Dict[str, Any]) -> bool:
+        """Number ``key``'s steps from ``step`` (the program's restored counter says where it
+        resumed) and put ``attributes`` on the job span; only while this process has counted
+        no step of ``key`` (False then: its own count goes on, never repeating a number)."""
+        with self._start_lock:
+            if key in self._counters or step < 0:
+                return False
+            self._counters[key] = itertools.count(step)
+            self._resumed = dict(attributes)
+        if self._started:
+            self._mark_job_resumed()
+        return True
+
+    def _mark_job_resumed(self) -> None:
+        job_span = self.exporter.services.job_span
+        if job_span is not None and self._resumed:
+            with fail_open("resume.job_span"):
+                job_span.set_attributes(self._resumed)
 
     # -- training-thread side -------------------------------------------------------------
 
@@ -292,6 +419,8 @@ class Pipeline:
                     self.handlers,
                 )
             self._worker.start()
+            if self._resumed:
+                self._mark_job_resumed()
             if self.topology.is_reference and self.settings.stall:
                 with fail_open("stall.start"):
                     from tf_otel.pipeline import stall

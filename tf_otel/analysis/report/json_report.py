@@ -38,6 +38,7 @@ def _step(step: StepResult, with_path: bool) -> Dict[str, Any]:
         "critical_path_ms": _ms(step.path.length_ns),
         "ranks": sorted(trace.ranks),
         "missing_ranks": trace.missing_ranks,
+        "world_size": len(trace.expected_ranks),  # the world that ran it (Horovod Elastic)
         "last_rank_to_end": min(r for r, end in ends.items() if end == last_end),
         # null: not measured in this step (the setting is in not_measured)
         "critical_path_by_category_ms": {

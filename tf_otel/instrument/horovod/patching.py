@@ -20,12 +20,47 @@ from tf_otel.instrument._patching import when_imported, wrap
 from tf_otel.instrument.horovod.choice import choice
 from tf_otel.instrument.horovod.stamps import OPS, collector
 
+RESET_FLUSH_S = 1.0  # the most an elastic reset waits for this rank's spans to be written
+_inits = 0  # hvd.init() calls that initialised Horovod in this process
+
 
 def _init_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``hvd.init()``: the source is chosen before the first one. A later one after
+    ``hvd.shutdown()`` is an elastic reset (``hvd.elastic.run``): what this rank holds is
+    written first, since Horovod's own init aborts a worker the driver removed (no exit
+    handler runs), and the pipeline takes the new rank and world after it."""
+    global _inits
+    reset = False
     with fail_open("horovod.before_init"):
         choice.before_init()
         choice.basics = instance
-    return wrapped(*args, **kwargs)
+        reset = _inits > 0 and not instance.is_initialized()
+        if reset:
+            _before_reset()
+    result = wrapped(*args, **kwargs)
+    with fail_open("horovod.after_init"):
+        _inits += 1
+        if reset:
+            _after_reset(instance)
+    return result
+
+
+def _before_reset() -> None:
+    from tf_otel.pipeline.lifecycle import current_pipeline
+
+    pipeline = current_pipeline()
+    if pipeline is not None:
+        pipeline.flush_now(RESET_FLUSH_S)
+
+
+def _after_reset(basics: Any) -> None:
+    from tf_otel.pipeline.lifecycle import current_pipeline
+
+    pipeline = current_pipeline()
+    if pipeline is not None:
+        pipeline.change_world(
+            basics.rank(), basics.size(), basics.local_rank(), basics.local_size()
+        )
 
 
 def _patch_basics(module: Any) -> None:
