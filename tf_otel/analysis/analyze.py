@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from typing import (
     Any,
     Callable,
@@ -52,6 +53,7 @@ from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.measured import measured_categories
 from tf_otel.analysis.model import ATTEMPT_MARK, Span, base_job
 from tf_otel.analysis.outliers import step_outliers
+from tf_otel.analysis.replay import StepGraph, step_graph
 from tf_otel.analysis.result import (
     AnalysisResult,
     StepDigest,
@@ -758,7 +760,16 @@ def _run_what_if(
         ranks = {r for subject in together for r in subject.ranks}
         labels = _rank_resources(results, steady, ranks, steps.with_spans)
         together = late_together(lateness, ranks_of, threshold, labels, steps.group_by)
-    return run_what_if(_Paths(results), steady, subjects + together, named)
+    return run_what_if(partial(_graph, results, steps), steady, subjects + together, named)
+
+
+def _graph(results: Sequence[StepResult], steps: _Steps, key: int) -> Optional[StepGraph]:
+    """Step ``key``'s dependency graph, from its spans read again (a slim step has none)."""
+    trace = steps.build_whole(results[key].trace.trace_id, [], False)
+    if trace is None:  # pragma: no cover - the source changed between the passes
+        return None
+    carried = carried_into(trace, steps.previous_of(trace.trace_id))
+    return step_graph(trace, {r: c.inherited_ns for r, c in carried.items() if c.inherited_ns})
 
 
 def _rank_resources(

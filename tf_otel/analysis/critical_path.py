@@ -219,12 +219,11 @@ class CriticalPath:
     # passed (real concurrency: the path followed what ended last)
     overlaps: int = 0
     concurrent: int = 0
-    # rank -> what it inherited from its previous step (``carry``), for the step's graph
+    # rank -> what it inherited from its previous step (``carry``), not its own work
     inherited: Dict[int, int] = field(default_factory=dict, repr=False)
-    # the step's dependency graph (``replay.step_graph``: stragglers.keep_for_statistics),
-    # what the run's what-if replays once the steps' spans are gone
-    # (a replay.StepGraph: typed Any, replay reads this module)
-    graph: Any = field(default=None, repr=False)
+    # every rank's own work in the step by rank in order (``replay.own_work``, taken by
+    # stragglers.keep_for_statistics while the step has its spans; an array of int64)
+    work: Any = field(default=None, repr=False)
     _lateness: Optional[Dict[int, int]] = field(default=None, repr=False)
     # (by category, by rank, length) once the segments are dropped (``drop_segments``)
     _totals: Optional[Tuple[Dict[str, int], Dict[int, int], int]] = field(default=None, repr=False)

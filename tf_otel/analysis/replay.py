@@ -2,7 +2,8 @@
 
 Usage::
 
-    graph = step_graph(step, inherited={1: ns})   # while the step has its sync spans
+    own_work(step, inherited={1: ns})             # every rank's own work, kept of every step
+    graph = step_graph(step, inherited={1: ns})   # the step read again with its sync spans
     graph.work                                     # rank -> its own work in the step (ns)
     graph.saving([3])                              # ns the step saves without rank 3's excess
 
@@ -29,6 +30,7 @@ import bisect
 import statistics
 from array import array
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from tf_otel.analysis.critical_path import (
@@ -39,6 +41,7 @@ from tf_otel.analysis.model import ATTR_ARRIVAL, ATTR_TRANSFER_EDGE, Span
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, TRANSFER
 
+_EXTENT = attrgetter("start_ns", "end_ns")
 _FIELDS = 5  # an event: rank, work ns, predecessor event (-1: the step start), post ns, sync
 
 
@@ -272,11 +275,27 @@ def _sync_name(span: Span) -> Optional[str]:
     return None
 
 
+def own_work(step: StepTrace, inherited: Optional[Mapping[int, int]] = None) -> array:
+    """Each rank's own work in ``step`` (which still holds its sync spans), by rank in sorted
+    order: its time from the step's start (plus what it inherited) to its step's end outside
+    its collective and transfer spans (keyed or not: a sync without a key is rare, and the
+    graph's work, which reads keyed ones only, is not compared with this). Taken of every
+    step; the graph is built only where the run is replayed."""
+    inherited = inherited or {}
+    start = step.start_ns
+    out = array("q")
+    for rank in sorted(step.ranks):
+        timeline = step.ranks[rank]
+        begin = start + max(0, inherited.get(rank, 0))
+        out.append(_own_work(begin, timeline.end_ns, sorted(map(_EXTENT, timeline.syncs))))
+    return out
+
+
 def _own_work(begin: int, end: int, syncs: List[tuple]) -> int:
-    """The time in [begin, end) outside every sync interval."""
+    """The time in [begin, end) outside every sync interval (``syncs`` sorted by start)."""
     busy = 0
     reached = begin
-    for start, stop in sorted(syncs):
+    for start, stop in syncs:
         start, stop = max(start, reached), min(stop, end)
         if stop > start:
             busy += stop - start

@@ -115,8 +115,8 @@ class StepDigest:
     # values apart (8 bytes a rank; equal rank tuples are one object in ``PagedSteps``)
     lateness_ranks: Tuple[int, ...]
     lateness_ns: array[int]
-    # the ranks' own work in the step (``replay.StepGraph.work``), by rank in ``ranks`` order
-    # of the graph (sorted); empty where the step has no graph
+    # the ranks' own work in the step (``replay.own_work``), by rank in sorted order; empty
+    # where it was not taken
     work_ns: array[int] = field(default_factory=lambda: array("q"))
     overlaps: Tuple[int, int] = (0, 0)  # path.overlaps, path.concurrent
 
@@ -125,7 +125,7 @@ class StepDigest:
         return dict(zip(self.lateness_ranks, self.lateness_ns))
 
     def work(self) -> Dict[int, int]:
-        """Each rank's own work in the step (``replay.StepGraph.work``)."""
+        """Each rank's own work in the step (``replay.own_work``)."""
         return dict(zip(sorted(self.ranks), self.work_ns))
 
 
@@ -170,7 +170,7 @@ def step_digest(step: StepResult) -> StepDigest:
         ),
         tuple(lateness),
         array("q", lateness.values()),
-        step.path.graph.work_ns if step.path.graph is not None else array("q"),
+        step.path.work if step.path.work is not None else array("q"),
         (step.path.overlaps, step.path.concurrent),
     )
 

@@ -49,7 +49,7 @@ from tf_otel.analysis.critical_path import (
     Arrivals,
     CriticalPath,
 )
-from tf_otel.analysis.replay import step_graph
+from tf_otel.analysis.replay import own_work
 from tf_otel.analysis.steps import RankTimeline, StepTrace
 from tf_otel.lateness import MAD_TO_SIGMA, StragglerNoise, medians_without, noise_of
 from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRANSFER
@@ -251,7 +251,7 @@ def keep_for_statistics(path: CriticalPath, min_share: float = 0.0, min_ns: int 
     (``min_ns``, ``min_share``; a rare step that passes its threshold without it is read again)."""
     path.arrival_tally = _arrival_tally(path)
     path.arrivals = None
-    path.graph = step_graph(path.step, path.inherited)
+    path.work = own_work(path.step, path.inherited)
     path.lateness_by_rank()  # cached: the noise model reads it
     excess = path.excess_by_rank()
     if excess:

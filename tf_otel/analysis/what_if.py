@@ -3,7 +3,7 @@
 Usage::
 
     subjects = slow_subjects(work_by_step, persistent, labels)   # ranks / groups slow throughout
-    run = run_what_if(paths, steady_keys, subjects, step_stragglers)
+    run = run_what_if(graph_of, steady_keys, subjects, step_stragglers)
     run.saving_ns[subject], run.total_saving_ns
 
 A step straggler's saving (``stragglers``) counts a rank only in the steps where it is later
@@ -28,7 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from tf_otel.analysis.critical_path import CriticalPath
+from tf_otel.analysis.replay import StepGraph
 from tf_otel.lateness import medians_without
 
 SLOW_MIN_EXCESS = 0.15  # a rank's own work at least 15 % above the others' median
@@ -192,44 +192,52 @@ def late_together(
 
 
 def run_what_if(
-    paths: Mapping[int, CriticalPath],
+    graph_of: Callable[[int], Optional[StepGraph]],
     steady: Sequence[int],
     subjects: List[Subject],
     straggler_of: Mapping[int, Tuple[int, int]],
 ) -> RunWhatIf:
-    """``straggler_of``: step key -> (its straggler's rank, its saving) where one was named.
-    Reads each steady step's path once, and only where there are subjects."""
+    """``graph_of``: step key -> its graph (the step read again: only where there are
+    subjects); ``straggler_of``: step key -> (its straggler's rank, its saving) where one was
+    named. Each steady step is replayed for every subject and for all of them at once; read a
+    second time only where some subject's excess proves to cost the run next to nothing."""
     run = RunWhatIf(subjects=list(subjects))
     if not subjects:
         return run
     total = 0
+    together: Dict[int, int] = {}  # step key -> its saving with every subject taken off
     for key in steady:
-        path = paths[key]
-        if path.graph is None:
+        graph = graph_of(key)
+        if graph is None:
             continue
         run.steps += 1
-        total += path.step.duration_ns
+        total += graph.duration()
         for subject in subjects:
             if subject.steps and key not in subject.steps:
                 continue
-            saving = path.graph.saving(subject.ranks)
-            run.saving_ns[subject] = run.saving_ns.get(subject, 0) + saving
+            run.saving_ns[subject] = run.saving_ns.get(subject, 0) + graph.saving(subject.ranks)
+        together[key] = graph.saving(_removed(subjects, key, straggler_of.get(key)))
     # the run without them all: only the subjects whose excess costs it something (a rank
     # late by the shape of its work saves nothing alone, and only noise together)
     costly = [s for s in subjects if run.saving_ns.get(s, 0) >= MIN_SAVING_SHARE * total]
     if not costly:
         return run
-    for key in steady:
-        graph = paths[key].graph
-        if graph is None:
-            continue
+    for key in together:
         named = straggler_of.get(key)
-        removed = sorted(
-            {r for s in costly if not s.steps or key in s.steps for r in s.ranks}
-            | ({named[0]} if named else set())
-        )
-        step_saving = graph.saving(removed)
+        if len(costly) < len(subjects):
+            graph = graph_of(key)
+            if graph is None:
+                continue
+            together[key] = graph.saving(_removed(costly, key, named))
         own = named[1] if named else 0
-        run.total_saving_ns += max(step_saving, own)
-        run.beyond_steps_ns += max(0, step_saving - own)
+        run.total_saving_ns += max(together[key], own)
+        run.beyond_steps_ns += max(0, together[key] - own)
     return run
+
+
+def _removed(subjects: Sequence[Subject], key: int, named: Optional[Tuple[int, int]]) -> List[int]:
+    """The ranks whose excess comes off in step ``key``: the subjects' there, its straggler."""
+    ranks = {r for s in subjects if not s.steps or key in s.steps for r in s.ranks}
+    if named:
+        ranks.add(named[0])
+    return sorted(ranks)
