@@ -20,8 +20,9 @@ graph only; tf.functions called inside it are swapped for their own twins, so a 
 the program shares between steps is never traced with timing ops into the program's graph.
 
 **No training step pays for a twin's preparation** (issue 45). When a step traced the program's
-function, the twin is prepared for the same arguments on a background thread (``tf_otel-twin``,
-at the lowest CPU priority where Linux allows it): traced (``get_concrete_function``), then
+function, the twin is prepared for the same arguments on a background thread (``tf_otel-twin``;
+not niced: a starved thread holding the GIL would hold up the training thread): traced
+(``get_concrete_function``), then
 instantiated, which is TensorFlow's graph optimisation, placement and kernel creation, the slow
 part of a function's first run (7.6 s against 0.29 s MobileNetV3Small steps on 2 loaded cores).
 TensorFlow instantiates a function only to run it; the preparation calls the twin's concrete
@@ -53,8 +54,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -69,6 +70,10 @@ MAX_PENDING = 16  # preparations queued at most (one per trace of a program's fu
 MAX_KEYS = 64  # step keys whose last step is kept (rank 0's choice of the first detail step)
 RESEND_S = (1.0, 5.0)  # a prepared generation not opened yet is reported again, backing off
 IDLE_S = 5.0  # the twin thread looks again this often with nothing queued
+# the twin thread's Python (its trace) uses at most this share of one core, on average: it
+# sleeps when ahead (a machine whose cores the training keeps busy loses at most that much)
+CPU_SHARE = 0.25
+_PACE_EVERY = 4095  # profile events between two looks at the thread's CPU time (a mask)
 
 
 class _TwinState(threading.local):
@@ -212,8 +217,8 @@ class _Gate:
             self.thread.start()
 
     def _loop(self) -> None:
-        with fail_open("twin.nice"):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: this thread
+        # not niced: a thread at nice 19 that holds the GIL while the OS runs others holds up
+        # every Python thread of the process (a 2-rank MobileNetV2 job's steps took 3-4x)
         resend: Iterator[float] = itertools.repeat(RESEND_S[0])
         waiting = False
         while True:
@@ -297,7 +302,14 @@ def _prepare(job: _Job) -> None:
     runs (instantiated by its first detail step)."""
     started = time.monotonic()
     before = job.twin.experimental_get_tracing_count()
-    concrete = _traced(job.function, job.twin, job.args, job.kwargs)
+    paced = job.generation > 0  # the twin thread (not TF_OTEL_TWIN_PREPARE=step's step)
+    if paced:
+        sys.setprofile(_Pacer(CPU_SHARE))  # this thread only
+    try:
+        concrete = _traced(job.function, job.twin, job.args, job.kwargs)
+    finally:
+        if paced:
+            sys.setprofile(None)
     _note_thread()
     if concrete is None:
         return
@@ -318,6 +330,32 @@ def _prepare(job: _Job) -> None:
         done - traced,
         level=logging.DEBUG,
     )
+
+
+class _Pacer:
+    """A profile function for the twin thread (``sys.setprofile``: this thread only): every
+    few thousand Python calls it compares the thread's CPU time with the wall time since it
+    began and sleeps (letting go of the GIL and the core) while the thread is ahead of its
+    share of one core."""
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self.events = 0
+        self.cpu0 = time.thread_time()
+        self.wall0 = time.monotonic()
+        self.slept = 0.0
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        self.events += 1
+        if self.events & _PACE_EVERY:
+            return
+        cpu = time.thread_time() - self.cpu0
+        wall = time.monotonic() - self.wall0
+        ahead = cpu / self.share - wall
+        if ahead > 0.01:
+            pause = min(ahead, 1.0)
+            self.slept += pause
+            time.sleep(pause)
 
 
 def _note_thread() -> None:
