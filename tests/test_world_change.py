@@ -64,7 +64,7 @@ def test_after_a_shrink_roots_wait_for_the_new_world_only_and_are_whole() -> Non
         history = WorldHistory(3)
         history.change(2, {"k": old + 1}, left=[2])
         aggregator.history = history
-        aggregator.resize(2)
+        aggregator.resize(2, left=[2])
         assert roots[-1][1] == old and roots[-1][4:6] == (2, (0, 1)), "old world: partial"
         aggregator.add(0, "k", old + 1, 10, 20)
         aggregator.add(1, "k", old + 1, 10, 20)
@@ -102,7 +102,7 @@ def test_pipeline_change_world_puts_one_record_on_the_first_root_and_the_job_spa
             for rank in (1, 2):
                 aggregator.add(rank, "k", step, handle.start_ns, handle.end_ns)
         assert pipeline.change_world(0, 3) is None, "nothing changed"
-        change = pipeline.change_world(0, 2, 0, 2)
+        change = pipeline.change_world(0, 2)
         assert change is not None and change.at == {"k": 3} and list(change.left) == [2]
         assert pipeline.topology.world_size == 2 and aggregator is not None
         assert aggregator.world_size == 2
@@ -149,3 +149,16 @@ def test_analysis_a_rank_that_left_the_world_is_not_stopped_and_the_change_is_sa
     ]
     assert stopped_ranks(killed) == {(None, 2): (4, 8)}  # type: ignore[arg-type]
     assert world_changes(killed) == []  # type: ignore[arg-type]
+
+
+def test_a_renumbered_process_keeps_its_first_rank() -> None:
+    """Horovod renumbers the survivors when a rank other than the last leaves (rank 0 here):
+    the process keeps the rank its link to rank 0, its resource and its spans began with, so no
+    two processes share one; only the world changes."""
+    pipeline = Pipeline(
+        Settings(stall=False), Topology(rank=2, world_size=3, job_id="rn"), TracerProvider()
+    )
+    change = pipeline.change_world(1, 2)
+    assert change is not None and (change.before, change.after) == (3, 2)
+    assert (pipeline.topology.rank, pipeline.topology.world_size) == (2, 2)
+    assert pipeline.change_world(1, 2) is None, "the same world again: no change"

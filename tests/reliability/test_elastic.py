@@ -60,18 +60,54 @@ def _spans(folder: Path) -> List[Dict[str, Any]]:
 
 
 def _truth(folder: Path) -> Tuple[Dict[int, Set[int]], Dict[int, int], Dict[str, List[int]]]:
-    """Per step (the process's n-th call of train_step is its step n): the ranks that ran it
-    and the world then; per process, the ranks it had."""
+    """Per step (the process's n-th call of train_step is its step n): the processes that ran
+    it, each by the rank it began with (tf_otel's rank of the process: it keeps it when Horovod
+    renumbers), and the world then; per process, its Horovod rank at each call."""
     ranks: Dict[int, Set[int]] = defaultdict(set)
     world: Dict[int, int] = {}
     processes: Dict[str, List[int]] = {}
     for path in sorted(folder.glob("truth-*.txt")):
         lines = [line.split() for line in path.read_text().splitlines()]
         processes[path.name] = [int(line[1]) for line in lines]
-        for step, (_pid, rank, size, _batch, _host) in enumerate(lines):
-            ranks[step].add(int(rank))
+        for step, (_pid, _rank, size, _batch, _host) in enumerate(lines):
+            ranks[step].add(processes[path.name][0])
             assert world.setdefault(step, int(size)) == int(size), (step, path)
     return ranks, world, processes
+
+
+def _elastic_run(tmp_path: Path, hosts: str, shrink_hosts: str) -> Tuple[str, float, Path, Path]:
+    """horovodrun --min-np 2 --max-np 3 on ``hosts`` (one per line), the discovery script
+    printing ``shrink_hosts`` from batch SHRINK_AT: (output, wall seconds, span folder, truth
+    folder)."""
+    folder, truth = tmp_path / "spans", tmp_path / "truth"
+    truth.mkdir()
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text(hosts.replace(",", "\n") + "\n")
+    env = base_env(
+        TF_OTEL_ENABLED="1",
+        TF_OTEL_FILE=str(folder / "spans-{rank}-{pid}.jsonl"),
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        HOSTS_FILE=str(hosts_file),
+        TRUTH_DIR=str(truth),
+        STEPS=str(STEPS),
+        SHRINK_AT=str(SHRINK_AT),
+        SHRINK_TO="2",
+        SHRINK_HOSTS=shrink_hosts,
+        STEP_SLEEP_S="0.15",
+    )
+    command = [
+        str(VENV_BIN / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
+        "--network-interface", "lo",
+        "--host-discovery-script", str(SCRIPTS / "elastic_discover.sh"),
+        python(), str(SCRIPTS / "elastic_train.py"),
+    ]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
+    wall = time.monotonic() - started
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output, wall, folder, truth
 
 
 def _first_world(line: str) -> str:
@@ -97,33 +133,7 @@ def _analyze(folder: Path) -> Dict[str, Any]:
 
 
 def test_elastic_shrink_each_step_holds_the_ranks_that_ran_it(tmp_path: Path) -> None:
-    folder, truth = tmp_path / "spans", tmp_path / "truth"
-    truth.mkdir()
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:3\n")
-    env = base_env(
-        TF_OTEL_ENABLED="1",
-        TF_OTEL_FILE=str(folder / "spans-{rank}-{pid}.jsonl"),
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_METRICS_EXPORTER="none",
-        HOSTS_FILE=str(hosts),
-        TRUTH_DIR=str(truth),
-        STEPS=str(STEPS),
-        SHRINK_AT=str(SHRINK_AT),
-        SHRINK_TO="2",
-        STEP_SLEEP_S="0.15",
-    )
-    command = [
-        str(VENV_BIN / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
-        "--network-interface", "lo",
-        "--host-discovery-script", str(SCRIPTS / "elastic_discover.sh"),
-        python(), str(SCRIPTS / "elastic_train.py"),
-    ]  # fmt: skip
-    started = time.monotonic()
-    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
-    wall = time.monotonic() - started
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    output, wall, folder, truth = _elastic_run(tmp_path, "localhost:3", "localhost:2")
     ran, world, processes = _truth(truth)
     assert len(processes) == 3, processes
     removed = [
@@ -192,5 +202,52 @@ def test_elastic_shrink_each_step_holds_the_ranks_that_ran_it(tmp_path: Path) ->
     print(
         f"FIGURES elastic_shrink wall_s={wall:.1f} steps={len(ran)} first_step_of_2={first_small} "
         f"removed_calls={len(processes[removed[0]])} roots={len(roots)}",
+        file=sys.stderr,
+    )
+
+
+def test_rank0_leaving_hurts_nothing_and_nothing_hangs(tmp_path: Path) -> None:
+    """Rank 0's host (127.0.0.1, one slot; the others on localhost) leaves: Horovod's init
+    aborts rank 0's process (the coordinator, the roots and the job span go with it) and
+    renumbers the survivors 0 and 1. The job trains on to its end and exits 0; rank 0's spans
+    hold every step it ran (written before the reset); each survivor keeps the rank it began
+    with (said once), so every step trace holds exactly the processes that ran that step, each
+    under its own rank, and none is split; the survivors' links to the gone rank 0 hold
+    nothing up: they train on at their pace. The analysis exits 0 and names rank 0 as the rank
+    whose spans ended."""
+    output, wall, folder, truth = _elastic_run(tmp_path, "127.0.0.1:1,localhost:2", "localhost:2")
+    ran, world, processes = _truth(truth)
+    (left,) = [name for name, calls in processes.items() if len(calls) < len(ran)]
+    assert processes[left][0] == 0, processes  # rank 0's process left
+    survivors = [calls for name, calls in processes.items() if name != left]
+    assert sorted(calls[0] for calls in survivors) == [1, 2]
+    assert sorted(calls[-1] for calls in survivors) == [0, 1], "Horovod renumbered them"
+    assert output.count("tf_otel: Horovod renumbered this process") == 2, output[-3000:]
+    spans = _spans(folder)
+    traced: Dict[int, List[int]] = defaultdict(list)
+    traces: Dict[int, Set[str]] = defaultdict(set)
+    for span in spans:
+        if span["attrs"].get("tf_otel.category") == "step":
+            traced[span["attrs"]["tf_otel.step"]].append(span["attrs"]["tf_otel.rank"])
+            traces[span["attrs"]["tf_otel.step"]].add(span["traceId"])
+    assert {step: sorted(r) for step, r in traced.items()} == {
+        step: sorted(r) for step, r in ran.items()
+    }  # each process once, under the rank it began with (no two share one)
+    assert all(len(ids) == 1 for ids in traces.values()), traces
+    first_small = min(step for step, size in world.items() if size == 2)
+    roots = {
+        s["attrs"]["tf_otel.step"]
+        for s in spans
+        if s["attrs"].get("tf_otel.category") == "step.root"
+    }
+    assert roots and max(roots) < first_small, "no roots once rank 0 has gone"
+    report = _analyze(folder)
+    last = len(processes[left]) - 1
+    said = f"rank 0's spans end at step {last} (the others ran to {len(ran) - 1})"
+    assert any(said in w for w in report["warnings"]), report["warnings"]
+    assert not any("rank 1" in w or "rank 2" in w or "ranks [1" in w for w in report["warnings"])
+    print(
+        f"FIGURES elastic_rank0_left wall_s={wall:.1f} steps={len(ran)} "
+        f"first_step_of_2={first_small} rank0_calls={len(processes[left])}",
         file=sys.stderr,
     )

@@ -127,6 +127,9 @@ class StepAggregator:
         handlers: Optional[Handlers] = None,
     ) -> None:
         self.world_size = world_size
+        # ranks accepted: every rank of the largest world so far (a process keeps its first
+        # rank when Horovod Elastic renumbers the survivors of a smaller world)
+        self.rank_limit = world_size
         self.handlers = handlers or Handlers()  # extension messages from ranks
         self.secret = secret or job_secret.job_key()
         self.wait_s = wait_s
@@ -183,15 +186,15 @@ class StepAggregator:
         with self._lock:
             return set(self._finished)
 
-    def resize(self, world_size: int) -> None:
+    def resize(self, world_size: int, left: Iterable[int] = ()) -> None:
         """The world changed (a Horovod Elastic reset): steps of the new world wait for its
-        ranks only, a departed rank is neither waited for nor refused back; pending steps that
+        ranks only (``left``: the ranks that left, no longer reporters); pending steps that
         now hold every rank of their own world go out."""
         ready: List[Tuple[Tuple[str, int], _Pending]] = []
         with self._lock:
             self.world_size = world_size
-            self._reporters = {rank for rank in self._reporters if rank < world_size}
-            self._finished = {rank for rank in self._finished if rank < world_size}
+            self.rank_limit = max(self.rank_limit, world_size)
+            self._reporters.difference_update(left)
             for key_step, entry in list(self._pending.items()):
                 if len(entry.extents) >= self.expected_ranks(self.world_of(*key_step)):
                     ready.append(self._take(key_step))
@@ -379,7 +382,7 @@ class StepAggregator:
         rank: Optional[int] = None
         relay = False
         try:
-            accepted = await accept_hello(reader, writer, peer, self.secret.key, self.world_size)
+            accepted = await accept_hello(reader, writer, peer, self.secret.key, self.rank_limit)
             if accepted is not None:
                 rank, relay, welcome = accepted
                 self._welcome(rank, relay, writer, welcome)
@@ -456,7 +459,7 @@ class StepAggregator:
                     count("coordinator_bad_message")  # a rank this relay never served
                     return True
             self.add_many(message["k"], message["s"], items)
-        elif kind == messages.JOIN and message["r"] < self.world_size:
+        elif kind == messages.JOIN and message["r"] < self.rank_limit:
             with self._write_lock:
                 served.add(message["r"])
                 now.add(message["r"])
@@ -510,7 +513,7 @@ class StepAggregator:
         with self._write_lock:
             writer = self._writers.get(rank)
             if writer is None:
-                if rank in self._finished or not 0 < rank < self.world_size:
+                if rank in self._finished or not 0 < rank < self.rank_limit:
                     return False
                 # not connected yet (it starts its first step later): deliver on its hello
                 held = self._held.setdefault(rank, [])

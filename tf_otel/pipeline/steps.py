@@ -158,29 +158,31 @@ class Pipeline:
                 found[key] = int(text[6:-1])
         return found
 
-    def change_world(
-        self,
-        rank: int,
-        world_size: int,
-        local_rank: Optional[int] = None,
-        local_size: Optional[int] = None,
-    ) -> Optional[WorldChange]:
-        """Horovod re-initialised with another rank or world (an elastic reset, between two
-        steps on every rank): the steps from the next one of each key are the new world's.
-        Rank 0's coordinator waits for its ranks only, its roots carry its size, the first
-        root of the new world and the job span carry a record of the change. None where
-        nothing changed."""
+    def change_world(self, rank: int, world_size: int) -> Optional[WorldChange]:
+        """Horovod re-initialised with another world (an elastic reset, between two steps on
+        every rank; ``rank``: Horovod's for this process now): the steps from the next one of
+        each key are the new world's. Rank 0's coordinator waits for its ranks only, its roots
+        carry its size, the first root of the new world and the job span carry a record of the
+        change. The process keeps the rank it began with (its link to rank 0, its resource and
+        its spans agree; Horovod renumbers survivors when a rank other than the last leaves):
+        said once where Horovod's differs. None where the world did not change."""
         old = self.topology
-        if rank == old.rank and world_size == old.world_size:
+        if rank != old.rank:
+            log_once(
+                "world_renumbered",
+                "tf_otel: Horovod renumbered this process rank %d (it was rank %d): its spans "
+                'keep rank %d%s (docs/RELIABILITY.md, "Elastic Horovod")',
+                rank,
+                old.rank,
+                old.rank,
+                ", and no step roots come from it (rank 0's services stay with the process "
+                "that began the job)"
+                if rank == 0
+                else "",
+            )
+        if world_size == old.world_size:
             return None
-        new = replace(
-            old,
-            rank=rank,
-            world_size=world_size,
-            local_rank=old.local_rank if local_rank is None else local_rank,
-            local_size=old.local_size if local_size is None else local_size,
-            stepping_ranks=0,
-        )
+        new = replace(old, world_size=world_size, stepping_ranks=0)
         aggregator = self.exporter.services.aggregator
         left: List[int] = []
         joined: List[int] = []
@@ -204,24 +206,11 @@ class Pipeline:
                     hosts[moved] = host
         history = self.exporter.world or WorldHistory(old.step_world_size)
         change = history.change(new.step_world_size, self.next_steps(), left, joined, hosts)
-        if old.is_reference != new.is_reference:
-            log_once(
-                "world_rank0",
-                "tf_otel: Horovod made this process rank %d (it was rank %d): its spans keep "
-                "rank %d, and no step roots come from it (rank 0's services stay with the "
-                'process that began the job; docs/RELIABILITY.md, "Elastic Horovod")',
-                rank,
-                old.rank,
-                old.rank,
-            )
-            new = replace(new, rank=old.rank)
         self.topology = self.exporter.topology = new
         self.exporter.world = history
-        if self._metrics is not None:
-            self._metrics.rank = new.rank
         if aggregator is not None:
             aggregator.history = history
-            aggregator.resize(new.step_world_size)
+            aggregator.resize(new.step_world_size, left)
         if new.is_reference:
             logger.info("tf_otel: %s", change.text())
             job_span = self.exporter.services.job_span

@@ -2,7 +2,7 @@
 
 Horovod Elastic re-initialises Horovod on every rank after a reset (``hvd.elastic.run``: a host
 added or removed, a worker that failed); tf_otel sees the second ``hvd.init()``
-(instrument/horovod/patching.py) and the pipeline takes the new rank and size
+(instrument/horovod/patching.py) and the pipeline takes the new size
 (``Pipeline.change_world``). Each change starts at the next step of every step key rank 0 has
 counted so far (a reset is a barrier: every surviving rank is between the same two steps), so
 rank 0's coordinator, its roots and the analysis judge each step by the world that ran it.

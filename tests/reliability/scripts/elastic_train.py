@@ -6,10 +6,12 @@ Run: horovodrun -np 3 --min-np 2 --max-np 3 --network-interface lo \
         --host-discovery-script tests/reliability/scripts/elastic_discover.sh \
         python tests/reliability/scripts/elastic_train.py
 Env: HOSTS_FILE (what the discovery script prints), STEPS (default 30), STEP_SLEEP_S (0.1),
-SHRINK_AT / SHRINK_TO, GROW_AT / GROW_TO (-1: never; the run goes on past STEPS, up to MAX_STEPS
-(4 x STEPS), until the world has the size asked for), TRUTH_DIR (each process appends
-"<pid> <rank> <size> <batch> <host>" per call of train_step to TRUTH_DIR/truth-<pid>.txt; the
-first call, batch -1, builds the model before the elastic state copies it).
+SHRINK_AT / SHRINK_TO (SHRINK_HOSTS: the hosts then, "localhost:<SHRINK_TO>" by default, ","
+between hosts), GROW_AT / GROW_TO / GROW_HOSTS (-1: never; the run goes on past STEPS, up to
+MAX_STEPS (4 x STEPS), until the world has had the size asked for 5 batches), TRUTH_DIR (each
+process appends "<pid> <rank> <size> <batch> <host>" per call of train_step to
+TRUTH_DIR/truth-<pid>.txt; the first call, batch -1, builds the model before the elastic state
+copies it).
 """
 
 import os
@@ -28,9 +30,11 @@ STEP_SLEEP_S = float(os.environ.get("STEP_SLEEP_S", "0.1"))
 HOSTS_FILE = os.environ["HOSTS_FILE"]
 MAX_STEPS = int(os.environ.get("MAX_STEPS", str(4 * STEPS)))
 SHRINK_TO, GROW_TO = os.environ.get("SHRINK_TO", ""), os.environ.get("GROW_TO", "")
-CHANGES = {
-    int(os.environ.get("SHRINK_AT", "-1")): os.environ.get("SHRINK_TO", ""),
-    int(os.environ.get("GROW_AT", "-1")): os.environ.get("GROW_TO", ""),
+CHANGES = {  # batch -> what the discovery script prints from then on ("," between hosts)
+    int(os.environ.get("SHRINK_AT", "-1")): os.environ.get(
+        "SHRINK_HOSTS", f"localhost:{SHRINK_TO}"
+    ),
+    int(os.environ.get("GROW_AT", "-1")): os.environ.get("GROW_HOSTS", f"localhost:{GROW_TO}"),
 }
 TRUTH = os.path.join(os.environ.get("TRUTH_DIR", "."), f"truth-{os.getpid()}.txt")
 
@@ -58,13 +62,19 @@ def step(batch):
         out.write(f"{os.getpid()} {hvd.rank()} {hvd.size()} {batch} {socket.gethostname()}\n")
 
 
+AFTER = 5  # batches the changed world trains at least
+
+
 def going_on(state):
-    """STEPS batches, and on while a change asked for has not come yet (the driver notices the
-    discovery script's answer within a second or more, later on a loaded machine), up to
-    MAX_STEPS. The same answer on every rank: it reads the committed batch and the world."""
+    """STEPS batches, and on until a change asked for has come and the new world has trained
+    AFTER batches (the driver acts on the discovery script's answer 1-5 s later on a loaded
+    machine), up to MAX_STEPS. The same answer on every rank: it reads the synced state."""
+    target = int(GROW_TO or SHRINK_TO or 0)
+    if target and state.since < 0 and hvd.size() == target:
+        state.since = state.batch
     if state.batch < STEPS:
         return True
-    waiting = (SHRINK_TO and hvd.size() > int(SHRINK_TO)) or (GROW_TO and hvd.size() < int(GROW_TO))
+    waiting = target and (state.since < 0 or state.batch < state.since + AFTER)
     return bool(waiting) and state.batch < MAX_STEPS
 
 
@@ -76,13 +86,15 @@ def train(state):
         print(f"rank {hvd.rank()} size {hvd.size()} batch {state.batch}", flush=True)
         state.batch += 1
         if hvd.rank() == 0 and CHANGES.get(state.batch):
+            hosts = CHANGES[state.batch]
             with open(HOSTS_FILE, "w") as out:
-                out.write(f"localhost:{CHANGES[state.batch]}\n")
-            print(f"hosts -> localhost:{CHANGES[state.batch]} at batch {state.batch}", flush=True)
+                out.write(hosts.replace(",", "\n") + "\n")
+            print(f"hosts -> {hosts} at batch {state.batch}", flush=True)
         state.commit()
 
 
 step(-1)  # builds the model and optimizer before the state copies them (a step of its own)
-state = hvd.elastic.TensorFlowKerasState(model, optimizer, batch=0)
+# since: the batch the world first had the size asked for (-1: not yet)
+state = hvd.elastic.TensorFlowKerasState(model, optimizer, batch=0, since=-1)
 train(state)
 print(f"rank {hvd.rank()} done size {hvd.size()}", flush=True)

@@ -28,7 +28,7 @@ def _init_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -
     """``hvd.init()``: the source is chosen before the first one. A later one after
     ``hvd.shutdown()`` is an elastic reset (``hvd.elastic.run``): what this rank holds is
     written first, since Horovod's own init aborts a worker the driver removed (no exit
-    handler runs), and the pipeline takes the new rank and world after it."""
+    handler runs), and the pipeline takes the new world after it."""
     global _inits
     reset = False
     with fail_open("horovod.before_init"):
@@ -58,9 +58,7 @@ def _after_reset(basics: Any) -> None:
 
     pipeline = current_pipeline()
     if pipeline is not None:
-        pipeline.change_world(
-            basics.rank(), basics.size(), basics.local_rank(), basics.local_size()
-        )
+        pipeline.change_world(basics.rank(), basics.size())
 
 
 def _patch_basics(module: Any) -> None:
