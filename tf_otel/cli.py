@@ -3,6 +3,7 @@
 Usage::
 
     tf-otel analyze traces/ --format json
+    tf-otel diff baseline/ candidate/
     horovodrun -np 2 tf-otel clock-check
     tf-otel nccl-plugin
 """
@@ -17,6 +18,7 @@ from typing import List, Optional
 # Each module exposes add_parser(subparsers) and sets a ``func`` default taking the parsed args.
 _COMMAND_MODULES = (
     "tf_otel.analysis.cli",
+    "tf_otel.analysis.diff_cli",
     "tf_otel.analysis.export.cli",
     "tf_otel.clock.cli",
     "tf_otel.nccl.cli",

@@ -59,9 +59,11 @@ class DataParallel:
         slow_steps: Optional[Dict[int, Tuple[object, float]]] = None,
         spread: float = 0.05,  # each piece of work varies by up to this share
         hosts: Optional[Dict[int, str]] = None,
+        input_ms: float = 0.0,  # every rank waits this long for its batch first (an input span)
         seed: int = 1,
     ) -> None:
         self.ranks, self.steps, self.legs = ranks, steps, legs
+        self.input_ms = input_ms
         self.comm_ms = comm_ms
         self.slow = dict(slow or {})
         self.slow_steps = dict(slow_steps or {})
@@ -88,7 +90,7 @@ class DataParallel:
         t = 0.0
         steps = []
         for s in range(self.steps):
-            clock = {r: t for r in range(self.ranks)}
+            clock = {r: t + self.input_ms for r in range(self.ranks)}
             work: Dict[int, List[Tuple[float, float]]] = {r: [] for r in range(self.ranks)}
             colls: Dict[int, List[Tuple[float, float]]] = {r: [] for r in range(self.ranks)}
             for leg in range(self.legs):
@@ -127,6 +129,8 @@ class DataParallel:
             step = job.step(s)
             for r in range(self.ranks):
                 step.rank(r, j(start), j(ends[r]))
+                if self.input_ms:
+                    step.span(r, "input", "IteratorGetNext", j(start), j(start + self.input_ms))
                 for leg, (a, b) in enumerate(work[r]):
                     early = rng.uniform(0, overlap_us) / 1000.0 if leg else 0.0
                     step.span(r, "compute", f"work{leg}", j(a - early), j(b))

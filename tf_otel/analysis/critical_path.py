@@ -93,6 +93,7 @@ PATH_CATEGORIES = (
 )
 STEP_WORK = "(rank step work)"  # a gap on a rank without op detail: its own step work
 UNKNOWN_ARRIVAL = "unknown"
+TOP_NAMES = 24  # names a step keeps of its path once its segments are dropped (by_name)
 UNEXPLAINED_MIN_NS = 1_000_000  # a hidden rank readier than the last known one by less: noise
 _NODE_CATEGORY = {COMPUTE: PATH_COMPUTE, INPUT: PATH_INPUT}
 _PRIORITY = {COLLECTIVE: 3, TRANSFER: 2, COMPUTE: 1, INPUT: 0}
@@ -227,6 +228,7 @@ class CriticalPath:
     _lateness: Optional[Dict[int, int]] = field(default=None, repr=False)
     # (by category, by rank, length) once the segments are dropped (``drop_segments``)
     _totals: Optional[Tuple[Dict[str, int], Dict[int, int], int]] = field(default=None, repr=False)
+    _names: Optional[Tuple[Tuple[str, str, int], ...]] = field(default=None, repr=False)
 
     @property
     def length_ns(self) -> int:
@@ -250,11 +252,24 @@ class CriticalPath:
             totals[segment.rank] = totals.get(segment.rank, 0) + segment.duration_ns
         return dict(sorted(totals.items()))
 
+    def by_name(self, top: int = TOP_NAMES) -> Tuple[Tuple[str, str, int], ...]:
+        """The ``top`` names on the path by their time on it: (category, name, ns), most
+        first (what ``tf-otel diff`` compares: the ops and collectives that changed)."""
+        if self._names is not None:
+            return self._names[:top]
+        totals: Dict[Tuple[str, str], int] = {}
+        for segment in self.segments:
+            key = (segment.category, segment.name)
+            totals[key] = totals.get(key, 0) + segment.duration_ns
+        ordered = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+        return tuple((category, name, ns) for (category, name), ns in ordered)
+
     def drop_segments(self) -> None:
         """Keep only the path's totals (what every report but ``--with-path`` reads): a
         step's segments are most of what the analysis keeps of it."""
         if self._totals is None:
             self._totals = (self.by_category(), self.by_rank(), self.length_ns)
+            self._names = self.by_name()
             self.segments = []
 
     def excess_by_rank(self) -> Dict[int, int]:

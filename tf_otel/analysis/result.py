@@ -119,6 +119,7 @@ class StepDigest:
     # where it was not taken
     work_ns: array[int] = field(default_factory=lambda: array("q"))
     overlaps: Tuple[int, int] = (0, 0)  # path.overlaps, path.concurrent
+    names: Tuple[Tuple[str, str, int], ...] = ()  # path.by_name(): (category, name, ns)
 
     def lateness(self) -> Dict[int, int]:
         """``path.lateness_by_rank()``."""
@@ -172,6 +173,7 @@ def step_digest(step: StepResult) -> StepDigest:
         array("q", lateness.values()),
         step.path.work if step.path.work is not None else array("q"),
         (step.path.overlaps, step.path.concurrent),
+        step.path.by_name(),
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from typing import Any, Dict
 
 from tf_otel.analysis.measured import NOT_MEASURED, CategoryShare
+from tf_otel.analysis.profile import run_profile
 from tf_otel.analysis.report import ms
 from tf_otel.analysis.result import AnalysisResult, StepResult
 
@@ -169,6 +170,7 @@ def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
             },
         },
         "steps": [_step(step, with_path) for step in result.steps],
+        "profile": run_profile(result),  # what tf-otel diff compares
         "ranks": ranks,
         "outliers": {
             "median_ms": _ms(result.outliers.median_ns),
