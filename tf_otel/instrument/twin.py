@@ -84,12 +84,25 @@ class _TwinState(threading.local):
 _state = _TwinState()
 
 _sources: List[Callable[[], bool]] = []  # does a source want timing ops now?
+_after: List[Callable[[], None]] = []  # what sources build once a twin is prepared
 
 
 def wanted_by(source: Callable[[], bool]) -> None:
     """A source of timing ops (once per process): twins are traced while it says so."""
     if source not in _sources:
         _sources.append(source)
+
+
+def after_prepare(build: Callable[[], None]) -> None:
+    """What a source builds for its detail steps once a twin is prepared (e.g. the stamps'
+    reader), on the same thread, before the generation counts as prepared (once per process)."""
+    if build not in _after:
+        _after.append(build)
+
+
+def preparing() -> bool:
+    """A twin queued here is not prepared yet (sources leave what it adds alone meanwhile)."""
+    return _gate.prepared < _gate.queued
 
 
 def enabled() -> bool:
@@ -321,6 +334,9 @@ def _prepare(job: _Job) -> None:
         count("twin_instantiated")
     except Exception as exc:  # noqa: BLE001
         report_failure("twin.instantiate", exc)
+    for build in list(_after):
+        with fail_open("twin.after_prepare"):
+            build()
     done = time.monotonic()
     log_once(
         "twin_prepared",

@@ -354,6 +354,14 @@ class StampCollector:
         of a run (1 in 100 would pay it inside the run)."""
         if not self._slots or len(self._slots) == self._reader_n:  # no lock, no TF call
             return
+        if twin.preparing():  # the twin thread is adding stamps: it builds the reader after
+            return
+        self.build_reader()
+
+    def build_reader(self) -> None:
+        """Build the reader of every stamp now (the twin thread, once a twin is prepared)."""
+        if not self._slots or len(self._slots) == self._reader_n:
+            return
         with fail_open("horovod.stamp_reader"):
             self._reader_for()
 
@@ -714,6 +722,7 @@ class StampsHook(StepHook[_DetailStep]):
         collector.enabled = self.stamping
         collector.graph_enabled = self.twins_wanted
         twin.wanted_by(self.twins_wanted)
+        twin.after_prepare(collector.build_reader)
         add_step_hook(self)
         with_pipeline(self._handle_messages)
         with_pipeline(twin_gate.attach)
