@@ -43,7 +43,7 @@ from typing import (
 
 from tf_otel.analysis.carry import Previous, StepKey, carried_into, previous_keys, step_key
 from tf_otel.analysis.causality import CausalityRepair, repair_trace_causality
-from tf_otel.analysis.critical_path import CriticalPath, critical_path
+from tf_otel.analysis.critical_path import PATH_COMMUNICATION, CriticalPath, critical_path
 from tf_otel.analysis.engine import Engine, InProcess
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.findings import evaluate_rules
@@ -738,15 +738,14 @@ def _run_what_if(
     """Ranks and groups slow throughout the steady steps, and the run's saving without them
     (``what_if``); the steps are read again only where there are some."""
     steady = [key for key, digest in enumerate(digests) if not digest.warmup]
-    subjects = slow_subjects(
-        (digests[key].work() for key in steady if digests[key].work_ns),
-        stragglers.noise.persistent(),
-    )
+    # own work is told from waiting only in a step with sync spans (communication measured)
+    synced = [k for k in steady if digests[k].work_ns and PATH_COMMUNICATION in digests[k].measured]
+    subjects = slow_subjects((digests[key].work() for key in synced), stragglers.noise.persistent())
     if any(len(subject.ranks) > 1 for subject in subjects):  # a group's label
         ranks = {r for subject in subjects for r in subject.ranks}
         labels = _rank_resources(results, steady, ranks, steps.with_spans)
         subjects = slow_subjects(
-            (digests[key].work() for key in steady if digests[key].work_ns),
+            (digests[key].work() for key in synced),
             stragglers.noise.persistent(),
             labels,
             steps.group_by,

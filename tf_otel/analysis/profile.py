@@ -8,10 +8,11 @@ Usage::
 Over the steady steps of the job's main step function: the step time (median, robust sigma,
 mean, count; steps per second), the critical path by category (mean ms a step over the steps
 that measured it, its step-to-step sigma; None: measured on no step), each rank's mean time on
-the path, own work (time outside its syncs) and lateness a step, the names on the path (ops,
-collectives, gaps) by mean ms a step, and the findings by rule and ranks. Everything is a mean
-a step, so runs of different lengths compare; ranks are kept by number and the diff matches
-them by role where the worlds differ.
+the path, own work (time outside its syncs, over the steps that measured communication: in the
+others a rank's waits are not told from its work) and lateness a step, the names on the path
+(ops, collectives, gaps) by mean ms a step, and the findings by rule and ranks. Everything is a
+mean a step, so runs of different lengths compare; ranks are kept by number and the diff
+matches them by role where the worlds differ.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Optional
 
-from tf_otel.analysis.critical_path import PATH_CATEGORIES
+from tf_otel.analysis.critical_path import PATH_CATEGORIES, PATH_COMMUNICATION
 from tf_otel.analysis.result import AnalysisResult, StepDigest
 
 PROFILE_VERSION = 1
@@ -103,10 +104,11 @@ def _by_rank(steady: List[StepDigest]) -> Dict[str, Any]:
     for digest in steady:
         for rank in digest.ranks:
             path.setdefault(rank, []).append(float(digest.by_rank.get(rank, 0)))
-        for rank, value in digest.work().items():
-            work.setdefault(rank, []).append(float(value))
         for rank, value in digest.lateness().items():
             late.setdefault(rank, []).append(float(value))
+        if PATH_COMMUNICATION in digest.measured:  # else its time outside syncs holds waits
+            for rank, value in digest.work().items():
+                work.setdefault(rank, []).append(float(value))
     out: Dict[str, Any] = {}
     for rank in sorted(path):
         own = _spread(work.get(rank, []))
