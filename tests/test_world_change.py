@@ -162,3 +162,38 @@ def test_a_renumbered_process_keeps_its_first_rank() -> None:
     assert change is not None and (change.before, change.after) == (3, 2)
     assert (pipeline.topology.rank, pipeline.topology.world_size) == (2, 2)
     assert pipeline.change_world(1, 2) is None, "the same world again: no change"
+
+
+def test_history_names_the_ranks_of_each_world() -> None:
+    """A rank other than the last leaves: the new world is its processes' first ranks."""
+    history = WorldHistory(3)
+    assert history.ranks_of("k", 0) == (0, 1, 2)
+    change = history.change(2, {"k": 10}, left=[1])
+    assert tuple(change.ranks) == (0, 2)
+    assert history.ranks_of("k", 9) == (0, 1, 2) and history.ranks_of("k", 10) == (0, 2)
+    history.change(1, {"k": 20}, left=[0, 2])  # the count disagrees: Horovod's 0..n-1
+    assert history.ranks_of("k", 20) == (0,)
+
+
+def test_analysis_expects_the_ranks_a_root_names() -> None:
+    from tf_otel.analysis.model import Span
+    from tf_otel.analysis.steps import StepTrace, world_ranks_of
+
+    root = Span.__new__(Span)
+    root.attributes = {record.ATTR_STEP_WORLD_RANKS: [2, 0]}
+    assert world_ranks_of(root) == (0, 2)
+    step = StepTrace("t", 5, "j", None, 0, 1, {0: None, 2: None}, 2, [])  # type: ignore[dict-item]
+    assert step.missing_ranks == [1], "control: 0..n-1 of a world of 2"
+    step.world_ranks = world_ranks_of(root)
+    assert step.expected_ranks == [0, 2] and step.missing_ranks == []
+    root.attributes = {}
+    assert world_ranks_of(root) is None
+
+
+def test_a_stall_record_asks_about_the_ranks_of_the_steps_world() -> None:
+    from tf_otel.pipeline.stall_record import build_record
+
+    built = build_record("k", 12, 2, 5, 1, 1, {}, connected=set(), ranks=[0, 2])
+    assert built.silent == [0, 2]
+    control = build_record("k", 12, 2, 5, 1, 1, {}, connected=set())
+    assert control.silent == [0, 1]

@@ -43,6 +43,9 @@ ATTR_WORLD_BEFORE = "tf_otel.world.before"
 ATTR_WORLD_AFTER = "tf_otel.world.after"
 ATTR_WORLD_LEFT = "tf_otel.world.left"  # ranks (numbered in the old world) that left
 ATTR_WORLD_JOINED = "tf_otel.world.joined"
+# a root's: the ranks of the world that ran its step, where they are not 0..n-1 (a process keeps
+# the rank it began with when Horovod renumbers the survivors of a rank other than the last)
+ATTR_STEP_WORLD_RANKS = "tf_otel.step.world_ranks"
 # a run resumed from a checkpoint (Keras BackupAndRestore): the job span and its first step
 ATTR_RESUMED_EPOCH = "tf_otel.resumed.epoch"
 ATTR_RESUMED_STEP = "tf_otel.resumed.step"

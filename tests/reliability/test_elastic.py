@@ -18,6 +18,7 @@ Prints one ``FIGURES`` line for docs/RELIABILITY.md."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -75,10 +76,27 @@ def _truth(folder: Path) -> Tuple[Dict[int, Set[int]], Dict[int, int], Dict[str,
     return ranks, world, processes
 
 
-def _elastic_run(tmp_path: Path, hosts: str, shrink_hosts: str) -> Tuple[str, float, Path, Path]:
+def _hash_seed(hosts: List[str], first: List[str]) -> str:
+    """A PYTHONHASHSEED under which horovodrun's driver orders ``hosts`` (one slot each; it
+    takes them from a set, so the order, and with it which host holds rank 0, follows the
+    string hashes) beginning with ``first``."""
+    probe = f"print(','.join(set({hosts!r})))"
+    for seed in range(64):
+        env = {**base_env(), "PYTHONHASHSEED": str(seed)}
+        order = subprocess.run(
+            [python(), "-c", probe], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        if order.split(",")[: len(first)] == first:
+            return str(seed)
+    raise AssertionError(f"no seed orders {hosts} as {first}...")
+
+
+def _elastic_run(
+    tmp_path: Path, hosts: str, shrink_hosts: str, seed: str = "0"
+) -> Tuple[str, float, Path, Path]:
     """horovodrun --min-np 2 --max-np 3 on ``hosts`` (one per line), the discovery script
-    printing ``shrink_hosts`` from batch SHRINK_AT: (output, wall seconds, span folder, truth
-    folder)."""
+    printing ``shrink_hosts`` from batch SHRINK_AT, the driver's host order from ``seed``:
+    (output, wall seconds, span folder, truth folder)."""
     folder, truth = tmp_path / "spans", tmp_path / "truth"
     truth.mkdir()
     hosts_file = tmp_path / "hosts"
@@ -95,6 +113,7 @@ def _elastic_run(tmp_path: Path, hosts: str, shrink_hosts: str) -> Tuple[str, fl
         SHRINK_TO="2",
         SHRINK_HOSTS=shrink_hosts,
         STEP_SLEEP_S="0.15",
+        PYTHONHASHSEED=seed,
     )
     command = [
         str(VENV_BIN / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
@@ -119,6 +138,8 @@ def _first_world(line: str) -> str:
                 for item in span.get("attributes", []):
                     if item["key"] in ("tf_otel.world_size", "tf_otel.step_world_size"):
                         item["value"] = {"intValue": "3"}
+                    elif item["key"] == "tf_otel.step.world_ranks":
+                        item["key"] = "dropped.world_ranks"
     return json.dumps(data)
 
 
@@ -132,14 +153,28 @@ def _analyze(folder: Path) -> Dict[str, Any]:
     return json.loads(done.stdout)
 
 
-def test_elastic_shrink_each_step_holds_the_ranks_that_ran_it(tmp_path: Path) -> None:
-    output, wall, folder, truth = _elastic_run(tmp_path, "localhost:3", "localhost:2")
+@pytest.mark.parametrize("leaving", ["last", "middle"])
+def test_elastic_shrink_each_step_holds_the_ranks_that_ran_it(tmp_path: Path, leaving: str) -> None:
+    """``last``: localhost:3 -> localhost:2, rank 2 leaves. ``middle``: three one-slot hosts
+    (localhost, 127.0.0.1, this machine's name; all local), 127.0.0.1 holding rank 1 leaves:
+    Horovod renumbers rank 2 as 1, which keeps its rank 2, and the new world's roots name their
+    ranks [0, 2]."""
+    if leaving == "last":
+        departed = 2
+        output, wall, folder, truth = _elastic_run(tmp_path, "localhost:3", "localhost:2")
+    else:
+        departed, name = 1, socket.gethostname()
+        seed = _hash_seed(["localhost", "127.0.0.1", name], ["localhost", "127.0.0.1"])
+        output, wall, folder, truth = _elastic_run(
+            tmp_path, f"localhost:1,127.0.0.1:1,{name}:1", f"localhost:1,{name}:1", seed
+        )
     ran, world, processes = _truth(truth)
     assert len(processes) == 3, processes
     removed = [
         name for name, calls in processes.items() if len(calls) < max(map(len, processes.values()))
     ]
     assert len(removed) == 1, output[-4000:]  # the world did shrink while the job ran
+    assert processes[removed[0]][0] == departed, processes
     first_small = min(step for step, size in world.items() if size == 2)
     assert 0 < first_small < max(world), world
 
@@ -172,8 +207,13 @@ def test_elastic_shrink_each_step_holds_the_ranks_that_ran_it(tmp_path: Path) ->
     at, change = events[0]
     assert at == first_small, (at, first_small)
     assert (change["tf_otel.world.before"], change["tf_otel.world.after"]) == (3, 2)
-    assert change["tf_otel.world.left"] == [2], change
-    assert change["message"].startswith(f"world 3 -> 2 at step {first_small}: rank 2 on host")
+    assert change["tf_otel.world.left"] == [departed], change
+    said = f"world 3 -> 2 at step {first_small}: rank {departed} on host"
+    assert change["message"].startswith(said), change
+    staying = [r for r in (0, 1, 2) if r != departed]
+    for step, root in by_step.items():  # a world not 0..n-1 is named on its roots
+        named = root["attrs"].get("tf_otel.step.world_ranks")
+        assert named == (staying if step >= first_small and departed != 2 else None), root
     (job,) = [s for s in spans if s["attrs"].get("tf_otel.category") == "job"]
     assert [e["name"] for e in job.get("events", [])] == ["tf_otel.world.change"]
     assert not [s for s in spans if s["attrs"].get("tf_otel.category") == "stall"]
@@ -188,7 +228,7 @@ def test_elastic_shrink_each_step_holds_the_ranks_that_ran_it(tmp_path: Path) ->
     assert {s["step"]: s["world_size"] for s in report["steps"]} == world
 
     # control: the same files with every root saying the first world, as tf_otel's roots did
-    # before: the analysis then warns about rank 2 as stopped or missing
+    # before: the analysis then warns about the departed rank as stopped or missing
     control = tmp_path / "control"
     control.mkdir()
     for path in folder.glob("spans-*.jsonl"):
@@ -197,11 +237,14 @@ def test_elastic_shrink_each_step_holds_the_ranks_that_ran_it(tmp_path: Path) ->
         )
     said = _analyze(control)["warnings"]
     assert any(
-        "no spans from ranks [2]" in w or w.startswith("rank 2's spans end at step") for w in said
+        f"no spans from ranks [{departed}]" in w
+        or w.startswith(f"rank {departed}'s spans end at step")
+        for w in said
     ), said
     print(
-        f"FIGURES elastic_shrink wall_s={wall:.1f} steps={len(ran)} first_step_of_2={first_small} "
-        f"removed_calls={len(processes[removed[0]])} roots={len(roots)}",
+        f"FIGURES elastic_shrink_{leaving} wall_s={wall:.1f} steps={len(ran)} "
+        f"first_step_of_2={first_small} removed_calls={len(processes[removed[0]])} "
+        f"roots={len(roots)}",
         file=sys.stderr,
     )
 
@@ -215,7 +258,10 @@ def test_rank0_leaving_hurts_nothing_and_nothing_hangs(tmp_path: Path) -> None:
     under its own rank, and none is split; the survivors' links to the gone rank 0 hold
     nothing up: they train on at their pace. The analysis exits 0 and names rank 0 as the rank
     whose spans ended."""
-    output, wall, folder, truth = _elastic_run(tmp_path, "127.0.0.1:1,localhost:2", "localhost:2")
+    seed = _hash_seed(["127.0.0.1", "localhost"], ["127.0.0.1"])
+    output, wall, folder, truth = _elastic_run(
+        tmp_path, "127.0.0.1:1,localhost:2", "localhost:2", seed
+    )
     ran, world, processes = _truth(truth)
     (left,) = [name for name, calls in processes.items() if len(calls) < len(ran)]
     assert processes[left][0] == 0, processes  # rank 0's process left

@@ -30,6 +30,7 @@ from tf_otel.record import (
     ATTR_REPLICA_SPREAD_NS,
     ATTR_REPLICAS,
     ATTR_STEP,
+    ATTR_STEP_WORLD_RANKS,
     ATTR_STEP_WORLD_SIZE,
     ATTR_TRANSFER_EDGE,
     ATTR_WAIT_NS,
@@ -50,6 +51,7 @@ ANALYSIS_ATTRIBUTES = (
         ATTR_TRANSFER_EDGE,
         ATTR_WORLD_SIZE,
         ATTR_STEP_WORLD_SIZE,  # a root's: the world that ran the step (Horovod Elastic)
+        ATTR_STEP_WORLD_RANKS,
         ATTR_REPLICAS,
         ATTR_REPLICA_LAST,
         ATTR_REPLICA_SPREAD_NS,

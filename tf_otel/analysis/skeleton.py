@@ -43,6 +43,7 @@ from tf_otel.analysis.steps import (
     StepTrace,
     roots_and_step_spans,
     unranked_warning,
+    world_ranks_of,
     world_size_of,
 )
 from tf_otel.record import (
@@ -264,6 +265,7 @@ def skeleton_step(trace_id: str, skeleton: Skeleton, warnings: List[str]) -> Opt
     end = max([root.end_ns] + [t.end_ns for t in ranks.values()])
     step = StepTrace(trace_id, root.step, root.job_id, root, start, end, ranks, world, spans)
     step.other_categories = skeleton.other_categories
+    step.world_ranks = world_ranks_of(root)
     return step
 
 

@@ -32,6 +32,7 @@ from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.model import Span, by_trace
 from tf_otel.record import (
     ATTR_STEP_IN_FLIGHT,
+    ATTR_STEP_WORLD_RANKS,
     ATTR_STEP_WORLD_SIZE,
     ATTR_WORLD_SIZE,
     COLLECTIVE,
@@ -172,6 +173,9 @@ class StepTrace:
     whole: bool = False  # built from all its spans where it has a skeleton (``NeedSpans``)
     slimmed: bool = False  # ``slim``: spans dropped after the analysis
     stripped: bool = False  # ``strip``: no step reads its collectives any more
+    # the root's ranks of the world that ran the step where they are not 0..n-1 (Horovod
+    # Elastic: a process keeps its first rank when the survivors are renumbered)
+    world_ranks: Optional[Tuple[int, ...]] = None
 
     @property
     def duration_ns(self) -> int:
@@ -179,6 +183,8 @@ class StepTrace:
 
     @property
     def expected_ranks(self) -> List[int]:
+        if self.world_ranks:
+            return list(self.world_ranks)
         if self.world_size and self.world_size >= len(self.ranks):
             return list(range(self.world_size))
         return sorted(self.ranks)
@@ -289,6 +295,18 @@ def world_size_of(
     return None
 
 
+def world_ranks_of(root: Optional[Span]) -> Optional[Tuple[int, ...]]:
+    """The ranks of the world that ran the step, where its root names them (they are not
+    0..n-1: ``tf_otel.step.world_ranks``); None otherwise."""
+    value = root.attributes.get(ATTR_STEP_WORLD_RANKS) if root is not None else None
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    try:
+        return tuple(sorted({int(rank) for rank in value}))
+    except (TypeError, ValueError):
+        return None
+
+
 def roots_and_step_spans(spans: List[Span]) -> Tuple[List[Span], Dict[int, List[Span]]]:
     """The step's root spans, and each rank's step spans (those exported mid-step, a stall or
     an exit, only for a rank whose step never ended)."""
@@ -384,9 +402,11 @@ def _build_step(trace_id: str, by_id: Dict[str, Span], warnings: List[str]) -> O
     start = min([start] + [t.start_ns for t in ranks.values()])
     end = max([end] + [t.end_ns for t in ranks.values()])
     job_id = root.job_id if root else next((s.job_id for s in spans if s.job_id), None)
-    return StepTrace(
+    trace = StepTrace(
         trace_id, step_number, job_id, root, start, end, ranks, world_size_of(root, spans), spans
     )
+    trace.world_ranks = world_ranks_of(root)
+    return trace
 
 
 def spans_by_trace(spans: Iterable[Span]) -> Dict[str, List[Span]]:

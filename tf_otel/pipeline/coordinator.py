@@ -156,6 +156,7 @@ class StepAggregator:
         self._reporters: set = set()  # ranks that have reported any step
         self._late: Dict[int, int] = {}  # rank not yet a reporter -> its late extents so far
         self._hosts: Dict[int, str] = {}  # rank -> the address its connection came from
+        self._left: Set[int] = set()  # ranks that left the world (``resize``)
         # the world of each step where it changed while the job ran (pipeline/world.py)
         self.history: Optional[WorldHistory] = None
         self._reaper = threading.Thread(target=self._reap_loop, name="tf_otel-roots", daemon=True)
@@ -195,6 +196,7 @@ class StepAggregator:
             self.world_size = world_size
             self.rank_limit = max(self.rank_limit, world_size)
             self._reporters.difference_update(left)
+            self._left.update(left)
             for key_step, entry in list(self._pending.items()):
                 if len(entry.extents) >= self.expected_ranks(self.world_of(*key_step)):
                     ready.append(self._take(key_step))
@@ -299,7 +301,8 @@ class StepAggregator:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._pending or len(self._finished) >= self.world_size - 1:
+                # the ranks of the world now that said bye (not those that left it)
+                if not self._pending or len(self._finished - self._left) >= self.world_size - 1:
                     break
             time.sleep(0.02)
         with self._lock:

@@ -351,6 +351,9 @@ class StepExporter:
             },
         )
         if history is not None:
+            members = history.ranks_of(key, step)
+            if members != tuple(range(len(members))):
+                span.set_attribute(record.ATTR_STEP_WORLD_RANKS, list(members))
             changed = history.first_step_of(key, step)
             if changed is not None:  # the first step of a new world says what changed
                 span.add_event(record.WORLD_CHANGE, changed.attributes(key), timestamp=start_ns)

@@ -450,6 +450,7 @@ class StallWatch:
         self.pipeline.export_in_flight(reason="stall")
         answers, connected = self._ask(handle.key, handle.step)
         now = clock.now_ns()
+        history = self.pipeline.exporter.world  # a world that changed (Horovod Elastic)
         built = build_record(
             handle.key,
             handle.step,
@@ -461,6 +462,7 @@ class StallWatch:
             connected,
             self.answer_wait_s,
             rank0_in_step=stall.after is None,
+            ranks=history.ranks_of(handle.key, handle.step) if history is not None else None,
         )
         count("stalls_reported")
         if stall.reports == 1:

@@ -102,18 +102,21 @@ def build_record(
     connected: Set[int],
     answer_wait_s: float = ANSWER_WAIT_S,
     rank0_in_step: bool = True,
+    ranks: Optional[Sequence[int]] = None,
 ) -> StallRecord:
     """Classify every rank against step ``step`` of ``key`` (rank 0's step in flight, or with
     ``rank0_in_step`` False the other ranks' step that rank 0 has not begun):
     waiting (inside that step), missing (not reached it: its in-flight step is another one and
-    its last completed step of the key is before it), done (finished it), silent (no answer)."""
+    its last completed step of the key is before it), done (finished it), silent (no answer).
+    ``ranks``: the ranks of the step's world where they are not 0..``world_size`` - 1 (Horovod
+    Elastic, pipeline/world.py)."""
     missing: List[int] = []
     waiting: List[int] = []
     done: List[int] = []
     idle: List[int] = []
     silent: List[int] = []
     lines: Dict[int, str] = {}
-    for rank in range(world_size):
+    for rank in range(world_size) if ranks is None else ranks:
         answer = answers.get(rank)
         if answer is None:
             silent.append(rank)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tf_otel import record
 
@@ -39,6 +39,7 @@ class WorldChange:
     left: Sequence[int] = ()
     joined: Sequence[int] = ()
     hosts: Mapping[int, str] = field(default_factory=dict)
+    ranks: Sequence[int] = ()  # the new world's, by the ranks its processes began with
 
     def step(self, key: Optional[str] = None) -> Optional[int]:
         """The first step of the new world (of ``key``; else of the key with the most steps)."""
@@ -80,6 +81,7 @@ class WorldHistory:
 
     def __init__(self, size: int) -> None:
         self.first = size
+        self.first_ranks: Tuple[int, ...] = tuple(range(size))
         self._changes: List[WorldChange] = []
         self._lock = threading.Lock()
 
@@ -102,8 +104,12 @@ class WorldHistory:
         hosts: Optional[Mapping[int, str]] = None,
     ) -> WorldChange:
         with self._lock:
+            before = self._changes[-1].ranks if self._changes else self.first_ranks
+            ranks = tuple(sorted((set(before) - set(left)) | set(joined)))
+            if len(ranks) != after:  # a count the ranks do not account for: Horovod's 0..n-1
+                ranks = tuple(range(after))
             change = WorldChange(
-                self.size, after, dict(at), tuple(left), tuple(joined), dict(hosts or {})
+                self.size, after, dict(at), tuple(left), tuple(joined), dict(hosts or {}), ranks
             )
             self._changes = (self._changes + [change])[-MAX_CHANGES:]
         return change
@@ -116,6 +122,15 @@ class WorldHistory:
             if step >= start:
                 size = change.after
         return size
+
+    def ranks_of(self, key: str, step: int) -> Tuple[int, ...]:
+        """The ranks of the world that ran ``step`` of ``key`` (each process by the rank it
+        began with: not 0..n-1 once a rank other than the last has left)."""
+        ranks = self.first_ranks
+        for change in self._changes:
+            if step >= change.at.get(key, 0):
+                ranks = tuple(change.ranks)
+        return ranks
 
     def first_step_of(self, key: str, step: int) -> Optional[WorldChange]:
         """The change whose new world begins with ``step`` of ``key``, if any (a key that began
