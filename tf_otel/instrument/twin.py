@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import sys
 import threading
@@ -71,8 +72,9 @@ MAX_KEYS = 64  # step keys whose last step is kept (rank 0's choice of the first
 RESEND_S = (1.0, 5.0)  # a prepared generation not opened yet is reported again, backing off
 IDLE_S = 5.0  # the twin thread looks again this often with nothing queued
 # the twin thread's Python (its trace) uses at most this share of one core, on average: it
-# sleeps when ahead (a machine whose cores the training keeps busy loses at most that much)
-CPU_SHARE = 0.25
+# sleeps when ahead. An eighth of a core on a 2-core machine the training keeps busy (2 ranks
+# there lost ~25 % of their step rate at a quarter each), up to half a core from 8 cores
+CPU_SHARE = min(0.5, max(0.125, (os.cpu_count() or 2) / 16))
 _PACE_EVERY = 4095  # profile events between two looks at the thread's CPU time (a mask)
 
 
