@@ -266,11 +266,24 @@ class CriticalPath:
 
     def drop_segments(self) -> None:
         """Keep only the path's totals (what every report but ``--with-path`` reads): a
-        step's segments are most of what the analysis keeps of it."""
-        if self._totals is None:
-            self._totals = (self.by_category(), self.by_rank(), self.length_ns)
-            self._names = self.by_name()
-            self.segments = []
+        step's segments are most of what the analysis keeps of it. One pass over them."""
+        if self._totals is not None:
+            return
+        categories = dict.fromkeys(PATH_CATEGORIES, 0)
+        ranks: Dict[int, int] = {}
+        names: Dict[Tuple[str, str], int] = {}
+        length = 0
+        for segment in self.segments:
+            ns = segment.end_ns - segment.start_ns
+            length += ns
+            categories[segment.category] += ns
+            ranks[segment.rank] = ranks.get(segment.rank, 0) + ns
+            key = (segment.category, segment.name)
+            names[key] = names.get(key, 0) + ns
+        self._totals = (categories, dict(sorted(ranks.items())), length)
+        ordered = sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_NAMES]
+        self._names = tuple((category, name, ns) for (category, name), ns in ordered)
+        self.segments = []
 
     def excess_by_rank(self) -> Dict[int, int]:
         """Over the legs that end at a sync (a rank finishing its step late after the last
