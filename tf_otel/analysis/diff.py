@@ -11,8 +11,8 @@ its median moved by more than ``max(3 x the standard error of the difference of 
 MIN_STEP_SHARE x the baseline's median)``: the standard error from each run's robust sigma
 (1.4826 x MAD) and step count (1.2533 sigma / sqrt(n) a median), so the threshold narrows as
 the runs grow and stays below their own spread. A category, a rank's own work, or a name on
-the path moves when its mean a step changed by more than ``max(3 x the standard error of the
-difference of the means, MIN_PART_SHARE x the baseline's median step)``.
+the path moves when its median a step (a name: its mean) changed by more than ``max(3 x the
+standard error of the difference, MIN_PART_SHARE x the baseline's median step)``.
 
 Shapes: ranks are matched by number where both runs had the same ranks, else by role (rank 0,
 the rank with the median own work, the slowest); every figure is a mean a step, so runs of
@@ -112,28 +112,32 @@ def _categories(
     for category in PATH_CATEGORIES:
         a = baseline["by_category"].get(category, {})
         b = candidate["by_category"].get(category, {})
-        if a.get("mean_ms") is None or b.get("mean_ms") is None:
-            which = [n for n, s in (("baseline", a), ("candidate", b)) if s.get("mean_ms") is None]
+        if a.get("median_ms") is None or b.get("median_ms") is None:
+            which = [
+                n for n, x in (("baseline", a), ("candidate", b)) if x.get("median_ms") is None
+            ]
             rows.append(
                 {
                     "category": category,
                     "measured": False,
                     "not_measured_in": which,
-                    "baseline_ms": _round(a.get("mean_ms")),
-                    "candidate_ms": _round(b.get("mean_ms")),
+                    "baseline_ms": _round(a.get("median_ms")),
+                    "candidate_ms": _round(b.get("median_ms")),
                 }
             )
             continue
         threshold = _threshold(
-            _se(a["sd_ms"], a["measured_steps"]), _se(b["sd_ms"], b["measured_steps"]), floor
+            _se(a["sigma_ms"], a["measured_steps"], MEDIAN_SE),
+            _se(b["sigma_ms"], b["measured_steps"], MEDIAN_SE),
+            floor,
         )
-        delta = b["mean_ms"] - a["mean_ms"]
+        delta = b["median_ms"] - a["median_ms"]
         rows.append(
             {
                 "category": category,
                 "measured": True,
-                "baseline_ms": _round(a["mean_ms"]),
-                "candidate_ms": _round(b["mean_ms"]),
+                "baseline_ms": _round(a["median_ms"]),
+                "candidate_ms": _round(b["median_ms"]),
                 "delta_ms": _round(delta),
                 "threshold_ms": _round(threshold),
                 "moved": abs(delta) > threshold,
@@ -158,7 +162,6 @@ def _ranks(
     baseline: Dict[str, Any], candidate: Dict[str, Any], floor: float
 ) -> Tuple[List[Dict[str, Any]], str]:
     a_ranks, b_ranks = baseline["by_rank"], candidate["by_rank"]
-    a_n, b_n = baseline["step_ms"]["n"], candidate["step_ms"]["n"]
     if set(a_ranks) == set(b_ranks):
         pairs = [(f"rank {r}", r, r) for r in sorted(a_ranks, key=int)]
         matched_by = "rank"
@@ -181,7 +184,9 @@ def _ranks(
         }
         if a.get("work_ms") is not None and b.get("work_ms") is not None:
             threshold = _threshold(
-                _se(a.get("work_sd_ms"), a_n), _se(b.get("work_sd_ms"), b_n), floor
+                _se(a.get("work_sigma_ms"), a.get("work_steps", 0), MEDIAN_SE),
+                _se(b.get("work_sigma_ms"), b.get("work_steps", 0), MEDIAN_SE),
+                floor,
             )
             delta = b["work_ms"] - a["work_ms"]
             row.update(

@@ -3,16 +3,17 @@
 Usage::
 
     profile = run_profile(result)          # a dict: also ``analyze --format json``'s "profile"
-    profile["step_ms"]["median"], profile["by_category"]["input"]["mean_ms"]
+    profile["step_ms"]["median"], profile["by_category"]["input"]["median_ms"]
 
 Over the steady steps of the job's main step function: the step time (median, robust sigma,
 mean, count; steps per second), the critical path by category (mean ms a step over the steps
 that measured it, its step-to-step sigma; None: measured on no step), each rank's mean time on
 the path, own work (time outside its syncs, over the steps that measured communication: in the
-others a rank's waits are not told from its work) and lateness a step, the names on the path
-(ops, collectives, gaps) by mean ms a step, and the findings by rule and ranks. Everything is a
-mean a step, so runs of different lengths compare; ranks are kept by number and the diff
-matches them by role where the worlds differ.
+others a rank's waits are not told from its work; median and robust sigma) and lateness a step,
+the names on the path (ops, collectives, gaps) by mean ms a step, and the findings by rule and
+ranks. Every figure is a step's, so runs of different lengths compare; categories have their
+median and robust sigma too (what the diff compares: a loaded host's long tails move a mean);
+ranks are kept by number and the diff matches them by role where the worlds differ.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def _by_category(steady: List[StepDigest]) -> Dict[str, Any]:
         values = [float(d.by_category.get(category, 0)) for d in steady if category in d.measured]
         spread = _spread(values)
         out[category] = {
+            "median_ms": spread["median"],
+            "sigma_ms": spread["sigma"],
             "mean_ms": spread["mean"],
             "sd_ms": spread["sd"],
             "measured_steps": len(values),
@@ -114,8 +117,9 @@ def _by_rank(steady: List[StepDigest]) -> Dict[str, Any]:
         own = _spread(work.get(rank, []))
         out[str(rank)] = {
             "path_ms": _ms(statistics.fmean(path[rank])),
-            "work_ms": own["mean"],
-            "work_sd_ms": own["sd"],
+            "work_ms": own["median"],
+            "work_sigma_ms": own["sigma"],
+            "work_steps": own["n"],
             "lateness_ms": _ms(statistics.median(late[rank])) if late.get(rank) else None,
         }
     return out
