@@ -40,7 +40,7 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
 def test_promtool_checks_the_rules():
     result = _promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 3 rules found" in result.stdout + result.stderr
+    assert "SUCCESS: 4 rules found" in result.stdout + result.stderr
 
 
 def test_promtool_finds_a_broken_rule(tmp_path: Path):

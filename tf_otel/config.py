@@ -44,7 +44,9 @@ TF_OTEL_VERDICTS (rank 0's live verdict on each step root, the per-rank lateness
 persistent slowdowns, pipeline/verdicts.py; default 1; 0: off),
 TF_OTEL_HOST_RELAY (one rank a host gathers the host's step reports for rank 0,
 pipeline/host_relay.py; default 1: on where a host runs several ranks, not on rank 0's own
-host; 0: every rank to rank 0).
+host; 0: every rank to rank 0),
+TF_OTEL_BASELINE (a saved ``tf-otel analyze --format json`` report: rank 0 compares each window
+of steps with it, pipeline/baseline.py; unset: off).
 """
 
 from __future__ import annotations
@@ -230,6 +232,9 @@ class Settings:
     stall_floor_s: float = STALL_FLOOR_S_DEFAULT
     stall_factor: float = STALL_FACTOR_DEFAULT
     verdicts: bool = True  # rank 0's live verdicts (pipeline/verdicts.py)
+    # a saved tf-otel analyze JSON report rank 0 compares each window of steps with
+    # (pipeline/baseline.py)
+    baseline: Optional[str] = None
     # one relay a host for the step reports (pipeline/host_relay.py): on where a host runs
     # several ranks (not rank 0's own host); False: every rank to rank 0
     host_relay: bool = True
@@ -290,6 +295,7 @@ class Settings:
             ),
             stall_factor=read(env, "TF_OTEL_STALL_FACTOR", _positive_float, STALL_FACTOR_DEFAULT),
             verdicts=read(env, "TF_OTEL_VERDICTS", _bool, True),
+            baseline=(env.get("TF_OTEL_BASELINE") or "").strip() or None,
             host_relay=read(env, "TF_OTEL_HOST_RELAY", _bool, True),
         )
 
@@ -336,6 +342,7 @@ VARIABLES = (
     "TF_OTEL_STALL_FLOOR_S",
     "TF_OTEL_STALL_FACTOR",
     "TF_OTEL_HOST_RELAY",
+    "TF_OTEL_BASELINE",
     "TF_OTEL_TEST_CLOCK",
 )
 # read elsewhere, never by this package: the install/build scripts, the NCCL profiler plugin (C),

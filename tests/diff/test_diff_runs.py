@@ -3,7 +3,9 @@ a baseline, (a) an input map slowed by 20 ms a batch, (b) hidden layers twice as
 1 training on a batch 1.5x larger every step, (d) the same program again (the control). Each
 change is named with its category / rank and its size within 20 % of what the runs stamp
 themselves (their own input waits and own work, timed in-process); the control is no change
-and names nothing, its threshold stated and no wider than the runs' step-to-step spread.
+and names nothing, its threshold stated and no wider than the runs' step-to-step spread. Live:
+the runs after the baseline get TF_OTEL_BASELINE=<its report>, and rank 0 marks the slower
+input run's windows on their step roots, none of the control's.
 
     .venv/bin/pytest -q tests/diff/test_diff_runs.py
 """
@@ -51,7 +53,16 @@ def runs(tmp_path_factory) -> Dict[str, Tuple[Path, Dict[str, Dict[int, float]]]
             TRUTH_FILE=str(root / f"{name}-truth-{{rank}}.json"),
             **extra,
         )
+        if name != "baseline":  # rank 0 compares each window with the baseline, live
+            env["TF_OTEL_BASELINE"] = str(root / "baseline.json")
         horovodrun(str(SCRIPT), env, timeout=300)
+        if name == "baseline":
+            report = run(
+                [str(VENV_BIN / "tf-otel"), "analyze", str(folder), "--format", "json"],
+                base_env(),
+                timeout=180,
+            )
+            (root / "baseline.json").write_text(report.stdout)
         truth = {}
         for rank in (0, 1):
             stamped = json.loads((root / f"{name}-truth-{rank}.json").read_text())
@@ -129,3 +140,29 @@ def test_one_ranks_heavier_compute_names_that_rank(runs):
     assert ranks[1]["moved"] and not ranks[0]["moved"], context
     assert ranks[1]["work_delta_ms"] == pytest.approx(truth, rel=0.2), context
     assert "rank 1's own work" in " ".join(report["moved"]), context
+
+
+def _baseline_events(folder: Path) -> list:
+    """The live comparison's events on the step roots in a run's span files."""
+    found = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            for resource in json.loads(line).get("resourceSpans", []) if line.strip() else []:
+                for scope in resource.get("scopeSpans", []):
+                    for span in scope.get("spans", []):
+                        for event in span.get("events", []):
+                            if event.get("name") == "tf_otel.baseline.slower":
+                                found.append((span["name"], event))
+    return found
+
+
+def test_live_against_the_baseline_marks_the_slower_run_only(runs):
+    """TF_OTEL_BASELINE=<the baseline's report>: rank 0 marks the slower input run's windows on
+    their step roots, and none of the control's."""
+    assert _baseline_events(runs["control"][0]) == []
+    slower = _baseline_events(runs["input"][0])
+    assert slower, "no window of the run with a 20 ms slower input was marked"
+    for _, event in slower:
+        attributes = {a["key"]: a["value"] for a in event["attributes"]}
+        ratio = attributes["tf_otel.baseline.ratio"].get("doubleValue")
+        assert ratio is not None and ratio > 1.1, attributes

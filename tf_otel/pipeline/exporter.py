@@ -23,6 +23,8 @@ from tf_otel import clock, record
 from tf_otel.clock.sync import SETTLED_ROUNDS
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.job.topology import Topology
+from tf_otel.pipeline.baseline import EVENT as BASELINE_EVENT
+from tf_otel.pipeline.baseline import LiveBaseline
 from tf_otel.pipeline.coordinator import Extent
 from tf_otel.pipeline.ids import (
     PrimedIdGenerator,
@@ -64,6 +66,7 @@ class StepExporter:
         self.queue = steps
         self.services = Services()  # the started ones from the first step
         self.verdicts: Optional[LiveVerdicts] = None  # rank 0: the live verdicts (verdicts.py)
+        self.baseline: Optional[LiveBaseline] = None  # rank 0: TF_OTEL_BASELINE (baseline.py)
         # the world of each step where it changed while the job ran (Horovod Elastic)
         self.world: Optional[WorldHistory] = None
         self.spans = SpanBuilder(tracer)  # records' spans, direct where equivalent
@@ -366,6 +369,13 @@ class StepExporter:
                 verdict = self.verdicts.judge(key, step, extents)
                 if verdict is not None:
                     span.set_attributes(verdict_attributes(verdict))
+        if self.baseline is not None and reported is None:
+            with fail_open("baseline.observe"):
+                late = verdict.by_rank_ns if verdict is not None and verdict.judged else None
+                window = self.baseline.observe(key, step, end_ns - start_ns, late)
+                if window is not None and window.slower:
+                    span.add_event(BASELINE_EVENT, window.attributes(), timestamp=end_ns)
+                    count("baseline_slower_windows")
         span.end(end_time=end_ns)
         if verdict is not None and verdict.judged:
             if self.metrics is not None:

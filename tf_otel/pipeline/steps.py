@@ -28,6 +28,7 @@ from tf_otel import clock, record
 from tf_otel.config import Settings
 from tf_otel.health import count, counters, fail_open, log_once, logger
 from tf_otel.job.topology import Topology
+from tf_otel.pipeline.baseline import LiveBaseline
 from tf_otel.pipeline.exit_deadline import Deadline
 from tf_otel.pipeline.exporter import StepExporter
 from tf_otel.pipeline.ids import PrimedIdGenerator, fast_root_decision, step_trace_id
@@ -399,6 +400,12 @@ class Pipeline:
             if self.topology.is_reference and self.settings.verdicts:
                 if self.topology.step_world_size > 1:
                     self.exporter.verdicts = LiveVerdicts()
+            if self.topology.is_reference and self.settings.baseline:
+                with fail_open("pipeline.baseline"):
+                    baseline = LiveBaseline.load(self.settings.baseline)
+                    if baseline is not None:
+                        baseline.register_gauge()
+                        self.exporter.baseline = baseline
             with fail_open("pipeline.start"):
                 self.exporter.services = start_services(
                     self.settings,
