@@ -342,6 +342,10 @@ class _RankIndex:
         self.ends = [s.end_ns for s in nodes]
         self.limit = len(nodes)  # spans at or after this index are used or ended too late
         self.concurrent: Set[str] = set()  # syncs running beyond the tolerance where the path was
+        # the sync spans alone, by end, with their places in ``by_end``: what the overlap
+        # tolerance looks at (a rank has a few syncs beside many ops)
+        self.sync_at = [i for i, s in enumerate(nodes) if s.category in _SYNC]
+        self.sync_ends = [nodes[i].end_ns for i in self.sync_at]
         self._partial: Optional[Tuple[List[int], List[Span]]] = None
         self._fillers: Optional[Tuple[List[int], List[Span]]] = None
 
@@ -370,18 +374,23 @@ class _RankIndex:
         if ended is not None and ended.end_ns == t:
             self.limit = index
             return ended, False
-        if tolerance > 0:
-            within = min(bisect.bisect_right(self.ends, t + tolerance), self.limit) - 1
-            for j in range(within, index, -1):
-                span = self.by_end[j]
-                if span.category in _SYNC and span.start_ns < t:
-                    self.limit = j
+        if tolerance > 0 and self.sync_at:
+            sync_at, sync_ends = self.sync_at, self.sync_ends
+            cut = bisect.bisect_right(sync_ends, t + tolerance)
+            for k in range(cut - 1, -1, -1):
+                at = sync_at[k]
+                if at <= index:
+                    break  # ended at or before t
+                span = self.by_end[at]
+                if at < self.limit and span.start_ns < t:
+                    self.limit = at
                     return span, False
             # a sync still running beyond the tolerance: real concurrency, the path stays
             # with what ended last (counted once a span; a bounded look, nearest ends first)
-            for j in range(within + 1, min(within + 1 + _CONCURRENT_LOOK, self.limit)):
-                span = self.by_end[j]
-                if span.category in _SYNC and span.start_ns < t:
+            for k in range(cut, min(cut + _CONCURRENT_LOOK, len(sync_at))):
+                at = sync_at[k]
+                span = self.by_end[at]
+                if at < self.limit and span.start_ns < t:
                     self.concurrent.add(span.span_id)
         starts, reach = self._partial_index()
         cut = bisect.bisect_left(starts, t)
