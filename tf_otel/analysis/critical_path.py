@@ -255,14 +255,14 @@ class CriticalPath:
     def by_name(self, top: int = TOP_NAMES) -> Tuple[Tuple[str, str, int], ...]:
         """The ``top`` names on the path by their time on it: (category, name, ns), most
         first (what ``tf-otel diff`` compares: the ops and collectives that changed)."""
-        if self._names is not None:
-            return self._names[:top]
-        totals: Dict[Tuple[str, str], int] = {}
-        for segment in self.segments:
-            key = (segment.category, segment.name)
-            totals[key] = totals.get(key, 0) + segment.duration_ns
-        ordered = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
-        return tuple((category, name, ns) for (category, name), ns in ordered)
+        if self._names is None:  # the segments never change once walked: made once
+            totals: Dict[Tuple[str, str], int] = {}
+            for segment in self.segments:
+                key = (segment.category, segment.name)
+                totals[key] = totals.get(key, 0) + segment.end_ns - segment.start_ns
+            ordered = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_NAMES]
+            self._names = tuple((category, name, ns) for (category, name), ns in ordered)
+        return self._names[:top]
 
     def drop_segments(self) -> None:
         """Keep only the path's totals (what every report but ``--with-path`` reads): a
@@ -281,8 +281,9 @@ class CriticalPath:
             key = (segment.category, segment.name)
             names[key] = names.get(key, 0) + ns
         self._totals = (categories, dict(sorted(ranks.items())), length)
-        ordered = sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_NAMES]
-        self._names = tuple((category, name, ns) for (category, name), ns in ordered)
+        if self._names is None:
+            ordered = sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_NAMES]
+            self._names = tuple((category, name, ns) for (category, name), ns in ordered)
         self.segments = []
 
     def excess_by_rank(self) -> Dict[int, int]:
