@@ -52,6 +52,7 @@ prepares (docs/BENCHMARKS.md, start-up), nothing on steps without detail.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -293,6 +294,14 @@ def _prepare_later(function: Any, args: tuple, kwargs: dict) -> None:
     _gate.start()
 
 
+def _device(name: str) -> Any:
+    if not name:
+        return contextlib.nullcontext()
+    from tensorflow.python.framework import ops
+
+    return ops.device(name)
+
+
 def _device_scope() -> str:
     """The calling thread's device scope (``with tf.device("CPU")``, as Horovod's benchmark
     runs its steps): the call op is placed by it, so the twin is instantiated under it too."""
@@ -321,7 +330,8 @@ def _prepare(job: _Job) -> None:
     if paced:
         sys.setprofile(_Pacer(CPU_SHARE))  # this thread only
     try:
-        concrete = _traced(job.function, job.twin, job.args, job.kwargs)
+        with _device(job.device):  # the call's device scope: part of tf.function's cache key
+            concrete = _traced(job.function, job.twin, job.args, job.kwargs)
     finally:
         if paced:
             sys.setprofile(None)
@@ -393,7 +403,7 @@ def _instantiate(concrete: Any, args: tuple, kwargs: dict, device: str = "") -> 
     never set (the training thread's own calls would see it)."""
     from tensorflow.python.eager import cancellation, context, execute
     from tensorflow.python.eager.polymorphic_function import function_type_utils
-    from tensorflow.python.framework import errors, ops
+    from tensorflow.python.framework import errors
 
     bound = function_type_utils.canonicalize_function_inputs(args, kwargs, concrete.function_type)
     flat = list(concrete.function_type.unpack_inputs(bound)) + list(concrete.captured_inputs)
@@ -403,7 +413,7 @@ def _instantiate(concrete: Any, args: tuple, kwargs: dict, device: str = "") -> 
     ctx = context.context()
     attrs = tuple(itertools.chain(*ctx.function_call_options.as_attrs().items()))
     try:
-        with ops.device(device or None):
+        with _device(device):
             execute.execute_with_cancellation(
                 atomic.name.decode("utf-8"),
                 num_outputs=len(atomic.function_type.flat_outputs),
