@@ -345,10 +345,23 @@ class _RankIndex:
         self.concurrent: Set[str] = set()  # syncs running beyond the tolerance where the path was
         # the sync spans alone, by end, with their places in ``by_end``: what the overlap
         # tolerance looks at (a rank has a few syncs beside many ops)
-        self.sync_at = [i for i, s in enumerate(nodes) if s.category in _SYNC]
+        places = [self._place(s) for s in timeline.syncs]
+        if None in places:  # a sync not among the nodes as the same object: look at all
+            places = [i for i, s in enumerate(nodes) if s.category in _SYNC]
+        self.sync_at: List[int] = sorted(places)  # type: ignore[arg-type]
         self.sync_ends = [nodes[i].end_ns for i in self.sync_at]
         self._partial: Optional[Tuple[List[int], List[Span]]] = None
         self._fillers: Optional[Tuple[List[int], List[Span]]] = None
+
+    def _place(self, span: Span) -> Optional[int]:
+        """``span``'s index in ``by_end`` (a bisect, then past any equal ends); None: absent."""
+        ends, nodes = self.ends, self.by_end
+        at = bisect.bisect_left(ends, span.end_ns)
+        while at < len(nodes) and ends[at] == span.end_ns:
+            if nodes[at] is span:
+                return at
+            at += 1
+        return None
 
     def _partial_index(self) -> Tuple[List[int], List[Span]]:
         """Starts of the compute/input spans, and per prefix the one reaching furthest."""
@@ -390,8 +403,10 @@ class _RankIndex:
             # with what ended last (counted once a span; a bounded look, nearest ends first)
             for k in range(cut, min(cut + _CONCURRENT_LOOK, len(sync_at))):
                 at = sync_at[k]
+                if at >= self.limit:
+                    break  # the later ones were passed already
                 span = self.by_end[at]
-                if at < self.limit and span.start_ns < t:
+                if span.start_ns < t:
                     self.concurrent.add(span.span_id)
         starts, reach = self._partial_index()
         cut = bisect.bisect_left(starts, t)
