@@ -20,6 +20,8 @@ SCRIPTS = {
     "steps-process": ["bench_steps.py"],
     "collectives": ["bench_collectives.py"],
     "real-model": ["bench_real_model.py"],
+    "startup": ["bench_startup.py", "--doc"],
+    "detail-prep": ["bench_detail_prep.py"],
     "arrivals": ["bench_arrivals.py"],
     "ops": ["bench_ops.py"],
     "clock": ["bench_clock.py"],
