@@ -103,6 +103,7 @@ GOALS = {
 MODELS = {
     "mobilenetv2": ("MobileNetV2", 224, 40, 16),
     "mobilenetv3small": ("MobileNetV3Small", 128, 100, 40),
+    "efficientnetb0": ("EfficientNetB0", 160, 40, 16),
 }
 # modes that need a longer timed window: op detail every 100th step times steps 6..105 (after
 # 1 + 5 warm-up steps), so step 100 is op-traced inside the window, once per 100 steps as in a
@@ -110,7 +111,7 @@ MODELS = {
 MODE_MIN_STEPS = {"ops_100": 100}
 # run-time estimate: seconds per step on 2 CPU ranks (batch 8) and per job start (horovodrun,
 # TF import, model build, first trace); corrected from the measured runs as they finish
-STEP_S = {"mobilenetv2": 0.40, "mobilenetv3small": 0.10}
+STEP_S = {"mobilenetv2": 0.40, "mobilenetv3small": 0.10, "efficientnetb0": 0.45}
 START_S = 40.0
 
 
@@ -218,6 +219,7 @@ def _os_thread_cpu() -> Dict[str, float]:
 
 INPROCESS = (
     "untraced",
+    "untraced_aa",  # untraced again: the A/A control of the paired blocks
     "steps_only",
     "coll_1in20",
     "coll_1in10",
@@ -243,6 +245,7 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
+    from tf_otel.instrument import twin
     from tf_otel.instrument.horovod.choice import STAMPS, choice
     from tf_otel.instrument.horovod.stamps import collector, fused_wanted, parts_wanted
     from tf_otel.pipeline import ids, lifecycle
@@ -264,18 +267,22 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
+    twin.CPU_SHARE = 1.0  # the start-up is not measured here: prepare the twin at full speed
     collector.every = 1
     for _ in range(3):  # the twin: traced and run
         train_step()
     collector.every = 0
     for _ in range(3):  # the program's own trace
         train_step()
+    # the twin is prepared off the training thread (instrument/twin.py): blocks start once it
+    # runs on every rank, so no block holds a detail step deferred for it
+    assert twin.wait_open(600), twin.generations()
     assert choice.mode == STAMPS, choice.mode
     modes = [m for m in INPROCESS if m in MODES_INPROCESS] or list(INPROCESS)
     pipeline = lifecycle.get_pipeline()
 
     def switch(mode: str) -> None:
-        sampler = ALWAYS_OFF if mode == "untraced" else ALWAYS_ON
+        sampler = ALWAYS_OFF if mode.startswith("untraced") else ALWAYS_ON
         pipeline._sampler, pipeline._sample_fast = sampler, ids.fast_root_decision(sampler)
         collector.every = EVERY.get(mode, 0)
         collector.parts = parts_wanted(None, collector.every)
@@ -320,6 +327,7 @@ def run_inprocess(args: argparse.Namespace) -> str:
                 for m in INPROCESS
             ]
             lines.append(f"| {r['rank']} | " + " | ".join(cells) + " |")
+        lines += paired_blocks(results, args.block)
     shutil.rmtree(tmp, ignore_errors=True)
     head = (
         "In-process A/B: throughput vs untraced (mean step time ratio; one step function; "
@@ -329,6 +337,33 @@ def run_inprocess(args: argparse.Namespace) -> str:
         "tensor)"
     )
     return head + "\n" + "\n".join(lines)
+
+
+def paired_blocks(results: List[dict], block: int) -> List[str]:
+    """Each mode's blocks paired with the same round's untraced block (median step of each
+    block, base / mode: a throughput ratio), per rank: the median over rounds and its 95 %
+    confidence interval (order statistics); untraced_aa's is the resolution of the others."""
+    lines = ["", "Paired blocks (throughput vs untraced, median of the rounds' ratios, 95 % CI):"]
+    for r in sorted(results, key=lambda r: r["rank"]):
+        times = r["times"]
+        if "untraced" not in times:
+            continue
+
+        def blocks(mode: str, times: Dict[str, List[int]] = times) -> List[float]:
+            ns = times[mode]
+            return [statistics.median(ns[i : i + block]) for i in range(0, len(ns), block)]
+
+        base = blocks("untraced")
+        cells = []
+        for mode in (m for m in INPROCESS if m in times and m != "untraced"):
+            ratios = sorted(b / m for b, m in zip(base, blocks(mode)))
+            n = len(ratios)
+            half = 0.98 * n**0.5  # 1.96 * sqrt(n) / 2 ranks either side of the median
+            low = ratios[max(0, int(n / 2 - half))]
+            high = ratios[min(n - 1, int(n / 2 + half))]
+            cells.append(f"{mode} {statistics.median(ratios):.4f}× ({low:.4f}-{high:.4f}, n={n})")
+        lines.append(f"rank {r['rank']}: " + "; ".join(cells))
+    return lines
 
 
 # -- driver -----------------------------------------------------------------------------------
