@@ -724,7 +724,7 @@ def _summarise(
         warnings=warnings,
         reload=steps.with_spans,
     )
-    result.what_if = _run_what_if(results, digests, stragglers, steps)
+    result.what_if = _run_what_if(results, digests, skipped, stragglers, steps)
     result.findings = evaluate_rules(result)
     return result
 
@@ -732,12 +732,14 @@ def _summarise(
 def _run_what_if(
     results: Union[PagedSteps, List[StepResult]],
     digests: List[StepDigest],
+    warmup: Set[int],
     stragglers: StragglerSummary,
     steps: _Steps,
 ) -> RunWhatIf:
     """Ranks and groups slow throughout the steady steps, and the run's saving without them
-    (``what_if``); the steps are read again only where there are some."""
-    steady = [key for key, digest in enumerate(digests) if not digest.warmup]
+    (``what_if``); the steps are read again only where there are some. ``warmup``: the keys
+    left out (``digests`` were made before the marks)."""
+    steady = [key for key in range(len(digests)) if key not in warmup]
     # own work is told from waiting only in a step with sync spans (communication measured)
     synced = [k for k in steady if digests[k].work_ns and PATH_COMMUNICATION in digests[k].measured]
     subjects = slow_subjects((digests[key].work() for key in synced), stragglers.noise.persistent())
