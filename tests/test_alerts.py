@@ -137,4 +137,4 @@ def test_a_real_prometheus_evaluates_the_rules_over_real_jobs(tmp_path: Path):
         # every rule evaluated on that data without an error
         groups = prometheus.api("rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        assert len(rules) == 3 and all(r["health"] == "ok" for r in rules), rules
+        assert len(rules) == 4 and all(r["health"] == "ok" for r in rules), rules

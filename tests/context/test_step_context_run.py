@@ -44,6 +44,9 @@ def test_user_spans_and_logs_land_in_the_step_they_were_made_in(
         STEPS=str(STEPS),
         OTEL_LOGS_EXPORTER="otlp",
         OTEL_PYTHON_LOG_CORRELATION="true",  # otelTraceID & co. on every LogRecord
+        # the detail twin traced on the step (its Python runs again while traced: on the twin
+        # thread the "during trace" records land outside any step; issue 45's open point)
+        TF_OTEL_TWIN_PREPARE="step",
     )
     result = horovodrun(str(SCRIPT), env)
     for rank in (0, 1):

@@ -80,6 +80,7 @@ def test_collective_spans_of_both_ranks_in_every_sampled_step(receiver, tmp_path
         OTEL_TRACES_SAMPLER="parentbased_traceidratio",
         OTEL_TRACES_SAMPLER_ARG="0.5",
         TF_OTEL_HOROVOD_EVERY="1",  # collective detail on every sampled step
+        TF_OTEL_TWIN_PREPARE="step",  # detail from the first picked step on
     )
     if script == "horovod_tf1.py":  # TF1 graphs: collectives come from Horovod's timeline
         env["TF_OTEL_HOROVOD_SOURCE"] = "timeline"
