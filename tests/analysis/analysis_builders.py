@@ -69,6 +69,7 @@ class StepBuilder:
         self.spans: List[BuiltSpan] = []
         self.step_spans: Dict[int, BuiltSpan] = {}
         self.with_root = True
+        self.root_name: Optional[str] = None  # "<step key> step <n>" names its series
         self._count = 0
 
     def _id(self) -> str:
@@ -137,7 +138,9 @@ class StepBuilder:
             "tf_otel.step.ranks": len(self.step_spans),
             "tf_otel.world_size": self.job.world_size,
         }
-        root = BuiltSpan(self.trace_id, self.root_id, None, f"step {self.step}", 0, 0, None, attrs)
+        root = BuiltSpan(
+            self.trace_id, self.root_id, None, self.root_name or f"step {self.step}", 0, 0, None, attrs
+        )
         root.start_ns, root.end_ns = start, end
         return root
 

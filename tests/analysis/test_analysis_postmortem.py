@@ -94,6 +94,31 @@ def test_a_record_cut_in_half_is_skipped_named_and_the_rest_analysed(tmp_path: P
     assert "rank 1's spans end at step 6 (the others ran to 7)" in " ".join(report["warnings"])
 
 
+def _warnings_of(folder: Path) -> List[str]:
+    spans = load_paths([str(folder)], progress=False, workers=1, strict=False)
+    return analyze_source(spans, str(folder)).warnings
+
+
+def test_rank0_gone_its_rootless_steps_are_the_same_series(tmp_path: Path) -> None:
+    """Rank 0 writes the roots, which name the step function ("tf_function:train_step step
+    4"); once it is killed the steps have no root: they are still train_step's steps, so rank 0
+    is said once to have stopped, not missing from a second, nameless series' steps."""
+    job = _job(steps=8, ranks=3, last={0: 4})
+    for step in job.steps:
+        step.root_name = f"tf_function:train_step step {step.step}"
+        step.with_root = step.step <= 4
+    _write(tmp_path, job)
+    report = _warnings_of(tmp_path)
+    said = [w for w in report if "spans end at step" in w]
+    assert said == ["rank 0's spans end at step 4 (the others ran to 7): it stopped or was killed"]
+    assert not any("no spans from ranks" in w for w in report), report
+    # control: with a second named step function the rootless steps stay unnamed
+    job.steps[0].root_name = "tf_function:eval_step step 0"
+    _write(tmp_path, job)
+    report = _warnings_of(tmp_path)
+    assert not any("spans end at step" in w for w in report), report
+
+
 def test_strict_keeps_exit_2_naming_the_file_and_line(tmp_path: Path) -> None:
     paths = _write(tmp_path, _job())
     _cut_last_record(paths[1])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import sys
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
 
 from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
@@ -191,7 +191,19 @@ def digests_of(steps: Sequence[StepResult]) -> List[StepDigest]:
     """The steps' digests: kept in memory by steps on disk (``step_store.PagedSteps``), else
     made."""
     kept = getattr(steps, "digests", None)
-    return kept() if kept is not None else [step_digest(step) for step in steps]
+    digests = kept() if kept is not None else [step_digest(step) for step in steps]
+    return _rootless_in_their_series(digests)
+
+
+def _rootless_in_their_series(digests: List[StepDigest]) -> List[StepDigest]:
+    """Steps without a root (rank 0, which writes the roots, has gone: a killed or departed
+    rank 0) have no series of their own: where the job has one step function they are its
+    steps, so a rank's last step and the world of each step are read in one series."""
+    named = {d.series for d in digests if d.series is not None}
+    if len(named) != 1 or all(d.series is not None for d in digests):
+        return digests
+    (series,) = named
+    return [d if d.series is not None else replace(d, series=series) for d in digests]
 
 
 @dataclass
