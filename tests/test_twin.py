@@ -165,3 +165,54 @@ def test_a_twin_that_cannot_be_traced_is_given_up_and_the_step_still_runs(source
     assert float(call(traces_once, x)) == 2.0  # a detail step runs the program's own
     twin.want(False)
     assert traces == [False, True]
+
+
+_EXITS_WHILE_PREPARING = """
+import sys, time
+import tensorflow as tf
+from tensorflow.python.eager.polymorphic_function import polymorphic_function
+from tf_otel.instrument import function, twin
+
+function._patch(polymorphic_function)
+twin.wanted_by(lambda: True)
+twin.after_prepare(lambda: print("PREPARED", flush=True))
+
+@tf.function
+def step(x):
+    if twin.tracing():  # the twin's trace, on the twin thread: still under way at exit
+        time.sleep(float(sys.argv[1]))
+        print("TWIN TRACED", flush=True)
+    return x + 1
+
+print("RESULT", float(step(tf.constant(1.0))), flush=True)
+print("EXIT", time.monotonic(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("trace_s", [3.0])
+def test_a_program_exiting_while_a_twin_is_prepared_waits_for_it_and_exits_cleanly(
+    tmp_path, trace_s
+):
+    """The program ends right after the step that traced its function, the twin's trace (3 s)
+    still under way on the twin thread: the exit lets the preparation finish (traced and
+    instantiated; a daemon thread left inside TensorFlow at finalisation can abort the process:
+    'terminate called ... FATAL: exception not rethrown'), says why it waits, and exits 0."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exits.py"
+    script.write_text(_EXITS_WHILE_PREPARING)
+    done = subprocess.run(
+        [sys.executable, str(script), str(trace_s)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "RESULT 2.0" in lines, done.stdout
+    exit_at = lines.index(next(line for line in lines if line.startswith("EXIT")))
+    assert "TWIN TRACED" in lines and "PREPARED" in lines, (done.stdout, done.stderr[-2000:])
+    assert lines.index("PREPARED") > exit_at, "prepared after the program's last line"
+    assert "letting it finish" in done.stderr, done.stderr[-2000:]

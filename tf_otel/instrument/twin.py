@@ -46,12 +46,15 @@ Thread safety: tracing in the background is tracing from a second thread, which 
 allows (each Function traces under its own lock; graph-building state is per thread); the twin
 is its own Function, so the program's function never waits for it. A twin whose preparation
 fails is given up (logged once, counted) and the program's own function runs on its detail
-steps. Cost: a second set of traced graphs in memory, the background thread's CPU while it
+steps. A program that exits while a twin is prepared waits for that one preparation (unpaced,
+at most ``EXIT_WAIT_S``; said once): a thread cut off inside TensorFlow at the interpreter's
+finalisation can abort the process. Cost: a second set of traced graphs in memory, the background thread's CPU while it
 prepares (docs/BENCHMARKS.md, start-up), nothing on steps without detail.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
@@ -72,6 +75,10 @@ MAX_PENDING = 16  # preparations queued at most (one per trace of a program's fu
 MAX_KEYS = 64  # step keys whose last step is kept (rank 0's choice of the first detail step)
 RESEND_S = (1.0, 5.0)  # a prepared generation not opened yet is reported again, backing off
 IDLE_S = 5.0  # the twin thread looks again this often with nothing queued
+# at the program's exit a preparation under way is let finish (unpaced) for at most this long:
+# a daemon thread still inside TensorFlow's C++ when the interpreter finalises is ended by a
+# forced unwind that TensorFlow's catch-all handlers abort the whole process on
+EXIT_WAIT_S = 60.0
 # the twin thread's Python (its trace) uses at most this share of one core, on average: it
 # sleeps when ahead. An eighth of a core on a 2-core machine the training keeps busy (2 ranks
 # there lost ~25 % of their step rate at a quarter each), up to half a core from 8 cores
@@ -226,11 +233,32 @@ class _Gate:
         self.jobs: queue.Queue[_Job] = queue.Queue(MAX_PENDING)
         self.thread: Optional[threading.Thread] = None
         self.changed = threading.Condition()
+        self.busy = False  # a preparation is under way on the twin thread
+        self.stopping = False  # the program is exiting: no preparation starts
 
     def start(self) -> None:
         if self.thread is None:
             self.thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
             self.thread.start()
+            atexit.register(self.stop)
+
+    def stop(self, wait_s: float = EXIT_WAIT_S) -> bool:
+        """At exit: start no more preparations and let the one under way finish (it is never
+        interrupted: it may be inside TensorFlow). False when it outlasted ``wait_s``."""
+        with self.changed:
+            self.stopping = True
+            if self.busy:
+                log_once(
+                    "twin_exit_wait",
+                    "tf_otel: the program exits while a detail twin is being prepared; letting "
+                    "it finish (at most %.0f s)",
+                    wait_s,
+                    level=logging.WARNING,
+                )
+            finished = self.changed.wait_for(lambda: not self.busy, timeout=wait_s)
+        if not finished:
+            count("twin_exit_wait_exceeded")
+        return finished
 
     def _loop(self) -> None:
         # not niced: a thread at nice 19 that holds the GIL while the OS runs others holds up
@@ -242,12 +270,17 @@ class _Gate:
                 job: Optional[_Job] = self.jobs.get(timeout=next(resend) if waiting else IDLE_S)
             except queue.Empty:
                 job = None
+            with self.changed:
+                if self.stopping:
+                    return
+                self.busy = job is not None
             if job is not None:
                 with fail_open("twin.prepare"):
                     _prepare(job)
                 job.args = job.kwargs = None  # type: ignore[assignment]  # the batch, let go
                 with self.changed:
                     self.prepared = job.generation
+                    self.busy = False
                     self.changed.notify_all()
                 resend = itertools.chain([RESEND_S[0]], itertools.repeat(RESEND_S[1]))
             waiting = self.prepared == self.queued and self.opened[0] < self.prepared
@@ -376,6 +409,8 @@ class _Pacer:
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         self.events += 1
         if self.events & _PACE_EVERY:
+            return
+        if _gate.stopping:  # the program waits for this preparation to exit
             return
         cpu = time.thread_time() - self.cpu0
         wall = time.monotonic() - self.wall0
