@@ -244,6 +244,7 @@ def test_dashboard_queries_run_on_metrics_of_real_runs(tmp_path: Path):
                 OTEL_SERVICE_NAME="dash-hvd",
                 TF_OTEL_JOB_ID=hvd_job,
                 TF_OTEL_HOROVOD_EVERY="1",
+                TF_OTEL_TWIN_PREPARE="step",  # every step detailed from the first (30 only)
                 STEPS="30",
             )
             horovodrun("horovod_keras.py", env2)

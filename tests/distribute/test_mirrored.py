@@ -26,6 +26,7 @@ SCRIPT = REPO / "tests" / "distribute" / "scripts" / "mirrored_train.py"
 STEPS = 12
 SLOW_STEPS = [5, 9]
 SLOW_S = 0.2
+OPS_LAG_MS = 4.0  # the arrival stamp after the ready stamp: a few ops, on a loaded host
 REPLICAS = 2
 
 
@@ -112,7 +113,8 @@ def _named_lateness_is_true(out: str, evidence: Dict[str, Any]) -> None:
     """Each named step's lateness against the truth: when each replica's gradients were
     ready (the custom loop stamps them just before the all-reduce). The injected steps: within
     10 % and 2 ms (the arrival stamp follows the truth's by a few ops, longer on a loaded
-    host); any other step named: the replica was really late by at least half the claim."""
+    host); any other step named: the replica was really the late one, and the claim is at most
+    twice the truth plus those few ops on 2 loaded cores (4 ms: a 0.97 ms truth has read 3.7)."""
     ready = json.loads(out.split("READY ", 1)[1].splitlines()[0])
     replica = str(evidence["replica"])
     for step, late_ms in zip(evidence["steps"], evidence["lateness_ms"]):
@@ -122,7 +124,7 @@ def _named_lateness_is_true(out: str, evidence: Dict[str, Any]) -> None:
         if step in SLOW_STEPS:
             assert abs(late_ms - truth_ms) <= 0.1 * truth_ms + 2.0, (step, late_ms, truth_ms)
         else:
-            assert truth_ms >= 0.5 * late_ms, (step, late_ms, truth_ms)
+            assert truth_ms > 0 and late_ms <= 2 * truth_ms + OPS_LAG_MS, (step, late_ms, truth_ms)
 
 
 def test_a_control_names_no_replica_that_was_not_late(tmp_path):
