@@ -131,3 +131,61 @@ def test_the_cli_diffs_a_saved_report_against_trace_files(tmp_path):
         cli + ["diff", str(tmp_path / "nope"), str(slow)], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "nope: no such file" in bad.stderr
+
+
+def test_the_html_draws_both_typical_steps_on_one_scale(tmp_path):
+    """``--html``: both runs' typical steps (the steady step nearest each median) drawn one
+    above the other on one time scale, the slower run's step filling the width; a side given
+    as a saved report is said not drawn."""
+    import re
+
+    base, slow = tmp_path / "base", tmp_path / "slow"
+    base.mkdir()
+    slow.mkdir()
+    DataParallel(ranks=3, steps=12, input_ms=2.0, seed=1).job(jitter_us=50).write_otlp(
+        base / "spans.jsonl"
+    )
+    DataParallel(ranks=3, steps=12, input_ms=2.0, work_ms=40.0, seed=9).job(
+        jitter_us=50
+    ).write_otlp(slow / "spans.jsonl")
+    cli = [sys.executable, "-m", "tf_otel.cli"]
+    page = tmp_path / "diff.html"
+    done = subprocess.run(
+        cli + ["diff", str(base), str(slow), "--html", str(page)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    heads = re.findall(r"<h3>(baseline|candidate): [^,]+, step (\d+), ([0-9.]+) ms", text)
+    assert [h[0] for h in heads] == ["baseline", "candidate"], heads
+    profiles = {
+        side: json.loads(
+            subprocess.run(
+                cli + ["analyze", str(folder), "--format", "json"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )["profile"]["step_ms"]
+        for side, folder in (("baseline", base), ("candidate", slow))
+    }
+    for side, _, drawn_ms in heads:  # nearest its own run's median
+        assert abs(float(drawn_ms) - profiles[side]["median"]) <= 0.1 * profiles[side]["median"]
+    scales = re.findall(r'text-anchor="end">([0-9.]+) ms</text>', text)
+    assert len(scales) == 2 and scales[0] == scales[1] == heads[1][2], scales
+    assert text.count('class="critical"') >= 2 and "SLOWER" in text
+    saved = tmp_path / "base.json"
+    saved.write_text(
+        subprocess.run(
+            cli + ["analyze", str(base), "--format", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    done = subprocess.run(
+        cli + ["diff", str(saved), str(slow), "--html", str(page)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    assert "not drawn: a saved report holds no spans" in text
+    assert len(re.findall(r'text-anchor="end">', text)) == 1

@@ -62,9 +62,11 @@ def _title(name: str, category: str, start: int, end: int, origin: int) -> str:
     )
 
 
-def swimlane_svg(step: StepResult) -> str:  # noqa: C901 - one drawing, read top to bottom
+def swimlane_svg(step: StepResult, span_ns: int = 0) -> str:  # noqa: C901 - one drawing
+    """The step's swimlanes; ``span_ns``: the time the width stands for where longer than the
+    step (two steps drawn on one scale: ``tf-otel diff --html``)."""
     trace = step.trace
-    origin, duration = trace.start_ns, max(1, trace.duration_ns)
+    origin, duration = trace.start_ns, max(1, trace.duration_ns, span_ns)
     lanes = sorted(set(trace.expected_ranks) | set(trace.ranks))
     lane_of = {rank: i for i, rank in enumerate(lanes)}
     # many ranks: thinner lanes, so a 64-rank step stays about a screen high
@@ -188,11 +190,11 @@ def _legend() -> str:
     return f"<p>{spans} &nbsp; black outline: critical path</p>"
 
 
-def page_head(title: str) -> str:
+def page_head(title: str, tool: str = "tf-otel analyze") -> str:
+    head = html.escape(f"{tool}: {title}")
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f"<title>tf-otel analyze: {html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body><h1>tf-otel analyze: {html.escape(title)}</h1>"
+        f"<title>{head}</title><style>{STYLE}</style></head><body><h1>{head}</h1>"
     )
 
 
