@@ -41,7 +41,7 @@ lint: install  # ruff (lint + format) over the Python dirs, mypy over tf_otel ([
 bench: install tools
 	@$(PY) bench/run_all.py
 
-cluster: install  # hosts as network namespaces on one machine (docs/CLUSTER.md)
+cluster: install  # hosts as network namespaces on one machine (docs/guides/CLUSTER.md)
 	@bash scripts/cluster/cluster.sh up $(CLUSTER_ARGS)
 
 cluster-down:

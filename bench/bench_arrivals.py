@@ -8,10 +8,10 @@ machine load), modes switched every BLOCK steps on every rank, order rotated eac
              broadcast, collective / wait / transfer spans written (TF_OTEL_FILE)
 
 Horovod's response cache stays on (its default). The graph carries the stamp ops in every mode
-(they are built once); their standing cost is in docs/BENCHMARKS_real_model.md.
+(they are built once); their standing cost is in docs/benchmarks/real_model.md.
 
     .venv/bin/python bench/bench_arrivals.py [--np 4] [--rounds 6] [--block 10] [--layers 24]
-Prints a markdown table and writes it into docs/BENCHMARKS_arrivals.md, between the file's
+Prints a markdown table and writes it into docs/benchmarks/arrivals.md, between the file's
 generated-section markers (harness.write_generated: the hand-written rest of the file stays).
 """
 
@@ -26,7 +26,6 @@ from pathlib import Path
 
 import harness
 
-REPO = Path(__file__).resolve().parent.parent
 MODES = ("untraced", "steps", "arrivals")
 TITLE = "Exact per-rank arrivals: cost per sampled step"
 
@@ -84,7 +83,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--block", type=int, default=10)
     parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--doc", default=str(REPO / "docs" / "BENCHMARKS_arrivals.md"))
+    parser.add_argument("--doc", default=str(harness.RESULTS / "arrivals.md"))
     args = parser.parse_args()
     if args.worker:
         worker(args.rounds, args.block, args.layers)

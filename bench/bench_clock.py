@@ -7,7 +7,7 @@ truth every 5 ms for --duration seconds (the error of the offset tracing would a
 
 Usage::
 
-    .venv/bin/python bench/bench_clock.py                 # writes docs/BENCHMARKS_clock.md
+    .venv/bin/python bench/bench_clock.py                 # writes docs/benchmarks/clock.md
     .venv/bin/python bench/bench_clock.py --quick --out /tmp/b.md
 
 The tables go between the doc's generated-section markers (harness.write_generated); the
@@ -112,7 +112,7 @@ def write_doc(path: Path, text: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "docs" / "BENCHMARKS_clock.md"))
+    parser.add_argument("--out", default=str(harness.RESULTS / "clock.md"))
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true")

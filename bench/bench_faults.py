@@ -6,7 +6,7 @@ exit line counts them. The job is examples/custom_loop.py (STEPS tf.function ste
 
 Faults: collector down (closed port), refusing (HTTP 503), hanging (accepts, never answers),
 slow (answers after 300 ms), full disk for TF_OTEL_FILE (a 64 KiB tmpfs; root). Writes the
-table into docs/BENCHMARKS_faults.md (--out), between its generated-section markers
+table into docs/benchmarks/faults.md (--out), between its generated-section markers
 (harness.write_generated: the hand-written rest of the file stays).
 """
 
@@ -97,7 +97,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_faults.md"))
+    parser.add_argument("--out", default=str(harness.RESULTS / "faults.md"))
     args = parser.parse_args()
 
     receiver = OtlpReceiver().start()

@@ -1,4 +1,4 @@
-"""Cost of the input-wait timing tail (instrument/input_wait.py, docs/WHOLE_STEP.md).
+"""Cost of the input-wait timing tail (instrument/input_wait.py, docs/guides/WHOLE_STEP.md).
 
 ``--model real`` (the default): a real model fed by a real tf.data pipeline, trained with Keras
 ``fit``, tf_otel installed in this process (step spans really built and written to an OTLP-JSON

@@ -8,7 +8,7 @@
   XSpace of a 3300-iteration one at host_tracer_level 3), converted (capped at 500 and uncapped), made into spans and OTLP-encoded,
   in thread CPU time (what the export thread spends).
 
-    .venv/bin/python bench/bench_ops.py [--rounds 6] [--block 200] [--out docs/BENCHMARKS_ops.md]
+    .venv/bin/python bench/bench_ops.py [--rounds 6] [--block 200] [--out docs/benchmarks/ops.md]
 
 The tables go between the doc's generated-section markers (harness.write_generated); the
 hand-written rest of the file (the reading below them) stays. TensorFlow is imported by main()
@@ -309,7 +309,7 @@ def main():
     parser.add_argument("--block", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5, help="conversion runs (median kept)")
     parser.add_argument("--parts", default="overhead,conversion")
-    parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_ops.md"))
+    parser.add_argument("--out", default=str(harness.RESULTS / "ops.md"))
     args = parser.parse_args()
     _load_tensorflow()
     parts = set(args.parts.split(","))

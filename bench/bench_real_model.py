@@ -28,7 +28,7 @@ rotated order, so slow and fast windows of a shared machine fall on every mode. 
 
 Spans are really built and written (TF_OTEL_FILE, OTLP-JSON); the table counts them per
 category so a mode that silently recorded nothing shows. Prints the ratio table with the load
-average and writes it into docs/BENCHMARKS_real_model.md (--doc), between the file's
+average and writes it into docs/benchmarks/real_model.md (--doc), between the file's
 generated-section markers (harness.write_generated; --inprocess: its own section): the
 hand-written rest of the file stays.
 
@@ -56,8 +56,7 @@ from typing import Any, Dict, List, Optional
 
 import harness
 
-REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "BENCHMARKS_real_model.md"
+DOC = harness.RESULTS / "real_model.md"
 
 MODES: Dict[str, Dict[str, str]] = {
     "untraced": {},

@@ -26,7 +26,7 @@ Per job (rank 0's steps; every rank's end is within a step of it):
 - tf_otel's own counters at the end (twin steps deferred, twins instantiated).
 
     .venv/bin/python bench/bench_startup.py                       # 3 rounds, both models
-    .venv/bin/python bench/bench_startup.py --rounds 5 --doc      # and docs/BENCHMARKS_startup.md
+    .venv/bin/python bench/bench_startup.py --rounds 5 --doc      # and docs/benchmarks/startup.md
     .venv/bin/python bench/bench_startup.py --models mobilenetv2 --modes untraced,defaults
 """
 
@@ -40,13 +40,11 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import harness
 
-REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "BENCHMARKS_startup.md"
+DOC = harness.RESULTS / "startup.md"
 MODES: Dict[str, Dict[str, str]] = {
     "untraced": {},
     "untraced_aa": {},

@@ -1,4 +1,4 @@
-"""Cost of the resource-detail steps (instrument/step_detail.py, docs/WHOLE_STEP.md), in process,
+"""Cost of the resource-detail steps (instrument/step_detail.py, docs/guides/WHOLE_STEP.md), in process,
 no TensorFlow: the hook on a step that is NOT a detail step (what TF_OTEL_RESOURCES_EVERY=N adds
 to the N-1 other steps), and a detail step's begin + end (fd scan, sampler wake-up, positions)
 with FILES regular files open, for a step of STEP_MS; rounds interleave the two. Also the busy

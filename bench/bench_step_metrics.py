@@ -10,7 +10,7 @@
 
     .venv/bin/python bench/bench_step_metrics.py [--rounds 30] [--block 10000]
 
-Writes the table into docs/BENCHMARKS_step_metrics.md (--out), between its generated-section
+Writes the table into docs/benchmarks/step_metrics.md (--out), between its generated-section
 markers (harness.write_generated: the hand-written rest of the file stays).
 """
 
@@ -38,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--block", type=int, default=10000)  # < MAX_PENDING
-    parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_step_metrics.md"))
+    parser.add_argument("--out", default=str(harness.RESULTS / "step_metrics.md"))
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
 

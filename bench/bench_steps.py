@@ -6,7 +6,7 @@ job with no collector listening vs untraced, whole-process wall time.
 
     .venv/bin/python bench/bench_steps.py [--rounds 10] [--steps 150] [--width 1024]
 
-Writes the table into docs/BENCHMARKS_steps.md (--out), between its generated-section markers
+Writes the table into docs/benchmarks/steps.md (--out), between its generated-section markers
 (harness.write_generated: the hand-written rest of the file stays).
 """
 
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_steps.md"))
+    parser.add_argument("--out", default=str(harness.RESULTS / "steps.md"))
     args = parser.parse_args()
     parent, child = multiprocessing.Pipe()
     server = multiprocessing.Process(target=_serve_receiver, args=(child,), daemon=True)

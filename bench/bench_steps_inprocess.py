@@ -8,7 +8,7 @@ tf_otel (an artefact of fit's epoch machinery here), which would swamp the compa
 
     .venv/bin/python bench/bench_steps_inprocess.py [--rounds 20] [--block 60] [--width 1024]
 
-Writes the run into docs/BENCHMARKS_steps_inprocess.md (--out), between its generated-section
+Writes the run into docs/benchmarks/steps_inprocess.md (--out), between its generated-section
 markers (harness.write_generated: the hand-written rest of the file stays); --append adds the run
 to the runs already in that section instead of replacing them.
 """
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument(
         "--append", action="store_true", help="add to the runs in --out's generated section"
     )
-    parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_steps_inprocess.md"))
+    parser.add_argument("--out", default=str(harness.RESULTS / "steps_inprocess.md"))
     args = parser.parse_args()
     os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
     os.environ["OTEL_TRACES_SAMPLER_ARG"] = str(args.sample)

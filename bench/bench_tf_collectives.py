@@ -22,14 +22,14 @@ on_train_batch_end calls, after the warm-up: the twin is traced on step 0 and fi
 step 1). A run's step time is the mean of its timed steps (throughput: 1 in 20 detail steps
 included), its median as well (a typical step); the steps that got detail are read back from
 the spans (TF_OTEL_FILE in a temporary directory; OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER
-none). Prints the table and writes it into docs/BENCHMARKS_tf_collectives.md (not with --quick
+none). Prints the table and writes it into docs/benchmarks/tf_collectives.md (not with --quick
 unless --doc is given; --no-doc: never), between the file's generated-section markers
 (harness.write_generated: the hand-written rest of the file stays).
 
     .venv/bin/python bench/bench_tf_collectives.py                  # 5 rounds x 3 modes
     .venv/bin/python bench/bench_tf_collectives.py --quick          # smoke: 1 round, 8 steps
     .venv/bin/python bench/bench_tf_collectives.py --modes off,default --rounds 8
-    .venv/bin/python bench/bench_tf_collectives.py --strategy mirrored   # BENCHMARKS_mirrored.md
+    .venv/bin/python bench/bench_tf_collectives.py --strategy mirrored   # docs/benchmarks/mirrored.md
 
 The run time is estimated up front and again after each round.
 """
@@ -51,10 +51,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import harness
 
-REPO = Path(__file__).resolve().parent.parent
 DOCS = {
-    "mwms": REPO / "docs" / "BENCHMARKS_tf_collectives.md",
-    "mirrored": REPO / "docs" / "BENCHMARKS_mirrored.md",
+    "mwms": harness.RESULTS / "tf_collectives.md",
+    "mirrored": harness.RESULTS / "mirrored.md",
 }
 REPLICAS = 2  # --strategy mirrored: logical CPU devices in the one process
 
@@ -327,7 +326,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="per worker")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a job")
     parser.add_argument("--quick", action="store_true", help="smoke: 1 round, 3 + 8 steps")
-    parser.add_argument("--doc", help="the md file to write (default: docs/BENCHMARKS_<...>.md)")
+    parser.add_argument("--doc", help="the md file to write (default: docs/benchmarks/<...>.md)")
     parser.add_argument("--no-doc", action="store_true", help="do not write the md file")
     args = parser.parse_args()
     if args.worker:

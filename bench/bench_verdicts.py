@@ -8,7 +8,7 @@ arrivals, as the coordinator hands them over), thread CPU time per step, steady 
 
     .venv/bin/python bench/bench_verdicts.py [--rounds 5] [--steps 400] [--ranks 4,64,256,1024]
 
-Writes the table into docs/BENCHMARKS_verdicts.md (--out), between its generated-section markers
+Writes the table into docs/benchmarks/verdicts.md (--out), between its generated-section markers
 (harness.write_generated: the hand-written rest of the file stays).
 """
 
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--ranks", default="4,64,256,1024")
-    parser.add_argument("--out", default=str(REPO / "docs" / "BENCHMARKS_verdicts.md"))
+    parser.add_argument("--out", default=str(harness.RESULTS / "verdicts.md"))
     args = parser.parse_args()
     sizes = [int(r) for r in args.ranks.split(",")]
     modes = [(n, m) for n in sizes for m in (False, True)]

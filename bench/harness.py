@@ -54,6 +54,8 @@ K = TypeVar("K")  # a mode: its name, or whatever the bench switches on
 R = TypeVar("R")  # what one run of a mode measured
 
 RESULT = "RESULT "  # a worker's result line: RESULT {json}
+# the benches' result pages (docs/BENCHMARKS.md is their index, one line a page)
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 
 # -- launching a job ----------------------------------------------------------------------------
 

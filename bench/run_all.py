@@ -1,4 +1,4 @@
-"""`make bench`: run every benchmark in turn (each writes its docs/BENCHMARKS_<area>.md table).
+"""`make bench`: run every benchmark in turn (each writes its docs/benchmarks/<area>.md table).
 
     .venv/bin/python bench/run_all.py [--only steps,clock]
 
@@ -26,7 +26,7 @@ SCRIPTS = {
     "ops": ["bench_ops.py"],
     "clock": ["bench_clock.py"],
     "analysis": ["bench_analysis.py"],
-    "rank0": ["bench_rank0.py", "--out", str(BENCH.parent / "docs" / "BENCHMARKS_rank0.md")],
+    "rank0": ["bench_rank0.py", "--out", str(BENCH.parent / "docs" / "benchmarks" / "rank0.md")],
 }
 
 

@@ -1,4 +1,4 @@
-"""Draw docs/analysis-diff.png: ``tf-otel diff`` of two simulated runs (tests/analysis/
+"""Draw docs/guides/analysis-diff.png: ``tf-otel diff`` of two simulated runs (tests/analysis/
 job_simulator.py: rank 2 trains 1.5x longer in the candidate), from the diff's own report:
 the critical path by category and each rank's own work, baseline beside candidate, with the
 noise threshold the verdict used.

@@ -1,4 +1,4 @@
-"""Draw docs/analysis-overlap.png: the critical path of issue 43's minimal case, where rank 0's
+"""Draw docs/guides/analysis-overlap.png: the critical path of issue 43's minimal case, where rank 0's
 next op begins 40 us before its allreduce ends (a recording overlap inside the tolerance), as
 ``tf-otel analyze`` walks it. The path is the analysis' own (critical_path), not drawn by hand.
 

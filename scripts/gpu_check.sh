@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU-side checks of tf_otel (docs/NCCL.md, "Verified on a GPU"): run from the repository root
+# GPU-side checks of tf_otel (docs/guides/NCCL.md, "Verified on a GPU"): run from the repository root
 # on a machine with one NVIDIA GPU, python3 with torch (+ its NCCL), jax[cuda], pynvml, gcc;
 # opentelemetry-api/-sdk either installed or as wheels in .whl/ (installed into /tmp/site).
 #

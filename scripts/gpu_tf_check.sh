@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TensorFlow GPU checks of tf_otel (docs/NCCL.md, "TensorFlow on a GPU"), on a lent
+# TensorFlow GPU checks of tf_otel (docs/guides/NCCL.md, "TensorFlow on a GPU"), on a lent
 # machine with one NVIDIA GPU, python3.12 (its torch's CUDA 13 wheels: cuBLAS, cuDNN, NCCL ...),
 # pynvml and gcc, but no TensorFlow: the parts scripts/gpu_tf_pack.sh made, already moved into
 # /tmp/tfparts by the calls that carried them, and the wheels in .tfgpu/whl.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pack TensorFlow (GPU build) for a lent GPU machine that has no TensorFlow and no network
-# (docs/NCCL.md, "TensorFlow on the GPU machine"). Here, in the repository root:
+# (docs/guides/NCCL.md, "TensorFlow on the GPU machine"). Here, in the repository root:
 #
 #   scripts/gpu_tf_pack.sh [PART_MIB]          # default 57
 #
@@ -52,7 +52,7 @@ mkdir -p "$out/whl"
   opentelemetry-exporter-otlp opentelemetry-instrumentation opentelemetry-distro \
   opentelemetry-instrumentation-system-metrics opentelemetry-instrumentation-logging \
   nvidia-cuda-runtime-cu12==12.5.82 nvidia-cuda-cupti-cu12==12.5.82
-# what the machine's image already has (docs/NCCL.md) stays out, but numpy: TF 2.21 came out
+# what the machine's image already has (docs/guides/NCCL.md) stays out, but numpy: TF 2.21 came out
 # before the image's numpy 2.5
 (cd "$cache/whl" && rm -f grpcio-* pygments-* rich-* markdown_it* mdurl* \
    charset_normalizer* certifi* urllib3* idna* requests-* psutil* packaging-* \

@@ -1,6 +1,6 @@
 /*
  * The tf_otel NCCL profiler plugin's own CPU cost per collective, without NCCL or a GPU: the
- * calls NCCL 2.28 makes for one collective (as seen on an H100, docs/NCCL.md), in a loop.
+ * calls NCCL 2.28 makes for one collective (as seen on an H100, docs/guides/NCCL.md), in a loop.
  *
  *   gcc -O2 -std=c11 -Itf_otel/nccl/plugin -o /tmp/nccl_plugin_cost scripts/nccl_plugin_cost.c -ldl
  *   TF_OTEL_NCCL_RING_DIR=/tmp /tmp/nccl_plugin_cost tf_otel/nccl/plugin/libnccl-profiler-tf_otel.so

@@ -1,4 +1,4 @@
-"""The benches rewrite only the generated section of their docs/BENCHMARKS_<area>.md: a rerun
+"""The benches rewrite only the generated section of their docs/benchmarks/<area>.md: a rerun
 replaces the measured tables between the bench's two markers (bench/harness.py,
 ``write_generated``) and keeps the hand-written analysis around them.
 
@@ -20,48 +20,48 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
-DOCS = REPO / "docs"
+DOCS = REPO / "docs" / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import harness  # noqa: E402
 
-# (bench module, its doc writer, the name on its markers, the docs in docs/ it writes)
+# (bench module, its doc writer, the name on its markers, the docs in docs/benchmarks/ it writes)
 WRITERS: List[Tuple[str, str, str, List[str]]] = [
-    ("bench_arrivals", "write_doc", "bench_arrivals", ["BENCHMARKS_arrivals.md"]),
-    ("bench_clock", "write_doc", "bench_clock", ["BENCHMARKS_clock.md"]),
-    ("bench_faults", "write_doc", "bench_faults", ["BENCHMARKS_faults.md"]),
-    ("bench_ops", "write_doc", "bench_ops", ["BENCHMARKS_ops.md"]),
+    ("bench_arrivals", "write_doc", "bench_arrivals", ["arrivals.md"]),
+    ("bench_clock", "write_doc", "bench_clock", ["clock.md"]),
+    ("bench_faults", "write_doc", "bench_faults", ["faults.md"]),
+    ("bench_ops", "write_doc", "bench_ops", ["ops.md"]),
     (
         "bench_real_model",
         "write_doc",
         "bench_real_model",
         [
-            "BENCHMARKS_real_model.md",
-            "BENCHMARKS_real_model_second.md",
-            "BENCHMARKS_real_model_steady.md",
+            "real_model.md",
+            "real_model_second.md",
+            "real_model_steady.md",
         ],
     ),
     (
         "bench_real_model",
         "write_inprocess_doc",
         "bench_real_model_inprocess",
-        ["BENCHMARKS_real_model.md"],
+        ["real_model.md"],
     ),
-    ("bench_step_metrics", "write_doc", "bench_step_metrics", ["BENCHMARKS_step_metrics.md"]),
-    ("bench_steps", "write_doc", "bench_steps", ["BENCHMARKS_steps.md"]),
+    ("bench_step_metrics", "write_doc", "bench_step_metrics", ["step_metrics.md"]),
+    ("bench_steps", "write_doc", "bench_steps", ["steps.md"]),
     (
         "bench_steps_inprocess",
         "write_doc",
         "bench_steps_inprocess",
-        ["BENCHMARKS_steps_inprocess.md"],
+        ["steps_inprocess.md"],
     ),
     (
         "bench_tf_collectives",
         "write_doc",
         "bench_tf_collectives",
-        ["BENCHMARKS_tf_collectives.md", "BENCHMARKS_mirrored.md"],
+        ["tf_collectives.md", "mirrored.md"],
     ),
-    ("bench_verdicts", "write_doc", "bench_verdicts", ["BENCHMARKS_verdicts.md"]),
+    ("bench_verdicts", "write_doc", "bench_verdicts", ["verdicts.md"]),
 ]
 CASES = [
     pytest.param(module, writer, name, doc, id=f"{module}.{writer}-{doc}")
@@ -139,7 +139,7 @@ def test_a_new_doc_gets_the_section(
 
 def test_steps_inprocess_append_adds_to_the_runs_in_the_section(tmp_path: Path) -> None:
     """--append: the new run after the runs already in the section; the rest of the file kept."""
-    doc = "BENCHMARKS_steps_inprocess.md"
+    doc = "steps_inprocess.md"
     name = "bench_steps_inprocess"
     text = (DOCS / doc).read_text() + "\nA hand-written reading of the runs.\n"
     copy = tmp_path / doc

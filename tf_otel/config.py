@@ -39,7 +39,7 @@ fewer than 10, where span volume is what detail costs; 0: one span per tensor),
 TF_OTEL_STALL (rank 0's stall watch, pipeline/stall.py; default 1; 0: off),
 TF_OTEL_STALL_FLOOR_S and TF_OTEL_STALL_FACTOR (a step of rank 0 in flight longer than
 max(floor, factor x the median of the key's recent steps) is a stall; defaults 20 s and 10,
-docs/RELIABILITY.md "Stalls" says why),
+docs/guides/RELIABILITY.md "Stalls" says why),
 TF_OTEL_VERDICTS (rank 0's live verdict on each step root, the per-rank lateness histogram and
 persistent slowdowns, pipeline/verdicts.py; default 1; 0: off),
 TF_OTEL_HOST_RELAY (one rank a host gathers the host's step reports for rank 0,
@@ -195,7 +195,7 @@ class Settings:
     system_metrics_interval_s: float = 10.0  # host/process semconv metrics; 0: off
     # peak RSS, per-file I/O and the GPU allocator peak on steps 0, N, 2N ...; 0: off
     resources_every: int = 0
-    # collective detail on 1 sampled step in N; 0: off (docs/HOROVOD.md: why 20)
+    # collective detail on 1 sampled step in N; 0: off (docs/guides/HOROVOD.md: why 20)
     horovod_every: int = HOROVOD_EVERY_DEFAULT
     horovod_source: str = "stamps"  # or "timeline"
     # detail twins prepared on a background thread, from the first picked step ready on every

@@ -1,5 +1,5 @@
 """The carry rule: a rank whose last collective of step N - 1 ended late begins step N late
-without being late itself (docs/ANALYSIS.md, "What a rank carries into the next step").
+without being late itself (docs/guides/ANALYSIS.md, "What a rank carries into the next step").
 
 Seen on the ground-truth ``slowlink`` scenario: in the ring all-reduce the slow link delivers
 one rank's last chunk ~48 ms after the others have theirs; that rank ends every step late and

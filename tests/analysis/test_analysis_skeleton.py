@@ -284,7 +284,7 @@ CHANGES: Dict[str, Change] = {
     "world_late": _world_late,
 }
 # for the built steps only: two ranks' rests holding one span id are caught only where both are
-# read (docs/ANALYSIS.md): the report may differ where one of them is not
+# read (docs/guides/ANALYSIS.md): the report may differ where one of them is not
 BUILT_ONLY: Dict[str, Change] = {"shared_ids": _shared_ids}
 
 

@@ -323,7 +323,7 @@ def test_slowlink_raises_communication_by_the_link_cost_and_blames_no_rank(runs)
     through; the slow transfer replaces the control's fast one), and at most 2 x the wire
     cost: the ACKs of the other direction's data share each tbf (+2-5 %), and each allreduce
     (3 per step: with collective detail on, tf_otel's timing ops run the script's own
-    hvd.allreduce calls one after another, docs/HOROVOD.md limits) runs a reduce-scatter and
+    hvd.allreduce calls one after another, docs/guides/HOROVOD.md limits) runs a reduce-scatter and
     then an allgather phase, each filling and draining gloo's two-segments-in-flight pipeline
     over 6 segment transfers per link (up to about +2/12). Measured: 1.16-1.27 x (5 runs), and
     1.54 x in CI on a loaded 2-core host. Neither tbf drops a packet (tc -s, printed by

@@ -1,7 +1,7 @@
 """tf_otel's GPU-side readers on what a real GPU produced (tests/nccl/fixtures/h100/).
 
 Recorded by scripts/gpu_check.sh on one NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0),
-torch 2.11.0+cu130 with NCCL 2.28.9, JAX 0.11.2 (docs/NCCL.md, "Verified on a GPU"):
+torch 2.11.0+cu130 with NCCL 2.28.9, JAX 0.11.2 (docs/guides/NCCL.md, "Verified on a GPU"):
 
 - tf_otel_nccl_606.gz / _607.gz: the rings the real plugin wrote in the two ranks of a
   torch.distributed NCCL job (one GPU, one NCCL_HOSTID per rank: NET/Socket over lo), 400

@@ -2,7 +2,7 @@
 
 The XSpace is built with the venv TF's real xplane_pb2, laid out as TF's CUPTI collector writes
 GPU planes (plane "/device:GPU:<n>", stream lines "Stream #<id>(...)", kernel names in
-event_metadata, stats named through stat_metadata). No GPU made it: see docs/NCCL.md.
+event_metadata, stats named through stat_metadata). No GPU made it: see docs/guides/NCCL.md.
 Regenerate the saved fixture with: .venv/bin/python tests/nccl/test_nccl_xplane_gpu.py
 """
 

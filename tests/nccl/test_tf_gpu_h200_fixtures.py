@@ -2,7 +2,7 @@
 
 Recorded by scripts/gpu_tf_check.sh on one NVIDIA H200 (driver 580.159.04), TensorFlow 2.21.0
 (the GPU wheel, built for CUDA 12.5) on the machine's CUDA 13 cuBLAS / cuDNN 9.19 / NCCL 2.28.9
-under their CUDA 12 names (docs/NCCL.md, "TensorFlow on a GPU"):
+under their CUDA 12 names (docs/guides/NCCL.md, "TensorFlow on a GPU"):
 
 - tf_resnet50.xplane.pb.gz: TF's own profiler XSpace of a Keras 3 ResNet50 step (128 px,
   batch 64, no XLA), trimmed to 20 ms by scripts/trim_xspace.py;

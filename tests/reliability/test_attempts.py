@@ -64,7 +64,7 @@ def test_a_single_worker_tf_config_draws_one_attempt_a_process() -> None:
 
 def test_several_tf_config_workers_have_none_unless_told() -> None:
     """Nothing tells two launches of a multi-worker TF_CONFIG apart before the first step
-    (docs/RELIABILITY.md): the job id alone, as before; TF_OTEL_ATTEMPT sets one."""
+    (docs/guides/RELIABILITY.md): the job id alone, as before; TF_OTEL_ATTEMPT sets one."""
     ranks = [topology.detect(_tf_config(n, 2)) for n in (0, 1)]
     assert {t.attempt for t in ranks} == {""} and ranks[0].trace_scope == ranks[0].job_id
     told = [topology.detect(_tf_config(n, 2), attempt="3") for n in (0, 1)]

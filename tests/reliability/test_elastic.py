@@ -13,7 +13,7 @@ Control: the same span files with the roots' world size taken out (as tf_otel wr
 before) make the analysis warn about rank 2 again ("rank 2's spans end at step N ...: it
 stopped or was killed").
 
-Prints one ``FIGURES`` line for docs/RELIABILITY.md."""
+Prints one ``FIGURES`` line for docs/guides/RELIABILITY.md."""
 
 from __future__ import annotations
 

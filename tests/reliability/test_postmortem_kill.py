@@ -5,7 +5,7 @@ within about a second of the kill (TF_OTEL_FILE is written at least every
 names the stopped rank with its last step; the same files with a record cut in half exit 0
 too, the file named, the rest analysed.
 
-Prints one ``FIGURES`` line for docs/RELIABILITY.md."""
+Prints one ``FIGURES`` line for docs/guides/RELIABILITY.md."""
 
 from __future__ import annotations
 

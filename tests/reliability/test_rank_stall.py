@@ -2,7 +2,7 @@
 stops forever before a step and rank 0 names it while the job runs; a control job with one step
 3x the median on one rank raises nothing.
 
-Each test prints one ``FIGURES`` line for docs/RELIABILITY.md.
+Each test prints one ``FIGURES`` line for docs/guides/RELIABILITY.md.
 """
 
 from __future__ import annotations

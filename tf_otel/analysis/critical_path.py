@@ -102,7 +102,7 @@ _SYNC = frozenset((COLLECTIVE, TRANSFER))
 # Timestamps overlap by recording alone: GPU streams, float timestamps, clock error between
 # ranks (production traces: median 5-16 us, p99 110 us). A sync span that ends at most this
 # much plus the rank's clock uncertainty after the next op of its rank began is still that op's
-# predecessor (docs/ANALYSIS.md, "Overlap").
+# predecessor (docs/guides/ANALYSIS.md, "Overlap").
 OVERLAP_FLOOR_NS = 200_000
 _CONCURRENT_LOOK = 8
 

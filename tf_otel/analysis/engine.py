@@ -18,7 +18,7 @@ Usage::
 
 The functions and items sent must be picklable and must not need this process's state: the
 pieces are whole files (decoding), batches of traces (building steps) and batches of steps
-(analysing them), each with what it reads. Why Dask and not Ray: docs/ANALYSIS.md.
+(analysing them), each with what it reads. Why Dask and not Ray: docs/guides/ANALYSIS.md.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ and its time as ``compute`` (the residual). The reports must say "not measured" 
 
 A category's job share is its time on the path over the steady steps where it was measured,
 divided by the path's length over those same steps; measured on no step, it has none.
-Rules and their reasons: docs/ANALYSIS.md, "What is measured".
+Rules and their reasons: docs/guides/ANALYSIS.md, "What is measured".
 """
 
 from __future__ import annotations

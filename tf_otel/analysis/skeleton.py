@@ -20,7 +20,7 @@ rank without a step span, repeated span ids among the spans read, a collective o
 whose parent is not among the spans read), and the caller builds the step from all its spans.
 One case is let through: a rank's rest that is never read is not checked for span ids used
 elsewhere, so where two different spans share an id the whole build keeps the first and a
-skeleton step may keep both (docs/ANALYSIS.md).
+skeleton step may keep both (docs/guides/ANALYSIS.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Usage::
 
 Each rule is one function, plain ``StepSample`` lists in, ``Finding`` lists out; a rule whose
 attributes are absent finds nothing. Thresholds are module constants, documented with their
-anchors in docs/WHOLE_STEP.md ("Findings"):
+anchors in docs/guides/WHOLE_STEP.md ("Findings"):
 
 - io_bound_input / decode_bound_input: for a rank that ``input_rule`` grades input-bound from its
   step spans' input wait, its median bytes read per step over its median wait per step

@@ -21,7 +21,7 @@ It is capped at 5 s until rank 0 has answered a round (it is usually not listeni
 a refused connection costs it nothing), then at the sync interval: a round that fails once
 rank 0 answers (a reply ran past the exchange timeout: rank 0 overloaded) is not run again
 every few seconds (the likely cause of rank 0 answering ~6x the planned pings at 4,096
-simulated ranks on a loaded VM, docs/BENCHMARKS_rank0.md).
+simulated ranks on a loaded VM, docs/benchmarks/rank0.md).
 A round is thrown away only when rank 0 has stopped answering: over TCP each pong has the
 exchange timeout of its own, so a round whose pongs arrive slowly finishes however long it
 takes (over MPI, within 8 exchange timeouts for 64 pings).

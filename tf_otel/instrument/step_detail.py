@@ -26,7 +26,7 @@ same steps on every rank), when sampled. On those steps only, on the step span:
   per-step peaks on detail steps). No GPU: nothing, no error.
 
 File names only, never contents. Linux only (no /proc: the RSS and file attributes are absent).
-Cost: docs/WHOLE_STEP.md.
+Cost: docs/guides/WHOLE_STEP.md.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ end, so per-step figures add up to the process's totals):
   Peak RSS per step would need VmHWM reset through /proc/self/clear_refs, which also resets the
   program's own ``ru_maxrss``: not done.
 
-Linux only (no /proc: these attributes are absent). Cost: docs/WHOLE_STEP.md.
+Linux only (no /proc: these attributes are absent). Cost: docs/guides/WHOLE_STEP.md.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ already) or a random one (a lone process). None where ``TF_OTEL_JOB_ID`` gives t
 no restart count or ``TF_OTEL_ATTEMPT`` is set: a job id given is the job's whole identity. None
 for a job of several ranks identified by TF_CONFIG or the program's cluster alone: nothing tells
 its launches apart before the first step, and rank 0 handing one out would make every rank's
-first steps wait for it (set ``TF_OTEL_ATTEMPT`` to a value of the launch, docs/RELIABILITY.md).
+first steps wait for it (set ``TF_OTEL_ATTEMPT`` to a value of the launch, docs/guides/RELIABILITY.md).
 A numeric attempt n > 0 names n - 1 as the attempt before it (``previous_attempt``).
 
 Precedence, first found wins: launcher environment (Horovod, Open MPI, PMI, PMIx, SLURM), then

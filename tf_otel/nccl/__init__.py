@@ -9,5 +9,5 @@
 
 XPlane GPU planes are parsed in ``tf_otel.sources.xplane_gpu``; NVML gauges come from
 ``tf_otel.pipeline.gpu_metrics``. Nothing here imports TensorFlow or pynvml at import time.
-See docs/NCCL.md.
+See docs/guides/NCCL.md.
 """

@@ -201,7 +201,7 @@ def summary(waited_s: Optional[float] = None) -> Optional[str]:
         parts.append("the span file stopped: see the earlier message")
     if not parts:
         return None
-    return "tf_otel: spans were lost: " + "; ".join(parts) + " (docs/RELIABILITY.md)"
+    return "tf_otel: spans were lost: " + "; ".join(parts) + " (docs/guides/RELIABILITY.md)"
 
 
 def report_at_exit(waited_s: Optional[float] = None) -> Optional[str]:

@@ -18,7 +18,7 @@ same way (the first one logged), and the next line is read.
 
 ``LineConnection`` hands each line to its callback from ``data_received``: no task wakes up
 for a line. At 1,024 simulated ranks the stream reader's per-line wake-ups (a future, a task
-step, ``readuntil``) were ~40 % of rank 0's coordinator loop (docs/BENCHMARKS_rank0.md).
+step, ``readuntil``) were ~40 % of rank 0's coordinator loop (docs/benchmarks/rank0.md).
 """
 
 from __future__ import annotations

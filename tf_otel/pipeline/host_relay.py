@@ -54,7 +54,7 @@ How it works:
   one relay address failed RELAY_TRIES times in a row. Extents the dead relay held are lost:
   those steps' roots go out partial (counted ``roots_partial``), later ones whole.
 * On by default where a host runs several ranks (topology.local_size > 1), the configuration
-  rank 0's 1,024-rank measurements ran with (docs/BENCHMARKS_rank0.md); TF_OTEL_HOST_RELAY=0
+  rank 0's 1,024-rank measurements ran with (docs/benchmarks/rank0.md); TF_OTEL_HOST_RELAY=0
   turns it off (every rank to rank 0).
 """
 

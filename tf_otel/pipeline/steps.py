@@ -172,7 +172,7 @@ class Pipeline:
             log_once(
                 "world_renumbered",
                 "tf_otel: Horovod renumbered this process rank %d (it was rank %d): its spans "
-                'keep rank %d%s (docs/RELIABILITY.md, "Elastic Horovod")',
+                'keep rank %d%s (docs/guides/RELIABILITY.md, "Elastic Horovod")',
                 rank,
                 old.rank,
                 old.rank,

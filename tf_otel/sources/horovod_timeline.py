@@ -79,7 +79,7 @@ ATTR_WAIT = record.ATTR_WAIT_NS
 ATTR_ARRIVAL = record.ATTR_ARRIVAL
 
 # A rank whose step began more than this after NEGOTIATE started did not start it. The slack
-# covers the clocks: another rank's step start comes through the clock sync (docs/CLOCK.md);
+# covers the clocks: another rank's step start comes through the clock sync (docs/guides/CLOCK.md);
 # rank 0's timeline is its steady clock from the wall time at hvd.init(), which NTP slews alike.
 BEGAN_SLACK_US = 2000.0
 # Horovod writes nothing while no timeline file is open: a request already queued when the file

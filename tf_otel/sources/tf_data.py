@@ -23,7 +23,7 @@ step they would claim its time for input):
   batch / filter) hand work to their own threads: their consumer-side GetNext is waiting for
   those threads, reported as ``tf_otel.tf_data.wait_ns``, with ``self_ns`` 0
   (``tf_otel.tf_data.async`` true). Their functions run on tf.data's thread pool and are not
-  attributed to the stage (a known limit, docs/WHOLE_STEP.md); a sequential ``map`` runs its
+  attributed to the stage (a known limit, docs/guides/WHOLE_STEP.md); a sequential ``map`` runs its
   function inside its GetNext, so that time is its self time.
 
 Only events wholly inside the profiling window are recorded by TF: a stage that runs ahead of

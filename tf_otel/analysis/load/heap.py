@@ -9,7 +9,7 @@ Each block of a trace file (8 MiB read, its spans decoded and marshalled: severa
 megabytes) is freed before the next is made. glibc's mmap threshold moves with what it sees
 freed, and in some runs the block buffers were served from fresh mappings or trimmed heap
 every block, each page faulted in anew: the load stage then took ~0.4 s more CPU at 100 steps
-× 64 ranks, all of it system time (docs/BENCHMARKS_analysis.md). Holding the thresholds above
+× 64 ranks, all of it system time (docs/benchmarks/analysis.md). Holding the thresholds above
 a block's buffers serves them from the heap every time; the peak is the same. Only the
 analysis (``tf-otel analyze``) calls it, never the training process; a threshold set in the
 environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``) is

@@ -1,4 +1,4 @@
-"""The ``--format json`` document (schema in docs/ANALYSIS.md; ``schema_version`` 2).
+"""The ``--format json`` document (schema in docs/guides/ANALYSIS.md; ``schema_version`` 2).
 
 Usage::
 

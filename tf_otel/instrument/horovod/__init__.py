@@ -9,7 +9,7 @@
 - ``graph_stamps``: the same in TF1 graphs, stamps a detail step's ``Session.run`` fetches;
 - ``timeline``: rank 0 reads Horovod's timeline (its step hook and the ``hvd.c`` messages).
 
-Both hooks are registered; each works only under its own source. See docs/HOROVOD.md.
+Both hooks are registered; each works only under its own source. See docs/guides/HOROVOD.md.
 
 Usage::
 

@@ -22,7 +22,7 @@ functions (control flow v2) or a v1 cond context: neither can be fetched from. T
 go around the cond (``_allreduce_cond``), outside it, and the op inside only names the tensors.
 The arrival stamp is not a control input of the op (that would run it on every step): it runs
 when the inputs are ready, as the op does, so an executor with every thread busy may take it a
-little late (docs/HOROVOD.md, limits).
+little late (docs/guides/HOROVOD.md, limits).
 """
 
 from __future__ import annotations

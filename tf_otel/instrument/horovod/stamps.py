@@ -6,7 +6,7 @@ Usage::
     from tf_otel.instrument.horovod.stamps import hook
     hook.register()   # step hook, its message handlers (hvd.a, hvd.l), its exit hand-over
 
-Why not Horovod's timeline (measured, docs/HOROVOD.md): with ``HOROVOD_TIMELINE`` set, rank 0's
+Why not Horovod's timeline (measured, docs/guides/HOROVOD.md): with ``HOROVOD_TIMELINE`` set, rank 0's
 timeline writer thread spins (``sched_yield``) from ``hvd.init()`` on, a core's worth of CPU even
 while no file is written, and writes every event with two ``lseek`` and one ``write``; only
 rank 0 writes, and on response-cache hits it has no per-rank arrivals.
@@ -18,7 +18,7 @@ the graph gets two stamps: one after the op's inputs are ready and before the op
 arrival), one after its outputs (this rank's end); both go to a small variable per op. Plain
 ``tf.timestamp`` ops only as the first stamps of a ``tf.cond`` branch (where Horovod puts each
 gradient's collective); elsewhere a call of a small function writing the op's variable, so the
-stamps add no order between collectives (docs/HOROVOD.md). TF1 graphs: graph_stamps. Eager
+stamps add no order between collectives (docs/guides/HOROVOD.md). TF1 graphs: graph_stamps. Eager
 calls are timed in Python.
 
 On a collective-detail step (sampled, and picked by ``TF_OTEL_HOROVOD_EVERY`` from the step
@@ -94,7 +94,7 @@ def parts_wanted(setting: Optional[bool], every: int) -> bool:
 
 def fused_wanted(setting: Optional[bool], every: int) -> bool:
     """One span per group of tensors that completed together (TF_OTEL_HOROVOD_FUSED); unset:
-    only where detail is dense (span volume is what dense detail costs, docs/HOROVOD.md)."""
+    only where detail is dense (span volume is what dense detail costs, docs/guides/HOROVOD.md)."""
     return setting if setting is not None else 0 < every < PARTS_DENSE_EVERY
 
 
@@ -223,7 +223,7 @@ class StampCollector:
         """Plain ``tf.timestamp`` ops only as the first stamps of a ``tf.cond`` branch (where
         Horovod's tape and optimizer put each gradient's collective): tf.function runs stateful
         ops that take no resource in program order, so plain stamps beside other collectives
-        would chain them one after another (0.526x on MobileNetV2, docs/HOROVOD.md); a call of
+        would chain them one after another (0.526x on MobileNetV2, docs/guides/HOROVOD.md); a call of
         a function that writes the op's own variable is ordered only against that variable."""
         graph = tf.compat.v1.get_default_graph()
         if type(graph).__name__ != "CondBranchFuncGraph":

@@ -28,7 +28,7 @@ Usage::
     hook.register()   # step hook, its message handlers, its exit hand-over
 
 Env: TF_OTEL_HOROVOD_EXACT=1 also sets HOROVOD_CACHE_CAPACITY=0 (per-rank ready ticks on every
-step, at Horovod's negotiation cost). See docs/HOROVOD.md.
+step, at Horovod's negotiation cost). See docs/guides/HOROVOD.md.
 """
 
 from __future__ import annotations
