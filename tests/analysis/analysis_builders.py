@@ -139,7 +139,14 @@ class StepBuilder:
             "tf_otel.world_size": self.job.world_size,
         }
         root = BuiltSpan(
-            self.trace_id, self.root_id, None, self.root_name or f"step {self.step}", 0, 0, None, attrs
+            self.trace_id,
+            self.root_id,
+            None,
+            self.root_name or f"step {self.step}",
+            0,
+            0,
+            None,
+            attrs,
         )
         root.start_ns, root.end_ns = start, end
         return root

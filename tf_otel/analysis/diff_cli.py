@@ -8,9 +8,10 @@ Usage::
     tf-otel diff baseline-traces/ candidate-traces/ --html diff.html
 
 Each side is a folder or file of trace files (analysed here, one after the other, in bounded
-memory) or a saved ``tf-otel analyze --format json`` report (its ``profile``). ``--html`` also draws each trace folder's typical step (the steady step
-nearest its median) one above the other on one time scale. Exit codes: 0
-done (whatever the verdict), 2 bad input (one line on stderr naming it).
+memory) or a saved ``tf-otel analyze --format json`` report (its ``profile``). ``--html``
+also draws each trace folder's typical step (the steady step nearest its median) one above the
+other on one time scale. Exit codes: 0 done (whatever the verdict), 2 bad input (one line on
+stderr naming it).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _side(profile: Dict[str, Any]) -> Dict[str, Any]:
 
 def side_profile(
     source: str, job: Optional[str] = None, typical: bool = False
-) -> Tuple[Dict[str, Any], Optional["StepResult"]]:
+) -> Tuple[Dict[str, Any], Optional[StepResult]]:
     """One side's profile: a saved report's, else the analysis of the trace files there; and,
     where ``typical`` and there are trace files, its typical step with its spans."""
     path = Path(source)

@@ -103,7 +103,5 @@ def render_diff_html(report: Dict[str, Any], typical: Dict[str, Optional[StepRes
             f"{ms(step.trace.duration_ns):.3f} ms (nearest the median)</h3>"
         )
         parts.append(swimlane_svg(step, span_ns))
-    parts.append(
-        "<h2>Tables</h2><pre>" + html.escape(render_diff(report)) + "</pre></body></html>"
-    )
+    parts.append("<h2>Tables</h2><pre>" + html.escape(render_diff(report)) + "</pre></body></html>")
     return "\n".join(parts)
