@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install tools tools-demo nccl-plugin test test-fast demo lint bench clean cluster cluster-down
+.PHONY: install tools tools-demo nccl-plugin test test-fast demo lint bench clean cluster cluster-down \
+	settings-table
 
 install:
 	@bash scripts/install.sh
@@ -37,6 +38,9 @@ lint: install  # ruff (lint + format) over the Python dirs, mypy over tf_otel ([
 	@$(VENV)/bin/ruff check $(PY_DIRS)
 	@$(VENV)/bin/ruff format --check $(PY_DIRS)
 	@$(VENV)/bin/mypy
+
+settings-table:  # README.md's settings table from tf_otel/config.py (a test checks it)
+	@$(PY) scripts/settings_table.py
 
 bench: install tools
 	@$(PY) bench/run_all.py

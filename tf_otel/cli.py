@@ -6,6 +6,7 @@ Usage::
     tf-otel diff baseline/ candidate/
     horovodrun -np 2 tf-otel clock-check
     tf-otel nccl-plugin
+    tf-otel settings --format json
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ _COMMAND_MODULES = (
     "tf_otel.analysis.export.cli",
     "tf_otel.clock.cli",
     "tf_otel.nccl.cli",
+    "tf_otel.settings_cli",
 )
 
 

@@ -1,74 +1,30 @@
-"""Settings read once from the environment (TF_OTEL_*; OTEL_* are left to the SDK).
+"""tf_otel's settings: the TF_OTEL_* variables, read once from the environment at start-up.
 
-A bad value never stops the job: it is reported in one log line naming the variable and the value,
-and the default is used instead.
+Each field of ``Settings`` is one setting, declared once with ``setting(variable, parser,
+default, doc)``; ``from_env``, the unknown-name check, ``tf-otel settings`` and the README's table
+(``make settings-table``) all read that declaration. A bad value never stops the job: one log
+line names the variable and the value, and the default is used. OTEL_* are left to the SDK.
 
-Variables: TF_OTEL_ENABLED, TF_OTEL_JOB_ID, TF_OTEL_ATTEMPT (this launch of the job,
-tf_otel/job/topology.py), TF_OTEL_FILE, TF_OTEL_FILE_FLUSH_S (the file is written at least this
-often; default 0.5), TF_OTEL_ROOT_WAIT_MS, TF_OTEL_MAX_QUEUE, TF_OTEL_OPS_EVERY,
-TF_OTEL_COORDINATOR, TF_OTEL_STEP_FUNCTIONS,
-TF_OTEL_TEST_CLOCK (test only; "<rank>:<skew_ns>:<drift_ppm>", several joined by ","; read by
-tf_otel.clock directly), TF_OTEL_CLOCK_INTERVAL_S, TF_OTEL_GPU_METRICS_INTERVAL_S,
-TF_OTEL_INPUT_WAIT (every step's wait on tf.data, instrument/input_wait.py; unset, the default:
-on for Keras fit / evaluate / predict and datasets iterated inside a tf.function; 1: also every
-other iterator made from a dataset, which then cannot be checkpointed; 0: off),
-TF_OTEL_SYSTEM_METRICS_INTERVAL_S (host/process metrics with OTel semconv names; 0: off),
-TF_OTEL_RESOURCES_EVERY (peak RSS, per-file I/O and the GPU allocator peak on steps 0, N, 2N ...
-of every step key; 0, the default: off; instrument/step_detail.py),
-TF_OTEL_JOB_SECRET (the same random value on every rank: authenticates the cross-rank channel;
-see tf_otel.job.job_secret for what is used without it),
-TF_OTEL_HOROVOD_EVERY (collective detail on 1 sampled step in N, picked by the step trace id so
-every rank picks the same steps; 1: every sampled step; 0: none; default 20: detail steps run a
-twin of the step's function with the timing ops, other steps the program's own graph; it
-applies to tf.distribute's collectives too), TF_OTEL_COLLECTIVE_EVERY (the same, under a name
-for any job's collectives; where both are set, it wins),
-TF_OTEL_HOROVOD_SOURCE (``stamps``, the default: every rank times its own collectives;
-``timeline``: Horovod's DYNAMIC timeline on rank 0, which costs a spinning thread from hvd.init),
-TF_OTEL_HOROVOD_PARTS (1: a collective whose rank waited >= 1 ms for the last one gets
-``wait`` and ``transfer`` children; 0: one span per collective, its wait in ``horovod.wait_ns``,
-which the analysis reads as well: about half the spans of a detail step; unset: 1 when
-TF_OTEL_HOROVOD_EVERY >= 10, 0 for denser detail, where the children's export costs 4 % of
-MobileNetV2's throughput),
-TF_OTEL_TWIN_PREPARE (``background``, the default: a detail twin is traced and instantiated on a
-thread of its own and runs from the first picked step it is ready for on every rank;
-``step``: on the step that traced the program's function, so every picked step is detailed;
-instrument/twin.py),
-TF_OTEL_HOROVOD_FUSED (1: one collective span per group of tensors that completed together,
-Horovod's fused responses as rank 0's own ends tell them; unset: 1 for detail on 1 step in
-fewer than 10, where span volume is what detail costs; 0: one span per tensor),
-TF_OTEL_STALL (rank 0's stall watch, pipeline/stall.py; default 1; 0: off),
-TF_OTEL_STALL_FLOOR_S and TF_OTEL_STALL_FACTOR (a step of rank 0 in flight longer than
-max(floor, factor x the median of the key's recent steps) is a stall; defaults 20 s and 10,
-docs/guides/RELIABILITY.md "Stalls" says why),
-TF_OTEL_VERDICTS (rank 0's live verdict on each step root, the per-rank lateness histogram and
-persistent slowdowns, pipeline/verdicts.py; default 1; 0: off),
-TF_OTEL_HOST_RELAY (one rank a host gathers the host's step reports for rank 0,
-pipeline/host_relay.py; default 1: on where a host runs several ranks, not on rank 0's own
-host; 0: every rank to rank 0),
-TF_OTEL_BASELINE (a saved ``tf-otel analyze --format json`` report: rank 0 compares each window
-of steps with it, pipeline/baseline.py; unset: off).
+Usage::
+
+    settings = config.use(Settings.from_env())   # instrument(); then register(settings)
+    for spec in SPECS: print(spec.variables, spec.shown, spec.doc)
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Tuple, TypeVar
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
 
 from tf_otel.health import log_once
 
 T = TypeVar("T")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+_SPEC = "tf_otel.setting"  # the key of a field's metadata that holds its declaration
 HOROVOD_EVERY_DEFAULT = 20  # detail-step twin: ~7 % on a detail step, so ~0.4 % a step
-# a step < 1 s is named stalled <= 20 s + 1 s (check) + 2 s (answers) after it began: within the
-# 30 s the issue asks; 10x the median keeps a legitimately slow step (3x, 5x) from ever raising
-STALL_FLOOR_S_DEFAULT = 20.0
-STALL_FACTOR_DEFAULT = 10.0
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the variable and the value."""
 
 
 def _bool(text: str) -> bool:
@@ -101,6 +57,10 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _queue_size(text: str) -> int:
+    return max(16, _non_negative_int(text))  # a smaller queue drops steps in a burst of 16
+
+
 def _positive_float(text: str) -> float:
     value = _float(text)
     if not value > 0:
@@ -122,18 +82,14 @@ def _host_port(text: str) -> Tuple[str, int]:
     return host, int(port)
 
 
-def _horovod_source(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("stamps", "timeline"):
-        raise ValueError("expected stamps or timeline")
-    return value
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError("expected " + " or ".join(choices))
+        return value
 
-
-def _twin_prepare(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("background", "step"):
-        raise ValueError("expected background or step")
-    return value
+    return parse
 
 
 def _port(text: str) -> int:
@@ -154,197 +110,421 @@ def _names(text: str) -> Tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
-def read(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: T) -> T:
-    """Parse ``env[name]``; on a bad value log one clear line and return ``default``."""
-    raw = env.get(name)
-    if raw is None:
-        return default
-    try:
-        return parse(raw)
-    except (ValueError, TypeError) as exc:
-        log_once(
-            "config:" + name,
-            "tf_otel: ignoring %s=%r (%s); using the default %r",
-            name,
-            raw,
-            exc,
-            default,
-        )
-        return default
+def _text(text: str) -> Optional[str]:
+    return text.strip() or None
+
+
+def setting(
+    variable: str,
+    parse: Callable[[str], T],
+    default: T,
+    doc: str,
+    *,
+    shown: str = "",
+    also: Tuple[str, ...] = (),
+    secret: bool = False,
+) -> T:
+    """A field of ``Settings`` read from ``variable`` (then ``also``: a later one that is set
+    wins) by ``parse``; ``shown``: the default as the docs say it, where its value does not;
+    ``secret``: never in a repr, a log line or ``tf-otel settings``."""
+    declared = dict(variables=(variable,) + also, parse=parse, doc=doc, shown=shown, secret=secret)
+    return field(default=default, repr=not secret, metadata={_SPEC: declared})
 
 
 @dataclass(frozen=True)
 class Settings:
-    enabled: bool = False
-    job_id: Optional[str] = None
-    # this launch of the job, the same on every rank (job/topology.py, launch_attempt)
-    attempt: Optional[str] = None
-    file: Optional[str] = None
-    root_wait_ms: float = 3000.0
-    max_queue: int = 4096
-    ops_every: int = 0
-    coordinator: Optional[Tuple[str, int]] = None
-    step_functions: Tuple[str, ...] = ()
-    test_clock: Optional[str] = None
-    clock_interval_s: float = 60.0
-    gpu_metrics_interval_s: float = 10.0  # 0: off
-    # every step's wait on tf.data (instrument/input_wait.py): None (unset), on for the
-    # iterators Keras fit / evaluate / predict make and datasets iterated inside a tf.function;
-    # True, also every other iterator (a user's iterator, whose checkpoints then fail); False, off
-    input_wait: Optional[bool] = None
-    system_metrics_interval_s: float = 10.0  # host/process semconv metrics; 0: off
-    # peak RSS, per-file I/O and the GPU allocator peak on steps 0, N, 2N ...; 0: off
-    resources_every: int = 0
-    # collective detail on 1 sampled step in N; 0: off (docs/guides/HOROVOD.md: why 20)
-    horovod_every: int = HOROVOD_EVERY_DEFAULT
-    horovod_source: str = "stamps"  # or "timeline"
-    # detail twins prepared on a background thread, from the first picked step ready on every
-    # rank ("background"), or on the step that traced the program's function ("step")
-    twin_prepare: str = "background"
-    # wait / transfer children under a collective that waited >= 1 ms; None: on when detail is
-    # on 1 step in PARTS_DENSE_EVERY or fewer, off for denser detail (half the spans)
-    horovod_parts: Optional[bool] = None
-    # one collective span per group of tensors that completed together (Horovod's fused
-    # responses); None: on when detail is on 1 step in fewer than PARTS_DENSE_EVERY
-    horovod_fused: Optional[bool] = None
-    # authenticates rank <-> rank 0 (tf_otel.job.job_secret); never in a repr or a log line
-    job_secret: Optional[str] = field(default=None, repr=False)
-    file_max_mb: float = 1024.0  # TF_OTEL_FILE rotates past this size; 0: no cap
-    file_keep: int = 3  # rotated files kept beside TF_OTEL_FILE
-    # TF_OTEL_FILE is written at least this often: a killed process loses about this much
-    # (and the export thread's half second) of spans
-    file_flush_s: float = 0.5
-    exit_timeout_s: float = 5.0  # the exit flush gives up on a silent exporter after this
-    horovod: bool = True  # Horovod collectives on step traces
-    horovod_exact: bool = False  # HOROVOD_CACHE_CAPACITY=0: per-rank ready ticks every step
-    max_op_spans: int = 500  # op spans per traced step
-    ops_margin: int = 3  # steps between an on-demand decision and its first traced step
-    ops_margin_s: float = 0.5
-    ops_signal_steps: int = 10  # steps traced per SIGUSR2
-    admin_port: Optional[int] = None  # on-demand op tracing endpoint (rank 0, 127.0.0.1)
-    admin_token: Optional[str] = field(default=None, repr=False)
-    nccl_profiler: bool = False  # point NCCL_PROFILER_PLUGIN at tf_otel's plugin
-    nccl_ring_dir: str = "/dev/shm"
-    analyze_workers: int = 0  # tf-otel analyze processes; 0: one per usable CPU
-    # rank 0's stall watch (pipeline/stall.py): a step in flight longer than
-    # max(stall_floor_s, stall_factor x median of the key's recent steps) is reported
-    stall: bool = True
-    stall_floor_s: float = STALL_FLOOR_S_DEFAULT
-    stall_factor: float = STALL_FACTOR_DEFAULT
-    verdicts: bool = True  # rank 0's live verdicts (pipeline/verdicts.py)
-    # a saved tf-otel analyze JSON report rank 0 compares each window of steps with
-    # (pipeline/baseline.py)
-    baseline: Optional[str] = None
-    # one relay a host for the step reports (pipeline/host_relay.py): on where a host runs
-    # several ranks (not rank 0's own host); False: every rank to rank 0
-    host_relay: bool = True
+    """Every TF_OTEL_* setting; the order is the README's."""
+
+    enabled: bool = setting(
+        "TF_OTEL_ENABLED",
+        _bool,
+        False,
+        "trace every Python process started with it (ranks under any launcher)",
+    )
+    job_id: Optional[str] = setting(
+        "TF_OTEL_JOB_ID",
+        _text,
+        None,
+        "the job id all ranks share (set it when the launcher gives none); replaces only the id: "
+        "rank and world size still come from the launcher, TF_CONFIG or the program's "
+        "`tf.distribute.Server`",
+        shown="from the launcher",
+    )
+    attempt: Optional[str] = setting(
+        "TF_OTEL_ATTEMPT",
+        _text,
+        None,
+        "this launch of the job, the same on every rank: step trace ids hash it, so a rerun or "
+        "restart never shares a trace with an earlier attempt (job span: "
+        "`tf_otel.job.attempt`, a link to the attempt before where it is a number). Unset: "
+        "`SLURM_RESTART_COUNT` / `TORCHELASTIC_RESTART_COUNT`, mpirun's / horovodrun's launch "
+        "id inside a SLURM job step, a random one for a single-worker TF_CONFIG; none where the "
+        "job id is horovodrun's / mpirun's own (it differs per launch) or `TF_OTEL_JOB_ID`'s (a "
+        "given id is the whole identity), nor for a job of several ranks identified by "
+        'TF_CONFIG alone (docs/guides/RELIABILITY.md, "Attempts")',
+        shown="from the launcher",
+    )
+    job_secret: Optional[str] = setting(
+        "TF_OTEL_JOB_SECRET",
+        _text,
+        None,
+        "per-job secret authenticating ranks to rank 0 (docs/guides/RELIABILITY.md); set it for "
+        "multi-host launches that share none",
+        shown="from the launcher",
+        secret=True,
+    )
+    file: Optional[str] = setting(
+        "TF_OTEL_FILE",
+        _text,
+        None,
+        "also write OTLP-JSON here; `{rank}`, `{host}`, `{pid}` are filled in; opened at start "
+        "(one message if it cannot be); with `{rank}` and neither a launcher nor TF_CONFIG, "
+        "named at the first spans (the rank may come from the program's "
+        "`tf.distribute.Server`), its directory checked at start",
+        shown="none",
+    )
+    file_flush_s: float = setting(
+        "TF_OTEL_FILE_FLUSH_S",
+        _positive_float,
+        0.5,
+        "the file is written at least this often, on the span processor's thread: a rank "
+        "killed by SIGKILL loses about this and the export thread's half second of spans (its "
+        "last record may be cut short: `tf-otel analyze` skips it and says so)",
+    )
+    file_max_mb: float = setting(
+        "TF_OTEL_FILE_MAX_MB",
+        _non_negative_float,
+        1024.0,
+        "the file rotates past this size (`spans.jsonl` → `spans.1.jsonl` …); 0: no cap",
+    )
+    file_keep: int = setting(
+        "TF_OTEL_FILE_KEEP",
+        _non_negative_int,
+        3,
+        "rotated files kept beside it (the oldest is removed)",
+    )
+    exit_timeout_s: float = setting(
+        "TF_OTEL_EXIT_TIMEOUT_S",
+        _non_negative_float,
+        5.0,
+        "the whole exit (the last spans' export, the link to rank 0, rank 0's last roots, "
+        "metrics, the SDK's flush) ends within this in all; what was lost is said in one line",
+    )
+    root_wait_ms: float = setting(
+        "TF_OTEL_ROOT_WAIT_MS",
+        _positive_float,
+        3000.0,
+        "how long rank 0 waits for all ranks before emitting a step root",
+    )
+    stall: bool = setting(
+        "TF_OTEL_STALL",
+        _bool,
+        True,
+        "rank 0 names a rank that holds a step while the job runs: a `stall` span and a WARNING "
+        "log record in the step's trace, the ranks' steps in flight exported "
+        '(docs/guides/RELIABILITY.md, "Stalls"); 0: off',
+    )
+    # a step < 1 s is named stalled <= 20 s + 1 s (check) + 2 s (answers) after it began; 10x
+    # the median keeps a legitimately slow step (3x, 5x) from ever raising
+    stall_floor_s: float = setting(
+        "TF_OTEL_STALL_FLOOR_S",
+        _positive_float,
+        20.0,
+        "a step of rank 0 in flight longer than max(this floor, `TF_OTEL_STALL_FACTOR` x the "
+        "median of the key's recent steps) is a stall (6 x the floor until 3 steps of the key "
+        "completed); steps < 1 s are named ≤ 23 s after they began",
+    )
+    stall_factor: float = setting(
+        "TF_OTEL_STALL_FACTOR",
+        _positive_float,
+        10.0,
+        "the factor of the median in `TF_OTEL_STALL_FLOOR_S`'s bound: a step 3x (even 9x) the "
+        "median is never a stall",
+    )
+    max_queue: int = setting(
+        "TF_OTEL_MAX_QUEUE",
+        _queue_size,
+        4096,
+        "steps buffered for export (at least 16); beyond it steps are dropped and counted",
+    )
+    host_relay: bool = setting(
+        "TF_OTEL_HOST_RELAY",
+        _bool,
+        True,
+        "one rank of each host with several ranks (elected, as the clock's host leader) gathers "
+        "its host's step reports and sends rank 0 one message a step and host over one "
+        "connection; rank 0's broadcasts reach the host's ranks through it; when it dies another "
+        "rank of the host takes over; ranks on rank 0's own host talk to it directly "
+        "(docs/ARCHITECTURE.md); 0: every rank talks to rank 0",
+        shown="1 (where a host runs several ranks)",
+    )
+    verdicts: bool = setting(
+        "TF_OTEL_VERDICTS",
+        _bool,
+        True,
+        "rank 0's live verdict on each step root, the per-rank lateness histogram and "
+        "persistent slowdowns (pipeline/verdicts.py); 0: off",
+    )
+    baseline: Optional[str] = setting(
+        "TF_OTEL_BASELINE",
+        _text,
+        None,
+        "a saved `tf-otel analyze --format json` report of a reference run: rank 0 compares "
+        "every 16 steps' median step time with it, beyond the noise as `tf-otel diff` does, and "
+        "marks a slower window on its step root (`tf_otel.baseline.slower`, with the rank whose "
+        "lateness grew) and in the `tf_otel.step.baseline_ratio` gauge (alert "
+        "`TrainingSlowerThanBaseline`)",
+    )
+    coordinator: Optional[Tuple[str, int]] = setting(
+        "TF_OTEL_COORDINATOR",
+        _host_port,
+        None,
+        "`host:port` of rank 0's tf_otel service; an override: horovodrun, mpirun, SLURM, "
+        "TF_CONFIG and flag-configured `tf.distribute.Server` jobs find rank 0 alone "
+        "(docs/guides/CLUSTER.md)",
+        shown="rank 0's host, port from the job id",
+    )
+    step_functions: Tuple[str, ...] = setting(
+        "TF_OTEL_STEP_FUNCTIONS",
+        _names,
+        (),
+        "comma list: only these functions are steps",
+        shown="all user `tf.function`s",
+    )
+    ops_every: int = setting(
+        "TF_OTEL_OPS_EVERY",
+        _non_negative_int,
+        0,
+        "op-level spans (and RecvTensor transfers) every Nth step, the same steps on every rank",
+    )
+    max_op_spans: int = setting(
+        "TF_OTEL_MAX_OP_SPANS",
+        _non_negative_int,
+        500,
+        "op spans kept per step (the longest); the rest summarised",
+    )
+    ops_margin: int = setting(
+        "TF_OTEL_OPS_MARGIN",
+        _non_negative_int,
+        3,
+        "on-demand op tracing starts at least this many steps after rank 0 decides, so every "
+        "rank traces the same steps",
+    )
+    ops_margin_s: float = setting(
+        "TF_OTEL_OPS_MARGIN_S",
+        _positive_float,
+        0.5,
+        "on-demand op tracing starts at least this many seconds' worth of steps after rank 0 "
+        "decides (and `TF_OTEL_OPS_MARGIN` steps), so the broadcast arrives in time",
+    )
+    admin_port: Optional[int] = setting(
+        "TF_OTEL_ADMIN_PORT",
+        _port,
+        None,
+        "rank 0's admin endpoint on 127.0.0.1 (0: any free port, logged): op-level detail for "
+        "the next K steps on demand",
+        shown="off",
+    )
+    admin_token: Optional[str] = setting(
+        "TF_OTEL_ADMIN_TOKEN",
+        _text,
+        None,
+        "the admin endpoint's token; unset, one is generated and written to a 0600 file, never "
+        "logged",
+        shown="generated",
+        secret=True,
+    )
+    ops_signal_steps: int = setting(
+        "TF_OTEL_OPS_SIGNAL_STEPS",
+        _non_negative_int,
+        10,
+        "steps with op-level detail after a SIGUSR2",
+    )
+    horovod: bool = setting(
+        "TF_OTEL_HOROVOD",
+        _bool,
+        True,
+        "Horovod collective spans on collective-detail steps (docs/guides/HOROVOD.md)",
+    )
+    # the neutral name wins: it names tf.distribute's collectives too
+    horovod_every: int = setting(
+        "TF_OTEL_HOROVOD_EVERY",
+        _non_negative_int,
+        HOROVOD_EVERY_DEFAULT,
+        "collective detail on 1 sampled step in N, the same steps on every rank (1: every "
+        "sampled step; 0: none). Detail steps run a twin of the step's tf.function holding the "
+        "timing ops; other steps run the program's own graph (docs/guides/HOROVOD.md, why 20); "
+        "tf.distribute's collectives (MultiWorkerMirroredStrategy, MirroredStrategy) follow it "
+        "too. `TF_OTEL_COLLECTIVE_EVERY` is the same under a name for any job's collectives; "
+        "where both are set, it wins",
+        also=("TF_OTEL_COLLECTIVE_EVERY",),
+    )
+    horovod_source: str = setting(
+        "TF_OTEL_HOROVOD_SOURCE",
+        _one_of("stamps", "timeline"),
+        "stamps",
+        "`stamps`: every rank times its own collectives; `timeline`: rank 0's Horovod timeline "
+        "(a spinning thread from hvd.init)",
+    )
+    twin_prepare: str = setting(
+        "TF_OTEL_TWIN_PREPARE",
+        _one_of("background", "step"),
+        "background",
+        "`background`: the detail twin is traced and instantiated on a thread of its own, "
+        "picked steps before it is ready on every rank run the program's function "
+        "(`tf_otel.detail.twin = preparing`); `step`: on the step that traced the program's "
+        "function (seconds on that step; every picked step detailed)",
+    )
+    horovod_parts: Optional[bool] = setting(
+        "TF_OTEL_HOROVOD_PARTS",
+        _bool,
+        None,
+        "stamps source (the default; the timeline source always has them): `wait` and "
+        "`transfer` children under a collective whose rank waited ≥ 1 ms; 0: one span per "
+        "collective, the wait in `horovod.wait_ns` (read by the analysis too): about half the "
+        "spans of a detail step (every-step detail on MobileNetV2: 0.895× with children, "
+        "0.930× without)",
+        shown="1 where `TF_OTEL_HOROVOD_EVERY` ≥ 10, else 0",
+    )
+    horovod_fused: Optional[bool] = setting(
+        "TF_OTEL_HOROVOD_FUSED",
+        _bool,
+        None,
+        "stamps source: one `collective` span per group of tensors that completed together "
+        "(Horovod's fused responses, as rank 0's own end times tell them; "
+        "`horovod.fused_tensors`, bytes summed, the same groups on every rank); 0: one span per "
+        "tensor. Dense detail's cost is its span volume (docs/guides/HOROVOD.md)",
+        shown="1 where `TF_OTEL_HOROVOD_EVERY` < 10, else 0",
+    )
+    horovod_exact: bool = setting(
+        "TF_OTEL_HOROVOD_EXACT",
+        _bool,
+        False,
+        "with `timeline`: exact per-rank arrival on every step (turns off Horovod's response "
+        "cache: `HOROVOD_CACHE_CAPACITY=0`)",
+    )
+    clock_interval_s: float = setting(
+        "TF_OTEL_CLOCK_INTERVAL_S",
+        _positive_float,
+        60.0,
+        "clock resync period against rank 0 (after a fast warm-up)",
+    )
+    gpu_metrics_interval_s: float = setting(
+        "TF_OTEL_GPU_METRICS_INTERVAL_S",
+        _non_negative_float,
+        10.0,
+        "GPU metrics (`hw.gpu.*`) sampling via NVML, summarised on each step span (0: off; "
+        "silent without a GPU)",
+    )
+    input_wait: Optional[bool] = setting(
+        "TF_OTEL_INPUT_WAIT",
+        _bool,
+        None,
+        "every step's wait on tf.data (docs/guides/WHOLE_STEP.md): unset, for Keras fit / "
+        "evaluate / predict and datasets iterated inside a tf.function; 1: also every other "
+        "iterator (`next(it)` in a custom loop's tf.function; such an iterator can then not be "
+        "checkpointed); 0: off",
+        shown="unset: on",
+    )
+    resources_every: int = setting(
+        "TF_OTEL_RESOURCES_EVERY",
+        _non_negative_int,
+        0,
+        "peak RSS (sampled every 1 ms), per-file I/O (file positions) and, on a GPU, the "
+        "allocator's peak on steps 0, N, 2N ... of every step key (docs/guides/WHOLE_STEP.md); "
+        "0: off",
+    )
+    system_metrics_interval_s: float = setting(
+        "TF_OTEL_SYSTEM_METRICS_INTERVAL_S",
+        _non_negative_float,
+        10.0,
+        "host and process metrics, OTel semconv names, when a MeterProvider is set (0: off)",
+    )
+    nccl_ring_dir: str = setting(
+        "TF_OTEL_NCCL_RING_DIR",
+        _directory,
+        "/dev/shm",
+        "where the NCCL profiler plugin's ring files live",
+    )
+    nccl_profiler: bool = setting(
+        "TF_OTEL_NCCL_PROFILER",
+        _bool,
+        False,
+        "1: set `NCCL_PROFILER_PLUGIN` to tf_otel's plugin (`tf-otel nccl-plugin` builds it; "
+        "`make nccl-plugin` in a clone); each sampled step then gets its NCCL collectives as "
+        "`nccl.<Coll>` spans (docs/guides/NCCL.md)",
+    )
+    analyze_workers: int = setting(
+        "TF_OTEL_ANALYZE_WORKERS",
+        _non_negative_int,
+        0,
+        "Dask worker processes `tf-otel analyze` runs on (1: this process only; set, it "
+        "applies to small inputs too)",
+        shown="one per CPU for inputs ≥ 256 MB",
+    )
+    test_clock: Optional[str] = setting(
+        "TF_OTEL_TEST_CLOCK",
+        _text,
+        None,
+        "**tests only**: `<rank>:<skew_ns>:<drift_ppm>` (several joined by `,`) shifts the "
+        "clock tf_otel reads on that rank",
+    )
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Settings:
+        """The settings ``env`` (default: this process's environment) gives; a bad value is
+        named in one log line and its default used, an unknown TF_OTEL_* name is named too."""
         env = os.environ if env is None else env
         warn_unknown(env)
-        return cls(
-            enabled=read(env, "TF_OTEL_ENABLED", _bool, False),
-            job_id=(env.get("TF_OTEL_JOB_ID") or "").strip() or None,
-            attempt=(env.get("TF_OTEL_ATTEMPT") or "").strip() or None,
-            file=(env.get("TF_OTEL_FILE") or "").strip() or None,
-            root_wait_ms=read(env, "TF_OTEL_ROOT_WAIT_MS", _positive_float, 3000.0),
-            max_queue=max(16, read(env, "TF_OTEL_MAX_QUEUE", _non_negative_int, 4096)),
-            ops_every=read(env, "TF_OTEL_OPS_EVERY", _non_negative_int, 0),
-            coordinator=read(env, "TF_OTEL_COORDINATOR", _host_port, None),
-            step_functions=read(env, "TF_OTEL_STEP_FUNCTIONS", _names, ()),
-            test_clock=(env.get("TF_OTEL_TEST_CLOCK") or "").strip() or None,
-            clock_interval_s=read(env, "TF_OTEL_CLOCK_INTERVAL_S", _positive_float, 60.0),
-            gpu_metrics_interval_s=read(
-                env, "TF_OTEL_GPU_METRICS_INTERVAL_S", _non_negative_float, 10.0
-            ),
-            input_wait=read(env, "TF_OTEL_INPUT_WAIT", _bool, None),
-            resources_every=read(env, "TF_OTEL_RESOURCES_EVERY", _non_negative_int, 0),
-            system_metrics_interval_s=read(
-                env, "TF_OTEL_SYSTEM_METRICS_INTERVAL_S", _non_negative_float, 10.0
-            ),
-            job_secret=(env.get("TF_OTEL_JOB_SECRET") or "").strip() or None,
-            horovod_every=read(  # the neutral name wins: it names tf.distribute's too
-                env,
-                "TF_OTEL_COLLECTIVE_EVERY",
-                _non_negative_int,
-                read(env, "TF_OTEL_HOROVOD_EVERY", _non_negative_int, HOROVOD_EVERY_DEFAULT),
-            ),
-            file_max_mb=read(env, "TF_OTEL_FILE_MAX_MB", _non_negative_float, 1024.0),
-            file_keep=read(env, "TF_OTEL_FILE_KEEP", _non_negative_int, 3),
-            file_flush_s=read(env, "TF_OTEL_FILE_FLUSH_S", _positive_float, 0.5),
-            exit_timeout_s=read(env, "TF_OTEL_EXIT_TIMEOUT_S", _non_negative_float, 5.0),
-            horovod=read(env, "TF_OTEL_HOROVOD", _bool, True),
-            horovod_exact=read(env, "TF_OTEL_HOROVOD_EXACT", _bool, False),
-            max_op_spans=read(env, "TF_OTEL_MAX_OP_SPANS", _non_negative_int, 500),
-            ops_margin=read(env, "TF_OTEL_OPS_MARGIN", _non_negative_int, 3),
-            ops_margin_s=read(env, "TF_OTEL_OPS_MARGIN_S", _positive_float, 0.5),
-            ops_signal_steps=read(env, "TF_OTEL_OPS_SIGNAL_STEPS", _non_negative_int, 10),
-            admin_port=read(env, "TF_OTEL_ADMIN_PORT", _port, None),
-            admin_token=(env.get("TF_OTEL_ADMIN_TOKEN") or "").strip() or None,
-            nccl_profiler=read(env, "TF_OTEL_NCCL_PROFILER", _bool, False),
-            nccl_ring_dir=read(env, "TF_OTEL_NCCL_RING_DIR", _directory, "/dev/shm"),
-            analyze_workers=read(env, "TF_OTEL_ANALYZE_WORKERS", _non_negative_int, 0),
-            horovod_source=read(env, "TF_OTEL_HOROVOD_SOURCE", _horovod_source, "stamps"),
-            twin_prepare=read(env, "TF_OTEL_TWIN_PREPARE", _twin_prepare, "background"),
-            horovod_parts=read(env, "TF_OTEL_HOROVOD_PARTS", _bool, None),
-            horovod_fused=read(env, "TF_OTEL_HOROVOD_FUSED", _bool, None),
-            stall=read(env, "TF_OTEL_STALL", _bool, True),
-            stall_floor_s=read(
-                env, "TF_OTEL_STALL_FLOOR_S", _positive_float, STALL_FLOOR_S_DEFAULT
-            ),
-            stall_factor=read(env, "TF_OTEL_STALL_FACTOR", _positive_float, STALL_FACTOR_DEFAULT),
-            verdicts=read(env, "TF_OTEL_VERDICTS", _bool, True),
-            baseline=(env.get("TF_OTEL_BASELINE") or "").strip() or None,
-            host_relay=read(env, "TF_OTEL_HOST_RELAY", _bool, True),
-        )
+        values: Dict[str, Any] = {}
+        for spec in SPECS:
+            found = resolve(spec, env)
+            for variable, raw, why, default in found.rejected:
+                log_once(
+                    "config:" + variable,
+                    "tf_otel: ignoring %s=%r (%s); using the default %r",
+                    variable,
+                    raw,
+                    why,
+                    default,
+                )
+            values[spec.name] = found.value
+        return cls(**values)
 
 
-# Every TF_OTEL_* variable tf_otel reads (the README's settings table is checked against it).
-VARIABLES = (
-    "TF_OTEL_ENABLED",
-    "TF_OTEL_JOB_ID",
-    "TF_OTEL_ATTEMPT",
-    "TF_OTEL_JOB_SECRET",
-    "TF_OTEL_FILE",
-    "TF_OTEL_FILE_MAX_MB",
-    "TF_OTEL_FILE_KEEP",
-    "TF_OTEL_FILE_FLUSH_S",
-    "TF_OTEL_EXIT_TIMEOUT_S",
-    "TF_OTEL_ROOT_WAIT_MS",
-    "TF_OTEL_MAX_QUEUE",
-    "TF_OTEL_COORDINATOR",
-    "TF_OTEL_STEP_FUNCTIONS",
-    "TF_OTEL_OPS_EVERY",
-    "TF_OTEL_MAX_OP_SPANS",
-    "TF_OTEL_OPS_MARGIN",
-    "TF_OTEL_OPS_MARGIN_S",
-    "TF_OTEL_OPS_SIGNAL_STEPS",
-    "TF_OTEL_ADMIN_PORT",
-    "TF_OTEL_ADMIN_TOKEN",
-    "TF_OTEL_HOROVOD",
-    "TF_OTEL_HOROVOD_EXACT",
-    "TF_OTEL_HOROVOD_EVERY",
-    "TF_OTEL_COLLECTIVE_EVERY",
-    "TF_OTEL_HOROVOD_SOURCE",
-    "TF_OTEL_HOROVOD_PARTS",
-    "TF_OTEL_HOROVOD_FUSED",
-    "TF_OTEL_TWIN_PREPARE",
-    "TF_OTEL_CLOCK_INTERVAL_S",
-    "TF_OTEL_GPU_METRICS_INTERVAL_S",
-    "TF_OTEL_INPUT_WAIT",
-    "TF_OTEL_RESOURCES_EVERY",
-    "TF_OTEL_SYSTEM_METRICS_INTERVAL_S",
-    "TF_OTEL_NCCL_PROFILER",
-    "TF_OTEL_NCCL_RING_DIR",
-    "TF_OTEL_ANALYZE_WORKERS",
-    "TF_OTEL_STALL",
-    "TF_OTEL_STALL_FLOOR_S",
-    "TF_OTEL_STALL_FACTOR",
-    "TF_OTEL_HOST_RELAY",
-    "TF_OTEL_BASELINE",
-    "TF_OTEL_TEST_CLOCK",
-)
+@dataclass(frozen=True)
+class Spec:
+    """One setting as ``Settings`` declares it."""
+
+    name: str  # the field
+    variables: Tuple[str, ...]  # read in this order: a later one that is set wins
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    shown: str  # the default as the docs say it
+    secret: bool
+
+
+def _show(default: Any) -> str:
+    """A default as the docs say it."""
+    if default is None:
+        return "unset"
+    if isinstance(default, bool):
+        return "1" if default else "0"
+    if isinstance(default, float):
+        return f"{default:g}"
+    return str(default)
+
+
+def _spec(declared: Field[Any]) -> Spec:
+    given = dict(declared.metadata[_SPEC])
+    given["shown"] = given["shown"] or _show(declared.default)
+    return Spec(name=declared.name, default=declared.default, **given)
+
+
+SPECS: Tuple[Spec, ...] = tuple(_spec(f) for f in fields(Settings))
+# Every TF_OTEL_* variable tf_otel reads.
+VARIABLES: Tuple[str, ...] = tuple(name for spec in SPECS for name in spec.variables)
 # read elsewhere, never by this package: the install/build scripts, the NCCL profiler plugin (C),
 # the collector configs, the simulated cluster and the test suite
 SCRIPT_VARIABLES = (
@@ -360,21 +540,49 @@ SCRIPT_VARIABLES = (
 )
 
 
-def warn_unknown(env: Mapping[str, str]) -> None:
-    """A TF_OTEL_* name tf_otel does not know is a typo that would be silently ignored: say so."""
-    import difflib
+@dataclass(frozen=True)
+class Resolved:
+    """A setting's value in one environment and where it came from."""
 
+    value: Any
+    variable: Optional[str]  # the variable that gave it; None: the default
+    rejected: Tuple[Tuple[str, str, str, Any], ...]  # (variable, raw value, why, value kept)
+
+
+def resolve(spec: Spec, env: Mapping[str, str]) -> Resolved:
+    value, variable = spec.default, None
+    rejected: List[Tuple[str, str, str, Any]] = []
+    for name in spec.variables:
+        raw = env.get(name)
+        if raw is None:
+            continue
+        try:
+            value, variable = spec.parse(raw), name
+        except (ValueError, TypeError) as exc:
+            rejected.append((name, raw, str(exc), value))
+    return Resolved(value, variable, tuple(rejected))
+
+
+def unknown(env: Mapping[str, str]) -> List[Tuple[str, Optional[str]]]:
+    """TF_OTEL_* names in ``env`` tf_otel does not know, each with the closest known one."""
+    found = []
     for name in env:
         if name.startswith("TF_OTEL_") and name not in VARIABLES + SCRIPT_VARIABLES:
             close = difflib.get_close_matches(name, VARIABLES, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            log_once(
-                "config_unknown:" + name,
-                "tf_otel: unknown setting %s=%r is ignored%s",
-                name,
-                env[name],
-                hint,
-            )
+            found.append((name, close[0] if close else None))
+    return found
+
+
+def warn_unknown(env: Mapping[str, str]) -> None:
+    """A TF_OTEL_* name tf_otel does not know is a typo that would be silently ignored: say so."""
+    for name, close in unknown(env):
+        log_once(
+            "config_unknown:" + name,
+            "tf_otel: unknown setting %s=%r is ignored%s",
+            name,
+            env[name],
+            f"; did you mean {close}?" if close else "",
+        )
 
 
 _current: Optional[Settings] = None

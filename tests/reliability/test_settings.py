@@ -1,19 +1,25 @@
-"""One place for settings: only tf_otel/config.py reads TF_OTEL_* from the environment, every
-variable it knows is in the README's settings table and nothing else is."""
+"""One place for settings: only tf_otel/config.py reads TF_OTEL_* from the environment, each
+setting is declared once there, and the README's table and ``tf-otel settings`` are made from it."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
+import os
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Dict, List
 
 from conftest import REPO
 
-from tf_otel.config import SCRIPT_VARIABLES, VARIABLES, Settings
+from tf_otel import cli
+from tf_otel.config import SCRIPT_VARIABLES, SPECS, VARIABLES, Settings
 
 PACKAGE = REPO / "tf_otel"
 CONFIG = PACKAGE / "config.py"
+SCRIPT = REPO / "scripts" / "settings_table.py"
 
 
 def _tf_otel_constants() -> Dict[str, str]:
@@ -97,15 +103,91 @@ def test_the_checker_catches_a_stray_read(tmp_path: Path):
         module.unlink()
 
 
-def test_every_variable_is_parsed_and_in_the_readme():
-    readme = (REPO / "README.md").read_text()
+def _table_script():
+    spec = importlib.util.spec_from_file_location("settings_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_table_is_made_from_the_settings():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    script = _table_script()
+    assert script.with_table(readme) == readme, "README.md is out of step: make settings-table"
+    # the check could fail: a hand-edited row is put back
+    edited = readme.replace("steps buffered for export", "steps queued", 1)
+    assert edited != readme and script.with_table(edited) == readme
     table = set(re.findall(r"^\| `(TF_OTEL_[A-Z0-9_]+)`", readme, re.M))
     table |= set(re.findall(r"^\| `TF_OTEL_[A-Z0-9_]+`, `(TF_OTEL_[A-Z0-9_]+)`", readme, re.M))
-    missing, unknown = sorted(set(VARIABLES) - table), sorted(table - set(VARIABLES))
-    assert not missing and not unknown, f"README lacks {missing}; README has unknown {unknown}"
-    source = CONFIG.read_text()
-    for name in VARIABLES:
-        assert f'"{name}"' in source.split("VARIABLES = (")[0], f"{name} is not parsed in from_env"
+    assert table == set(VARIABLES)
+
+
+def test_every_field_is_one_declared_setting():
+    assert [spec.name for spec in SPECS] == [f.name for f in fields(Settings)]
+    assert len(set(VARIABLES)) == len(VARIABLES) and "TF_OTEL_VERDICTS" in VARIABLES
+    for spec in SPECS:
+        assert spec.doc and "\n" not in spec.doc and spec.shown, spec.name
+        assert getattr(Settings(), spec.name) == spec.default
+
+
+SAMPLES = ("1", "0", "17", "h:1", "a, b", "timeline", "step", str(REPO))
+
+
+def test_each_variable_reaches_its_field():
+    """A value other than the default, under any of a setting's names, reaches its field."""
+    for spec in SPECS:
+        for name in spec.variables:
+            for raw in SAMPLES:
+                try:
+                    expected = spec.parse(raw)
+                except ValueError:
+                    continue
+                if expected != spec.default:
+                    break
+            else:
+                raise AssertionError(f"no sample value for {name}")
+            assert getattr(Settings.from_env({name: raw}), spec.name) == expected, name
+
+
+def test_tf_otel_settings_says_where_each_value_came_from(monkeypatch, capsys):
+    for name in [name for name in os.environ if name.startswith("TF_OTEL_")]:
+        monkeypatch.delenv(name)
+    given = {
+        "TF_OTEL_OPS_EVERY": "10",
+        "TF_OTEL_MAX_QUEUE": "ten",
+        "TF_OTEL_COLLECTIVE_EVERY": "3",
+        "TF_OTEL_JOB_SECRET": "s3cret",
+        "TF_OTEL_OPS_EVRY": "1",
+    }
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["settings", "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    document = json.loads(out)
+    found = {entry["variable"]: entry for entry in document["settings"]}
+    assert len(found) == len(SPECS)
+    assert found["TF_OTEL_OPS_EVERY"] == {
+        "variable": "TF_OTEL_OPS_EVERY",
+        "value": 10,
+        "source": "environment",
+    }
+    assert found["TF_OTEL_MAX_QUEUE"]["value"] == 4096
+    assert found["TF_OTEL_MAX_QUEUE"]["source"] == "default"
+    assert found["TF_OTEL_MAX_QUEUE"]["ignored"] == [
+        "TF_OTEL_MAX_QUEUE='ten' (expected an integer)"
+    ]
+    assert found["TF_OTEL_HOROVOD_EVERY"]["from"] == "TF_OTEL_COLLECTIVE_EVERY"
+    assert found["TF_OTEL_JOB_SECRET"]["value"] == "<hidden>" and "s3cret" not in out
+    assert found["TF_OTEL_ENABLED"] == {
+        "variable": "TF_OTEL_ENABLED",
+        "value": False,
+        "source": "default",
+    }
+    assert document["unknown"] == [{"variable": "TF_OTEL_OPS_EVRY", "closest": "TF_OTEL_OPS_EVERY"}]
+    assert cli.main(["settings"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.search(r"^TF_OTEL_OPS_EVERY +10 +environment$", "\n".join(lines), re.M)
+    assert any(line.startswith("TF_OTEL_OPS_EVRY ") and "did you mean" in line for line in lines)
 
 
 def test_unknown_variable_is_named_with_a_suggestion(caplog):
