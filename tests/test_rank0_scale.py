@@ -2,7 +2,8 @@
 product's own CoordinatorClient and ClockSync over real TCP with the handshake) all connect to
 rank 0's coordinator and clock service, and every steady step's root holds every rank.
 
-The load bench behind it, with the CPU figures, is bench/bench_rank0.py (docs/BENCHMARKS.md)."""
+The load bench behind it, with the CPU figures, is bench/bench_rank0.py
+(docs/benchmarks/rank0.md)."""
 
 from __future__ import annotations
 

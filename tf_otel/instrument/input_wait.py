@@ -43,7 +43,7 @@ first call of a step function), not inside tf.data's own functions (a dataset it
 ``map``'s function is part of the producer, not the consumer). Never for a dataset already
 placed off the CPU (``prefetch_to_device`` must stay last).
 
-Cost: docs/guides/WHOLE_STEP.md, docs/BENCHMARKS.md and bench/bench_input_wait.py.
+Cost: docs/guides/WHOLE_STEP.md, docs/benchmarks/input_wait.md and bench/bench_input_wait.py.
 """
 
 from __future__ import annotations

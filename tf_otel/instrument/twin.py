@@ -49,7 +49,7 @@ fails is given up (logged once, counted) and the program's own function runs on 
 steps. A program that exits while a twin is prepared waits for that one preparation (unpaced,
 at most ``EXIT_WAIT_S``; said once): a thread cut off inside TensorFlow at the interpreter's
 finalisation can abort the process. Cost: a second set of traced graphs in memory, the
-background thread's CPU while it prepares (docs/BENCHMARKS.md, start-up), nothing on steps
+background thread's CPU while it prepares (docs/benchmarks/startup.md), nothing on steps
 without detail.
 """
 
