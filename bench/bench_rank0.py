@@ -530,9 +530,8 @@ def main() -> None:
     print(table)
     if options.out:  # only the file's generated section: its hand-written text stays
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        harness.write_generated(
+        write_doc(
             Path(options.out),
-            "bench_rank0",
             f"## Latest run\n\n"
             f"`python bench/bench_rank0.py --ranks {options.ranks} --seconds "
             f"{options.seconds:.0f} --per-host {options.per_host}"
@@ -540,8 +539,14 @@ def main() -> None:
             f"{' --light-hosts' if options.light_hosts else ''}`, {when}, load average "
             f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores shared by rank 0 "
             f"and every simulated rank.\n\n{table}",
-            "Rank 0 under many simulated ranks (issue 26)",
         )
+
+
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(
+        path, "bench_rank0", text, "Rank 0 under many simulated ranks (issue 26)"
+    )
 
 
 if __name__ == "__main__":

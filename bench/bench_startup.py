@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import harness
@@ -249,7 +250,12 @@ def main() -> None:
     text = summarise(rows, args, loads or [os.getloadavg()[0]])
     print(text)
     if args.doc:
-        harness.write_generated(DOC, "bench_startup", text, "Start-up: launch to steady steps")
+        write_doc(DOC, text)
+
+
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(path, "bench_startup", text, "Start-up: launch to steady steps")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Run: ``.venv/bin/python -m pytest tests/test_bench_docs.py -q``
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,8 +46,10 @@ WRITERS: List[Tuple[str, str, str, List[str]]] = [
         "bench_real_model",
         "write_inprocess_doc",
         "bench_real_model_inprocess",
-        ["real_model.md"],
+        ["real_model.md", "steady.md"],
     ),
+    ("bench_rank0", "write_doc", "bench_rank0", ["rank0.md"]),
+    ("bench_startup", "write_doc", "bench_startup", ["startup.md"]),
     ("bench_step_metrics", "write_doc", "bench_step_metrics", ["step_metrics.md"]),
     ("bench_steps", "write_doc", "bench_steps", ["steps.md"]),
     (
@@ -135,6 +138,20 @@ def test_a_new_doc_gets_the_section(
     text = path.read_text()
     assert text.startswith("# ")
     assert _split(text, name)[1] == NEW
+
+
+def test_every_generated_section_in_the_docs_is_one_a_bench_above_writes() -> None:
+    """A page of docs/benchmarks/ holding a bench's markers is listed above (so a move or a new
+    page cannot leave its bench writing elsewhere), and each listed page is where
+    harness.RESULTS, the benches' default, puts it."""
+    assert harness.RESULTS == DOCS
+    listed = {(name, doc) for _, _, name, docs in WRITERS for doc in docs}
+    found = {
+        (marker, page.name)
+        for page in DOCS.glob("*.md")
+        for marker in re.findall(r"^<!-- (\S+): generated from here", page.read_text(), re.M)
+    }
+    assert found == listed, (sorted(found - listed), sorted(listed - found))
 
 
 def test_steps_inprocess_append_adds_to_the_runs_in_the_section(tmp_path: Path) -> None:
