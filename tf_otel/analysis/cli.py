@@ -31,6 +31,7 @@ from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.gc_pause import paused_gc
 
 if TYPE_CHECKING:
+    from tf_otel.analysis.load.spill import SpillSource
     from tf_otel.analysis.result import AnalysisResult
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
@@ -160,10 +161,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _load(
-    args: argparse.Namespace, start_ns: Optional[int], end_ns: Optional[int], spill: bool = False
-):
-    """The spans (or, ``spill``, a ``SpillSource`` of the trace files or the backend's answers)
-    and what they came from."""
+    args: argparse.Namespace, start_ns: Optional[int], end_ns: Optional[int]
+) -> Tuple[SpillSource, str]:
+    """A ``SpillSource`` of the trace files or the backend's answers (kept on disk by trace: the
+    analysis holds a step at a time) and what they came from."""
     sources = [bool(args.paths), bool(args.jaeger), bool(args.tempo)]
     if sum(sources) != 1:
         raise AnalysisError("give exactly one source: trace files/directories, --jaeger or --tempo")
@@ -192,24 +193,18 @@ def _load(
             batches = tempo_batches(
                 url, job, start_ns, end_ns, args.limit, args.trace_ids, args.progress
             )
-        if spill:  # each answer kept on disk by trace as it comes: memory holds one
-            return spill_batches(batches, url, getattr(args, "spill_dir", None)), url
-        return [span for batch in batches for span in batch], url
-    if spill:  # kept on disk by trace: the analysis holds a step at a time
-        from tf_otel.analysis.load.spill import load_spilled
+        # each answer kept on disk by trace as it comes: memory holds one
+        return spill_batches(batches, url, getattr(args, "spill_dir", None)), url
+    from tf_otel.analysis.load.spill import load_spilled
 
-        spilled = load_spilled(
-            args.paths,
-            args.progress,
-            engine=getattr(args, "engine", None),
-            spill_dir=getattr(args, "spill_dir", None),
-            strict=bool(getattr(args, "strict", False)),
-        )
-        return spilled, ", ".join(args.paths)
-    from tf_otel.analysis.load.files import load_paths
-
-    strict = bool(getattr(args, "strict", False))
-    return load_paths(args.paths, args.progress, strict=strict), ", ".join(args.paths)
+    spilled = load_spilled(
+        args.paths,
+        args.progress,
+        engine=getattr(args, "engine", None),
+        spill_dir=getattr(args, "spill_dir", None),
+        strict=bool(getattr(args, "strict", False)),
+    )
+    return spilled, ", ".join(args.paths)
 
 
 def _write(path: str, text: str) -> None:
@@ -272,10 +267,9 @@ def _analyze(
     start_ns: Optional[int],
     end_ns: Optional[int],
 ) -> int:
-    from tf_otel.analysis.analyze import analyze_source, analyze_spans
-    from tf_otel.analysis.load.spill import SpillSource
+    from tf_otel.analysis.analyze import analyze_source
 
-    loaded, source = _load(args, start_ns, end_ns, spill=True)
+    loaded, source = _load(args, start_ns, end_ns)
     options: Tuple[Any, ...] = (
         source,
         args.job,
@@ -285,9 +279,6 @@ def _analyze(
         args.straggler_min_share,
         int(args.straggler_min_ms * 1e6),
     )
-    if not isinstance(loaded, SpillSource):
-        _report(args, analyze_spans(loaded, *options, group_by=args.group_by))
-        return 0
     with loaded:  # the pictures read their steps' spans again
         result = analyze_source(
             loaded,

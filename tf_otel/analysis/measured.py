@@ -75,7 +75,6 @@ ALWAYS_MEASURED = frozenset((PATH_COMPUTE, PATH_FRAMEWORK, PATH_BEFORE_STEP))
 # measure (``record.ATTR_INPUT_SEEN``), not because a setting was off
 NO_TF_DATA = "input:no_tf_data"
 NO_TF_DATA_TEXT = "no tf.data input seen"
-ALL_MEASURED = frozenset(PATH_CATEGORIES)
 _COMMUNICATION_SPANS = frozenset((COLLECTIVE, COLLECTIVE_WAIT, COLLECTIVE_TRANSFER, TRANSFER))
 _CATEGORY = attrgetter("category")
 

@@ -87,9 +87,6 @@ def as_int(value: Any) -> Optional[int]:
         return None
 
 
-_as_int = as_int  # the old private name
-
-
 class SpanRow(NamedTuple):
     """The names of a ``Row``'s fields: a ``Span``'s slots, in order (``SpanRow._make(row)``
     reads a row by name). Rows themselves are plain tuples: a NamedTuple instance cost 13 % of

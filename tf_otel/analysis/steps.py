@@ -474,22 +474,6 @@ def job_ids(spans: Iterable[Span]) -> Set[str]:
     return jobs
 
 
-def filter_job(spans: List[Span], job_id: Optional[str]) -> List[Span]:
-    """Spans of one job; without ``job_id`` the input must hold at most one job."""
-    if job_id is None:
-        jobs = job_ids(spans)
-        if len(jobs) > 1:
-            listed = ", ".join(sorted(jobs)[:10])
-            raise AnalysisError(
-                f"the traces hold {len(jobs)} jobs ({listed}): choose one with --job"
-            )
-        return spans
-    kept = [s for s in spans if s.job_id == job_id]
-    if not kept:
-        raise AnalysisError(f"no spans of job {job_id!r} in the input")
-    return kept
-
-
 def parse_step_range(text: str) -> Tuple[Optional[int], Optional[int]]:
     """'7' -> (7, 7); '10:20' or '10-20' -> (10, 20) inclusive; '10:' -> (10, None)."""
     for separator in (":", "-"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from opentelemetry.sdk.trace import SpanProcessor
 
@@ -209,15 +209,3 @@ def report_at_exit(waited_s: Optional[float] = None) -> Optional[str]:
     if line:
         logger.warning("%s", line)
     return line
-
-
-def snapshot() -> Dict[str, int]:
-    """Totals for metrics and tests."""
-    state = losses()
-    return {
-        "ended": ended_spans(),
-        "exported": sum(x.exported for x in state),
-        "failed": sum(x.failed for x in state),
-        "queued": sum(x.queued for x in state),
-        "queue_full": sum(x.queue_full for x in state),
-    }

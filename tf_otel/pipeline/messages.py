@@ -303,13 +303,6 @@ def _int(value: Any) -> bool:
     return type(value) is int and -_MAX_NUMBER <= value < _MAX_NUMBER
 
 
-def _number(value: Any) -> bool:
-    """A finite JSON number that int(x * 1000) takes (no NaN, no infinity, no 400-digit int)."""
-    if type(value) is float:
-        return math.isfinite(value) and abs(value) < _MAX_NUMBER
-    return _int(value)
-
-
 def _need_int(message: Message, name: str, minimum: Optional[int] = None) -> None:
     value: Any = message.get(name)
     if not _int(value) or (minimum is not None and value < minimum):

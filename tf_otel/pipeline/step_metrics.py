@@ -50,7 +50,6 @@ STEP_DURATION = "tf_otel.step.duration"
 INPUT_WAIT_DURATION = "tf_otel.step.input_wait.duration"
 COLLECTIVE_WAIT_DURATION = "tf_otel.step.collective_wait.duration"
 RANK_LATENESS = "tf_otel.rank.lateness"
-NAMES = (STEP_DURATION, INPUT_WAIT_DURATION, COLLECTIVE_WAIT_DURATION, RANK_LATENESS)
 
 # seconds; a step of 1 ms (tiny model) to a minute (a checkpointing or stalled step)
 BOUNDARIES = (

@@ -174,7 +174,7 @@ def _run(args: argparse.Namespace) -> int:
         raise AnalysisError(f"bad --output {output!r}: no directory {parent}")
     start_ns, end_ns = parse_time_ns(args.since), parse_time_ns(args.until)
     # kept on disk by trace: memory holds a step at a time, then the chosen steps
-    traces, source = _load(args, start_ns, end_ns, spill=True)
+    traces, source = _load(args, start_ns, end_ns)
     with traces:
         from tf_otel.analysis.analyze import _chosen_job
 
