@@ -81,4 +81,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "analysis-diff.png")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "guides" / "analysis-diff.png")

@@ -1,6 +1,7 @@
-"""Draw docs/guides/analysis-overlap.png: the critical path of issue 43's minimal case, where rank 0's
-next op begins 40 us before its allreduce ends (a recording overlap inside the tolerance), as
-``tf-otel analyze`` walks it. The path is the analysis' own (critical_path), not drawn by hand.
+"""Draw docs/guides/analysis-overlap.png: the critical path of issue 43's minimal case, where
+rank 0's next op begins 40 us before its allreduce ends (a recording overlap inside the
+tolerance), as ``tf-otel analyze`` walks it. The path is the analysis' own (critical_path),
+not drawn by hand.
 
     .venv/bin/python scripts/draw_overlap.py [OUT.png]
 """
@@ -102,4 +103,8 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "analysis-overlap.png")
+    main(
+        Path(sys.argv[1])
+        if len(sys.argv) > 1
+        else ROOT / "docs" / "guides" / "analysis-overlap.png"
+    )

@@ -57,8 +57,8 @@ def test_libfaketime_rank_offset_recovered() -> None:
     """Rank 0 runs under libfaketime FAKETIME=+2s (its libc clock_gettime is shifted), rank 1 not.
 
     The faked process is the server: libfaketime also fakes CLOCK_MONOTONIC, which makes every
-    timed wait in a faked Python process 2 s longer (see docs/guides/CLOCK.md), and the server has none
-    on its hot path.
+    timed wait in a faked Python process 2 s longer (see docs/guides/CLOCK.md), and the server
+    has none on its hot path.
     """
     result = run_pair(
         "", duration=0.5, rank_env={0: {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": "+2s"}}

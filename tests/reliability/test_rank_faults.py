@@ -2,7 +2,8 @@
 mid-step, rank 0 killed, the coordinator's port taken by another process, and a stranger with
 the wrong secret knocking on rank 0's coordinator and clock service while the job runs.
 
-Each test prints one ``FIGURES`` line (wall time, spans exported / lost) for docs/guides/RELIABILITY.md.
+Each test prints one ``FIGURES`` line (wall time, spans exported / lost) for
+docs/guides/RELIABILITY.md.
 """
 
 from __future__ import annotations

@@ -30,10 +30,11 @@ across the steps (the premise of "persistently late"), the evidence step tells t
 first rank's last collective ends late there too, the second's on time, and it carries nothing.
 A rank whose behaviour changes between the evidence step and this one is judged by the
 evidence step. Where the previous step has collective spans, their end is the reference and
-the rule above holds (docs/guides/ANALYSIS.md, version 1). Only in a job with collective spans on some
-step: with none anywhere (collective detail off, a parameter-server job) nothing is carried, as
-before, since there no step would measure a rank's own work after its last collective against
-the collective's end; likewise a step name none of whose steps has collective spans.
+the rule above holds (docs/guides/ANALYSIS.md, version 1). Only in a job with collective spans
+on some step: with none anywhere (collective detail off, a parameter-server job) nothing is
+carried, as before, since there no step would measure a rank's own work after its last
+collective against the collective's end; likewise a step name none of whose steps has
+collective spans.
 
 Steps are matched by number and name: the previous step of ``K step N`` is ``K step N-1`` (the
 root span's name, ``<step key> step <n>``: the step function, for TF1 the fetch signature).

@@ -29,7 +29,8 @@ from tf_otel.analysis.whole_step import MIN_STEPS, StepSample, by_rank
 
 INPUT_MODERATE_SHARE = 0.05  # the TF profiler: "moderately input-bound"
 INPUT_HIGH_SHARE = 0.20  # "highly input-bound"
-INPUT_MIN_WAIT_NS = 200_000  # a batch, median step: the timing tail's floor (docs/guides/WHOLE_STEP.md)
+# a batch, median step: the timing tail's floor (docs/guides/WHOLE_STEP.md)
+INPUT_MIN_WAIT_NS = 200_000
 INPUT_MIN_MEAN_WAIT_NS = 1_000_000  # a batch on average, where the median step waits less
 INPUT_PATH_SHARE = 0.15  # of the critical path, where step spans carry no input wait
 

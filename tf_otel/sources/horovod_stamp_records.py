@@ -25,9 +25,10 @@ from tf_otel import record
 from tf_otel.sources import horovod_timeline as tl
 
 HOW = "stamp"  # horovod.arrival: the rank's own timestamp, clock-corrected
-# wait / transfer children only for a rank that waited at least this long: spans cost ~0.1 ms of
-# CPU each in the OTel SDK and a real model has ~160 tensors a step (docs/guides/HOROVOD.md); the wait
-# is on the collective span itself (horovod.wait_ns), which the analyzer reads without a child
+# wait / transfer children only for a rank that waited at least this long: spans cost ~0.1 ms
+# of CPU each in the OTel SDK and a real model has ~160 tensors a step (docs/guides/HOROVOD.md);
+# the wait is on the collective span itself (horovod.wait_ns), which the analyzer reads without
+# a child
 MIN_CHILD_WAIT_NS = 1_000_000
 # one op and dtype, results back within this of the previous tensor's on rank 0: one response
 # of Horovod's (a fused response's tensors come back together; the next response takes at least

@@ -6,10 +6,10 @@ Usage::
     from tf_otel.instrument.horovod.stamps import hook
     hook.register()   # step hook, its message handlers (hvd.a, hvd.l), its exit hand-over
 
-Why not Horovod's timeline (measured, docs/guides/HOROVOD.md): with ``HOROVOD_TIMELINE`` set, rank 0's
-timeline writer thread spins (``sched_yield``) from ``hvd.init()`` on, a core's worth of CPU even
-while no file is written, and writes every event with two ``lseek`` and one ``write``; only
-rank 0 writes, and on response-cache hits it has no per-rank arrivals.
+Why not Horovod's timeline (measured, docs/guides/HOROVOD.md): with ``HOROVOD_TIMELINE`` set,
+rank 0's timeline writer thread spins (``sched_yield``) from ``hvd.init()`` on, a core's worth
+of CPU even while no file is written, and writes every event with two ``lseek`` and one
+``write``; only rank 0 writes, and on response-cache hits it has no per-rank arrivals.
 
 Instead, where the program builds a Horovod op (``MPI_LIB.horovod_allreduce`` and the other
 collectives, called by every Python entry point of horovod.tensorflow) while a detail twin of
@@ -223,8 +223,9 @@ class StampCollector:
         """Plain ``tf.timestamp`` ops only as the first stamps of a ``tf.cond`` branch (where
         Horovod's tape and optimizer put each gradient's collective): tf.function runs stateful
         ops that take no resource in program order, so plain stamps beside other collectives
-        would chain them one after another (0.526x on MobileNetV2, docs/guides/HOROVOD.md); a call of
-        a function that writes the op's own variable is ordered only against that variable."""
+        would chain them one after another (0.526x on MobileNetV2, docs/guides/HOROVOD.md); a
+        call of a function that writes the op's own variable is ordered only against that
+        variable."""
         graph = tf.compat.v1.get_default_graph()
         if type(graph).__name__ != "CondBranchFuncGraph":
             return False
