@@ -7,6 +7,7 @@ attempts apart and says so."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections import defaultdict
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any, Dict, List
 import pytest
 from conftest import REPO, base_env, example, python, run
 from otlp_files import file_spans
+from ports import Tasks, free_port_pair, free_ports, with_new_ports
 
 from tf_otel import record
 from tf_otel.config import Settings
@@ -62,14 +64,42 @@ def test_a_single_worker_tf_config_draws_one_attempt_a_process() -> None:
     assert one.trace_scope != one.job_id
 
 
-def test_several_tf_config_workers_have_none_unless_told() -> None:
-    """Nothing tells two launches of a multi-worker TF_CONFIG apart before the first step
-    (docs/guides/RELIABILITY.md): the job id alone, as before; TF_OTEL_ATTEMPT sets one."""
+def test_several_tf_config_workers_take_rank_0s_attempt_or_none() -> None:
+    """A multi-worker TF_CONFIG: the attempt rank 0 handed out (instrument/attempt.py), else
+    the job id alone, as before (docs/guides/RELIABILITY.md); TF_OTEL_ATTEMPT sets one."""
     ranks = [topology.detect(_tf_config(n, 2)) for n in (0, 1)]
     assert {t.attempt for t in ranks} == {""} and ranks[0].trace_scope == ranks[0].job_id
     told = [topology.detect(_tf_config(n, 2), attempt="3") for n in (0, 1)]
     assert {(t.attempt, t.previous_attempt) for t in told} == {("3", "2")}
     assert Settings.from_env({"TF_OTEL_ATTEMPT": " run-7 "}).attempt == "run-7"
+    learned = [
+        topology.launch_attempt(e, topology.detect(e), learned="ab12")
+        for e in (_tf_config(0, 2), _tf_config(1, 2))
+    ]
+    assert learned == [("ab12", None)] * 2
+    given = topology.detect(_tf_config(1, 2), job_id="mine")
+    found, _ = topology.launch_attempt(_tf_config(1, 2), given, job_given=True, learned="ab12")
+    assert found == ""  # a job id given is the whole identity
+    slurm = topology.detect(_slurm(1, 2))  # a launcher's restart count decides
+    assert topology.launch_attempt(_slurm(1, 2), slurm, learned="ab12") == ("2", "1")
+
+
+def test_the_learned_attempt_is_this_process_s_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """learn_attempt (what rank 0 handed out) counts for this process's environment only."""
+    for name in [n for n in os.environ if n.startswith(("HOROVOD_", "OMPI_", "PMI", "SLURM_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("TF_OTEL_ATTEMPT", raising=False)
+    monkeypatch.setenv("TF_CONFIG", _tf_config(1, 2)["TF_CONFIG"])
+    assert topology.learned_attempt() is None
+    try:
+        topology.learn_attempt("ab12")
+        mine = topology.detect()
+        assert (mine.attempt, mine.rank) == ("ab12", 1)
+        assert mine.trace_scope == f"{mine.job_id}/attempt/ab12"
+        assert topology.detect(_tf_config(1, 2)).attempt == ""  # another process's environment
+    finally:
+        topology.learn_attempt(None)
+    assert topology.detect().attempt == ""
 
 
 def test_a_launch_id_tells_launches_apart_where_the_job_id_is_not_made_of_it() -> None:
@@ -227,3 +257,91 @@ def _links(folder: Path) -> List[tuple]:
                         if span["name"].startswith("training job"):
                             found += [(x["traceId"], x["spanId"]) for x in span.get("links", [])]
     return found
+
+
+MWMS = REPO / "tests" / "distribute" / "scripts" / "mwms_train.py"
+MWMS_STEPS = 4
+
+
+def _mwms_launch(folder: Path, ports: List[int], coordinator: int, **extra: str) -> List[str]:
+    """Two MultiWorkerMirroredStrategy workers (custom loop) under one TF_CONFIG; their
+    outputs. The same ports give the same TF_CONFIG, hence the same job id, every launch."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    with Tasks([*ports, coordinator, coordinator + 1]) as tasks:
+        for index in (0, 1):
+            task = {"type": "worker", "index": index}
+            env = base_env(
+                TF_OTEL_ENABLED="1",
+                TF_OTEL_FILE=str(folder / "spans-{rank}.jsonl"),
+                TF_OTEL_COORDINATOR=f"127.0.0.1:{coordinator}",
+                TF_OTEL_ROOT_WAIT_MS="20000",
+                OTEL_TRACES_EXPORTER="none",
+                OTEL_METRICS_EXPORTER="none",
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": task}),
+                LOOP="custom",
+                STEPS=str(MWMS_STEPS),
+                **extra,
+            )
+            tasks.start([python(), str(MWMS)], env, cwd=REPO)
+        outputs = tasks.wait([0, 1], 300)
+        for index, (process, output) in enumerate(zip(tasks.procs, outputs)):
+            assert process.returncode == 0 and f"worker {index} done" in output, output[-3000:]
+    return outputs
+
+
+@pytest.mark.integration
+def test_two_mwms_runs_under_one_tf_config_share_no_trace(tmp_path: Path) -> None:
+    """A Kubernetes TFJob run twice: the same TF_CONFIG (ports and all) each time. Rank 0
+    hands its attempt to the other worker through TensorFlow's coordination service when the
+    strategy is created (instrument/attempt.py)."""
+    folders = [tmp_path / "first", tmp_path / "again"]
+
+    def both() -> List[List[str]]:
+        ports, coordinator = free_ports(2), free_port_pair()
+        return [_mwms_launch(folder, ports, coordinator) for folder in folders]
+
+    outputs = with_new_ports(both)
+    for output in (line for run_outputs in outputs for line in run_outputs):
+        assert "no attempt id" not in output, output[-3000:]
+    first, again = (_step_traces(folder, 2) for folder in folders)
+    assert len(first) == len(again) == MWMS_STEPS
+    assert not set(first) & set(again)
+    jobs = [_job_span(folder)["attributes"] for folder in folders]
+    job_id = jobs[0][record.ATTR_JOB_ID]
+    assert jobs[1][record.ATTR_JOB_ID] == job_id  # one TF_CONFIG: one job
+    attempts = [job.get(record.ATTR_JOB_ATTEMPT, "") for job in jobs]
+    assert all(attempts) and attempts[0] != attempts[1], attempts
+    # the control: without an attempt, step n's trace id is the job id's alone, the same in
+    # both runs (a backend merges them)
+    for traces, attempt in zip((first, again), attempts):
+        for trace, spans in traces.items():
+            step = next(s for s in spans if _category(s) == "step")["attributes"]
+            key = f"{record.TF_FUNCTION}:{step[record.ATTR_FUNCTION_NAME]}"  # function.py's
+            number = step[record.ATTR_STEP]
+            assert trace == f"{step_trace_id(f'{job_id}/attempt/{attempt}', key, number):032x}"
+            assert trace != f"{step_trace_id(job_id, key, number):032x}"
+
+
+@pytest.mark.integration
+def test_mwms_without_a_coordination_service_keeps_the_job_s_ids(tmp_path: Path) -> None:
+    """Fail open: no coordination service (a program that turned it off), no attempt: each
+    worker says so once, trains on, and every step is still one trace of both ranks, its id
+    the job id's alone, as before."""
+
+    def once() -> List[str]:
+        ports, coordinator = free_ports(2), free_port_pair()
+        return _mwms_launch(tmp_path, ports, coordinator, NO_COORDINATION_SERVICE="1")
+
+    outputs = with_new_ports(once)
+    for output in outputs:
+        assert output.count("no attempt id from TensorFlow's coordination service") == 1, output
+    traces = _step_traces(tmp_path, 2)
+    assert len(traces) == MWMS_STEPS
+    job = _job_span(tmp_path)["attributes"]
+    assert not job.get(record.ATTR_JOB_ATTEMPT)
+    for trace, spans in traces.items():
+        step = next(s for s in spans if _category(s) == "step")["attributes"]
+        key = f"{record.TF_FUNCTION}:{step[record.ATTR_FUNCTION_NAME]}"
+        assert (
+            trace == f"{step_trace_id(job[record.ATTR_JOB_ID], key, step[record.ATTR_STEP]):032x}"
+        )

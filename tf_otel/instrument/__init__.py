@@ -21,6 +21,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 
 from tf_otel.instrument import (
     _patching,
+    attempt,
     cluster,
     data,
     function,
@@ -105,6 +106,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         _patching.when_imported("tensorflow", check_tensorflow_version)
         for module in (
             cluster,
+            attempt,
             session,
             keras,
             function,

@@ -26,14 +26,18 @@ message, so a rerun or a restart under the same launcher identity gets step trac
 turn: ``TF_OTEL_ATTEMPT``; a launcher's restart count (``SLURM_RESTART_COUNT``, 0 in a SLURM job
 without one; ``TORCHELASTIC_RESTART_COUNT``), with the launch's own id where the job id is not
 made of it (mpirun / horovodrun / PMIx inside a SLURM step); else, for a rank alone identified
-by its cluster spec (a single-worker TF_CONFIG), a random one drawn once per process. None for a
-job id made of the launch's own id (horovodrun's, mpirun's, PMIx's: it differs per launch
+by its cluster spec (a single-worker TF_CONFIG), a random one drawn once per process; for a job
+of several ranks identified by TF_CONFIG or the program's cluster alone, the one rank 0 put in
+TensorFlow's coordination service when the program created its MultiWorkerMirroredStrategy (a
+rendezvous of every worker, before any step: instrument/attempt.py, ``learn_attempt``). None
+for a job id made of the launch's own id (horovodrun's, mpirun's, PMIx's: it differs per launch
 already) or a random one (a lone process). None where ``TF_OTEL_JOB_ID`` gives the job id and
 no restart count or ``TF_OTEL_ATTEMPT`` is set: a job id given is the job's whole identity. None
-for a job of several ranks identified by TF_CONFIG or the program's cluster alone: nothing tells
-its launches apart before the first step, and rank 0 handing one out would make every rank's
-first steps wait for it (set ``TF_OTEL_ATTEMPT`` to a value of the launch, docs/guides/RELIABILITY.md).
-A numeric attempt n > 0 names n - 1 as the attempt before it (``previous_attempt``).
+for a job of several ranks identified by TF_CONFIG or the program's cluster with no
+MultiWorkerMirroredStrategy (ParameterServerStrategy, a TF1 cluster of Servers) or whose
+exchange failed: nothing tells its launches apart before the first step without one (set
+``TF_OTEL_ATTEMPT`` to a value of the launch, docs/guides/RELIABILITY.md). A numeric attempt
+n > 0 names n - 1 as the attempt before it (``previous_attempt``).
 
 Precedence, first found wins: launcher environment (Horovod, Open MPI, PMI, PMIx, SLURM), then
 TF_CONFIG, then the cluster the program gave its ``tf.distribute.Server`` (learned by
@@ -49,6 +53,8 @@ Usage::
     cluster_topology({"ps": [...], "worker": [...]}, "worker", 1, host)   # rank 1 of 3
     learn_cluster(program_cluster(cluster, "worker", 1))   # the program's own Server: detect()
                                                             # uses it (pipeline/lifecycle.py)
+    learn_attempt("3f9c0a1b2d4e")   # rank 0's, from the coordination service: detect() uses
+                                    # it for a cluster-spec job of several ranks
 """
 
 from __future__ import annotations
@@ -306,6 +312,12 @@ def _cluster_tasks(cluster: Mapping[str, Any]) -> List[Tuple[str, int, str]]:
     return tasks
 
 
+def rank0_task(cluster: Mapping[str, Any]) -> Tuple[str, int]:
+    """The task that is rank 0 of a cluster spec (chief, else master, else worker 0...)."""
+    kind, index, _ = _cluster_tasks(normalise_cluster(cluster))[0]
+    return kind, index
+
+
 def cluster_topology(
     cluster: Mapping[str, Any],
     task_type: str,
@@ -405,6 +417,21 @@ def learn_cluster(found: Optional[ProgramCluster]) -> None:
     _program = found
 
 
+_attempt: Optional[str] = None
+
+
+def learned_attempt() -> Optional[str]:
+    """The attempt rank 0 handed out (instrument/attempt.py), or None."""
+    return _attempt
+
+
+def learn_attempt(attempt: Optional[str]) -> None:
+    """Set (None: forget) the attempt every rank of this launch learned from rank 0;
+    pipeline/lifecycle.py decides when (before the first step only)."""
+    global _attempt
+    _attempt = attempt or None
+
+
 def detect(
     env: Optional[Mapping[str, str]] = None,
     job_id: Optional[str] = None,
@@ -419,7 +446,8 @@ def detect(
     topo = _detect(env, host, _program if own else None)
     if job_id:
         topo = replace(topo, job_id=job_id)
-    found, previous = launch_attempt(env, topo, attempt, job_given=bool(job_id))
+    learned = _attempt if own else None
+    found, previous = launch_attempt(env, topo, attempt, job_given=bool(job_id), learned=learned)
     return replace(topo, attempt=found, previous_attempt=previous)
 
 
@@ -444,9 +472,11 @@ def launch_attempt(
     topo: Topology,
     explicit: Optional[str] = None,
     job_given: bool = False,
+    learned: Optional[str] = None,
 ) -> Tuple[str, Optional[str]]:
     """This launch's attempt and the one before it (None: unknown), every rank alike (module
-    docstring). ``explicit``: TF_OTEL_ATTEMPT; ``job_given``: the job id is TF_OTEL_JOB_ID's."""
+    docstring). ``explicit``: TF_OTEL_ATTEMPT; ``job_given``: the job id is TF_OTEL_JOB_ID's;
+    ``learned``: the one rank 0 handed out (``learn_attempt``)."""
     if explicit:
         return explicit, _previous(explicit)
     count = _int(env, *RESTART_COUNTS)
@@ -468,8 +498,12 @@ def launch_attempt(
         if launch is None:
             return str(count), _previous(str(count))
         return f"{count}.{launch[:8]}", None
-    if topo.world_size == 1 and not job_given and topo.launcher in ("tf_config", TF_SERVER):
+    if job_given or topo.launcher not in ("tf_config", TF_SERVER):
+        return "", None
+    if topo.world_size == 1:
         return _PROCESS_ATTEMPT, None  # a rank alone, identified by its cluster spec alone
+    if learned:
+        return learned, None  # every rank of the cluster learned the same from rank 0
     return "", None
 
 

@@ -6,6 +6,7 @@ Usage::
 
     get_pipeline().begin_step(...)      # creates it from the environment on first use
     learn_cluster(cluster, "worker", 1)  # the program's own Server, before the first step
+    learn_attempt("3f9c0a1b2d4e")       # rank 0's attempt (instrument/attempt.py), likewise
     current_pipeline()                  # the pipeline if one exists, else None (no side effect)
     with_pipeline(lambda p: p.handlers.on_rank(kind, handler))  # set up once it exists
     before_shutdown(timeline.flush)     # sources that still hold records hand them over first
@@ -122,6 +123,42 @@ def learn_cluster(cluster: Any, task_type: str, task_index: int) -> bool:
 
 def with_pipeline(setup: Callable[[Pipeline], None]) -> None:
     """Run ``setup(pipeline)`` on this process's pipeline: now if it exists, else when
+def learn_attempt(attempt: str) -> bool:
+    """Every worker of this launch learned ``attempt`` from rank 0 (instrument/attempt.py): the
+    process's step trace ids are this attempt's where its topology takes one (job/topology.py,
+    ``launch_attempt``). Taken only before the first step, as ``learn_cluster``: a pipeline that
+    has begun a step keeps the ids it started with (said once). True if the process's attempt
+    changed."""
+    from tf_otel.health import log_once
+    from tf_otel.job import topology
+
+    with _pipeline_lock:
+        known = topology.learned_attempt()
+        if not attempt or known == attempt:
+            return False
+        topology.learn_attempt(attempt)
+        pipeline = _pipeline
+        if pipeline is None:  # the usual case: get_pipeline() will detect() it
+            return True
+        if not pipeline.started:
+            settings = pipeline.settings
+            adopted = topology.detect(job_id=settings.job_id, attempt=settings.attempt)
+            if adopted.attempt == pipeline.topology.attempt:
+                return False  # the environment or a setting decides this process's attempt
+            if pipeline.adopt(adopted):
+                return True
+        topology.learn_attempt(known)  # a step began: keep what it started with
+        log_once(
+            "attempt:after_first_step",
+            "tf_otel: this launch's attempt %s came after this process's first traced step; its "
+            "step trace ids stay the job's alone (%s). Create the MultiWorkerMirroredStrategy "
+            "before the first step, or set TF_OTEL_ATTEMPT",
+            attempt,
+            pipeline.trace_scope,
+        )
+        return False
+
+
     ``get_pipeline`` creates it (sources register their message handlers this way, at
     instrument time, without creating the pipeline early)."""
     with _pipeline_lock:

@@ -5,7 +5,9 @@ worker SLOW_WORKER sleeps SLOW_S before each step in SLOW_STEPS (it begins them 
 Env: STEPS (default 20), LOOP (fit | custom), WIDTH (default 256: Dense layers 32 -> WIDTH ->
 WIDTH -> 1, float32 gradients), SLOW_WORKER (default -1), SLOW_STEPS (comma-separated),
 SLOW_S (default 0.3), TRUTH_FILE (with {rank}: {"begun": each step's call, "ready" (custom loop
-only): the moment its gradients were computed, before their all-reduce; wall clock, ns}).
+only): the moment its gradients were computed, before their all-reduce; wall clock, ns}),
+NO_COORDINATION_SERVICE (1: the strategy starts no coordination service, as where a program
+turned it off).
 Prints one line "GRAPHS {...}" (the program's own traces of its step function: how many, their
 collective ops, their timing ops) and "worker I done".
 """
@@ -30,6 +32,10 @@ SLOW_S = float(os.environ.get("SLOW_S", "0.3"))
 TRUTH_FILE = os.environ.get("TRUTH_FILE", "")
 BATCH = 16
 
+if os.environ.get("NO_COORDINATION_SERVICE") == "1":
+    from tensorflow.python.eager import context
+
+    context.context().configure_coordination_service("")  # the strategy keeps this one: none
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 worker = int(task["index"])
