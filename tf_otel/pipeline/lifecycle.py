@@ -121,8 +121,6 @@ def learn_cluster(cluster: Any, task_type: str, task_index: int) -> bool:
         return False
 
 
-def with_pipeline(setup: Callable[[Pipeline], None]) -> None:
-    """Run ``setup(pipeline)`` on this process's pipeline: now if it exists, else when
 def learn_attempt(attempt: str) -> bool:
     """Every worker of this launch learned ``attempt`` from rank 0 (instrument/attempt.py): the
     process's step trace ids are this attempt's where its topology takes one (job/topology.py,
@@ -159,6 +157,8 @@ def learn_attempt(attempt: str) -> bool:
         return False
 
 
+def with_pipeline(setup: Callable[[Pipeline], None]) -> None:
+    """Run ``setup(pipeline)`` on this process's pipeline: now if it exists, else when
     ``get_pipeline`` creates it (sources register their message handlers this way, at
     instrument time, without creating the pipeline early)."""
     with _pipeline_lock:
