@@ -221,3 +221,38 @@ def test_the_neutral_collective_every_wins_over_horovods():
     assert Settings.from_env({"TF_OTEL_COLLECTIVE_EVERY": "3"}).horovod_every == 3
     both = {"TF_OTEL_HOROVOD_EVERY": "5", "TF_OTEL_COLLECTIVE_EVERY": "1"}
     assert Settings.from_env(both).horovod_every == 1
+
+
+# where settings cannot be handed over by argument (each says why in a comment)
+READS_CURRENT = {"config.py", "pipeline/lifecycle.py", "analysis/load/files.py"}
+
+
+def _current_reads(path: Path) -> List[int]:
+    """Lines of ``path`` calling ``config.current()`` (or ``current`` imported from config)."""
+    tree = ast.parse(path.read_text())
+    imported = any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "tf_otel.config"
+        and any(alias.name == "current" for alias in node.names)
+        for node in ast.walk(tree)
+    )
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            ast.unparse(node.func) == "config.current"
+            or (imported and ast.unparse(node.func) == "current")
+        )
+    ]
+
+
+def test_settings_reach_modules_by_argument(tmp_path: Path):
+    found = {
+        path.relative_to(PACKAGE).as_posix(): _current_reads(path) for path in PACKAGE.rglob("*.py")
+    }
+    offenders = {name: lines for name, lines in found.items() if lines}
+    assert set(offenders) <= READS_CURRENT, offenders
+    probe = tmp_path / "probe.py"  # the check could fail
+    probe.write_text("from tf_otel.config import current\nx = current().ops_every\n")
+    assert _current_reads(probe) == [2]

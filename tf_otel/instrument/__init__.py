@@ -84,7 +84,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         sdk.use_meter_provider(kwargs.get("meter_provider"))
         with fail_open("sdk.configure"):
             if kwargs.get("configure_sdk", True) and tracer_provider is None:
-                sdk.configure_from_env()
+                sdk.configure_from_env(settings)
             sdk.quiet_exporter_logs()
             if settings.file:
                 sdk.add_file_exporter(
@@ -101,7 +101,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
             from tf_otel.pipeline import delivery
 
             delivery.watch(tracer_provider or trace.get_tracer_provider())
-        signals.install_exit_handlers()
+        signals.install_exit_handlers(settings.exit_timeout_s)
         _patching.activate()
         _patching.when_imported("tensorflow", check_tensorflow_version)
         for module in (

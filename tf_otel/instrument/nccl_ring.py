@@ -55,6 +55,7 @@ class RingSteps:
     """Reads this process's ring on the export thread and hands each step its collectives."""
 
     def __init__(self) -> None:
+        self.directory: Optional[str] = None  # TF_OTEL_NCCL_RING_DIR, given by register()
         self._reader: Any = None
         self._next_open_ns = 0
         self._buffer: List[Record] = []  # read, not yet given to a step: newest steps' ones
@@ -87,7 +88,7 @@ class RingSteps:
         self._next_open_ns = now + _RETRY_OPEN_NS
         from tf_otel.nccl.ring import RingError, RingReader, ring_path
 
-        path = ring_path()
+        path = ring_path(directory=self.directory)
         if not os.path.exists(path):
             return None  # NCCL has not loaded the plugin (yet): no communicator so far
         try:
@@ -148,6 +149,7 @@ def plugin_requested(
 
 def register(settings: Settings) -> None:
     hook.active = plugin_requested(settings=settings)
+    hook.ring.directory = settings.nccl_ring_dir
     if not hook.active:
         return
     add_step_hook(hook)

@@ -117,6 +117,7 @@ def _patch_mirrored(module: Any) -> None:
 
 def register(settings: Settings) -> None:
     """Post-import hooks (idempotent). TF_OTEL_HOROVOD=0 turns these spans off too."""
+    choice.use(settings)
     when_imported("tensorflow", _patch_ops)
     when_imported(_STRATEGY, _patch_strategy)
     when_imported(_MIRRORED, _patch_mirrored)

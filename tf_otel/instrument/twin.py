@@ -67,7 +67,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from tf_otel.config import current
 from tf_otel.health import count, fail_open, log_once, report_failure
 
 _OWN_MODULE = "tf_otel"
@@ -95,6 +94,7 @@ class _TwinState(threading.local):
 _state = _TwinState()
 
 _sources: List[Callable[[], bool]] = []  # does a source want timing ops now?
+_in_background = True  # TF_OTEL_TWIN_PREPARE=background (prepare_where)
 _after: List[Callable[[], None]] = []  # what sources build once a twin is prepared
 
 
@@ -102,6 +102,13 @@ def wanted_by(source: Callable[[], bool]) -> None:
     """A source of timing ops (once per process): twins are traced while it says so."""
     if source not in _sources:
         _sources.append(source)
+
+
+def prepare_where(twin_prepare: str) -> None:
+    """TF_OTEL_TWIN_PREPARE: ``background`` (on the twin thread) or ``step`` (on the step that
+    traced the program's function)."""
+    global _in_background
+    _in_background = twin_prepare != "step"
 
 
 def after_prepare(build: Callable[[], None]) -> None:
@@ -312,7 +319,7 @@ def _prepare_later(function: Any, args: tuple, kwargs: dict) -> None:
     twin = _twin_of(function)
     if twin is None:
         return
-    if not _in_background():  # TF_OTEL_TWIN_PREPARE=step: here, on the step that traced
+    if not _in_background:  # TF_OTEL_TWIN_PREPARE=step: here, on the step that traced
         with fail_open("twin.prepare"):
             _prepare(_Job(function, twin, args, kwargs, 0))
         return
@@ -345,13 +352,6 @@ def _device_scope() -> str:
         return context.context().device_name or ""
     except Exception:  # noqa: BLE001
         return ""
-
-
-def _in_background() -> bool:
-    try:
-        return current().twin_prepare != "step"
-    except Exception:  # noqa: BLE001
-        return True
 
 
 def _prepare(job: _Job) -> None:

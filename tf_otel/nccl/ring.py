@@ -4,6 +4,7 @@ Usage::
 
     from tf_otel.nccl.ring import RingReader, ring_path
     reader = RingReader.open(ring_path())          # /dev/shm/tf_otel_nccl_<this pid>
+    ring_path(directory=settings.nccl_ring_dir)    # where TF_OTEL_NCCL_RING_DIR says
     events, lost = reader.read_new()               # raw CollEvents since the last call
     records = reader.poll(rank=0, step=12)         # settled, merged -> kernel Records
     reader.close(unlink=True)
@@ -51,10 +52,9 @@ assert HEADER.size == 128 and RECORD.size == 192
 
 
 def ring_path(pid: int | None = None, directory: str | None = None) -> str:
-    """Where the plugin in process ``pid`` (default: this one) writes its ring."""
-    from tf_otel.config import current
-
-    d = directory or current().nccl_ring_dir or DEFAULT_DIR
+    """Where the plugin in process ``pid`` (default: this one) writes its ring, in
+    ``directory`` (TF_OTEL_NCCL_RING_DIR; default /dev/shm)."""
+    d = directory or DEFAULT_DIR
     return os.path.join(d, f"tf_otel_nccl_{pid if pid is not None else os.getpid()}")
 
 

@@ -47,6 +47,8 @@ def get_pipeline() -> Pipeline:
     if _pipeline is None:
         with _pipeline_lock:
             if _pipeline is None:
+                # created by the first step, from TensorFlow's patched calls that cannot carry
+                # them: the settings instrument() read and handed to config.use()
                 settings = config.current()
                 from tf_otel.job.topology import detect
 
@@ -100,7 +102,7 @@ def learn_cluster(cluster: Any, task_type: str, task_index: int) -> bool:
             topology.learn_cluster(new)
             if pipeline is None:  # the usual case: get_pipeline() will detect() it
                 return True
-            settings = config.current()
+            settings = pipeline.settings
             adopted = topology.detect(job_id=settings.job_id, attempt=settings.attempt)
             if adopted.launcher not in (topology.TF_SERVER, "none"):
                 return False  # the launcher's environment or TF_CONFIG identify the process
@@ -196,6 +198,7 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
     timeout_s in all (default TF_OTEL_EXIT_TIMEOUT_S): every stage takes what the ones before it
     left. Safe to call more than once."""
     global _exit_reported
+    # atexit passes TF_OTEL_EXIT_TIMEOUT_S (signals.py); a program's own call may not
     limit_s = config.current().exit_timeout_s if timeout_s is None else timeout_s
     deadline = Deadline(limit_s)
     with _shutdown_lock:

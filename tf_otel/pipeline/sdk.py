@@ -3,7 +3,7 @@ OTLP-JSON file exporter (``TF_OTEL_FILE``) and quieting of exporters that cannot
 
 Usage::
 
-    configure_from_env()            # no-op when the process already set a TracerProvider
+    configure_from_env(settings)    # no-op when the process already set a TracerProvider
     add_file_exporter("spans.jsonl")
 """
 
@@ -19,6 +19,7 @@ import os
 import threading
 from typing import IO, Any, Callable, Dict, Optional, Sequence, cast
 
+from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, first_time, log_once
 from tf_otel.notices import EXPORTER_LOGGERS
 
@@ -35,8 +36,9 @@ def provider_is_configured() -> bool:
     return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
 
 
-def configure_from_env() -> bool:
-    """Configure the SDK from OTEL_* unless a TracerProvider is already set. True if we did."""
+def configure_from_env(settings: Settings) -> bool:
+    """Configure the SDK from OTEL_* unless a TracerProvider is already set. True if we did.
+    ``settings``: those instrument() read (the job id and attempt of the rank's resource)."""
     global _configured_here
     if provider_is_configured():
         return False
@@ -51,10 +53,9 @@ def configure_from_env() -> bool:
     _configured_here = provider_is_configured()
     if _configured_here:
         with fail_open("sdk.resource"):  # the rank's resource from the first span / log record
-            from tf_otel.config import current
             from tf_otel.job.topology import detect
 
-            merge_topology_resource(detect(job_id=current().job_id, attempt=current().attempt))
+            merge_topology_resource(detect(job_id=settings.job_id, attempt=settings.attempt))
         with fail_open("sdk.logs"):
             setup_logs()
     return _configured_here

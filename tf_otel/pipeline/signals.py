@@ -4,7 +4,7 @@ Usage::
 
     from tf_otel.pipeline.signals import install_exit_handlers
 
-    install_exit_handlers()   # once, from instrument(); atexit + a SIGTERM stand-in + watchdog
+    install_exit_handlers(5.0)  # once, from instrument(); atexit + a SIGTERM stand-in + watchdog
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ SIGTERM_GRACE_S = 1.0
 SIGNAL_FLUSH_TIMEOUT_S = 3.0
 
 
-def install_exit_handlers() -> None:
-    """Flush on normal exit and on SIGTERM without ever taking SIGTERM from the program.
+def install_exit_handlers(exit_timeout_s: float) -> None:
+    """Flush on normal exit (within ``exit_timeout_s``, TF_OTEL_EXIT_TIMEOUT_S) and on SIGTERM
+    without ever taking SIGTERM from the program.
 
     The program's own handling decides the process's fate, whenever it is installed:
 
@@ -44,7 +45,7 @@ def install_exit_handlers() -> None:
     if _exit_handlers_installed:
         return
     _exit_handlers_installed = True
-    atexit.register(shutdown)
+    atexit.register(shutdown, exit_timeout_s)
     if threading.current_thread() is not threading.main_thread():
         return
     with fail_open("sigterm"):

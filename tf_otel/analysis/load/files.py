@@ -4,11 +4,12 @@ One ``TracesData`` object per line (optionally gzip-compressed), or one whole-fi
 (a pretty-printed ``TracesData``, or a Jaeger UI download). Directories are searched for
 ``*.json``, ``*.jsonl``, ``*.otlp`` (``.gz`` too).
 
-A line that is not JSON (a record a killed process was writing when it died, cut short; a
-corrupt line) is skipped with a note (``Skip``, ``skip_note``: the file, the byte offset and what
-was lost) and everything else is read; ``strict=True`` raises ``AnalysisError`` on it instead,
-naming the file and the line. A file whose lines are all unreadable is still an error unless
-they begin as trace records do (a short job's one record, cut short).
+A line that is not JSON (a record a killed process was writing when it died, cut short, in a
+plain or a gzip file; a corrupt line) is skipped with a note (``Skip``, ``skip_note``: the file,
+the byte offset and what was lost) and everything else is read; ``strict=True`` raises
+``AnalysisError`` on it instead, naming the file and the line. A file whose lines are all
+unreadable is still an error unless they begin as trace records do (a short job's one record,
+cut short).
 
 Usage::
 
@@ -99,12 +100,14 @@ def open_trace_file(path: Path) -> BinaryIO:
         raise AnalysisError(f"{path}: cannot read ({error})") from None
 
 
-def read_trace_bytes(path: Path) -> bytes:
-    """A trace file's bytes (gunzipped); one AnalysisError for anything that is not one."""
+def read_trace_bytes(path: Path, lenient: bool = False) -> bytes:
+    """A trace file's bytes (gunzipped); one AnalysisError for anything that is not one.
+    ``lenient``: a gzip file cut short (a process killed while writing it) or broken gives what
+    it holds before the cut; its last line, cut short too, is then skipped as a plain file's."""
     try:
         data = path.read_bytes()
         if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
+            data = _gunzip_what_there_is(data) if lenient else gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as error:
         raise AnalysisError(f"{path}: cannot read ({error})") from None
     for magic, what in _MAGIC.items():
@@ -113,6 +116,32 @@ def read_trace_bytes(path: Path) -> bytes:
     if b"\x00" in data[:4096]:
         raise AnalysisError(f"{path}: not a trace file (binary data)")
     return data
+
+
+_GZIP_CHUNK = 1 << 20  # compressed bytes fed at a time: a break keeps what came before it
+
+
+def _gunzip_what_there_is(data: bytes) -> bytes:
+    """Every gzip member of ``data`` decompressed, as far as the bytes go: a member cut short
+    or broken ends the output there. Raises zlib.error where not one byte comes out (no
+    gzip data at all)."""
+    out: List[bytes] = []
+    rest = data
+    while rest[:2] == b"\x1f\x8b":
+        member = zlib.decompressobj(wbits=31)  # one gzip member, header and trailer checked
+        at = 0
+        try:
+            while at < len(rest) and not member.eof:
+                out.append(member.decompress(rest[at : at + _GZIP_CHUNK]))
+                at += _GZIP_CHUNK
+        except zlib.error:
+            if not any(out):
+                raise
+            break
+        if not member.eof:
+            break  # cut short: what it gave is all there is
+        rest = member.unused_data + rest[at:]  # the next member, if any
+    return b"".join(out)
 
 
 def _foreign(obj: Any) -> Optional[str]:
@@ -192,7 +221,7 @@ def load_file_rows(
 ) -> List[Row]:
     """One file's spans as ``model.Row``s; not ``strict``: lines that are not JSON are skipped
     and added to ``skips``."""
-    data = read_trace_bytes(path)
+    data = read_trace_bytes(path, lenient=not strict)
     found: Optional[List[Skip]] = None if strict else []
     try:
         spans = _decode_lines(path, data, skips=found)
@@ -455,6 +484,8 @@ def requested_workers(workers: Optional[int]) -> int:
     """The worker processes asked for: ``workers``, else ``TF_OTEL_ANALYZE_WORKERS``; 0: as
     many as usable CPUs where the input is big enough (``analysis.engine``)."""
     if workers is None:
+        # an analysis process has no start-up that could hand settings over: the library's
+        # callers pass None for "as the environment says", read once per process
         from tf_otel.config import current
 
         workers = current().analyze_workers

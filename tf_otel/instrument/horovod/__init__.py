@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from tf_otel.config import Settings
 from tf_otel.health import fail_open
+from tf_otel.instrument import twin
 from tf_otel.instrument.horovod import patching, stamps, timeline
 from tf_otel.instrument.horovod.choice import choice
 
@@ -31,6 +32,8 @@ _registered = False
 
 def register(settings: Settings) -> None:
     global _registered
+    choice.use(settings)  # before patching: hvd.init() reads it
+    twin.prepare_where(settings.twin_prepare)
     patching.register()
     if _registered:
         return

@@ -28,17 +28,12 @@ import os
 import sys
 from typing import Any, Optional
 
-from tf_otel.config import Settings, current
+from tf_otel.config import Settings
 from tf_otel.health import log_once
 from tf_otel.pipeline.step_handle import StepHandle
 
 MANAGED, USER_FILE, OFF, STAMPS = "managed", "user_file", "off", "stamps"
 TIMELINE_MODES = (MANAGED, USER_FILE)
-
-
-def settings() -> Settings:
-    """The settings instrument() read (config.use); the environment is not read again."""
-    return current()
 
 
 def detail_wanted(trace_id: int, every: int) -> bool:
@@ -52,6 +47,7 @@ class SourceChoice:
     detail-step policy both sources follow."""
 
     def __init__(self) -> None:
+        self.settings = Settings()  # those instrument() read, given by use()
         self.mode: Optional[str] = None
         self.basics: Any = None  # horovod.common.basics.HorovodBasics of hvd.init
         self.every = 0  # TF_OTEL_HOROVOD_EVERY: collective detail on 1 sampled step in N
@@ -61,6 +57,10 @@ class SourceChoice:
         # devices of this process in each of its collectives (MirroredStrategy's replicas)
         self.replicas = 1
 
+    def use(self, settings: Settings) -> None:
+        """The settings register() was given (TF_OTEL_HOROVOD, _SOURCE, _EXACT)."""
+        self.settings = settings
+
     def wanted(self, handle: StepHandle) -> bool:
         """Is this sampled step a collective-detail step (the same steps on every rank)?"""
         return detail_wanted(handle.trace_id, self.every)
@@ -69,11 +69,11 @@ class SourceChoice:
         """Called just before hvd.init(): choose the mode and set Horovod's env."""
         if self.mode is not None:
             return
-        if not settings().horovod:
+        if not self.settings.horovod:
             self.mode = OFF
             return
         current = os.environ.get("HOROVOD_TIMELINE", "").strip()
-        if not current and settings().horovod_source != "timeline":
+        if not current and self.settings.horovod_source != "timeline":
             self.mode = STAMPS  # no HOROVOD_TIMELINE: its writer thread spins from hvd.init
             return
         if not current:
@@ -89,15 +89,15 @@ class SourceChoice:
             )
         else:
             self.mode = USER_FILE
-        if settings().horovod_exact:
+        if self.settings.horovod_exact:
             os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
 
     def resolve_late(self) -> None:
         """tf_otel instrumented after hvd.init(): only a user's timeline file can be read."""
         current = os.environ.get("HOROVOD_TIMELINE", "").strip()
-        if current and current.upper() != "DYNAMIC" and settings().horovod:
+        if current and current.upper() != "DYNAMIC" and self.settings.horovod:
             self.mode = USER_FILE
-        elif settings().horovod and settings().horovod_source != "timeline":
+        elif self.settings.horovod and self.settings.horovod_source != "timeline":
             self.mode = STAMPS  # timing our own ops needs nothing set before hvd.init
         else:
             self.mode = OFF
@@ -125,7 +125,7 @@ class SourceChoice:
         if self.mode is None and self.horovod_ready():
             self.resolve_late()
         if self.mode is None and self.tf_collectives:
-            return STAMPS if settings().horovod else OFF
+            return STAMPS if self.settings.horovod else OFF
         return self.mode
 
     def backend(self) -> Optional[str]:

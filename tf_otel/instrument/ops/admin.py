@@ -34,7 +34,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Optional
 from urllib.parse import parse_qs, urlparse
 
-from tf_otel import config
 from tf_otel.health import fail_open, log_once, logger
 
 MAX_STEPS = 10_000
@@ -44,6 +43,7 @@ _installed = False
 # and the current windows for GET /status
 _request: Optional[Callable[[int], Dict[str, int]]] = None
 _status: Optional[Callable[[], Dict[str, Any]]] = None
+_signal_steps = 10  # TF_OTEL_OPS_SIGNAL_STEPS, given to install()
 
 
 def connect(request: Callable[[int], Dict[str, int]], status: Callable[[], Dict[str, Any]]) -> None:
@@ -149,24 +149,21 @@ def _on_signal(signum: int, frame: Any) -> None:
     def ask() -> None:
         with fail_open("admin.signal"):
             if _request is not None:
-                _request(config.current().ops_signal_steps or 10)
+                _request(_signal_steps or 10)
 
     threading.Thread(target=ask, name="tf_otel-ops-request", daemon=True).start()
 
 
-def start_from_env() -> None:
-    """Start the endpoint if TF_OTEL_ADMIN_PORT is set and this is rank 0 (called by the ops hook
-    at the first training step, on a thread: helper processes that run no steps never bind)."""
-    settings = config.current()
-    port = settings.admin_port
-    if port is None:
-        return
+def start_on_rank0(port: int, token: Optional[str]) -> None:
+    """Start the endpoint on ``port`` (TF_OTEL_ADMIN_PORT) if this is rank 0 (called by the ops
+    hook at the first training step, on a thread: helper processes that run no steps never
+    bind)."""
     from tf_otel.job.topology import detect
 
     if not detect().is_reference:
         return
     try:
-        start_endpoint(port, settings.admin_token)
+        start_endpoint(port, token)
     except OSError as exc:
         log_once(
             "admin_bind",
@@ -177,9 +174,11 @@ def start_from_env() -> None:
         )
 
 
-def install() -> None:
-    """Install the SIGUSR2 handler (main thread, no handler of the program's), once."""
-    global _installed
+def install(signal_steps: int) -> None:
+    """Install the SIGUSR2 handler (main thread, no handler of the program's), once; a signal
+    asks for ``signal_steps`` traced steps."""
+    global _installed, _signal_steps
+    _signal_steps = signal_steps
     if _installed:
         return
     _installed = True

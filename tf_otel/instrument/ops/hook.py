@@ -286,15 +286,22 @@ def xspace_records(logdir: str, step: Optional[int], limit: int, base_ns: int) -
 class OpsHook(StepHook[Capture]):
     order = HookOrder.OPS
     endpoint_started = False
+    # TF_OTEL_ADMIN_PORT / TF_OTEL_ADMIN_TOKEN, given by register(); no port: no endpoint
+    admin_port: Optional[int] = None
+    admin_token: Optional[str] = None
 
     def on_step_start(self, handle: StepHandle, call: StepCall) -> Optional[Capture]:
         if not self.endpoint_started:
             self.endpoint_started = True
-            from tf_otel.instrument.ops import admin
+            if self.admin_port is not None:
+                from tf_otel.instrument.ops import admin
 
-            threading.Thread(
-                target=admin.start_from_env, name="tf_otel-admin-start", daemon=True
-            ).start()
+                threading.Thread(
+                    target=admin.start_on_rank0,
+                    args=(self.admin_port, self.admin_token),
+                    name="tf_otel-admin-start",
+                    daemon=True,
+                ).start()
         controller.seen(handle.key, handle.step)
         if not handle.sampled or not controller.wanted(handle.key, handle.step):
             return None
@@ -331,10 +338,11 @@ def register(settings: Settings) -> None:
     MAX_OP_SPANS = settings.max_op_spans
     MARGIN_STEPS, MARGIN_S = settings.ops_margin, settings.ops_margin_s
     controller.every = settings.ops_every
+    hook.admin_port, hook.admin_token = settings.admin_port, settings.admin_token
     with_pipeline(_handle_messages)
     add_step_hook(hook)
     with fail_open("admin.start"):
         from tf_otel.instrument.ops import admin
 
         admin.connect(request, status)
-        admin.install()
+        admin.install(settings.ops_signal_steps)
