@@ -6,9 +6,11 @@ memory or spilled."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 from analysis_builders import JobBuilder
@@ -92,6 +94,40 @@ def test_a_record_cut_in_half_is_skipped_named_and_the_rest_analysed(tmp_path: P
     assert len(report["steps"]) == 8  # every step; the last without rank 1
     assert any(f"byte {begin:,}" in warning for warning in report["warnings"])
     assert "rank 1's spans end at step 6 (the others ran to 7)" in " ".join(report["warnings"])
+
+
+def _gzip_cut_short(path: Path) -> Tuple[Path, int]:
+    """The file gzipped, then cut short mid-stream as a kill leaves it: the .gz, and where its
+    last record (cut short too) begins in the uncompressed bytes."""
+    plain = path.read_bytes()
+    packed = gzip.compress(plain)
+    cut = packed[: len(packed) * 3 // 4]
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(cut)
+    path.unlink()
+    kept = zlib.decompressobj(wbits=31).decompress(cut)
+    assert kept and plain.startswith(kept) and not kept.endswith(b"\n")
+    return gz, kept.rfind(b"\n") + 1
+
+
+def test_a_gzip_file_cut_short_is_skipped_named_and_the_rest_analysed(
+    tmp_path: Path, capsys
+) -> None:
+    paths = _write(tmp_path, _job())
+    gz, begin = _gzip_cut_short(paths[1])
+    done = analyze(str(tmp_path), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "skipped" in line]
+    assert len(lines) == 1, done.stderr
+    assert f"{gz}: byte {begin:,} (uncompressed): skipped its last record, cut short" in lines[0]
+    report = json.loads(done.stdout)
+    assert len(report["steps"]) == 8  # rank 0's whole file, rank 1's records before the cut
+    assert any("rank 1's spans end at step" in w for w in report["warnings"]), report
+    strict = analyze(str(tmp_path), "--strict")
+    assert strict.returncode == 2 and str(gz) in strict.stderr and "Traceback" not in strict.stderr
+    # in memory and spilled (where gzip.open's stream fails and the file is read again) alike
+    (rows, err, steps), spilled = (_loaded(tmp_path, s, 2, capsys) for s in (False, True))
+    assert (rows, err, steps) == spilled and steps == 8 and err.count("skipped") == 1, err
 
 
 def _warnings_of(folder: Path) -> List[str]:
