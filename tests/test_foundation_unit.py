@@ -206,6 +206,7 @@ def test_wheel_ships_the_startup_hook(tmp_path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "tf_otel-autostart.pth" in names
     assert "tf_otel/instrument/__init__.py" in names
+    assert "tf_otel/py.typed" in names  # PEP 561: users' type checkers read our annotations
     plugin = "tf_otel/nccl/plugin/"
     for source in ("tf_otel_nccl_profiler.c", "nccl_profiler_abi.h", "tf_otel_nccl_ring.h"):
         assert plugin + source in names, source  # `tf-otel nccl-plugin` builds from these

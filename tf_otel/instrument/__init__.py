@@ -66,7 +66,11 @@ class TensorFlowInstrumentor(BaseInstrumentor):
     """Traces training steps of TF1 sessions, Keras / tf_keras fit and top-level tf.functions."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        # tensorflow, tensorflow-cpu, tf-nightly... all provide the module: checked at import.
+        # None named, on purpose: BaseInstrumentor.instrument() refuses (one error line, nothing
+        # patched) unless every requirement named here is installed under that exact
+        # distribution name, with no "any of" form, and the module comes as tensorflow,
+        # tensorflow-cpu, tf-nightly, tensorflow-macos... What counts is the module: patches
+        # wait for `import tensorflow`, and check_tensorflow_version says once if it is too old.
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
