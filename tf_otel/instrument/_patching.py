@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from enum import IntEnum
-from typing import Any, Callable, ClassVar, Generic, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, ClassVar, List, Optional, Protocol, Tuple, TypeVar
 
 import wrapt
 from opentelemetry.instrumentation.utils import unwrap
@@ -114,15 +114,19 @@ S = TypeVar("S")
 Error = Optional[BaseException]  # what the step raised, None: it returned
 
 
-class StepHook(Generic[S]):
-    """Extension point for per-step capture (op tracing, Horovod collectives...). Both methods
-    run on the training thread for every step: keep them cheap, and defer conversion work with
-    ``handle.deferred.append(fn)`` (fn() -> list of Records, run on the export thread).
+class StepHook(Protocol[S]):
+    """Extension point for per-step capture (op tracing, Horovod collectives, a user's own; public
+    as ``tf_otel.hooks.StepHook``). Both methods run on the training thread for every step: keep
+    them cheap, and defer conversion work with ``handle.deferred.append(fn)`` (fn() -> list of
+    Records, run on the export thread).
 
     What a hook keeps for itself between a step's start and end (``S``): whatever
     ``on_step_start`` returns comes back to ``on_step_end`` as ``kept`` (None: nothing). What
     hooks share with each other or the pipeline is a named field of ``StepHandle`` (e.g.
     ``input_wait_ns``).
+
+    A protocol: subclass it to inherit ``order`` and the do-nothing methods, or write a class
+    with all three that the type checker matches by shape.
     """
 
     order: ClassVar[int] = HookOrder.OTHER
@@ -133,7 +137,7 @@ class StepHook(Generic[S]):
     def on_step_end(
         self, handle: StepHandle, call: StepCall, error: Error, kept: Optional[S]
     ) -> None:
-        pass
+        return None  # not `pass`: a protocol's empty body would make it abstract to mypy
 
 
 # a tuple, replaced whole: a step's start and end run the same hooks even if one registers
