@@ -179,6 +179,22 @@ def test_the_contract_names_live_in_record_only():
     assert not missing, f"docs/ARCHITECTURE.md does not name {missing}"
 
 
+def test_categories_are_one_enum_and_its_values_as_plain_str():
+    """record.Category defines every tf_otel.category value once; record's module constants are
+    its values as exact str (what records, attributes and the analysis' rows hold), and the
+    architecture doc's category table names each."""
+    import tf_otel.record as record
+
+    for member in record.Category:
+        constant = getattr(record, member.name)
+        assert type(constant) is str and constant == member.value, member
+        assert str(member) == f"{member}" == member.value  # as text, the value
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md").read_text()
+    table = doc.split("### Categories (`tf_otel.category`)", 1)[1].split("\n### ", 1)[0]
+    missing = [c.value for c in record.Category if f"| `{c.value}` |" not in table]
+    assert not missing, f"docs/ARCHITECTURE.md's category table lacks {missing}"
+
+
 def test_the_contract_check_finds_a_repeated_name(tmp_path):
     module = tmp_path / "m.py"
     module.write_text('ATTR_W = "horovod.wait_ns"\n_ATTR_X = "x.y"\nOTHER = "horovod.wait_ns"\n')

@@ -8,22 +8,49 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Dict, Optional
 
-# tf_otel.category values
-JOB = "job"
-STEP_ROOT = "step.root"
-STEP = "step"
-COMPUTE = "compute"
-INPUT = "input"
-COLLECTIVE = "collective"
-COLLECTIVE_WAIT = "collective.wait"
-COLLECTIVE_TRANSFER = "collective.transfer"
-TRANSFER = "transfer"
-KERNEL = "kernel"
-FRAMEWORK = "framework"
-STALL = "stall"  # rank 0's stall record in a step's trace (pipeline/stall.py)
-SLOWDOWN = "slowdown"  # rank 0's persistent slowdown record (pipeline/verdicts.py)
+
+class Category(str, Enum):
+    """The ``tf_otel.category`` values, the runtime's and the analysis' one definition."""
+
+    JOB = "job"
+    STEP_ROOT = "step.root"
+    STEP = "step"
+    COMPUTE = "compute"
+    INPUT = "input"
+    COLLECTIVE = "collective"
+    COLLECTIVE_WAIT = "collective.wait"
+    COLLECTIVE_TRANSFER = "collective.transfer"
+    TRANSFER = "transfer"
+    KERNEL = "kernel"
+    FRAMEWORK = "framework"
+    STALL = "stall"  # rank 0's stall record in a step's trace (pipeline/stall.py)
+    SLOWDOWN = "slowdown"  # rank 0's persistent slowdown record (pipeline/verdicts.py)
+
+    # as text, a member is its value (str(), f-strings), as enum.StrEnum does from Python 3.11
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+# The values as plain str, which is what records, span attributes and the analysis' rows hold:
+# the exporter's fast path takes exact types only (span_builder._plain), marshal takes no str
+# subclass, and the analysis' hot comparisons are quickest between exact str. Spelled out, not
+# made in a loop, so that type checkers see each name.
+JOB = Category.JOB.value
+STEP_ROOT = Category.STEP_ROOT.value
+STEP = Category.STEP.value
+COMPUTE = Category.COMPUTE.value
+INPUT = Category.INPUT.value
+COLLECTIVE = Category.COLLECTIVE.value
+COLLECTIVE_WAIT = Category.COLLECTIVE_WAIT.value
+COLLECTIVE_TRANSFER = Category.COLLECTIVE_TRANSFER.value
+TRANSFER = Category.TRANSFER.value
+KERNEL = Category.KERNEL.value
+FRAMEWORK = Category.FRAMEWORK.value
+STALL = Category.STALL.value
+SLOWDOWN = Category.SLOWDOWN.value
 
 # attribute keys
 ATTR_CATEGORY = "tf_otel.category"
