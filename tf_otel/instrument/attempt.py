@@ -7,12 +7,12 @@ step n of a rerun would get the trace id of step n of the run before. Creating t
 a rendezvous of every worker, before any variable or step: once its
 ``CollectiveAllReduceExtended._initialize_multi_worker`` has returned, TensorFlow's
 coordination service runs (its leader is the chief, else worker 0) and its key-value store
-belongs to this launch alone.
-Here rank 0 (tf_otel's: the same task) puts a random attempt under ``KEY``; every other worker
-reads it back, waiting at most ``WAIT_S``: inside the strategy's creation, never on a step. The
-attempt reaches the topology through ``pipeline.lifecycle.learn_attempt`` before the first step,
-so every step of this launch is one trace holding all its ranks, and no trace id is shared with
-another launch. Only an attempt id crosses the store, no tensor or data.
+belongs to this launch alone. Here rank 0 (tf_otel's: the same task) puts a random attempt
+under ``KEY``; every other worker reads it back, waiting at most ``WAIT_S``: inside the
+strategy's creation, never on a step. The attempt reaches the topology through
+``pipeline.lifecycle.learn_attempt`` before the first step, so every step of this launch is one
+trace holding all its ranks, and no trace id is shared with another launch. Only an attempt id
+crosses the store, no tensor or data.
 
 Nothing is exchanged (the ids stay what they were) where TF_OTEL_ATTEMPT or TF_OTEL_JOB_ID is
 set, a launcher's environment decides the attempt (Horovod, MPI, SLURM), the job has one worker
@@ -20,8 +20,9 @@ set, a launcher's environment decides the attempt (Horovod, MPI, SLURM), the job
 the program's own) or not in the service (an evaluator), or the strategy started no coordination
 service (graph mode, a TensorFlow without one). A failure (no service, rank 0 not traced or over
 ``WAIT_S`` late) leaves this worker without an attempt, said once: its step ids are the job's
-alone, as before. ParameterServerStrategy is not covered: its coordinator (the chief) is not in
-the service (set TF_OTEL_ATTEMPT there, docs/guides/RELIABILITY.md).
+alone, as before. A rank 0 whose steps began before the strategy hands out "none": every
+worker keeps the job's ids, none waits. ParameterServerStrategy is not covered: its coordinator
+(the chief) is not in the service (set TF_OTEL_ATTEMPT there, docs/guides/RELIABILITY.md).
 
 Usage::
 
@@ -72,39 +73,47 @@ def _writer_or_reader(extended: Any, settings: Settings) -> Optional[bool]:
     return topo.is_reference
 
 
-def exchange(writer: bool, wait_s: float = WAIT_S) -> str:
-    """Rank 0 (``writer``) puts a new attempt id in the coordination service's key-value store,
-    the others read it, waiting at most ``wait_s``; the id. Raises what TensorFlow raises (no
-    service, a timeout)."""
+def exchange(offer: Optional[str], wait_s: float = WAIT_S) -> str:
+    """Rank 0 puts ``offer`` (a new attempt id; "": none, its steps began before the strategy)
+    in the coordination service's key-value store, the others (``offer`` None) read it there,
+    waiting at most ``wait_s``: the value. Raises what TensorFlow raises (no service, a
+    timeout)."""
     from tensorflow.python.eager import context
 
     ctx = context.context()
     service = ctx.coordination_service
     if service is None or not service.service_type:
         raise RuntimeError("no coordination service")
-    if not writer:
+    if offer is None:
         return str(ctx.get_config_key_value(KEY, int(wait_s * 1000)))
-    value = uuid.uuid4().hex[:12]
     try:
-        ctx.set_config_key_value(KEY, value)
-    except Exception:  # noqa: BLE001 - there already (a second strategy): that one's
+        ctx.set_config_key_value(KEY, offer)
+    except Exception:  # noqa: BLE001 - there already (an earlier strategy's): that one's
         return str(ctx.get_config_key_value(KEY, 1000))
-    return value
+    return offer
+
+
+_tried = False  # one exchange a process: a later strategy is the same launch
 
 
 def share_attempt(extended: Any, settings: Settings) -> Optional[str]:
     """The exchange for a ``CollectiveAllReduceExtended`` just joined to its cluster, its
     attempt handed to the pipeline; None where there is none (module docstring)."""
-    from tf_otel.job import topology
     from tf_otel.pipeline import lifecycle
 
-    if topology.learned_attempt() is not None:
-        return None  # once a process: a later strategy is the same launch
+    global _tried
+    if _tried:
+        return None
     writer = _writer_or_reader(extended, settings)
     if writer is None:
         return None
+    _tried = True
+    pipeline = lifecycle.current_pipeline()
+    offer = None
+    if writer:  # a rank 0 whose steps began keeps the job's ids: so do the others, unkept waiting
+        offer = "" if pipeline is not None and pipeline.started else uuid.uuid4().hex[:12]
     try:
-        found = exchange(writer)
+        found = exchange(offer)
     except Exception as exc:  # noqa: BLE001 - never into the program's strategy creation
         count("attempt.exchange_failed")
         log_once(
@@ -114,6 +123,14 @@ def share_attempt(extended: Any, settings: Settings) -> Optional[str]:
             "(set TF_OTEL_ATTEMPT to tell launches apart)",
             type(exc).__name__,
             str(exc).splitlines()[0][:200] if str(exc) else "",
+        )
+        return None
+    if not found:
+        log_once(
+            "attempt:rank0_started",
+            "tf_otel: rank 0 traced steps before it created the MultiWorkerMirroredStrategy: "
+            "this launch has no attempt id, its step trace ids are the job's alone (set "
+            "TF_OTEL_ATTEMPT to tell launches apart)",
         )
         return None
     lifecycle.learn_attempt(found)
