@@ -130,6 +130,24 @@ def test_a_gzip_file_cut_short_is_skipped_named_and_the_rest_analysed(
     assert (rows, err, steps) == spilled and steps == 8 and err.count("skipped") == 1, err
 
 
+def test_a_gzip_file_of_several_members_keeps_those_before_the_cut(tmp_path: Path) -> None:
+    """A writer that starts a gzip member a flush, killed in the third: the first two are read
+    whole, the third as far as it goes; strict, the file is an error."""
+    data = _write(tmp_path, _job())[1].read_bytes()
+    lines = data.splitlines(keepends=True)
+    members = [b"".join(lines[:3]), b"".join(lines[3:5]), b"".join(lines[5:])]
+    packed = [gzip.compress(m) for m in members]
+    gz = tmp_path / "rank1.jsonl.gz"
+    gz.write_bytes(packed[0] + packed[1] + packed[2][: len(packed[2]) // 2])
+    kept = files.read_trace_bytes(gz, lenient=True)
+    assert data.startswith(kept) and len(members[0] + members[1]) < len(kept) < len(data)
+    with pytest.raises(AnalysisError, match="rank1.jsonl.gz: cannot read"):
+        files.read_trace_bytes(gz)
+    whole = tmp_path / "whole.jsonl.gz"
+    whole.write_bytes(b"".join(packed))
+    assert files.read_trace_bytes(whole, lenient=True) == data
+
+
 def _warnings_of(folder: Path) -> List[str]:
     spans = load_paths([str(folder)], progress=False, workers=1, strict=False)
     return analyze_source(spans, str(folder)).warnings
