@@ -18,100 +18,12 @@ import os
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
 
+from tf_otel import setting_parsers as parse
 from tf_otel.health import log_once
 
 T = TypeVar("T")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 _SPEC = "tf_otel.setting"  # the key of a field's metadata that holds its declaration
 HOROVOD_EVERY_DEFAULT = 20  # detail-step twin: ~7 % on a detail step, so ~0.4 % a step
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError("expected one of 1/true/yes/on or 0/false/no/off")
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ValueError("expected an integer") from None
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text.strip())
-    except ValueError:
-        raise ValueError("expected a number") from None
-
-
-def _non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise ValueError("expected an integer >= 0")
-    return value
-
-
-def _queue_size(text: str) -> int:
-    return max(16, _non_negative_int(text))  # a smaller queue drops steps in a burst of 16
-
-
-def _positive_float(text: str) -> float:
-    value = _float(text)
-    if not value > 0:
-        raise ValueError("expected a number > 0")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = _float(text)
-    if not value >= 0:
-        raise ValueError("expected a number >= 0")
-    return value
-
-
-def _host_port(text: str) -> Tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError("expected HOST:PORT")
-    return host, int(port)
-
-
-def _one_of(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in choices:
-            raise ValueError("expected " + " or ".join(choices))
-        return value
-
-    return parse
-
-
-def _port(text: str) -> int:
-    value = _int(text)
-    if not 0 <= value < 65536:
-        raise ValueError("expected a port 0-65535 (0: any free port)")
-    return value
-
-
-def _directory(text: str) -> str:
-    value = text.strip()
-    if not value or not os.path.isdir(value):
-        raise ValueError("expected an existing directory")
-    return value
-
-
-def _names(text: str) -> Tuple[str, ...]:
-    return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
-def _text(text: str) -> Optional[str]:
-    return text.strip() or None
 
 
 def setting(
@@ -137,13 +49,13 @@ class Settings:
 
     enabled: bool = setting(
         "TF_OTEL_ENABLED",
-        _bool,
+        parse.flag,
         False,
         "trace every Python process started with it (ranks under any launcher)",
     )
     job_id: Optional[str] = setting(
         "TF_OTEL_JOB_ID",
-        _text,
+        parse.text,
         None,
         "the job id all ranks share (set it when the launcher gives none); replaces only the id: "
         "rank and world size still come from the launcher, TF_CONFIG or the program's "
@@ -152,7 +64,7 @@ class Settings:
     )
     attempt: Optional[str] = setting(
         "TF_OTEL_ATTEMPT",
-        _text,
+        parse.text,
         None,
         "this launch of the job, the same on every rank: step trace ids hash it, so a rerun or "
         "restart never shares a trace with an earlier attempt (job span: "
@@ -166,7 +78,7 @@ class Settings:
     )
     job_secret: Optional[str] = setting(
         "TF_OTEL_JOB_SECRET",
-        _text,
+        parse.text,
         None,
         "per-job secret authenticating ranks to rank 0 (docs/guides/RELIABILITY.md); set it for "
         "multi-host launches that share none",
@@ -175,7 +87,7 @@ class Settings:
     )
     file: Optional[str] = setting(
         "TF_OTEL_FILE",
-        _text,
+        parse.text,
         None,
         "also write OTLP-JSON here; `{rank}`, `{host}`, `{pid}` are filled in; opened at start "
         "(one message if it cannot be); with `{rank}` and neither a launcher nor TF_CONFIG, "
@@ -185,7 +97,7 @@ class Settings:
     )
     file_flush_s: float = setting(
         "TF_OTEL_FILE_FLUSH_S",
-        _positive_float,
+        parse.positive_float,
         0.5,
         "the file is written at least this often, on the span processor's thread: a rank "
         "killed by SIGKILL loses about this and the export thread's half second of spans (its "
@@ -193,32 +105,32 @@ class Settings:
     )
     file_max_mb: float = setting(
         "TF_OTEL_FILE_MAX_MB",
-        _non_negative_float,
+        parse.non_negative_float,
         1024.0,
         "the file rotates past this size (`spans.jsonl` → `spans.1.jsonl` …); 0: no cap",
     )
     file_keep: int = setting(
         "TF_OTEL_FILE_KEEP",
-        _non_negative_int,
+        parse.non_negative_int,
         3,
         "rotated files kept beside it (the oldest is removed)",
     )
     exit_timeout_s: float = setting(
         "TF_OTEL_EXIT_TIMEOUT_S",
-        _non_negative_float,
+        parse.non_negative_float,
         5.0,
         "the whole exit (the last spans' export, the link to rank 0, rank 0's last roots, "
         "metrics, the SDK's flush) ends within this in all; what was lost is said in one line",
     )
     root_wait_ms: float = setting(
         "TF_OTEL_ROOT_WAIT_MS",
-        _positive_float,
+        parse.positive_float,
         3000.0,
         "how long rank 0 waits for all ranks before emitting a step root",
     )
     stall: bool = setting(
         "TF_OTEL_STALL",
-        _bool,
+        parse.flag,
         True,
         "rank 0 names a rank that holds a step while the job runs: a `stall` span and a WARNING "
         "log record in the step's trace, the ranks' steps in flight exported "
@@ -228,7 +140,7 @@ class Settings:
     # the median keeps a legitimately slow step (3x, 5x) from ever raising
     stall_floor_s: float = setting(
         "TF_OTEL_STALL_FLOOR_S",
-        _positive_float,
+        parse.positive_float,
         20.0,
         "a step of rank 0 in flight longer than max(this floor, `TF_OTEL_STALL_FACTOR` x the "
         "median of the key's recent steps) is a stall (6 x the floor until 3 steps of the key "
@@ -236,20 +148,20 @@ class Settings:
     )
     stall_factor: float = setting(
         "TF_OTEL_STALL_FACTOR",
-        _positive_float,
+        parse.positive_float,
         10.0,
         "the factor of the median in `TF_OTEL_STALL_FLOOR_S`'s bound: a step 3x (even 9x) the "
         "median is never a stall",
     )
     max_queue: int = setting(
         "TF_OTEL_MAX_QUEUE",
-        _queue_size,
+        parse.queue_size,
         4096,
         "steps buffered for export (at least 16); beyond it steps are dropped and counted",
     )
     host_relay: bool = setting(
         "TF_OTEL_HOST_RELAY",
-        _bool,
+        parse.flag,
         True,
         "one rank of each host with several ranks (elected, as the clock's host leader) gathers "
         "its host's step reports and sends rank 0 one message a step and host over one "
@@ -260,14 +172,14 @@ class Settings:
     )
     verdicts: bool = setting(
         "TF_OTEL_VERDICTS",
-        _bool,
+        parse.flag,
         True,
         "rank 0's live verdict on each step root, the per-rank lateness histogram and "
         "persistent slowdowns (pipeline/verdicts.py); 0: off",
     )
     baseline: Optional[str] = setting(
         "TF_OTEL_BASELINE",
-        _text,
+        parse.text,
         None,
         "a saved `tf-otel analyze --format json` report of a reference run: rank 0 compares "
         "every 16 steps' median step time with it, beyond the noise as `tf-otel diff` does, and "
@@ -277,7 +189,7 @@ class Settings:
     )
     coordinator: Optional[Tuple[str, int]] = setting(
         "TF_OTEL_COORDINATOR",
-        _host_port,
+        parse.host_port,
         None,
         "`host:port` of rank 0's tf_otel service; an override: horovodrun, mpirun, SLURM, "
         "TF_CONFIG and flag-configured `tf.distribute.Server` jobs find rank 0 alone "
@@ -286,40 +198,40 @@ class Settings:
     )
     step_functions: Tuple[str, ...] = setting(
         "TF_OTEL_STEP_FUNCTIONS",
-        _names,
+        parse.names,
         (),
         "comma list: only these functions are steps",
         shown="all user `tf.function`s",
     )
     ops_every: int = setting(
         "TF_OTEL_OPS_EVERY",
-        _non_negative_int,
+        parse.non_negative_int,
         0,
         "op-level spans (and RecvTensor transfers) every Nth step, the same steps on every rank",
     )
     max_op_spans: int = setting(
         "TF_OTEL_MAX_OP_SPANS",
-        _non_negative_int,
+        parse.non_negative_int,
         500,
         "op spans kept per step (the longest); the rest summarised",
     )
     ops_margin: int = setting(
         "TF_OTEL_OPS_MARGIN",
-        _non_negative_int,
+        parse.non_negative_int,
         3,
         "on-demand op tracing starts at least this many steps after rank 0 decides, so every "
         "rank traces the same steps",
     )
     ops_margin_s: float = setting(
         "TF_OTEL_OPS_MARGIN_S",
-        _positive_float,
+        parse.positive_float,
         0.5,
         "on-demand op tracing starts at least this many seconds' worth of steps after rank 0 "
         "decides (and `TF_OTEL_OPS_MARGIN` steps), so the broadcast arrives in time",
     )
     admin_port: Optional[int] = setting(
         "TF_OTEL_ADMIN_PORT",
-        _port,
+        parse.port,
         None,
         "rank 0's admin endpoint on 127.0.0.1 (0: any free port, logged): op-level detail for "
         "the next K steps on demand",
@@ -327,7 +239,7 @@ class Settings:
     )
     admin_token: Optional[str] = setting(
         "TF_OTEL_ADMIN_TOKEN",
-        _text,
+        parse.text,
         None,
         "the admin endpoint's token; unset, one is generated and written to a 0600 file, never "
         "logged",
@@ -336,20 +248,20 @@ class Settings:
     )
     ops_signal_steps: int = setting(
         "TF_OTEL_OPS_SIGNAL_STEPS",
-        _non_negative_int,
+        parse.non_negative_int,
         10,
         "steps with op-level detail after a SIGUSR2",
     )
     horovod: bool = setting(
         "TF_OTEL_HOROVOD",
-        _bool,
+        parse.flag,
         True,
         "Horovod collective spans on collective-detail steps (docs/guides/HOROVOD.md)",
     )
     # the neutral name wins: it names tf.distribute's collectives too
     horovod_every: int = setting(
         "TF_OTEL_HOROVOD_EVERY",
-        _non_negative_int,
+        parse.non_negative_int,
         HOROVOD_EVERY_DEFAULT,
         "collective detail on 1 sampled step in N, the same steps on every rank (1: every "
         "sampled step; 0: none). Detail steps run a twin of the step's tf.function holding the "
@@ -361,14 +273,14 @@ class Settings:
     )
     horovod_source: str = setting(
         "TF_OTEL_HOROVOD_SOURCE",
-        _one_of("stamps", "timeline"),
+        parse.one_of("stamps", "timeline"),
         "stamps",
         "`stamps`: every rank times its own collectives; `timeline`: rank 0's Horovod timeline "
         "(a spinning thread from hvd.init)",
     )
     twin_prepare: str = setting(
         "TF_OTEL_TWIN_PREPARE",
-        _one_of("background", "step"),
+        parse.one_of("background", "step"),
         "background",
         "`background`: the detail twin is traced and instantiated on a thread of its own, "
         "picked steps before it is ready on every rank run the program's function "
@@ -377,7 +289,7 @@ class Settings:
     )
     horovod_parts: Optional[bool] = setting(
         "TF_OTEL_HOROVOD_PARTS",
-        _bool,
+        parse.flag,
         None,
         "stamps source (the default; the timeline source always has them): `wait` and "
         "`transfer` children under a collective whose rank waited ≥ 1 ms; 0: one span per "
@@ -388,7 +300,7 @@ class Settings:
     )
     horovod_fused: Optional[bool] = setting(
         "TF_OTEL_HOROVOD_FUSED",
-        _bool,
+        parse.flag,
         None,
         "stamps source: one `collective` span per group of tensors that completed together "
         "(Horovod's fused responses, as rank 0's own end times tell them; "
@@ -398,27 +310,27 @@ class Settings:
     )
     horovod_exact: bool = setting(
         "TF_OTEL_HOROVOD_EXACT",
-        _bool,
+        parse.flag,
         False,
         "with `timeline`: exact per-rank arrival on every step (turns off Horovod's response "
         "cache: `HOROVOD_CACHE_CAPACITY=0`)",
     )
     clock_interval_s: float = setting(
         "TF_OTEL_CLOCK_INTERVAL_S",
-        _positive_float,
+        parse.positive_float,
         60.0,
         "clock resync period against rank 0 (after a fast warm-up)",
     )
     gpu_metrics_interval_s: float = setting(
         "TF_OTEL_GPU_METRICS_INTERVAL_S",
-        _non_negative_float,
+        parse.non_negative_float,
         10.0,
         "GPU metrics (`hw.gpu.*`) sampling via NVML, summarised on each step span (0: off; "
         "silent without a GPU)",
     )
     input_wait: Optional[bool] = setting(
         "TF_OTEL_INPUT_WAIT",
-        _bool,
+        parse.flag,
         None,
         "every step's wait on tf.data (docs/guides/WHOLE_STEP.md): unset, for Keras fit / "
         "evaluate / predict and datasets iterated inside a tf.function; 1: also every other "
@@ -428,7 +340,7 @@ class Settings:
     )
     resources_every: int = setting(
         "TF_OTEL_RESOURCES_EVERY",
-        _non_negative_int,
+        parse.non_negative_int,
         0,
         "peak RSS (sampled every 1 ms), per-file I/O (file positions) and, on a GPU, the "
         "allocator's peak on steps 0, N, 2N ... of every step key (docs/guides/WHOLE_STEP.md); "
@@ -436,19 +348,19 @@ class Settings:
     )
     system_metrics_interval_s: float = setting(
         "TF_OTEL_SYSTEM_METRICS_INTERVAL_S",
-        _non_negative_float,
+        parse.non_negative_float,
         10.0,
         "host and process metrics, OTel semconv names, when a MeterProvider is set (0: off)",
     )
     nccl_ring_dir: str = setting(
         "TF_OTEL_NCCL_RING_DIR",
-        _directory,
+        parse.directory,
         "/dev/shm",
         "where the NCCL profiler plugin's ring files live",
     )
     nccl_profiler: bool = setting(
         "TF_OTEL_NCCL_PROFILER",
-        _bool,
+        parse.flag,
         False,
         "1: set `NCCL_PROFILER_PLUGIN` to tf_otel's plugin (`tf-otel nccl-plugin` builds it; "
         "`make nccl-plugin` in a clone); each sampled step then gets its NCCL collectives as "
@@ -456,7 +368,7 @@ class Settings:
     )
     analyze_workers: int = setting(
         "TF_OTEL_ANALYZE_WORKERS",
-        _non_negative_int,
+        parse.non_negative_int,
         0,
         "Dask worker processes `tf-otel analyze` runs on (1: this process only; set, it "
         "applies to small inputs too)",
@@ -464,7 +376,7 @@ class Settings:
     )
     test_clock: Optional[str] = setting(
         "TF_OTEL_TEST_CLOCK",
-        _text,
+        parse.text,
         None,
         "**tests only**: `<rank>:<skew_ns>:<drift_ppm>` (several joined by `,`) shifts the "
         "clock tf_otel reads on that rank",
@@ -550,6 +462,7 @@ class Resolved:
 
 
 def resolve(spec: Spec, env: Mapping[str, str]) -> Resolved:
+    """``spec``'s value in ``env``: a bad value is passed over (and kept in ``rejected``)."""
     value, variable = spec.default, None
     rejected: List[Tuple[str, str, str, Any]] = []
     for name in spec.variables:
