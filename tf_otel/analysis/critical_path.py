@@ -46,32 +46,44 @@ the same way, and the path keeps that time ``before_step``.
 
 from __future__ import annotations
 
-import bisect
 import statistics
 import sys
 from dataclasses import dataclass, field
-from itertools import repeat
 from operator import attrgetter
-from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from tf_otel.analysis.carry import CARRIED_NAME, Carry
 from tf_otel.analysis.model import (
-    ATTR_ARRIVAL,
     ATTR_LAST_ARRIVAL,
     ATTR_TRANSFER_EDGE,
     ATTR_WAIT_NS,
     Span,
 )
+from tf_otel.analysis.rank_index import LazyIndexes
 from tf_otel.analysis.steps import RankTimeline, StepTrace
+from tf_otel.analysis.sync_points import (
+    READY,
+    STEP_END,
+    STEP_START,
+    Arrivals,
+    SyncKey,
+    arrival_hidden,
+    collective_index,
+    collective_wait_end,
+    estimated_arrivals,
+    hidden_syncs,
+    known_before,
+    last_arrival,
+    sync_key,
+    transfer_index,
+    waits_for_unseen_rank,
+)
 from tf_otel.lateness import medians_without
 from tf_otel.record import (
     ATTR_CLOCK_UNCERTAINTY,
-    ATTR_COLLECTIVE_KEY,
     COLLECTIVE,
-    COLLECTIVE_WAIT,
     COMPUTE,
     INPUT,
-    TRANSFER,
 )
 
 __all__ = ["ATTR_LAST_ARRIVAL", "ATTR_TRANSFER_EDGE", "ATTR_WAIT_NS", "critical_path"]
@@ -92,37 +104,13 @@ PATH_CATEGORIES = (
     PATH_BEFORE_STEP,
 )
 STEP_WORK = "(rank step work)"  # a gap on a rank without op detail: its own step work
-UNKNOWN_ARRIVAL = "unknown"
 TOP_NAMES = 24  # names a step keeps of its path once its segments are dropped (by_name)
-UNEXPLAINED_MIN_NS = 1_000_000  # a hidden rank readier than the last known one by less: noise
 _NODE_CATEGORY = {COMPUTE: PATH_COMPUTE, INPUT: PATH_INPUT}
-_PRIORITY = {COLLECTIVE: 3, TRANSFER: 2, COMPUTE: 1, INPUT: 0}
-_PARTIAL_OK = frozenset((COMPUTE, INPUT))
-_SYNC = frozenset((COLLECTIVE, TRANSFER))
 # Timestamps overlap by recording alone: GPU streams, float timestamps, clock error between
 # ranks (production traces: median 5-16 us, p99 110 us). A sync span that ends at most this
 # much plus the rank's clock uncertainty after the next op of its rank began is still that op's
 # predecessor (docs/guides/ANALYSIS.md, "Overlap").
 OVERLAP_FLOOR_NS = 200_000
-_CONCURRENT_LOOK = 8
-
-
-class SyncKey(NamedTuple):
-    """A point where the path may change rank: a collective instance (every rank's span with
-    the same ``tf_otel.collective.key``) or a PS transfer (the peers' spans with the same
-    ``tensorflow.transfer.edge``); ``STEP_EDGE`` marks the step's own edges."""
-
-    kind: str  # COLLECTIVE or TRANSFER (the spans' category), or STEP_EDGE
-    name: str  # the collective key / transfer edge as text; for STEP_EDGE which edge
-
-
-# collective key -> rank -> its arrival (earliest span start), where every arrival is known
-Arrivals = Dict[str, Dict[int, int]]
-
-STEP_EDGE = "step"
-STEP_START = SyncKey(STEP_EDGE, "start")
-STEP_END = SyncKey(STEP_EDGE, "end")
-READY = SyncKey(STEP_EDGE, "ready")  # where every rank was ready (no sync spans: unseen)
 
 
 @dataclass(slots=True)
@@ -318,273 +306,6 @@ class CriticalPath:
         return self._lateness
 
 
-_START_ID = attrgetter("start_ns", "span_id")
-_END_START = attrgetter("end_ns", "start_ns")
-_ATTRIBUTES = attrgetter("attributes")
-
-
-def _sorted_by_end(nodes: List[Span]) -> List[Span]:
-    """By (end, start, category priority, span id); the last two only matter on ties."""
-    keys = list(map(_END_START, nodes))
-    if len(set(keys)) == len(keys):  # no ties: the C-level key gives the same order
-        return sorted(nodes, key=_END_START)
-    return sorted(
-        nodes, key=lambda s: (s.end_ns, s.start_ns, _PRIORITY.get(s.category, 0), s.span_id)
-    )
-
-
-class _RankIndex:
-    """Timeline spans of one rank, searchable by end (last ended) and start (still running)."""
-
-    def __init__(self, timeline: RankTimeline) -> None:
-        self.timeline = timeline
-        nodes = _sorted_by_end(timeline.nodes)
-        self.by_end = nodes
-        self.ends = [s.end_ns for s in nodes]
-        self.limit = len(nodes)  # spans at or after this index are used or ended too late
-        self.concurrent: Set[str] = set()  # syncs running beyond the tolerance where the path was
-        # the sync spans alone, by end, with their places in ``by_end``: what the overlap
-        # tolerance looks at (a rank has a few syncs beside many ops)
-        places = [self._place(s) for s in timeline.syncs]
-        if None in places:  # a sync not among the nodes as the same object: look at all
-            places = [i for i, s in enumerate(nodes) if s.category in _SYNC]
-        self.sync_at: List[int] = sorted(places)  # type: ignore[arg-type]
-        self.sync_ends = [nodes[i].end_ns for i in self.sync_at]
-        self._partial: Optional[Tuple[List[int], List[Span]]] = None
-        self._fillers: Optional[Tuple[List[int], List[Span]]] = None
-
-    def _place(self, span: Span) -> Optional[int]:
-        """``span``'s index in ``by_end`` (a bisect, then past any equal ends); None: absent."""
-        ends, nodes = self.ends, self.by_end
-        at = bisect.bisect_left(ends, span.end_ns)
-        while at < len(nodes) and ends[at] == span.end_ns:
-            if nodes[at] is span:
-                return at
-            at += 1
-        return None
-
-    def _partial_index(self) -> Tuple[List[int], List[Span]]:
-        """Starts of the compute/input spans, and per prefix the one reaching furthest."""
-        if self._partial is None:
-            partial = sorted(
-                [s for s in self.timeline.nodes if s.category in _PARTIAL_OK], key=_START_ID
-            )
-            reach: List[Span] = []
-            best: Optional[Span] = None
-            for span in partial:
-                if best is None or span.end_ns > best.end_ns:
-                    best = span
-                reach.append(best)
-            self._partial = ([s.start_ns for s in partial], reach)
-        return self._partial
-
-    def last_before(self, t: int, tolerance: int = 0) -> Tuple[Optional[Span], bool]:
-        """The span the path takes at time t, and whether it is still running at t. A sync
-        span (collective, transfer) that began before t and ended at most ``tolerance`` after
-        it is taken as ending at t: recording overlap, not concurrency (``overlap_tolerance``);
-        of several, the one that ended last."""
-        index = min(bisect.bisect_right(self.ends, t), self.limit) - 1
-        ended = self.by_end[index] if index >= 0 else None
-        if ended is not None and ended.end_ns == t:
-            self.limit = index
-            return ended, False
-        if tolerance > 0 and self.sync_at:
-            sync_at, sync_ends = self.sync_at, self.sync_ends
-            cut = bisect.bisect_right(sync_ends, t + tolerance)
-            for k in range(cut - 1, -1, -1):
-                at = sync_at[k]
-                if at <= index:
-                    break  # ended at or before t
-                span = self.by_end[at]
-                if at < self.limit and span.start_ns < t:
-                    self.limit = at
-                    return span, False
-            # a sync still running beyond the tolerance: real concurrency, the path stays
-            # with what ended last (counted once a span; a bounded look, nearest ends first)
-            for k in range(cut, min(cut + _CONCURRENT_LOOK, len(sync_at))):
-                at = sync_at[k]
-                if at >= self.limit:
-                    break  # the later ones were passed already
-                span = self.by_end[at]
-                if span.start_ns < t:
-                    self.concurrent.add(span.span_id)
-        starts, reach = self._partial_index()
-        cut = bisect.bisect_left(starts, t)
-        if cut > 0:
-            running = reach[cut - 1]
-            if running.end_ns > t:
-                return running, True
-        if ended is not None:
-            self.limit = index
-        return ended, False
-
-    def gap_name(self, start: int, end: int) -> Tuple[str, Optional[str]]:
-        """The framework/kernel span overlapping [start, end) most, else '(gap)'."""
-        if self._fillers is None:
-            fillers = sorted(self.timeline.fillers, key=_START_ID)
-            self._fillers = ([s.start_ns for s in fillers], fillers)
-        starts, fillers = self._fillers
-        best: Optional[Span] = None
-        best_overlap = 0
-        last = bisect.bisect_left(starts, end) - 1
-        for i in range(last, max(-1, last - 64), -1):  # bounded scan, nearest starts first
-            span = fillers[i]
-            overlap = min(end, span.end_ns) - max(start, span.start_ns)
-            if overlap > best_overlap:
-                best, best_overlap = span, overlap
-        if best is None:
-            return "(gap)", None
-        return best.name, best.span_id
-
-
-class _LazyIndexes(Dict[int, _RankIndex]):
-    """Rank -> index, built on first use: the path visits only a few ranks of a step."""
-
-    def __init__(self, step: StepTrace) -> None:
-        super().__init__()
-        self.step = step
-
-    def __missing__(self, rank: int) -> _RankIndex:
-        index = self[rank] = _RankIndex(self.step.ranks[rank])
-        return index
-
-
-def _collective_index(step: StepTrace) -> Dict[SyncKey, Dict[int, Span]]:
-    index: Dict[SyncKey, Dict[int, Span]] = {}
-    # a collective's members by its key's text: every rank names the same collectives, so
-    # each one's SyncKey is made once, not once a rank
-    by_name: Dict[str, Dict[int, Span]] = {}
-    for rank in sorted(step.ranks):
-        for span in step.ranks[rank].syncs:
-            if span.category != COLLECTIVE:
-                continue
-            key = span.attributes.get(ATTR_COLLECTIVE_KEY)
-            if key is None:
-                continue
-            name = key if type(key) is str else str(key)
-            members = by_name.get(name)
-            if members is None:
-                members = by_name[name] = index[SyncKey(COLLECTIVE, name)] = {}
-            if rank not in members or span.start_ns < members[rank].start_ns:
-                members[rank] = span
-    return index
-
-
-def _transfer_index(step: StepTrace) -> Dict[SyncKey, Dict[int, Span]]:
-    index: Dict[SyncKey, Dict[int, Span]] = {}
-    for rank in sorted(step.ranks):
-        for span in step.ranks[rank].syncs:
-            edge = span.attributes.get(ATTR_TRANSFER_EDGE) if span.category == TRANSFER else None
-            if edge is not None:
-                index.setdefault(SyncKey(TRANSFER, str(edge)), {}).setdefault(rank, span)
-    return index
-
-
-def _unknown(span: Span) -> bool:
-    return span.attributes.get(ATTR_ARRIVAL) == UNKNOWN_ARRIVAL
-
-
-def _hidden(index: Dict[SyncKey, Dict[int, Span]]) -> Set[SyncKey]:
-    """The sync points some of whose members' arrivals are unknown (hidden by Horovod's cache)."""
-    # ``_unknown`` at C speed: where nothing is hidden every member of every collective is read
-    return {
-        key
-        for key, members in index.items()
-        if UNKNOWN_ARRIVAL
-        in map(dict.get, map(_ATTRIBUTES, members.values()), repeat(ATTR_ARRIVAL))
-    }
-
-
-def known_before(timeline: RankTimeline, t: int) -> int:
-    """The last moment before ``t`` this rank is known to have been busy with its own work:
-    the latest end of its non-collective spans ending by ``t``, else its step's start."""
-    known = timeline.start_ns
-    for span in timeline.nodes:
-        if span.category != COLLECTIVE and known < span.end_ns <= t:
-            known = span.end_ns
-    return min(known, t)
-
-
-def estimated_arrivals(members: Dict[int, Span], step: StepTrace) -> Dict[int, int]:
-    """Each member's arrival: the span start where known; for a rank whose arrival Horovod's
-    cache hid, the end of its last own work plus the work the known ranks did after theirs
-    (the ranks run the same step), never after its span start (the last rank's readiness)."""
-    after = [
-        span.start_ns - known_before(step.ranks[rank], span.start_ns)
-        for rank, span in members.items()
-        if not _unknown(span) and rank in step.ranks
-    ]
-    typical = int(statistics.median(after)) if after else 0
-    return {
-        rank: (
-            min(span.start_ns, known_before(step.ranks[rank], span.start_ns) + typical)
-            if _unknown(span) and rank in step.ranks
-            else span.start_ns
-        )
-        for rank, span in members.items()
-    }
-
-
-def _unknown_last_arrival(
-    members: Dict[int, Span], current: int, step: StepTrace
-) -> Tuple[int, Optional[int]]:
-    """Horovod's response cache hid some ranks' arrivals: their spans start when the last rank
-    became ready. Each rank's latest known moment: its arrival where known, else the end of its
-    last own work. The rank furthest ahead is blamed when its lead explains at least half of
-    the wait; else nobody is (the rest of the wait stays on the collective, as communication):
-    returns (rank, the time the path leaves the collective for it, None: its span start)."""
-    fake = max(span.start_ns for span in members.values() if _unknown(span))
-    latest = estimated_arrivals(members, step)
-    top = max(latest, key=lambda r: (latest[r], r == current, -r))
-    if not _unknown(members[top]):
-        # a known arrival last of all; a hidden rank became ready clearly later: nobody known
-        return top, (latest[top] if fake - latest[top] > UNEXPLAINED_MIN_NS else None)
-    second = max((v for r, v in latest.items() if r != top), default=latest[top])
-    gap = fake - second
-    if gap <= 0 or 2 * (latest[top] - second) >= gap:
-        return top, None
-    return top, latest[top]
-
-
-def _last_arrival(
-    members: Dict[int, Span], current: int, step: StepTrace, hidden: bool
-) -> Tuple[int, Optional[int]]:
-    """``hidden``: some member's arrival is unknown."""
-    flagged = [
-        rank for rank, span in members.items() if span.attributes.get(ATTR_LAST_ARRIVAL) is True
-    ]
-    if len(flagged) == 1:
-        return flagged[0], None
-    if hidden:
-        return _unknown_last_arrival(members, current, step)
-    latest = max(span.start_ns for span in members.values())
-    tied = [rank for rank, span in members.items() if span.start_ns == latest]
-    return (current if current in tied else min(tied)), None
-
-
-def _waits_for_unseen_rank(node: Span, members: Dict[int, Span], expected: set) -> bool:
-    """A collective some expected rank has no span for, and no seen rank says it came last."""
-    if node.category != COLLECTIVE or expected.issubset(members):
-        return False
-    return not any(s.attributes.get(ATTR_LAST_ARRIVAL) is True for s in members.values())
-
-
-def _wait_end(span: Span, timeline: RankTimeline) -> int:
-    """Where this rank's waiting inside a collective ends (wait child, horovod.wait_ns)."""
-    waits = [p for p in timeline.parts.get(span.span_id, ()) if p.category == COLLECTIVE_WAIT]
-    if waits:
-        return min(span.end_ns, max(p.end_ns for p in waits))
-    wait_ns = span.attributes.get(ATTR_WAIT_NS)
-    if wait_ns is not None:
-        try:
-            return min(span.end_ns, span.start_ns + max(0, int(wait_ns)))
-        except (TypeError, ValueError):
-            pass
-    if span.attributes.get(ATTR_LAST_ARRIVAL) is False:
-        return span.end_ns
-    return span.start_ns
-
-
 def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -> CriticalPath:
     """``carried``: rank -> what it carried in from its previous step (``carry.carried_into``);
     None or empty: nothing (the first step, or no previous step to match)."""
@@ -593,16 +314,16 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
     path.inherited = {r: c.inherited_ns for r, c in carried.items() if c.inherited_ns > 0}
     if not step.ranks:
         return path
-    indexes = _LazyIndexes(step)
-    syncs = _collective_index(step)
-    hidden = _hidden(syncs)
+    indexes = LazyIndexes(step)
+    syncs = collective_index(step)
+    hidden = hidden_syncs(syncs)
     path.arrivals = {  # only where every rank's arrival is known
         key.name: {rank: span.start_ns for rank, span in members.items()}
         for key, members in syncs.items()
         if key not in hidden
     }
-    transfers = _transfer_index(step)
-    hidden |= _hidden(transfers)
+    transfers = transfer_index(step)
+    hidden |= hidden_syncs(transfers)
     syncs.update(transfers)
     if not syncs and len(step.ranks) > 1 and not _has_op_spans(step):
         return _implicit_sync_path(path, carried)
@@ -650,17 +371,17 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
         else:
             add_gap(rank, node.end_ns, t)
             t = node.end_ns
-        sync_key = _sync_key(node)
-        members = syncs.get(sync_key) if sync_key else None
-        if not members or sync_key is None:
+        at_sync = sync_key(node)
+        members = syncs.get(at_sync) if at_sync else None
+        if not members or at_sync is None:
             category = _NODE_CATEGORY.get(node.category, PATH_COMMUNICATION)
             add(rank, node.start_ns, t, category, node.name, node.span_id)
             t = node.start_ns
             continue
         # a sync point: close the leg that starts when this sync completes on this rank
-        legs.append(Leg(leg_rank, sync_key, leg_end_key, t, leg_end_ns))
+        legs.append(Leg(leg_rank, at_sync, leg_end_key, t, leg_end_ns))
         source, known_at = (
-            _last_arrival(members, rank, step, sync_key in hidden)
+            last_arrival(members, rank, step, at_sync in hidden)
             if node.category == COLLECTIVE
             else (None, None)
         )
@@ -674,12 +395,12 @@ def critical_path(step: StepTrace, carried: Optional[Dict[int, Carry]] = None) -
         wait_end = arrival
         if known_at is not None:  # until the last rank was ready (the hidden ranks' starts)
             wait_end = min(t, max(arrival, max(s.start_ns for s in members.values())))
-        elif _waits_for_unseen_rank(node, members, expected):
-            wait_end = min(t, max(arrival, _wait_end(node, step.ranks[rank])))
+        elif waits_for_unseen_rank(node, members, expected):
+            wait_end = min(t, max(arrival, collective_wait_end(node, step.ranks[rank])))
         add(rank, wait_end, t, PATH_COMMUNICATION, node.name, node.span_id)
         add(rank, arrival, wait_end, PATH_STRAGGLER_WAIT, node.name, node.span_id)
         rank, t = source, arrival
-        leg_rank, leg_end_key, leg_end_ns = rank, sync_key, t
+        leg_rank, leg_end_key, leg_end_ns = rank, at_sync, t
     path.concurrent = sum(len(index.concurrent) for index in indexes.values())
     first = min(step.ranks[rank].start_ns, t)
     add_gap(rank, first, t)
@@ -743,7 +464,7 @@ def _implicit_sync_path(path: CriticalPath, carried: Dict[int, Carry]) -> Critic
             Segment(source, step.start_ns, first, PATH_BEFORE_STEP, "(before rank's step)")
         )
     t = first
-    for span in sorted(timeline.nodes, key=_START_ID):
+    for span in sorted(timeline.nodes, key=attrgetter("start_ns", "span_id")):
         if span.category == COLLECTIVE or span.end_ns > sync or span.end_ns <= t:
             continue
         if span.start_ns > t:
@@ -784,16 +505,6 @@ def _set_others(leg: Leg, others: List[int], waited: List[int]) -> None:
             leg.waited_other_ns = (int(statistics.median(waited)), max(waited))
 
 
-def _sync_key(node: Span) -> Optional[SyncKey]:
-    if node.category == COLLECTIVE:
-        key = node.attributes.get(ATTR_COLLECTIVE_KEY)
-        return None if key is None else SyncKey(COLLECTIVE, str(key))
-    if node.category == TRANSFER:
-        edge = node.attributes.get(ATTR_TRANSFER_EDGE)
-        return None if edge is None else SyncKey(TRANSFER, str(edge))
-    return None
-
-
 def _compare_legs(
     legs: List[Leg],
     step: StepTrace,
@@ -832,7 +543,7 @@ def _compare_legs(
             else:
                 member = ends.get(rank)
                 end = member.start_ns if member else None
-                if estimated is not None and member is not None and _unknown(member):
+                if estimated is not None and member is not None and arrival_hidden(member):
                     end = estimated[rank]
             if begin is not None and end is not None:
                 # a first leg's wall-clock length, from the step's start

@@ -33,13 +33,10 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from tf_otel.analysis.critical_path import (
-    estimated_arrivals,
-    overlap_tolerance,
-)
-from tf_otel.analysis.model import ATTR_ARRIVAL, ATTR_TRANSFER_EDGE, Span
+from tf_otel.analysis.critical_path import overlap_tolerance
+from tf_otel.analysis.model import Span
 from tf_otel.analysis.steps import StepTrace
-from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, TRANSFER
+from tf_otel.analysis.sync_points import SyncKey, arrival_hidden, estimated_arrivals, sync_key
 
 _EXTENT = attrgetter("start_ns", "end_ns")
 _FIELDS = 5  # an event: rank, work ns, predecessor event (-1: the step start), post ns, sync
@@ -154,31 +151,31 @@ def step_graph(step: StepTrace, inherited: Optional[Mapping[int, int]] = None) -
     inherited = inherited or {}
     ranks = sorted(step.ranks)
     position = {rank: i for i, rank in enumerate(ranks)}
-    members: Dict[str, Dict[int, Span]] = {}
+    members: Dict[SyncKey, Dict[int, Span]] = {}
     for rank in ranks:
         for span in step.ranks[rank].syncs:
-            key = _sync_name(span)
+            key = sync_key(span)
             if key is not None:
                 found = members.setdefault(key, {})
                 if rank not in found or span.start_ns < found[rank].start_ns:
                     found[rank] = span
     # each sync's arrivals (estimated where Horovod's cache hid one) and last arrival
-    arrivals: Dict[str, Dict[int, int]] = {}
+    arrivals: Dict[SyncKey, Dict[int, int]] = {}
     for key, spans in members.items():
-        hidden = any(s.attributes.get(ATTR_ARRIVAL) == "unknown" for s in spans.values())
+        hidden = any(map(arrival_hidden, spans.values()))
         arrivals[key] = (
             estimated_arrivals(spans, step)
             if hidden
             else {rank: s.start_ns for rank, s in spans.items()}
         )
     base = array("q", (step.start_ns + max(0, inherited.get(r, 0)) for r in ranks))
-    own: Dict[int, List[str]] = {}
+    own: Dict[int, List[SyncKey]] = {}
     for key, spans in members.items():
         for rank in spans:
             own.setdefault(rank, []).append(key)
-    preds: Dict[int, Dict[str, Optional[str]]] = {}
-    work_before: Dict[int, Dict[str, int]] = {}
-    tail_pred_key: Dict[int, Optional[str]] = {}
+    preds: Dict[int, Dict[SyncKey, Optional[SyncKey]]] = {}
+    work_before: Dict[int, Dict[SyncKey, int]] = {}
+    tail_pred_key: Dict[int, Optional[SyncKey]] = {}
     tail = array("q", bytes(8 * len(ranks)))
     work = array("q", bytes(8 * len(ranks)))
     for rank in ranks:
@@ -186,9 +183,9 @@ def step_graph(step: StepTrace, inherited: Optional[Mapping[int, int]] = None) -
         keys = sorted(own.get(rank, ()), key=lambda k: members[k][rank].start_ns)
         tolerance = overlap_tolerance(timeline)
         ends: List[int] = []  # the syncs so far by end, for the predecessor search
-        ended: List[str] = []
-        pred_of: Dict[str, Optional[str]] = {}
-        before: Dict[str, int] = {}
+        ended: List[SyncKey] = []
+        pred_of: Dict[SyncKey, Optional[SyncKey]] = {}
+        before: Dict[SyncKey, int] = {}
         rank_base = base[position[rank]]
         for key in keys:
             arrival = arrivals[key][rank]
@@ -235,15 +232,15 @@ def step_graph(step: StepTrace, inherited: Optional[Mapping[int, int]] = None) -
 
 
 def _dependency_order(
-    members: Dict[str, Dict[int, Span]],
-    arrivals: Dict[str, Dict[int, int]],
-    preds: Dict[int, Dict[str, Optional[str]]],
-) -> List[str]:
+    members: Dict[SyncKey, Dict[int, Span]],
+    arrivals: Dict[SyncKey, Dict[int, int]],
+    preds: Dict[int, Dict[SyncKey, Optional[SyncKey]]],
+) -> List[SyncKey]:
     """The syncs, each after the syncs its members' arrivals wait for (by last arrival where
     free to choose; a cycle, which only inconsistent times make, is cut where it closes)."""
     by_arrival = sorted(members, key=lambda k: (max(arrivals[k].values()), k))
     done: set = set()
-    order: List[str] = []
+    order: List[SyncKey] = []
     for first in by_arrival:
         stack = [first]
         while stack:
@@ -263,16 +260,6 @@ def _dependency_order(
             done.add(key)
             order.append(key)
     return order
-
-
-def _sync_name(span: Span) -> Optional[str]:
-    if span.category == COLLECTIVE:
-        key = span.attributes.get(ATTR_COLLECTIVE_KEY)
-        return None if key is None else "c:" + str(key)
-    if span.category == TRANSFER:
-        edge = span.attributes.get(ATTR_TRANSFER_EDGE)
-        return None if edge is None else "t:" + str(edge)
-    return None
 
 
 def own_work(step: StepTrace, inherited: Optional[Mapping[int, int]] = None) -> array:

@@ -46,11 +46,11 @@ from tf_otel.analysis.critical_path import (
     PATH_COMPUTE,
     PATH_FRAMEWORK,
     PATH_INPUT,
-    Arrivals,
     CriticalPath,
 )
 from tf_otel.analysis.replay import own_work
 from tf_otel.analysis.steps import RankTimeline, StepTrace
+from tf_otel.analysis.sync_points import Arrivals
 from tf_otel.lateness import MAD_TO_SIGMA, StragglerNoise, medians_without, noise_of
 from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRANSFER
 
