@@ -30,8 +30,11 @@ class Category(str, Enum):
     SLOWDOWN = "slowdown"  # rank 0's persistent slowdown record (pipeline/verdicts.py)
 
     # as text, a member is its value (str(), f-strings), as enum.StrEnum does from Python 3.11
-    __str__ = str.__str__
-    __format__ = str.__format__
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
 
 
 # The values as plain str, which is what records, span attributes and the analysis' rows hold:
