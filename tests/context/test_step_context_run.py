@@ -19,6 +19,7 @@ from conftest import REPO, VENV_BIN, base_env, horovodrun, run
 pytestmark = pytest.mark.integration
 SCRIPT = REPO / "tests" / "context" / "scripts" / "user_spans_train.py"
 STEPS = 6
+TWIN_THREAD = "tf_otel-twin"  # tf_otel/instrument/twin.py THREAD_NAME
 
 
 def _step_spans(spans, name_part: str) -> Dict[Tuple[int, int], Any]:
@@ -44,9 +45,6 @@ def test_user_spans_and_logs_land_in_the_step_they_were_made_in(
         STEPS=str(STEPS),
         OTEL_LOGS_EXPORTER="otlp",
         OTEL_PYTHON_LOG_CORRELATION="true",  # otelTraceID & co. on every LogRecord
-        # the detail twin traced on the step (its Python runs again while traced: on the twin
-        # thread the "during trace" records land outside any step; issue 45's open point)
-        TF_OTEL_TWIN_PREPARE="step",
     )
     result = horovodrun(str(SCRIPT), env)
     for rank in (0, 1):
@@ -69,10 +67,29 @@ def test_user_spans_and_logs_land_in_the_step_they_were_made_in(
     for rank in (0, 1):
         assert ("before training", rank) in names and ("during trace", rank) in names
         assert all((f"between {n}", rank) in names for n in range(STEPS))
+    twin = [s for s in user if s.attributes["test.thread"] == TWIN_THREAD]
+    for rank in (0, 1):
+        # the detail twin's trace reran the step function's Python on tf_otel's thread, after
+        # the step that traced it: its span is in that step's trace, under the rank's step span
+        traced_in = [
+            steps[(rank, s.attributes["test.step"])]
+            for s in user
+            if s.name == "during trace"
+            and s.attributes["test.rank"] == rank
+            and s.attributes["test.thread"] != TWIN_THREAD
+        ]
+        mine = [s for s in twin if s.attributes["test.rank"] == rank]
+        assert mine, f"rank {rank}: no span of the twin's trace"
+        for span in mine:
+            assert any(
+                span.trace_id == p.trace_id and span.parent_id == p.span_id for p in traced_in
+            ), (span, traced_in)
     for span in user:
         rank, n = span.attributes["test.rank"], span.attributes["test.step"]
         if n < 0:  # control: made before the first step
             assert span.trace_id not in step_traces and span.parent_id is None, span
+            continue
+        if span.attributes["test.thread"] == TWIN_THREAD:
             continue
         parent = steps[(rank, n)]
         assert span.trace_id == parent.trace_id, (span.name, rank, n)
@@ -89,11 +106,15 @@ def test_user_spans_and_logs_land_in_the_step_they_were_made_in(
     )
     mine = [r for r in logs if "test_step" in r.attributes]
     assert len(mine) == len(user), [r.body for r in mine]
+    twin_traces = {s.trace_id for s in twin}
     for rec in mine:
         rank, n = rec.attributes["test_rank"], rec.attributes["test_step"]
         assert rec.resource.get("tf_otel.rank") == rank
         if n < 0:
             assert rec.trace_id not in step_traces
+            continue
+        if rec.attributes["test_thread"] == TWIN_THREAD:
+            assert rec.trace_id in twin_traces, rec.body
             continue
         step = steps[(rank, n)]
         # the user's span is current when the record is made: its trace is the step's

@@ -109,6 +109,20 @@ class StepSpan(NonRecordingSpan):
         return f"StepSpan({self.get_span_context()!r})"
 
 
+def pinned_context() -> Optional[Any]:
+    """On a training thread: a context naming the step that is current there now, and only
+    that step (later steps do not move it); None outside a step context. For work tf_otel does
+    for this step on another thread that runs the program's Python (the detail twin's trace):
+    the spans and log records it makes land in this step's trace, under this rank's step span,
+    on the reference clock (``ClockShiftProcessor``)."""
+    span = trace.get_current_span()
+    if type(span) is not StepSpan or not span.steps.active or span.steps.handle is None:
+        return None
+    pinned = ThreadSteps(span.steps.job_id, span.steps.rank)
+    pinned.handle = span.steps.handle
+    return trace.set_span_in_context(StepSpan(pinned, span.below))
+
+
 class StepContextHook(StepHook[None]):
     """Makes each step the current context of the thread that runs it."""
 

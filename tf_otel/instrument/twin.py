@@ -46,11 +46,13 @@ Thread safety: tracing in the background is tracing from a second thread, which 
 allows (each Function traces under its own lock; graph-building state is per thread); the twin
 is its own Function, so the program's function never waits for it. A twin whose preparation
 fails is given up (logged once, counted) and the program's own function runs on its detail
-steps. A program that exits while a twin is prepared waits for that one preparation (unpaced,
-at most ``EXIT_WAIT_S``; said once): a thread cut off inside TensorFlow at the interpreter's
-finalisation can abort the process. Cost: a second set of traced graphs in memory, the
-background thread's CPU while it prepares (docs/benchmarks/startup.md), nothing on steps
-without detail.
+steps. The program's Python that runs again while its twin traces (the spans and log records
+it makes) runs in the context of the step that traced the program's function, so it lands in
+that step's trace (``step_context.pinned_context``). A program that exits while a twin is
+prepared waits for that one preparation (unpaced, at most ``EXIT_WAIT_S``; said once): a
+thread cut off inside TensorFlow at the interpreter's finalisation can abort the process.
+Cost: a second set of traced graphs in memory, the background thread's CPU while it prepares
+(docs/benchmarks/startup.md), nothing on steps without detail.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from opentelemetry import context as otel_context
 
 from tf_otel.health import count, fail_open, log_once, report_failure
 
@@ -224,6 +228,9 @@ class _Job:
     kwargs: dict
     generation: int
     device: str = ""  # the training thread's device scope at the call (tf.device)
+    # the OpenTelemetry context of the step that traced (step_context.pinned_context): what
+    # the program's Python makes while its twin traces lands in that step's trace
+    context: Any = None
 
 
 class _Gate:
@@ -326,6 +333,10 @@ def _prepare_later(function: Any, args: tuple, kwargs: dict) -> None:
     generation = _gate.queued + 1
     _gate.queued = generation  # before the job exists: the gate closes first, never after
     job = _Job(function, twin, tuple(args), dict(kwargs), generation, _device_scope())
+    with fail_open("twin.context"):
+        from tf_otel.instrument.step_context import pinned_context
+
+        job.context = pinned_context()
     try:
         _gate.jobs.put_nowait(job)
     except queue.Full:
@@ -358,6 +369,15 @@ def _prepare(job: _Job) -> None:
     """On the twin thread: trace the twin, then have TensorFlow instantiate it without running
     it. A twin that cannot be traced is given up; one that cannot be instantiated here still
     runs (instantiated by its first detail step)."""
+    token = otel_context.attach(job.context) if job.context is not None else None
+    try:
+        _prepare_in_context(job)
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+
+
+def _prepare_in_context(job: _Job) -> None:
     started = time.monotonic()
     before = job.twin.experimental_get_tracing_count()
     paced = job.generation > 0  # the twin thread (not TF_OTEL_TWIN_PREPARE=step's step)

@@ -8,6 +8,7 @@ horovodrun -np 2 python tests/context/scripts/user_spans_train.py   MODE=loop | 
 
 import logging
 import os
+import threading
 
 MODE = os.environ.get("MODE", "loop")
 if MODE == "keras":
@@ -28,9 +29,12 @@ current = [-1]  # the step this script is in, counted by itself (set just before
 
 
 def mark(name: str, step: int) -> None:
-    """One user span and one log record, both naming the step this script counts them in."""
-    with tracer.start_as_current_span(name, attributes={"test.step": step, "test.rank": RANK}):
-        log.info(name, extra={"test_step": step, "test_rank": RANK})
+    """One user span and one log record, both naming the step this script counts them in and
+    the thread that made them (tf_otel's twin thread reruns the step function's Python)."""
+    thread = threading.current_thread().name
+    attributes = {"test.step": step, "test.rank": RANK, "test.thread": thread}
+    with tracer.start_as_current_span(name, attributes=attributes):
+        log.info(name, extra={"test_step": step, "test_rank": RANK, "test_thread": thread})
 
 
 mark("before training", -1)
