@@ -36,3 +36,25 @@ def test_the_package_is_marked_typed_and_ships_the_marker():
     assert (REPO / "tf_otel" / "py.typed").is_file()
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "py.typed" in project["tool"]["setuptools"]["package-data"]["tf_otel"]
+
+
+def test_tf_otel_instrument_stays_callable_after_its_package_is_imported():
+    """``tf_otel.instrument`` is both the function and the package ``tf_otel/instrument/``:
+    importing anything in the package rebinds the name to it. A second ``tf_otel.instrument()``
+    (idempotent, as its docstring says) and one after ``import tf_otel.instrument.keras`` still
+    instrument, in a process that never imports TensorFlow."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tf_otel\n"
+        "tf_otel.instrument(configure_sdk=False)\n"
+        "import tf_otel.instrument.keras\n"
+        "tf_otel.instrument(configure_sdk=False)\n"
+        "from tf_otel.instrument import TensorFlowInstrumentor\n"
+        "print(TensorFlowInstrumentor().is_instrumented_by_opentelemetry,"
+        " 'tensorflow' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False"], done.stdout

@@ -14,6 +14,8 @@ Patches are registered as post-import hooks: TensorFlow is never imported by tf_
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any, Collection
 
 # instrumentor.py is "# type: ignore" as a whole, so mypy sees none of its names
@@ -130,3 +132,15 @@ class TensorFlowInstrumentor(BaseInstrumentor):
     def _uninstrument(self, **kwargs: Any) -> None:
         _patching.deactivate()
         step_context.release()
+
+
+class _CallablePackage(types.ModuleType):
+    """``tf_otel.instrument`` names both this package and the function ``tf_otel.instrument()``:
+    importing the package (which the function itself does) rebinds that name on ``tf_otel`` to
+    the package, so calling the package does what the function does."""
+
+    def __call__(self, configure_sdk: bool = True, **kwargs: Any) -> None:
+        TensorFlowInstrumentor().instrument(configure_sdk=configure_sdk, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
