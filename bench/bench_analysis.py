@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tf_otel.analysis.analyze import analyze_source, analyze_spans  # noqa: E402
 from tf_otel.analysis.engine import open_engine  # noqa: E402
-from tf_otel.analysis.gc_pause import paused_gc  # noqa: E402
 from tf_otel.analysis.load import _json  # noqa: E402
 from tf_otel.analysis.load import files as load_files  # noqa: E402
 from tf_otel.analysis.load.files import load_paths, requested_workers  # noqa: E402
@@ -37,6 +36,7 @@ from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as MSGSPEC  # noqa: E40
 from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE  # noqa: E402
 from tf_otel.analysis.load.spill import load_spilled  # noqa: E402
 from tf_otel.analysis.report.json_report import to_json  # noqa: E402
+from tf_otel.analysis.rules.gc_pause import paused_gc  # noqa: E402
 
 EPOCH_NS = 1_700_000_000 * 10**9
 COMPUTE_OPS = 150

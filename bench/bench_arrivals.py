@@ -43,7 +43,8 @@ def worker(rounds: int, block: int, layers: int) -> None:
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
     from tf_otel.instrument.horovod.stamps import collector
-    from tf_otel.pipeline import ids, lifecycle
+    from tf_otel.otel import ids
+    from tf_otel.runtime import lifecycle
 
     hvd.init()
     train_step = harness.dense_allreduce_step(layers, data_seed=hvd.rank())

@@ -30,7 +30,7 @@ def worker(rounds: int, block: int, layers: int) -> None:
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
     from tf_otel.instrument.horovod.choice import OFF, choice
-    from tf_otel.pipeline import lifecycle
+    from tf_otel.runtime import lifecycle
 
     hvd.init()
     train_step = harness.dense_allreduce_step(layers, data_seed=9)

@@ -62,9 +62,9 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
     from tf_otel.config import Settings
     from tf_otel.instrument.horovod.stamps import collector
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline import lifecycle
-    from tf_otel.pipeline.sdk import OtlpJsonFileExporter
-    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.otel.sdk import OtlpJsonFileExporter
+    from tf_otel.runtime import lifecycle
+    from tf_otel.runtime.steps import Pipeline
 
     profiles: List[cProfile.Profile] = []
     if profile:  # every thread's own profiler (export, batch processor, coordinator)
@@ -81,7 +81,7 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
 
         threading.Thread.run = profiled_run  # type: ignore[method-assign]
     if path == "sdk":  # the path before issue 13's fast path: SDK start_span, protobuf JSON
-        from tf_otel.pipeline import sdk, span_builder
+        from tf_otel.otel import sdk, span_builder
 
         sdk.spans_to_otlp_json = sdk.proto_otlp_json  # type: ignore[assignment]
         span_builder.SpanBuilder._eligible = lambda self: False  # type: ignore[method-assign]

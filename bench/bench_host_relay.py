@@ -1,4 +1,4 @@
-"""What a host relay costs, and what it saves rank 0, per step extent (pipeline/host_relay.py).
+"""What a host relay costs, and what it saves rank 0, per step extent (cluster/host_relay.py).
 
 One process: rank 0's ``StepAggregator`` and the 8 ranks of one host, each with the product's
 link (``coordinator_link``: with relays, one of them leads and relays the others), over real
@@ -33,11 +33,11 @@ SECRET = "bench-host-relay-secret-0123456789"
 
 
 def measure(relay: bool, steps: int) -> Dict[str, Any]:
+    from tf_otel.cluster.coordinator import StepAggregator
+    from tf_otel.cluster.host_relay import close_link, coordinator_link
     from tf_otel.config import Settings
     from tf_otel.job import job_secret
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline.coordinator import StepAggregator
-    from tf_otel.pipeline.host_relay import close_link, coordinator_link
 
     key = job_secret.job_key({"TF_OTEL_JOB_SECRET": SECRET})
     whole: List[int] = []

@@ -1,4 +1,4 @@
-"""Cost of checking cross-rank message bodies on receipt (tf_otel/pipeline/messages.py): the
+"""Cost of checking cross-rank message bodies on receipt (tf_otel/cluster/messages.py): the
 checked ``messages.decode`` against the unchecked decode it replaced (``json.loads`` plus the
 object / type test), per message type, in alternating blocks in one process (same load).
 Messages are per step (an extent per rank, a step's Horovod arrivals / last arrivals, rank 0's
@@ -45,8 +45,8 @@ def main() -> None:
     parser.add_argument("--collectives", type=int, default=50, help="tensors in a step")
     args = parser.parse_args()
 
+    from tf_otel.cluster import messages
     from tf_otel.instrument.horovod import timeline
-    from tf_otel.pipeline import messages
     from tf_otel.sources import horovod_timeline as tl
 
     n = args.collectives

@@ -193,7 +193,7 @@ def conversion(step_stats, logdir, base_ns, repeats=5):
 
     from tf_otel.config import Settings
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.runtime.steps import Pipeline
     from tf_otel.sources.step_stats import cap_records, step_stats_capped, step_stats_records
 
     exporter = InMemorySpanExporter()

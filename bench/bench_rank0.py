@@ -5,7 +5,7 @@ for step extents, ``ClockSync``'s TCP clock server); the other ranks are threads
 processes, each with the product's own ``CoordinatorClient`` and ``ClockSync`` client over real
 TCP with the HMAC handshake. Every rank reports each step's extent at STEPS_PER_S (the same
 steps at the same wall times on every rank, as a synchronous job does). By default each
-simulated host's ranks go through their host relay (pipeline/host_relay.py: one rank a host
+simulated host's ranks go through their host relay (cluster/host_relay.py: one rank a host
 elected, one connection and one message a step and host to rank 0; rank 0's own host's ranks
 direct), as the product does where a host runs several ranks; ``--no-relay`` is the control
 (every rank connected to rank 0).
@@ -68,7 +68,7 @@ RANKS_PER_PROCESS = 128
 LIGHT_RANKS_PER_PROCESS = 1024  # --light-hosts: 128 simulated hosts (relays) a process
 KEY = "bench_step"
 SECRET = "bench-rank0-secret-0123456789abcdef"
-RELAY_THREAD = "tf_otel-relay"  # a host relay's event loop (pipeline/host_relay.py)
+RELAY_THREAD = "tf_otel-relay"  # a host relay's event loop (cluster/host_relay.py)
 PER_HOST = 8  # ranks a simulated host: one of them syncs the host's clock with rank 0
 
 
@@ -135,9 +135,9 @@ def _rank0(run: _Run, profile: str = "") -> None:
     world, seconds, port, t0, per_host, relay, light = run
     from tf_otel import health
     from tf_otel.clock.sync import ClockSync
+    from tf_otel.cluster.coordinator import LEARN_STEPS, StepAggregator
+    from tf_otel.cluster.host_relay import lead_directly
     from tf_otel.config import Settings
-    from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
-    from tf_otel.pipeline.host_relay import lead_directly
 
     roots: Dict[int, Tuple[int, bool]] = {}
     lock = threading.Lock()
@@ -287,7 +287,7 @@ def _part(first: int, last: int, run: _Run) -> None:
     (HostRelay.serve_local) and one ClockSync, the host's clock leader."""
     world, seconds, port, t0, per_host, relay, light = run
     from tf_otel import health
-    from tf_otel.pipeline.host_relay import (
+    from tf_otel.cluster.host_relay import (
         RELAY_WAIT_MAX_S,
         HostRelay,
         close_link,

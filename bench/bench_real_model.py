@@ -119,7 +119,7 @@ START_S = 40.0
 
 def worker(model_name: str, batch: int, warmup: int, steps: int) -> None:
     if os.environ.get("BENCH_SDK_PATH") == "1":  # the span path before issue 13's direct one
-        from tf_otel.pipeline import sdk, span_builder
+        from tf_otel.otel import sdk, span_builder
 
         sdk.spans_to_otlp_json = sdk.proto_otlp_json  # type: ignore[assignment]
         span_builder.SpanBuilder._eligible = lambda self: False  # type: ignore[method-assign]
@@ -247,7 +247,8 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     from tf_otel.instrument import twin
     from tf_otel.instrument.horovod.choice import STAMPS, choice
     from tf_otel.instrument.horovod.stamps import collector, fused_wanted, parts_wanted
-    from tf_otel.pipeline import ids, lifecycle
+    from tf_otel.otel import ids
+    from tf_otel.runtime import lifecycle
 
     hvd.init()
     cls, side, _, _ = MODELS[model_name]

@@ -35,7 +35,7 @@ def main() -> None:
     from tf_otel.instrument import _patching
     from tf_otel.instrument.step_context import StepContextHook
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.runtime.steps import Pipeline
 
     provider = TracerProvider()
     pipeline = Pipeline(Settings(), Topology(job_id="bench"), provider)

@@ -18,7 +18,7 @@ from typing import Any
 
 
 def _handle(step: int) -> Any:
-    from tf_otel.pipeline.step_handle import StepHandle
+    from tf_otel.step_handle import StepHandle
 
     return StepHandle("bench", step, "bench_step", "tf_function", 0, True, 0)
 

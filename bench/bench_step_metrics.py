@@ -1,4 +1,4 @@
-"""Cost of the step histograms (tf_otel/pipeline/step_metrics.py), side by side and interleaved.
+"""Cost of the step histograms (tf_otel/metrics/step_metrics.py), side by side and interleaved.
 
 1. Training thread: ``begin_step`` + ``end_step`` of an unsampled step (sampler off: the path
    every step takes at ratio 0, and most steps at low ratios) with the step metrics on (one
@@ -51,8 +51,8 @@ def main() -> None:
 
     from tf_otel.config import Settings
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline.step_handle import StepHandle
-    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.runtime.steps import Pipeline
+    from tf_otel.step_handle import StepHandle
 
     reader = InMemoryMetricReader()
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))

@@ -1,4 +1,4 @@
-"""Rank 0's CPU for its live verdicts (tf_otel/pipeline/verdicts.py) per step, by job size.
+"""Rank 0's CPU for its live verdicts (tf_otel/cluster/verdicts.py) per step, by job size.
 
 What rank 0 adds per step root: judging the step (every rank's lateness, the noise model refitted
 every few steps, the slowdown detector) and recording every rank's lateness in the histogram.
@@ -36,8 +36,8 @@ def _per_step_us(ranks: int, steps: int, with_metrics: bool, seed: int) -> float
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.trace import SpanContext, TraceFlags
 
-    from tf_otel.pipeline.step_metrics import StepMetrics
-    from tf_otel.pipeline.verdicts import LiveVerdicts
+    from tf_otel.cluster.verdicts import LiveVerdicts
+    from tf_otel.metrics.step_metrics import StepMetrics
 
     rng = random.Random(seed)
     verdicts = LiveVerdicts()

@@ -22,8 +22,8 @@ from analysis_builders import decoded_spans  # noqa: E402
 from job_simulator import DataParallel  # noqa: E402
 
 from tf_otel.analysis.analyze import analyze_spans  # noqa: E402
-from tf_otel.analysis.diff import diff_profiles  # noqa: E402
-from tf_otel.analysis.profile import run_profile  # noqa: E402
+from tf_otel.analysis.compare.diff import diff_profiles  # noqa: E402
+from tf_otel.analysis.compare.profile import run_profile  # noqa: E402
 
 
 def _profile(sim: DataParallel, seed: int) -> dict:

@@ -7,7 +7,7 @@ limit); each subcommand is independent and writes JSON under --out:
   env     versions: GPU, driver, CUDA, torch, NCCL (torch.cuda.nccl.version()), jax, pynvml
   nccl    a torch.distributed NCCL job (world 1 and/or 2 processes on the one GPU) with the
           tf_otel NCCL profiler plugin: the rings it wrote, the collectives issued, NCCL's log
-  nvml    tf_otel.pipeline.gpu_metrics sampling NVML while idle / under a matmul load / idle
+  nvml    tf_otel.metrics.gpu_metrics sampling NVML while idle / under a matmul load / idle
   xplane  a JAX profiler capture (the same XSpace format as TF's) of a few jitted GPU ops
   bench   all_reduce loops with the plugin loaded vs not, interleaved rounds
 
@@ -521,7 +521,7 @@ def cmd_nvml(args: argparse.Namespace) -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from tf_otel.pipeline import gpu_metrics as gm
+    from tf_otel.metrics import gpu_metrics as gm
 
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])

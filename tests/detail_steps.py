@@ -14,7 +14,7 @@ test_twin_ready.py checks those).
 from typing import Dict, Iterable, Set
 
 from tf_otel.instrument.horovod.choice import detail_wanted
-from tf_otel.pipeline.ids import step_trace_id
+from tf_otel.otel.ids import step_trace_id
 
 # the detail twin prepared on the step that traced the program's function: every picked step
 # is detailed, whatever the machine's speed (instrument/twin.py)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, List, Set
 
-from tf_otel.pipeline.ids import step_trace_id
+from tf_otel.otel.ids import step_trace_id
 
 _ROOT_NAME = re.compile(r"^(.*) step (\d+)$")
 

@@ -125,7 +125,7 @@ def test_finder_sees_a_function_level_cycle(tmp_path):
     assert cycles(import_graph(pkg)) == []
 
 
-def test_version_module_matches_the_project_and_pipeline_reads_it_there():
+def test_version_module_matches_the_project_and_the_runtime_reads_it_there():
     import tomllib
 
     from tf_otel.version import __version__
@@ -133,7 +133,7 @@ def test_version_module_matches_the_project_and_pipeline_reads_it_there():
     root = Path(__file__).resolve().parent.parent
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     assert __version__ == project["version"]
-    for path in (root / "tf_otel" / "pipeline").glob("*.py"):
+    for path in (root / "tf_otel").glob("[comr]*/*.py"):  # cluster, metrics, otel, runtime
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module == "tf_otel":
                 names = {alias.name for alias in node.names}
@@ -293,7 +293,7 @@ def test_step_hooks_take_a_typed_step_handle():
 
 
 def _step_handle_fields() -> List[str]:
-    tree = ast.parse((PACKAGE / "pipeline" / "step_handle.py").read_text())
+    tree = ast.parse((PACKAGE / "step_handle.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "StepHandle":
             return [
@@ -301,7 +301,7 @@ def _step_handle_fields() -> List[str]:
                 for n in node.body
                 if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
             ]
-    raise AssertionError("no StepHandle in pipeline/step_handle.py")
+    raise AssertionError("no StepHandle in tf_otel/step_handle.py")
 
 
 def test_the_handle_check_finds_an_untyped_hook(tmp_path):
@@ -318,3 +318,46 @@ def test_the_handle_check_finds_an_untyped_hook(tmp_path):
         "on_step_start:2",
         "on_step_start:2 (handle: Any)",
     ]
+
+
+# the runtime's rooms, bottom to top: a room imports only rooms below it (and tf_otel's base
+# modules, clock/, job/, sources/); each room's __init__ says what it owns in a few lines
+LAYERS = ("tf_otel.otel", "tf_otel.metrics", "tf_otel.cluster", "tf_otel.runtime")
+MAX_MODULES_IN_A_ROOM = 20
+
+
+def _layer(module: str) -> int:
+    return next((i for i, room in enumerate(LAYERS) if module.startswith(room + ".")), -1)
+
+
+def test_the_runtime_rooms_import_only_down():
+    graph = import_graph(PACKAGE)
+    assert all(any(m.startswith(room + ".") for m in graph) for room in LAYERS)
+    up = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if _layer(module) >= 0 and _layer(target) > _layer(module)
+    )
+    assert not up, "imports back up a layer: " + "; ".join(up)
+
+
+def test_the_layer_check_sees_an_import_up(tmp_path):
+    pkg = tmp_path / "tf_otel"
+    for room in ("otel", "runtime"):
+        (pkg / room).mkdir(parents=True)
+        (pkg / room / "__init__.py").write_text('"""A room."""\n')
+    (pkg / "__init__.py").write_text("")
+    (pkg / "runtime" / "steps.py").write_text("from tf_otel.otel import sdk\n")
+    (pkg / "otel" / "sdk.py").write_text("def f():\n    from tf_otel.runtime import steps\n")
+    graph = import_graph(pkg)
+    up = [(m, t) for m, ts in graph.items() for t in ts if _layer(t) > _layer(m) >= 0]
+    assert up == [("tf_otel.otel.sdk", "tf_otel.runtime.steps")]
+
+
+def test_each_runtime_room_says_what_it_owns_and_stays_small():
+    for room in LAYERS:
+        folder = PACKAGE / room.split(".", 1)[1]
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        assert 0 < len(doc.splitlines()) <= 6 and "import" in doc.lower(), room
+        assert len(list(folder.glob("*.py"))) - 1 <= MAX_MODULES_IN_A_ROOM, room

@@ -1,4 +1,4 @@
-"""Rank 0's live comparison with a reference run (pipeline/baseline.py): a window slower beyond
+"""Rank 0's live comparison with a reference run (cluster/baseline.py): a window slower beyond
 the noise is said with the rank whose lateness grew; a window at the reference, the warm-up and
 another step function are not; an unusable reference is one log line naming it."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tf_otel.pipeline import baseline as live
-from tf_otel.pipeline.baseline import WARMUP_STEPS, WINDOW, LiveBaseline
+from tf_otel.cluster import baseline as live
+from tf_otel.cluster.baseline import WARMUP_STEPS, WINDOW, LiveBaseline
 
 
 def _reference(tmp_path: Path, median_ms: float = 100.0, sigma_ms: float = 2.0) -> str:

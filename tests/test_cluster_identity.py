@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tf_otel import config, record
 from tf_otel.config import Settings
 from tf_otel.job import topology
-from tf_otel.pipeline import lifecycle
+from tf_otel.runtime import lifecycle
 
 CLUSTER = {
     "ps": ["127.0.0.1:2222"],

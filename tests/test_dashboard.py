@@ -9,7 +9,7 @@ The live test runs two short jobs into one Prometheus: a 1-process Keras fit fed
 with a slow decode stage and TF_OTEL_INPUT_WAIT=1 (step and input-wait histograms, host and
 process metrics), and a 2-rank horovodrun Keras fit with collective detail on every step
 (collective-wait histograms). Metric names referenced by the dashboard must all exist in
-Prometheus. On a host without a GPU the NVML gauges of tf_otel/pipeline/gpu_metrics.py are sent by
+Prometheus. On a host without a GPU the NVML gauges of tf_otel/metrics/gpu_metrics.py are sent by
 its own code with a stand-in for NVML's readings, so their real names and units are stored.
 """
 
@@ -140,7 +140,7 @@ def test_dashboard_provider_points_at_the_mounted_folder():
 
 class _StandInNvml:
     """pynvml's call surface for one GPU with fixed readings: on a host without a GPU, the
-    gauges tf_otel/pipeline/gpu_metrics.py registers still reach Prometheus under their real names
+    gauges tf_otel/metrics/gpu_metrics.py registers still reach Prometheus under their real names
     and units (only the NVML readings are stand-ins)."""
 
     NVML_TEMPERATURE_GPU = 0
@@ -176,7 +176,7 @@ def _push_gpu_gauges(endpoint: str, job_id: str) -> None:
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
 
-    from tf_otel.pipeline.gpu_metrics import start_gpu_metrics
+    from tf_otel.metrics.gpu_metrics import start_gpu_metrics
 
     attrs = {"tf_otel.rank": 0, "tf_otel.job.id": job_id}
     reader = PeriodicExportingMetricReader(

@@ -21,7 +21,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 # a repository path into docs/ named in prose, a docstring or a command line
 DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w/.-]*\w\.(?:md|png)")
 # docs/ paths of other projects, named where their conventions are followed
-ELSEWHERE = {"docs/hardware/gpu.md"}  # OpenTelemetry semantic conventions (pipeline/gpu_metrics)
+ELSEWHERE = {"docs/hardware/gpu.md"}  # OpenTelemetry semantic conventions (metrics/gpu_metrics)
 TEXT = (".py", ".md", ".sh", ".c", ".yaml", ".yml", ".toml", ".cfg")
 
 

@@ -1,5 +1,5 @@
 """A rank's exit within TF_OTEL_EXIT_TIMEOUT_S in all: the shutdown's stages share one deadline
-(pipeline/exit_deadline.py) instead of each taking up to its own limit one after another, and
+(cluster/exit_deadline.py) instead of each taking up to its own limit one after another, and
 the spans' flush comes before the stages that only wait (the link to rank 0, clock, metrics)."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from ports import refused_port
 
 from tf_otel import record
+from tf_otel.cluster.coordinator import StepAggregator
+from tf_otel.cluster.coordinator_client import CoordinatorClient
+from tf_otel.cluster.exit_deadline import Deadline
+from tf_otel.cluster.services import Services
 from tf_otel.config import Settings
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline.coordinator import StepAggregator
-from tf_otel.pipeline.coordinator_client import CoordinatorClient
-from tf_otel.pipeline.exit_deadline import Deadline
-from tf_otel.pipeline.services import Services
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.runtime.steps import Pipeline
 
 
 def test_deadline_counts_down_to_zero_and_caps() -> None:

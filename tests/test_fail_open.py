@@ -117,7 +117,7 @@ def _exporter_record(kind: str) -> logging.LogRecord:
 def test_a_failing_export_is_said_once_per_signal_and_names_it():
     """One exporter logger serves spans and metrics: a missing collector is one line for each,
     named for what fails (a run with only a metrics endpoint missing read "span export")."""
-    from tf_otel.pipeline.sdk import _ExportFailureFilter
+    from tf_otel.otel.sdk import _ExportFailureFilter
 
     flt = _ExportFailureFilter()
     kinds = [f"unit-{time.monotonic_ns()}-{kind}" for kind in ("a", "b")]  # fresh log-once keys
@@ -143,7 +143,7 @@ def test_system_metrics_export_through_a_closed_exporter_fails_quietly(caplog):
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
-    from tf_otel.pipeline.system_metrics import _shared
+    from tf_otel.metrics.system_metrics import _shared
 
     exporter = OTLPMetricExporter(endpoint="127.0.0.1:9", insecure=True, timeout=1)
     shared = _shared(exporter)

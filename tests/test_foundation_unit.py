@@ -13,7 +13,7 @@ import pytest
 
 from tf_otel import config
 from tf_otel.job import topology
-from tf_otel.pipeline.ids import step_root_span_id, step_trace_id
+from tf_otel.otel.ids import step_root_span_id, step_trace_id
 
 
 def test_import_does_not_import_tensorflow() -> None:

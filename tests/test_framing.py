@@ -1,4 +1,4 @@
-"""pipeline.framing.LineConnection over real loopback TCP: lines awaited one at a time, then
+"""cluster.framing.LineConnection over real loopback TCP: lines awaited one at a time, then
 handed to a callback as they arrive, with the limits and endings of a StreamReader's readline."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any, Callable, Coroutine, List, Tuple
 
 import pytest
 
+from tf_otel.cluster.framing import LineConnection, lines_from
 from tf_otel.health import counters
-from tf_otel.pipeline.framing import LineConnection, lines_from
 
 LIMIT = 64
 

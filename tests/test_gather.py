@@ -1,4 +1,4 @@
-"""pipeline/gather.py: rank 0's rounds are answered once complete, or overdue with the ranks it
+"""runtime/gather.py: rank 0's rounds are answered once complete, or overdue with the ranks it
 has, never twice; open rounds are bounded; the local shortcut on rank 0."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Tuple
 
 from tf_otel.health import counters
-from tf_otel.pipeline.gather import Gather, to_every_rank, to_reference
+from tf_otel.runtime.gather import Gather, to_every_rank, to_reference
 
 
 def _gather(world: int, wait_s: float = 60.0, max_rounds: int = 4):

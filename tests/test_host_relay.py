@@ -1,4 +1,4 @@
-"""Per-host aggregation of the step reports (issue 26, pipeline/host_relay.py): 8 simulated ranks
+"""Per-host aggregation of the step reports (issue 26, cluster/host_relay.py): 8 simulated ranks
 on 2 named hosts over real TCP with the product's classes (StepAggregator, the ranks' links from
 ``coordinator_link``, the election and relay). Rank 0 holds the connections of its own host's
 ranks and ONE of the other host's relay; every root is complete and the same, extent and
@@ -32,21 +32,16 @@ if str(REPO) not in sys.path:  # run as the leader script
 
 from locks import held_elsewhere  # noqa: E402
 
-from tf_otel.clock import host_share  # noqa: E402
-from tf_otel.clock.host_share import private_dir  # noqa: E402
-from tf_otel.config import Settings  # noqa: E402
-from tf_otel.health import counters  # noqa: E402
-from tf_otel.job import job_secret  # noqa: E402
-from tf_otel.job.topology import KV_SCHEME, Topology, publish_reference  # noqa: E402
-from tf_otel.pipeline import messages  # noqa: E402
-from tf_otel.pipeline.coordinator import (  # noqa: E402
+from tf_otel import host_election  # noqa: E402
+from tf_otel.cluster import messages  # noqa: E402
+from tf_otel.cluster.coordinator import (  # noqa: E402
     MAX_LINE,
     ROOT_MARGIN_NS,
     SERVICE,
     StepAggregator,
 )
-from tf_otel.pipeline.coordinator_client import CoordinatorClient  # noqa: E402
-from tf_otel.pipeline.host_relay import (  # noqa: E402
+from tf_otel.cluster.coordinator_client import CoordinatorClient  # noqa: E402
+from tf_otel.cluster.host_relay import (  # noqa: E402
     HostElection,
     HostRelay,
     RelayRoute,
@@ -55,7 +50,12 @@ from tf_otel.pipeline.host_relay import (  # noqa: E402
     lead_directly,
     on_this_host,
 )
-from tf_otel.pipeline.messages import Handlers  # noqa: E402
+from tf_otel.cluster.messages import Handlers  # noqa: E402
+from tf_otel.config import Settings  # noqa: E402
+from tf_otel.health import counters  # noqa: E402
+from tf_otel.host_election import private_dir  # noqa: E402
+from tf_otel.job import job_secret  # noqa: E402
+from tf_otel.job.topology import KV_SCHEME, Topology, publish_reference  # noqa: E402
 
 SECRET = "host-relay-test-secret-0123456789"
 WORLD = 8
@@ -195,8 +195,8 @@ def test_rank0_holds_one_connection_per_other_host_and_the_roots_are_the_control
 def test_a_relay_is_refused_ranks_it_never_served_and_bad_messages() -> None:
     """Rank 0 checks a relay's input: extents of a rank it did not name, a rank out of range,
     a malformed EXTENTS: counted, never in a root."""
+    from tf_otel.cluster import messages
     from tf_otel.health import counters
-    from tf_otel.pipeline import messages
 
     job_id = f"relay-{uuid.uuid4().hex[:8]}"
     rank0 = _Rank0(job_id, True)
@@ -221,8 +221,8 @@ def test_a_relay_is_refused_ranks_it_never_served_and_bad_messages() -> None:
 
 
 def test_a_relay_refuses_strangers_and_other_relays_and_serves_a_rank_with_the_key() -> None:
+    from tf_otel.cluster.host_relay import HostRelay
     from tf_otel.health import counters
-    from tf_otel.pipeline.host_relay import HostRelay
 
     rank0 = _Rank0(f"relay-{uuid.uuid4().hex[:8]}", True)
     relay = HostRelay(rank0.address, 4, WORLD, 0.25, _key())
@@ -594,7 +594,7 @@ def test_a_process_sweeps_stale_relay_files_but_never_a_live_or_recent_elections
     recent election's (a leader that left a minute ago) are not, nor files that are not an
     election's."""
     directory = _private_dir(tmp_path, monkeypatch)
-    old = time.time() - 2 * host_share.STALE_AGE_S
+    old = time.time() - 2 * host_election.STALE_AGE_S
 
     def files(name: str, mtime: float) -> List[Path]:
         made = [
@@ -615,13 +615,13 @@ def test_a_process_sweeps_stale_relay_files_but_never_a_live_or_recent_elections
         path.write_text("x")
         os.utime(path, (old, old))
     with held_elsewhere(live[0]):  # a live rank of another process holds the lock
-        monkeypatch.setattr(host_share, "_swept", set())  # as in a new process
+        monkeypatch.setattr(host_election, "_swept", set())  # as in a new process
         assert HostElection.for_job("another-job", "host-a", _key().key) is not None
         assert not any(path.exists() for path in dead)
         assert all(path.exists() for path in live + recent + others)
         assert HostElection.for_job("a-third-job", "host-a") is not None  # once a process
     # once its holder is gone the live job's files are stale too (a later process's sweep)
-    assert host_share.sweep_stale(directory, "relay") == 1
+    assert host_election.sweep_stale(directory, "relay") == 1
     assert not any(path.exists() for path in live)
     assert all(path.exists() for path in recent + others)
 
@@ -633,7 +633,7 @@ def test_a_lock_won_on_a_file_its_leader_removed_is_let_go_and_the_path_tried_ag
     the removed file: that is no lead (the next rank would create and lock a new file at the
     path), so take_lock opens the path again."""
     path = tmp_path / "relay-x.lock"
-    flock = host_share.fcntl.flock
+    flock = host_election.fcntl.flock
     tries: List[int] = []
 
     def removed_meanwhile(fd: int, operation: int) -> None:
@@ -642,10 +642,10 @@ def test_a_lock_won_on_a_file_its_leader_removed_is_let_go_and_the_path_tried_ag
         tries.append(fd)
         flock(fd, operation)
 
-    monkeypatch.setattr(host_share.fcntl, "flock", removed_meanwhile)
-    fd = host_share.take_lock(path)
+    monkeypatch.setattr(host_election.fcntl, "flock", removed_meanwhile)
+    fd = host_election.take_lock(path)
     try:
-        assert fd is not None and len(tries) == 2 and host_share.same_file(fd, path)
+        assert fd is not None and len(tries) == 2 and host_election.same_file(fd, path)
     finally:
         if fd is not None:
             os.close(fd)

@@ -1,4 +1,4 @@
-"""pipeline.otlp_json writes exactly what the OTLP protobuf encoder + MessageToDict wrote for the
+"""otel.otlp_json writes exactly what the OTLP protobuf encoder + MessageToDict wrote for the
 OTLP-JSON file (byte-identical lines), and leaves the values it does not expect to that path."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from tf_otel.pipeline import otlp_json, sdk
+from tf_otel.otel import otlp_json, sdk
 
 
 def _line(data: dict) -> str:

@@ -16,8 +16,8 @@ from tf_otel import record
 from tf_otel.config import Settings
 from tf_otel.health import counters
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline.ids import step_trace_id
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.otel.ids import step_trace_id
+from tf_otel.runtime.steps import Pipeline
 
 
 def _provider(sampler=None) -> Tuple[TracerProvider, InMemorySpanExporter]:
@@ -242,7 +242,7 @@ def test_messages_to_a_rank_that_has_not_connected_yet_are_held() -> None:
 
 
 def test_late_extents_never_make_a_second_root_and_silent_ranks_are_learnt() -> None:
-    from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
+    from tf_otel.cluster.coordinator import LEARN_STEPS, StepAggregator
 
     roots = []
     aggregator = StepAggregator(
@@ -269,7 +269,7 @@ def test_first_roots_wait_for_a_rank_whose_first_report_is_late() -> None:
     """A rank's first reports wait for its clock to settle: early roots wait for a rank never
     heard from (bounded by the grace), instead of going out partial; a control rank set that
     reports in time is emitted at once."""
-    from tf_otel.pipeline.coordinator import StepAggregator
+    from tf_otel.cluster.coordinator import StepAggregator
 
     roots = []
     aggregator = StepAggregator(

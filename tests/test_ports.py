@@ -124,7 +124,7 @@ def test_other_failures_are_not_bind_failures(line: str) -> None:
 SERVER = textwrap.dedent(
     """
     import sys, time
-    from tf_otel.pipeline.coordinator import StepAggregator
+    from tf_otel.cluster.coordinator import StepAggregator
     ok = StepAggregator(2, 1.0, lambda *args: None).serve(("127.0.0.1", int(sys.argv[1])))
     print("serving" if ok else "not serving", flush=True)
     time.sleep(0 if ok else 60)

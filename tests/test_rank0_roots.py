@@ -15,13 +15,13 @@ from ports import free_port_pair
 
 from tf_otel import record
 from tf_otel.clock.sync import SETTLE_MAX_S, SETTLED_ROUNDS
+from tf_otel.cluster import messages
+from tf_otel.cluster.coordinator import LEARN_STEPS, StepAggregator
 from tf_otel.config import Settings
 from tf_otel.health import counters
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline import messages
-from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
-from tf_otel.pipeline.step_handle import StepHandle
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.runtime.steps import Pipeline
+from tf_otel.step_handle import StepHandle
 
 
 def _wait_until(done: Callable[[], bool], timeout_s: float) -> bool:

@@ -1,4 +1,4 @@
-"""pipeline.span_builder: a directly built child span is the span the SDK would have built (all
+"""otel.span_builder: a directly built child span is the span the SDK would have built (all
 but its random span id), and any set-up where that is not certain goes through the SDK."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
-from tf_otel.pipeline import sdk
-from tf_otel.pipeline.span_builder import SpanBuilder
+from tf_otel.otel import sdk
+from tf_otel.otel.span_builder import SpanBuilder
 
 PARENT = SpanContext(
     trace_id=0xABCDEF0123456789ABCDEF0123456789,
@@ -140,7 +140,7 @@ def test_tf_otels_own_set_up_takes_the_direct_path(tmp_path: Any) -> None:
 
     code = (
         "from opentelemetry import trace\n"
-        "from tf_otel.pipeline.span_builder import SpanBuilder\n"
+        "from tf_otel.otel.span_builder import SpanBuilder\n"
         "from tf_otel.instrument import step_context\n"
         "tracer = trace.get_tracer('tf_otel')\n"
         "kinds = sorted(type(p).__name__ for p in tracer.span_processor._span_processors)\n"

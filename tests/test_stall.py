@@ -14,11 +14,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ports import free_port_pair
 
 from tf_otel import record
+from tf_otel.cluster import messages, stall, stall_record
 from tf_otel.config import Settings
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline import messages, stall, stall_record
-from tf_otel.pipeline.ids import step_root_span_id, step_trace_id
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.otel.ids import step_root_span_id, step_trace_id
+from tf_otel.runtime.steps import Pipeline
 
 S = 1_000_000_000
 KEY = "tf_function:train_step"
@@ -513,7 +513,7 @@ def test_bad_collectives_in_an_answer_are_named() -> None:
 
 
 def test_step_collectives_are_learned_per_key_deduplicated_and_bounded() -> None:
-    from tf_otel.pipeline.step_collectives import MAX_KEYS, MAX_NAMES, StepCollectives
+    from tf_otel.cluster.step_collectives import MAX_KEYS, MAX_NAMES, StepCollectives
 
     log = StepCollectives()
     assert log.built(KEY) == (0, []) and log.last_done() is None

@@ -22,8 +22,8 @@ from tf_otel.config import Settings
 from tf_otel.instrument import _patching
 from tf_otel.instrument.step_context import ClockShiftProcessor, StepContextHook, StepSpan
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline.ids import step_rank_span_id, step_trace_id
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.otel.ids import step_rank_span_id, step_trace_id
+from tf_otel.runtime.steps import Pipeline
 
 KEY = "tf_function:train_step"
 

@@ -1,4 +1,4 @@
-"""Step histograms (tf_otel.pipeline.step_metrics) on a real SDK MeterProvider: every step counted
+"""Step histograms (tf_otel.metrics.step_metrics) on a real SDK MeterProvider: every step counted
 once, exemplars only from sampled steps' spans, the collective wait as the union of waits."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from opentelemetry.trace import (
 )
 
 from tf_otel import record
-from tf_otel.pipeline.step_handle import StepHandle
-from tf_otel.pipeline.step_metrics import (
+from tf_otel.metrics.step_metrics import (
     BOUNDARIES,
     COLLECTIVE_WAIT_DURATION,
     INPUT_WAIT_DURATION,
@@ -28,6 +27,7 @@ from tf_otel.pipeline.step_metrics import (
     StepMetrics,
     collective_wait_ns,
 )
+from tf_otel.step_handle import StepHandle
 
 MS = 1_000_000
 

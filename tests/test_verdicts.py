@@ -1,4 +1,4 @@
-"""pipeline/verdicts.py on synthetic steps of 4 ranks with the run's own jitter: injected
+"""cluster/verdicts.py on synthetic steps of 4 ranks with the run's own jitter: injected
 stragglers are named in exactly their steps with their category, a persistent slowdown is raised
 once and closed, and a 1,000-step control names nothing and raises nothing."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Dict, List, Optional, Set
 
-from tf_otel.pipeline.verdicts import (
+from tf_otel.cluster.verdicts import (
     BEFORE_STEP,
     COMPUTE,
     INPUT,
@@ -166,7 +166,7 @@ def test_one_rank_alone_gets_no_verdict_and_memory_is_bounded():
 
 
 def test_the_median_of_the_others_in_one_sort():
-    from tf_otel.pipeline.verdicts import _median_others, _medians_without_each
+    from tf_otel.cluster.verdicts import _median_others, _medians_without_each
 
     rng = random.Random(5)
     for n in (2, 3, 4, 5, 10, 11):

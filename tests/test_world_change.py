@@ -1,4 +1,4 @@
-"""A world that changes while the job runs (Horovod Elastic, pipeline/world.py): the history of
+"""A world that changes while the job runs (Horovod Elastic, cluster/world.py): the history of
 sizes by step, rank 0's aggregator after a resize, the pipeline's change with its record on the
 first root of the new world and on the job span, and the analysis' per-step world. The real
 elastic run is tests/reliability/test_elastic.py."""
@@ -14,11 +14,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tf_otel import record
 from tf_otel.analysis.analyze import stopped_ranks, world_changes
+from tf_otel.cluster.coordinator import LEARN_STEPS, StepAggregator
+from tf_otel.cluster.world import WorldHistory
 from tf_otel.config import Settings
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline.coordinator import LEARN_STEPS, StepAggregator
-from tf_otel.pipeline.steps import Pipeline
-from tf_otel.pipeline.world import WorldHistory
+from tf_otel.runtime.steps import Pipeline
 
 
 def _wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
@@ -191,7 +191,7 @@ def test_analysis_expects_the_ranks_a_root_names() -> None:
 
 
 def test_a_stall_record_asks_about_the_ranks_of_the_steps_world() -> None:
-    from tf_otel.pipeline.stall_record import build_record
+    from tf_otel.cluster.stall_record import build_record
 
     built = build_record("k", 12, 2, 5, 1, 1, {}, connected=set(), ranks=[0, 2])
     assert built.silent == [0, 2]

@@ -39,7 +39,7 @@ def instrument(configure_sdk: bool = True, **kwargs: Any) -> None:
 
 def shutdown(timeout_s: float = 5.0) -> None:
     """Flush pending spans, bounded by timeout_s (also done at exit and on SIGTERM)."""
-    from tf_otel.pipeline.lifecycle import shutdown as _shutdown
+    from tf_otel.runtime.lifecycle import shutdown as _shutdown
 
     _shutdown(timeout_s)
 

@@ -21,7 +21,7 @@ from typing import Any, List, Optional
 # shows as a command saying why, instead of vanishing from the list.
 COMMANDS = {
     "analyze": "tf_otel.analysis.cli",
-    "diff": "tf_otel.analysis.diff_cli",
+    "diff": "tf_otel.analysis.compare.diff_cli",
     "export": "tf_otel.analysis.export.cli",
     "clock-check": "tf_otel.clock.cli",
     "nccl-plugin": "tf_otel.nccl.cli",

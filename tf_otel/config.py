@@ -175,7 +175,7 @@ class Settings:
         parse.flag,
         True,
         "rank 0's live verdict on each step root, the per-rank lateness histogram and "
-        "persistent slowdowns (pipeline/verdicts.py); 0: off",
+        "persistent slowdowns (cluster/verdicts.py); 0: off",
     )
     baseline: Optional[str] = setting(
         "TF_OTEL_BASELINE",

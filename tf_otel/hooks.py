@@ -25,7 +25,7 @@ from tf_otel.instrument._patching import (
     add_step_hook,
     remove_step_hook,
 )
-from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.step_handle import StepHandle
 
 StepError = Error  # what the step raised (None: it returned), as on_step_end gets it
 

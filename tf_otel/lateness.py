@@ -1,5 +1,5 @@
 """Rank lateness against the run's own noise: the one model the offline analysis
-(analysis/stragglers.py) and rank 0's live verdicts (pipeline/verdicts.py) judge stragglers by.
+(analysis/stragglers.py) and rank 0's live verdicts (cluster/verdicts.py) judge stragglers by.
 
 Usage::
 

@@ -78,7 +78,7 @@ class StderrOnce(logging.Handler):
 _HANDLER = StderrOnce()
 
 # the OTel exporters' loggers whose first failure tf_otel rewrites into one operator line
-# (pipeline.sdk.quiet_exporter_logs)
+# (otel.sdk.quiet_exporter_logs)
 EXPORTER_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",

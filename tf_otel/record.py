@@ -1,6 +1,6 @@
 """The one record type every source produces, and the names of the trace contract.
 
-Sources make ``Record``s with LOCAL ``time.time_ns()``-domain times; ``pipeline.steps`` maps them
+Sources make ``Record``s with LOCAL ``time.time_ns()``-domain times; ``runtime.steps`` maps them
 to reference time and turns them into spans. See docs/ARCHITECTURE.md, "The trace contract".
 """
 
@@ -26,8 +26,8 @@ class Category(str, Enum):
     TRANSFER = "transfer"
     KERNEL = "kernel"
     FRAMEWORK = "framework"
-    STALL = "stall"  # rank 0's stall record in a step's trace (pipeline/stall.py)
-    SLOWDOWN = "slowdown"  # rank 0's persistent slowdown record (pipeline/verdicts.py)
+    STALL = "stall"  # rank 0's stall record in a step's trace (cluster/stall.py)
+    SLOWDOWN = "slowdown"  # rank 0's persistent slowdown record (cluster/verdicts.py)
 
     # as text, a member is its value (str(), f-strings), as enum.StrEnum does from Python 3.11
     def __str__(self) -> str:
@@ -66,7 +66,7 @@ ATTR_JOB_ID = "tf_otel.job.id"
 # one launch of the job (job/topology.py, launch_attempt): step trace ids differ between attempts
 ATTR_JOB_ATTEMPT = "tf_otel.job.attempt"
 ATTR_JOB_PREVIOUS_ATTEMPT = "tf_otel.job.previous_attempt"  # the job span: the attempt before
-# a world that changed while the job ran (Horovod Elastic, pipeline/world.py): the event
+# a world that changed while the job ran (Horovod Elastic, cluster/world.py): the event
 # WORLD_CHANGE on the first step root of the new world and on the job span
 WORLD_CHANGE = "tf_otel.world.change"
 ATTR_WORLD_BEFORE = "tf_otel.world.before"
@@ -137,7 +137,7 @@ DETAIL_TWIN_PREPARING = "preparing"
 ATTR_STEP_IN_FLIGHT = "tf_otel.step.in_flight"
 ATTR_STEP_IN_FLIGHT_REASON = "tf_otel.step.in_flight_reason"  # "stall" or "exit"
 ATTR_STEP_STACK = "tf_otel.step.stack"  # its training thread's frames then, innermost first
-# the stall record (category STALL, pipeline/stall.py): a span in the step's trace + a log record
+# the stall record (category STALL, cluster/stall.py): a span in the step's trace + a log record
 ATTR_STEP_KEY = "tf_otel.step.key"
 ATTR_STALL_STATE = "tf_otel.stall.state"  # STALLED while it lasts, RESOLVED once the step ended
 ATTR_STALL_DURATION = "tf_otel.stall.duration_ns"  # rank 0's step in flight so far / in all
@@ -157,7 +157,7 @@ ATTR_STALL_COLLECTIVE_COUNT = "tf_otel.stall.collective_count"
 ATTR_STALL_RANK0_BETWEEN = "tf_otel.stall.rank0_between_steps"
 STALLED = "stalled"
 RESOLVED = "resolved"
-# rank 0's live verdict on a step root (pipeline/verdicts.py, the offline analysis' noise model)
+# rank 0's live verdict on a step root (cluster/verdicts.py, the offline analysis' noise model)
 ATTR_STRAGGLER_RANK = "tf_otel.straggler.rank"  # the rank that held the step (absent: nobody)
 ATTR_STRAGGLER_LATENESS = "tf_otel.straggler.lateness_ns"
 ATTR_STRAGGLER_CATEGORY = "tf_otel.straggler.category"  # before_step / input / compute

@@ -1,4 +1,4 @@
-"""tf_otel's version, in a leaf module so pipeline/ reads it without importing the package root.
+"""tf_otel's version, in a leaf module so the runtime reads it without importing the package root.
 
 Usage::
 

@@ -14,8 +14,8 @@ from analysis_builders import decoded_spans
 from job_simulator import DataParallel
 
 from tf_otel.analysis.analyze import analyze_spans
-from tf_otel.analysis.diff import diff_profiles
-from tf_otel.analysis.profile import run_profile
+from tf_otel.analysis.compare.diff import diff_profiles
+from tf_otel.analysis.compare.profile import run_profile
 
 STEPS = 30
 
@@ -133,6 +133,15 @@ def test_the_cli_diffs_a_saved_report_against_trace_files(tmp_path):
     assert bad.returncode == 2 and "nope: no such file" in bad.stderr
 
 
+def _report(cli: list, folder) -> str:
+    return subprocess.run(
+        cli + ["analyze", str(folder), "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
 def test_the_html_draws_both_typical_steps_on_one_scale(tmp_path):
     """``--html``: both runs' typical steps (the steady step nearest each median) drawn one
     above the other on one time scale, the slower run's step filling the width; a side given
@@ -157,31 +166,17 @@ def test_the_html_draws_both_typical_steps_on_one_scale(tmp_path):
     text = page.read_text()
     heads = re.findall(r"<h3>(baseline|candidate): [^,]+, step (\d+), ([0-9.]+) ms", text)
     assert [h[0] for h in heads] == ["baseline", "candidate"], heads
-    profiles = {
-        side: json.loads(
-            subprocess.run(
-                cli + ["analyze", str(folder), "--format", "json"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-        )["profile"]["step_ms"]
-        for side, folder in (("baseline", base), ("candidate", slow))
+    reports = {
+        side: _report(cli, folder) for side, folder in (("baseline", base), ("candidate", slow))
     }
+    profiles = {side: json.loads(report)["profile"]["step_ms"] for side, report in reports.items()}
     for side, _, drawn_ms in heads:  # nearest its own run's median
         assert abs(float(drawn_ms) - profiles[side]["median"]) <= 0.1 * profiles[side]["median"]
     scales = re.findall(r'text-anchor="end">([0-9.]+) ms</text>', text)
     assert len(scales) == 2 and scales[0] == scales[1] == heads[1][2], scales
     assert text.count('class="critical"') >= 2 and "SLOWER" in text
     saved = tmp_path / "base.json"
-    saved.write_text(
-        subprocess.run(
-            cli + ["analyze", str(base), "--format", "json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    saved.write_text(reports["baseline"])
     done = subprocess.run(
         cli + ["diff", str(saved), str(slow), "--html", str(page)], capture_output=True, text=True
     )

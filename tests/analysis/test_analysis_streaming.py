@@ -21,7 +21,6 @@ from tf_otel.analysis.analyze import analyze_source, analyze_spans
 from tf_otel.analysis.critical_path import critical_path
 from tf_otel.analysis.engine import DaskEngine, InProcess, open_engine
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load import spill
 from tf_otel.analysis.load.files import load_paths
 from tf_otel.analysis.load.spill import load_spilled
@@ -29,6 +28,7 @@ from tf_otel.analysis.report.html import render_html
 from tf_otel.analysis.report.json_report import to_json
 from tf_otel.analysis.report.terminal import render_table
 from tf_otel.analysis.result import AnalysisResult
+from tf_otel.analysis.rules.gc_pause import paused_gc
 from tf_otel.analysis.steps import group_steps
 from tf_otel.analysis.stragglers import keep_for_statistics, step_straggler
 from tf_otel.lateness import StragglerNoise

@@ -10,15 +10,15 @@ from typing import Any, Callable, Dict, List
 import pytest
 from analysis_builders import JobBuilder, decoded_spans
 
-from tf_otel.analysis import step_rules
 from tf_otel.analysis.analyze import analyze_spans
-from tf_otel.analysis.gpu_rule import low_gpu_findings
-from tf_otel.analysis.input_rule import input_bound_findings
 from tf_otel.analysis.load.files import load_paths
 from tf_otel.analysis.outliers import OutlierStats
 from tf_otel.analysis.report.json_report import to_json
 from tf_otel.analysis.result import AnalysisResult
-from tf_otel.analysis.step_rules import (
+from tf_otel.analysis.rules import step_rules
+from tf_otel.analysis.rules.gpu_rule import low_gpu_findings
+from tf_otel.analysis.rules.input_rule import input_bound_findings
+from tf_otel.analysis.rules.step_rules import (
     between_steps_findings,
     cpu_bound_findings,
     input_source_findings,
@@ -26,8 +26,8 @@ from tf_otel.analysis.step_rules import (
     small_batch_findings,
     theil_sen_slope,
 )
+from tf_otel.analysis.rules.whole_step import StepSample
 from tf_otel.analysis.stragglers import StragglerSummary
-from tf_otel.analysis.whole_step import StepSample
 
 MS = 1_000_000
 MIB = 2**20
@@ -394,7 +394,7 @@ def test_attribute_names_match_the_runtime():
     """What the runtime writes on step spans is what the analysis keeps at load."""
     from tf_otel.analysis.step_attributes import WHOLE_STEP_ATTRIBUTES
     from tf_otel.instrument import input_wait, step_resources
-    from tf_otel.pipeline import gpu_metrics
+    from tf_otel.metrics import gpu_metrics
 
     written = {input_wait.ATTR_WAIT, input_wait.ATTR_ELEMENTS, gpu_metrics.UTILIZATION}
     for name in (

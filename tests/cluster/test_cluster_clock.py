@@ -25,7 +25,7 @@ def cluster():
         yield c
 
 
-# host relays (pipeline/host_relay.py) off and on (the default): the ranks' environment is
+# host relays (cluster/host_relay.py) off and on (the default): the ranks' environment is
 # built here (base_env drops the caller's TF_OTEL_*), so the test names both
 @pytest.mark.parametrize("relay", ["0", "1"], ids=["direct", "host_relay"])
 def test_two_hosts_skewed_clock_one_trace_per_step(cluster, relay):

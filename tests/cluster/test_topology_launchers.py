@@ -13,7 +13,7 @@ from horovod.runner.http.http_server import RendezvousServer
 from tf_otel.clock.sync import clock_address
 from tf_otel.config import Settings
 from tf_otel.job import topology
-from tf_otel.pipeline.ids import step_trace_id
+from tf_otel.otel.ids import step_trace_id
 
 
 def horovod_env(rank: int, port: str = "19175") -> dict:

@@ -246,7 +246,7 @@ def test_analysis_names_the_injected_stragglers_and_only_real_ones(scenario):
 
 
 def test_rank_0_names_the_injected_stragglers_live_on_the_step_roots(scenario):
-    """Issue 27: rank 0's verdict on each root (pipeline/verdicts.py), made while the job runs
+    """Issue 27: rank 0's verdict on each root (cluster/verdicts.py), made while the job runs
     from what it gathers (every rank's extent and, with collective detail on every step, every
     rank's first collective arrival), names the slowed rank in the slowed steps with the cause
     (where the ranks' own in-process truth leaves no doubt who was late; where another rank was

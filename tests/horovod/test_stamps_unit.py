@@ -8,7 +8,7 @@ import dataclasses
 from tf_otel import record
 from tf_otel.instrument.horovod.choice import detail_wanted
 from tf_otel.instrument.horovod.stamps import parts_wanted
-from tf_otel.pipeline.ids import step_trace_id
+from tf_otel.otel.ids import step_trace_id
 from tf_otel.sources import horovod_stamp_records as hs
 
 STAMP = hs.Stamp("grad_w0", "allreduce", "float32", "[32, 32]", 4096)

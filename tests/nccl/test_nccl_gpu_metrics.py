@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from tf_otel.pipeline.gpu_metrics import start_gpu_metrics
+from tf_otel.metrics.gpu_metrics import start_gpu_metrics
 
 
 def _points(reader):
@@ -36,7 +36,7 @@ def _points(reader):
 def test_no_gpu_here_means_no_error_no_metrics(caplog):
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
-    with caplog.at_level(logging.DEBUG, logger="tf_otel.pipeline.gpu_metrics"):
+    with caplog.at_level(logging.DEBUG, logger="tf_otel.metrics.gpu_metrics"):
         sampler = start_gpu_metrics({"tf_otel.rank": 0}, meter_provider=provider)
     assert sampler is None  # real pynvml, no NVML library / driver on this machine
     assert _points(reader) == {}
@@ -158,8 +158,8 @@ def test_step_spans_carry_the_ranks_gpu_utilisation(monkeypatch):
 
     from tf_otel.config import Settings
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline import gpu_metrics
-    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.metrics import gpu_metrics
+    from tf_otel.runtime.steps import Pipeline
 
     nvml = FakeNvml()
     real_start = gpu_metrics.start_gpu_metrics
@@ -191,7 +191,7 @@ def test_no_gpu_means_no_gpu_attribute_on_steps():
 
     from tf_otel.config import Settings
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.runtime.steps import Pipeline
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -237,8 +237,8 @@ def _run_steps(monkeypatch, util_percent: int, steps: int = 12):
     from tf_otel.analysis.model import Span
     from tf_otel.config import Settings
     from tf_otel.job.topology import Topology
-    from tf_otel.pipeline import gpu_metrics
-    from tf_otel.pipeline.steps import Pipeline
+    from tf_otel.metrics import gpu_metrics
+    from tf_otel.runtime.steps import Pipeline
 
     nvml = FakeNvml()
     nvml.util = [util_percent, util_percent]

@@ -9,7 +9,7 @@ torch 2.11.0+cu130 with NCCL 2.28.9, JAX 0.11.2 (docs/guides/NCCL.md, "Verified 
   kernels torch.profiler saw meanwhile; w1_tf_otel_nccl_571.gz: the ring of a one-rank job;
 - jax_gpu.xplane.pb.gz + jax_xplane.json: a JAX profiler XSpace (TF's format) of 5 x 4 jitted
   calls, and the host wall-clock window of each call;
-- nvml.json.gz: tf_otel.pipeline.gpu_metrics sampling NVML every 0.1 s, idle / bf16 matmul
+- nvml.json.gz: tf_otel.metrics.gpu_metrics sampling NVML every 0.1 s, idle / bf16 matmul
   load / idle, with what the OTel SDK collected.
 """
 
@@ -270,7 +270,7 @@ def test_real_nvml_samples_have_every_reading(nvml):
 def test_step_summaries_of_the_real_samples_follow_the_load(nvml):
     """Replays the recorded samples through GpuSampler.step_summary: what the step spans of a
     busy and of an idle step would have carried."""
-    from tf_otel.pipeline.gpu_metrics import GpuSampler
+    from tf_otel.metrics.gpu_metrics import GpuSampler
 
     sampler = GpuSampler(nvml=None, handles=[], attributes={}, interval_s=0.1)
     for s in nvml["samples"]:

@@ -29,9 +29,9 @@ from typing import Any, Dict, List
 import pytest
 
 from tf_otel.analysis.analyze import analyze_source
-from tf_otel.analysis.finding_figures import median
 from tf_otel.analysis.load.spill import load_spilled
-from tf_otel.analysis.whole_step import step_samples
+from tf_otel.analysis.rules.finding_figures import median
+from tf_otel.analysis.rules.whole_step import step_samples
 from tf_otel.record import COMPUTE, FRAMEWORK, KERNEL
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
@@ -223,10 +223,10 @@ def test_nccl_collectives_of_both_workers_join_on_one_key():
 
 
 def test_ring_collectives_go_under_tfs_collective_spans_of_their_size():
-    # what the exporter does with a step's records (pipeline/exporter._place_nccl), on the real
+    # what the exporter does with a step's records (runtime/exporter._place_nccl), on the real
     # spans: each ring collective of a collective-detail step under the TF all-reduce of its size
-    from tf_otel.pipeline.exporter import _place_nccl
     from tf_otel.record import COLLECTIVE, Record
+    from tf_otel.runtime.exporter import _place_nccl
 
     steps: Dict[str, List[Record]] = defaultdict(list)
     for name, attrs, start, end in _spans(H200 / "mwms_nccl.spans-0.jsonl.gz", times=True):

@@ -12,7 +12,7 @@ from conftest import REPO, base_env, example, free_port_pair, free_ports, python
 from ports import Tasks, with_new_ports
 
 from tf_otel.job.topology import detect
-from tf_otel.pipeline.ids import step_root_span_id, step_trace_id
+from tf_otel.otel.ids import step_root_span_id, step_trace_id
 
 pytestmark = pytest.mark.integration
 

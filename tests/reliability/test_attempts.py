@@ -21,7 +21,7 @@ from ports import Tasks, free_port_pair, free_ports, with_new_ports
 from tf_otel import record
 from tf_otel.config import Settings
 from tf_otel.job import topology
-from tf_otel.pipeline.ids import job_span_ids, step_trace_id
+from tf_otel.otel.ids import job_span_ids, step_trace_id
 
 SLURM = {
     "SLURM_NTASKS": "2",

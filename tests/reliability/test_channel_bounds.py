@@ -10,12 +10,12 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from tf_otel import record
 from tf_otel.clock import transport
+from tf_otel.cluster import coordinator
 from tf_otel.config import Settings
 from tf_otel.health import counters
 from tf_otel.instrument.horovod import timeline
 from tf_otel.job.topology import Topology
-from tf_otel.pipeline import coordinator
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.runtime.steps import Pipeline
 from tf_otel.sources import horovod_timeline as tl
 
 from .channel_peers import wait_until

@@ -11,7 +11,7 @@ from pathlib import Path
 from opentelemetry.sdk.trace import TracerProvider
 
 from tf_otel.config import Settings
-from tf_otel.pipeline import sdk
+from tf_otel.otel import sdk
 
 
 def _lines(path: Path) -> list:

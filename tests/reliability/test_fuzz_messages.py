@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tf_otel.clock import transport
+from tf_otel.cluster import coordinator, coordinator_client, messages
 from tf_otel.health import counters
 from tf_otel.instrument.horovod import timeline
 from tf_otel.instrument.ops import hook as ops_hook
 from tf_otel.job import job_secret
-from tf_otel.pipeline import coordinator, coordinator_client, messages
 from tf_otel.sources import horovod_timeline as tl
 
 from .channel_peers import clock_login, coordinator_login, send_and_drain, wait_until

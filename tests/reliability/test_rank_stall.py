@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, VENV_BIN, base_env
 
 from tf_otel import record
-from tf_otel.pipeline.ids import step_trace_id
+from tf_otel.otel.ids import step_trace_id
 
 pytestmark = pytest.mark.integration
 

@@ -224,7 +224,7 @@ def test_the_neutral_collective_every_wins_over_horovods():
 
 
 # where settings cannot be handed over by argument (each says why in a comment)
-READS_CURRENT = {"config.py", "pipeline/lifecycle.py", "analysis/load/files.py"}
+READS_CURRENT = {"config.py", "runtime/lifecycle.py", "analysis/load/files.py"}
 
 
 def _current_reads(path: Path) -> List[int]:

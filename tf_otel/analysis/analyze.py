@@ -43,17 +43,15 @@ from typing import (
 
 from tf_otel.analysis.carry import Previous, StepKey, carried_into, previous_keys, step_key
 from tf_otel.analysis.causality import CausalityRepair, repair_trace_causality
+from tf_otel.analysis.compare.replay import StepGraph, step_graph
+from tf_otel.analysis.compare.what_if import RunWhatIf, late_together, run_what_if, slow_subjects
 from tf_otel.analysis.critical_path import PATH_COMMUNICATION, CriticalPath, critical_path
 from tf_otel.analysis.engine import Engine, InProcess
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.findings import evaluate_rules
-from tf_otel.analysis.gc_pause import paused_gc
-from tf_otel.analysis.gpu import gpu_utilisation
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.measured import measured_categories
 from tf_otel.analysis.model import ATTEMPT_MARK, Span, base_job
 from tf_otel.analysis.outliers import step_outliers
-from tf_otel.analysis.replay import StepGraph, step_graph
 from tf_otel.analysis.result import (
     AnalysisResult,
     StepDigest,
@@ -63,6 +61,9 @@ from tf_otel.analysis.result import (
     step_label,
     steps_where,
 )
+from tf_otel.analysis.rules.findings import evaluate_rules
+from tf_otel.analysis.rules.gc_pause import paused_gc
+from tf_otel.analysis.rules.gpu import gpu_utilisation
 from tf_otel.analysis.skeleton import NeedSpans, skeleton_step
 from tf_otel.analysis.step_facts import step_facts
 from tf_otel.analysis.step_store import Paged, PagedSteps
@@ -74,7 +75,6 @@ from tf_otel.analysis.stragglers import (
     warmup_keys,
 )
 from tf_otel.analysis.trace_source import MemorySource, TraceSource
-from tf_otel.analysis.what_if import RunWhatIf, late_together, run_what_if, slow_subjects
 
 StepRange = Tuple[Optional[int], Optional[int]]
 SKELETONS = True  # False: every step built from all its spans (tests compare the two)

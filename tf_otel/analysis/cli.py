@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from tf_otel import cli_args
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.gc_pause import paused_gc
+from tf_otel.analysis.rules.gc_pause import paused_gc
 
 if TYPE_CHECKING:
     from tf_otel.analysis.load.spill import SpillSource

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from tf_otel.analysis.finding_figures import ms, severity
 from tf_otel.analysis.result import AnalysisResult, Finding
+from tf_otel.analysis.rules.finding_figures import ms, severity
 
 FEW_STEPS = 3  # steady steps measured: fewer grade the finding low
 

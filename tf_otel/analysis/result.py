@@ -15,6 +15,7 @@ from array import array
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
 
+from tf_otel.analysis.compare.what_if import RunWhatIf
 from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
 from tf_otel.analysis.measured import (
     ALWAYS_MEASURED,
@@ -27,7 +28,6 @@ from tf_otel.analysis.outliers import OutlierStats
 from tf_otel.analysis.step_facts import StepFacts
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.analysis.stragglers import StepStraggler, StragglerSummary
-from tf_otel.analysis.what_if import RunWhatIf
 from tf_otel.record import ATTR_HW_GPU_UTILIZATION
 
 
@@ -136,7 +136,7 @@ _ROOT_NAME = re.compile(r"(.+) step -?[0-9]+")
 
 def step_series(trace: StepTrace) -> Optional[str]:
     """The step function a step belongs to, from its root's name (``<step key> step <n>``,
-    pipeline/exporter.py), shortened: the part after the kind (``session_run:global_step`` ->
+    runtime/exporter.py), shortened: the part after the kind (``session_run:global_step`` ->
     ``global_step``). None without a root named so (older files: "step <n>")."""
     found = _ROOT_NAME.fullmatch(trace.root.name) if trace.root is not None else None
     if found is None:

@@ -40,6 +40,7 @@ from functools import partial
 from operator import itemgetter, sub
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from tf_otel.analysis.compare.replay import own_work
 from tf_otel.analysis.critical_path import (
     PATH_BEFORE_STEP,
     PATH_COMMUNICATION,
@@ -48,7 +49,6 @@ from tf_otel.analysis.critical_path import (
     PATH_INPUT,
     CriticalPath,
 )
-from tf_otel.analysis.replay import own_work
 from tf_otel.analysis.steps import RankTimeline, StepTrace
 from tf_otel.analysis.sync_points import Arrivals
 from tf_otel.lateness import MAD_TO_SIGMA, StragglerNoise, medians_without, noise_of

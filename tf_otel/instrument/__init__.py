@@ -80,7 +80,8 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         ``tracer_provider`` / ``meter_provider`` as the contrib instrumentations take them."""
         from tf_otel import config
         from tf_otel.health import fail_open
-        from tf_otel.pipeline import lifecycle, sdk, signals
+        from tf_otel.otel import sdk
+        from tf_otel.runtime import lifecycle, signals
 
         # read once here, handed to every register(): later changes of the environment reach
         # none of them
@@ -104,7 +105,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
         with fail_open("delivery.watch"):  # after every span processor is in place
             from opentelemetry import trace
 
-            from tf_otel.pipeline import delivery
+            from tf_otel.otel import delivery
 
             delivery.watch(tracer_provider or trace.get_tracer_provider())
         signals.install_exit_handlers(settings.exit_timeout_s)

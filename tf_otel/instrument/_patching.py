@@ -13,8 +13,8 @@ from opentelemetry.instrumentation.utils import unwrap
 
 from tf_otel import clock
 from tf_otel.health import fail_open, log_once, report_failure
-from tf_otel.pipeline.lifecycle import get_pipeline as _get_pipeline
-from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.runtime.lifecycle import get_pipeline as _get_pipeline
+from tf_otel.step_handle import StepHandle
 
 _active = False
 _wrapped: List[Tuple[Any, str]] = []

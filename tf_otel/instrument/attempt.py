@@ -10,7 +10,7 @@ coordination service runs (its leader is the chief, else worker 0) and its key-v
 belongs to this launch alone. Here rank 0 (tf_otel's: the same task) puts a random attempt
 under ``KEY``; every other worker reads it back, waiting at most ``WAIT_S``: inside the
 strategy's creation, never on a step. The attempt reaches the topology through
-``pipeline.lifecycle.learn_attempt`` before the first step, so every step of this launch is one
+``runtime.lifecycle.learn_attempt`` before the first step, so every step of this launch is one
 trace holding all its ranks, and no trace id is shared with another launch. Only an attempt id
 crosses the store, no tensor or data.
 
@@ -99,7 +99,7 @@ _tried = False  # one exchange a process: a later strategy is the same launch
 def share_attempt(extended: Any, settings: Settings) -> Optional[str]:
     """The exchange for a ``CollectiveAllReduceExtended`` just joined to its cluster, its
     attempt handed to the pipeline; None where there is none (module docstring)."""
-    from tf_otel.pipeline import lifecycle
+    from tf_otel.runtime import lifecycle
 
     global _tried
     if _tried:

@@ -12,7 +12,7 @@ A TF1 parameter-server program given its cluster by flags builds the server itse
 
 Once ``Server.__init__`` has returned, its ``ServerDef`` (cluster, job name, task index, however
 the server was given them: ClusterSpec, dict, ClusterDef or ServerDef) goes to
-``pipeline.lifecycle.learn_cluster``: where the environment names no launcher and no TF_CONFIG,
+``runtime.lifecycle.learn_cluster``: where the environment names no launcher and no TF_CONFIG,
 it gives the process its rank, world size and job id exactly as the same cluster in TF_CONFIG
 would (job/topology.py), so both workers' steps share one trace per step and rank 0 (chief,
 else worker 0) hosts the coordinator. A cluster of one task (``create_local_server``) is no
@@ -39,7 +39,7 @@ def cluster_of(cluster_def: Any) -> Dict[str, Dict[int, str]]:
 def learn_from_server(server: Any) -> bool:
     """Tell the pipeline which task of which cluster this server is; True if that changed the
     process's identity."""
-    from tf_otel.pipeline.lifecycle import learn_cluster
+    from tf_otel.runtime.lifecycle import learn_cluster
 
     server_def = server.server_def
     return learn_cluster(

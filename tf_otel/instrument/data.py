@@ -7,7 +7,7 @@
 A ``next()`` between two steps belongs to the next step, whose span then starts at the first
 such wait (the step is "get the batch, then compute"). At most ``_MAX_PENDING`` waits are kept
 per step; unsampled steps drop them (their sum still goes to the step's
-``tf_otel.step.input_wait.duration``, pipeline/step_metrics.py). Only timing: no element
+``tf_otel.step.input_wait.duration``, metrics/step_metrics.py). Only timing: no element
 values, shapes or sizes are read.
 Keras fit gets its batches inside the train function: those waits appear in op traces
 (``IteratorGetNext``), see instrument/ops/hook.py.
@@ -24,8 +24,8 @@ from tf_otel.instrument import input_wait
 from tf_otel.instrument._patching import HookOrder, StepCall, StepHook, add_step_hook, when_imported
 from tf_otel.instrument._patching import state as _thread
 from tf_otel.instrument._patching import wrap as _wrap
-from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.record import INPUT, Record
+from tf_otel.step_handle import StepHandle
 
 _MAX_PENDING = 16
 NAME = "IteratorGetNext (tf.data)"

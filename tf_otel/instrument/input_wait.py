@@ -35,7 +35,7 @@ the same tail and the median reading is the floor. The step hook reads the sums 
 end (one eager op) and puts the delta since the previous step end, less floor x elements (never
 below 0), on the step span (``tf_otel.input.wait_ns``, ``tf_otel.input.share``,
 ``tf_otel.input.elements``) and, for every step, sampled or not, into the
-``tf_otel.step.input_wait.duration`` histogram (pipeline/step_metrics.py). Element values are
+``tf_otel.step.input_wait.duration`` histogram (metrics/step_metrics.py). Element values are
 never read: only the two timestamps.
 
 Inside a ``tf.function`` the tail is added while the function is traced during a step (the
@@ -64,8 +64,8 @@ from tf_otel.instrument._patching import (
     when_imported,
 )
 from tf_otel.instrument._patching import wrap as _wrap
-from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.record import INPUT, Record
+from tf_otel.step_handle import StepHandle
 
 ATTR_WAIT = record.ATTR_INPUT_WAIT
 ATTR_SHARE = "tf_otel.input.share"
@@ -303,7 +303,7 @@ class InputWaitHook(StepHook[None]):
             return
         # less the tail's own reading of each element (measured: _calibrate)
         wait = max(0, wait_ns - last_wait - floor_ns() * (elements - last_elements))
-        # every step, sampled or not: the input wait histogram (pipeline.step_metrics)
+        # every step, sampled or not: the input wait histogram (metrics.step_metrics)
         handle.input_wait_ns = wait
         if not handle.sampled:
             return

@@ -147,7 +147,7 @@ def _resume(model: Any, key: str, batches: int) -> Optional[dict]:
         epoch = _tf_keras_epoch(model)
     if done <= 0 and not epoch:
         return None
-    from tf_otel.pipeline.lifecycle import get_pipeline
+    from tf_otel.runtime.lifecycle import get_pipeline
 
     step = done // max(1, batches)
     resumed = {record.ATTR_RESUMED_STEP: step}

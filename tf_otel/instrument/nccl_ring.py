@@ -29,9 +29,9 @@ from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import HookOrder, StepCall, StepHook, add_step_hook
 from tf_otel.nccl.plugin_files import PLUGIN_NAME, SOURCES, cache_path
-from tf_otel.pipeline.lifecycle import get_pipeline
-from tf_otel.pipeline.step_handle import StepHandle
 from tf_otel.record import Record
+from tf_otel.runtime.lifecycle import get_pipeline
+from tf_otel.step_handle import StepHandle
 
 log = logging.getLogger(__name__)
 

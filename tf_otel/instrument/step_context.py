@@ -48,10 +48,10 @@ from tf_otel import clock, record
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import HookOrder, StepCall, StepHook, add_step_hook
-from tf_otel.pipeline.ids import step_rank_span_id
-from tf_otel.pipeline.lifecycle import before_shutdown, current_pipeline, given_tracer_provider
-from tf_otel.pipeline.step_handle import StepHandle
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.otel.ids import step_rank_span_id
+from tf_otel.runtime.lifecycle import before_shutdown, current_pipeline, given_tracer_provider
+from tf_otel.runtime.steps import Pipeline
+from tf_otel.step_handle import StepHandle
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)

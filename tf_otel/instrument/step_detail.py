@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Tuple
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open
 from tf_otel.instrument._patching import Error, HookOrder, StepCall, StepHook, add_step_hook
-from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.step_handle import StepHandle
 
 ATTR_PEAK_RSS = "tf_otel.memory.peak_rss"
 ATTR_FILES = "tf_otel.io.files"

@@ -46,7 +46,7 @@ from tf_otel.instrument._patching import (
     when_imported,
     wrap,
 )
-from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.step_handle import StepHandle
 
 ATTR_BETWEEN = record.ATTR_BETWEEN
 ATTR_CALLBACK = record.ATTR_CALLBACK

@@ -40,7 +40,7 @@ from tf_otel.instrument._patching import (
 from tf_otel.instrument.horovod.choice import choice
 from tf_otel.instrument.horovod.patching import timed_op
 from tf_otel.instrument.horovod.stamps import TENSORFLOW, collector
-from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.step_handle import StepHandle
 
 # collective_ops function -> op (each takes its input tensor first)
 OPS = {

@@ -19,11 +19,11 @@ import logging
 import threading
 from typing import Any, Dict
 
+from tf_otel.cluster import messages
 from tf_otel.health import count, log_once
 from tf_otel.instrument import twin
-from tf_otel.pipeline import messages
-from tf_otel.pipeline.gather import to_every_rank, to_reference
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.runtime.gather import to_every_rank, to_reference
+from tf_otel.runtime.steps import Pipeline
 
 MARGIN = 3  # rank 0's first twin step of a key: its last step + MARGIN
 

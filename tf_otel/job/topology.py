@@ -52,7 +52,7 @@ Usage::
 
     cluster_topology({"ps": [...], "worker": [...]}, "worker", 1, host)   # rank 1 of 3
     learn_cluster(program_cluster(cluster, "worker", 1))   # the program's own Server: detect()
-                                                            # uses it (pipeline/lifecycle.py)
+                                                            # uses it (runtime/lifecycle.py)
     learn_attempt("3f9c0a1b2d4e")   # rank 0's, from the coordination service: detect() uses
                                     # it for a cluster-spec job of several ranks
 """
@@ -101,7 +101,7 @@ class Topology:
 
     @property
     def trace_scope(self) -> str:
-        """What a step's ids hash besides its key and number (pipeline/ids.py): the job id,
+        """What a step's ids hash besides its key and number (otel/ids.py): the job id,
         and the attempt where there is one."""
         return f"{self.job_id}/attempt/{self.attempt}" if self.attempt else self.job_id
 
@@ -411,7 +411,7 @@ def learned_cluster() -> Optional[ProgramCluster]:
 
 
 def learn_cluster(found: Optional[ProgramCluster]) -> None:
-    """Set (None: forget) the program's cluster; pipeline/lifecycle.py decides when (before the
+    """Set (None: forget) the program's cluster; runtime/lifecycle.py decides when (before the
     first step only)."""
     global _program
     _program = found
@@ -427,7 +427,7 @@ def learned_attempt() -> Optional[str]:
 
 def learn_attempt(attempt: Optional[str]) -> None:
     """Set (None: forget) the attempt every rank of this launch learned from rank 0;
-    pipeline/lifecycle.py decides when (before the first step only)."""
+    runtime/lifecycle.py decides when (before the first step only)."""
     global _attempt
     _attempt = attempt or None
 

@@ -8,6 +8,6 @@
   ``cli``; where the built library goes: ``plugin_files``).
 
 XPlane GPU planes are parsed in ``tf_otel.sources.xplane_gpu``; NVML gauges come from
-``tf_otel.pipeline.gpu_metrics``. Nothing here imports TensorFlow or pynvml at import time.
+``tf_otel.metrics.gpu_metrics``. Nothing here imports TensorFlow or pynvml at import time.
 See docs/guides/NCCL.md.
 """

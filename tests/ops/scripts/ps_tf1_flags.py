@@ -87,7 +87,7 @@ with tf.compat.v1.Session(server.target, config=session_config) as sess:
         value, _ = sess.run([loss, train_op], {x: features, y: labels})
     meet("end")
 if index != 0:  # its last steps' extents reach rank 0 before rank 0 ends and emits the roots
-    from tf_otel.pipeline import lifecycle  # noqa: E402
+    from tf_otel.runtime import lifecycle  # noqa: E402
 
     lifecycle.shutdown()
 meet("flushed")

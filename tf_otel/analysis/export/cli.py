@@ -28,8 +28,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from tf_otel.analysis.cli import add_source_arguments
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load.spill import SpillSource
+from tf_otel.analysis.rules.gc_pause import paused_gc
 
 DEFAULT_MAX_STEPS = 50
 Range = Tuple[Optional[int], Optional[int]]

@@ -28,7 +28,6 @@ from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Tuple, Union
 
 from tf_otel.analysis.engine import Engine, engine_workers, open_engine
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
 from tf_otel.analysis.load.jaeger import convert_jaeger_traces, is_jaeger_document
 from tf_otel.analysis.load.otlp import decode_traces_rows, is_traces_data
@@ -38,6 +37,7 @@ from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE_DECODER
 from tf_otel.analysis.load.otlp_native import NativeLineDecoder
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Row, Span, add_spans
+from tf_otel.analysis.rules.gc_pause import paused_gc
 
 TRACE_SUFFIXES = (".json", ".jsonl", ".ndjson", ".otlp")
 _MAGIC = {b"\x89PNG": "a PNG image", b"%PDF": "a PDF", b"PK\x03\x04": "a zip archive"}

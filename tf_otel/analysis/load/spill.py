@@ -41,7 +41,6 @@ from typing import BinaryIO, Dict, Iterable, Iterator, List, Optional, Set, Tupl
 
 from tf_otel.analysis.engine import Engine, open_engine
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.gc_pause import paused_gc
 from tf_otel.analysis.load import files as trace_files
 from tf_otel.analysis.load.files import (
     Part,
@@ -59,6 +58,7 @@ from tf_otel.analysis.load.heap import hold_block_buffers
 from tf_otel.analysis.load.otlp_native import NativeLineDecoder, SpilledBlock
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Row, Span, add_spans, by_trace
+from tf_otel.analysis.rules.gc_pause import paused_gc
 from tf_otel.analysis.skeleton import SKELETON_SETS, Skeleton, split_rows
 
 BLOCK_BYTES = 8 << 20  # whole lines decoded at once: bounds a reading process's memory

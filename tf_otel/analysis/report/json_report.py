@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Dict
 
+from tf_otel.analysis.compare.profile import run_profile
 from tf_otel.analysis.measured import NOT_MEASURED, CategoryShare
-from tf_otel.analysis.profile import run_profile
 from tf_otel.analysis.report import ms
 from tf_otel.analysis.result import AnalysisResult, StepResult
 

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 from tf_otel.config import Settings
 from tf_otel.health import log_once
-from tf_otel.pipeline.step_handle import StepHandle
+from tf_otel.step_handle import StepHandle
 
 MANAGED, USER_FILE, OFF, STAMPS = "managed", "user_file", "off", "stamps"
 TIMELINE_MODES = (MANAGED, USER_FILE)

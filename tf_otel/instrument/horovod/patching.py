@@ -46,7 +46,7 @@ def _init_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -
 
 
 def _before_reset() -> None:
-    from tf_otel.pipeline.lifecycle import current_pipeline
+    from tf_otel.runtime.lifecycle import current_pipeline
 
     pipeline = current_pipeline()
     if pipeline is not None:
@@ -54,7 +54,7 @@ def _before_reset() -> None:
 
 
 def _after_reset(basics: Any) -> None:
-    from tf_otel.pipeline.lifecycle import current_pipeline
+    from tf_otel.runtime.lifecycle import current_pipeline
 
     pipeline = current_pipeline()
     if pipeline is not None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tf_otel import clock, record
+from tf_otel.cluster import messages
 from tf_otel.health import count, fail_open
 from tf_otel.instrument import twin, twin_gate
 from tf_otel.instrument._patching import (
@@ -54,13 +55,12 @@ from tf_otel.instrument._patching import (
 from tf_otel.instrument.horovod import graph_stamps
 from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice
 from tf_otel.instrument.horovod.replicas import ReplicaNames
-from tf_otel.pipeline import messages
-from tf_otel.pipeline.gather import Gather, to_every_rank, to_reference
-from tf_otel.pipeline.lifecycle import current_pipeline
-from tf_otel.pipeline.step_handle import StepHandle
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.runtime.gather import Gather, to_every_rank, to_reference
+from tf_otel.runtime.lifecycle import current_pipeline
+from tf_otel.runtime.steps import Pipeline
 from tf_otel.sources import horovod_stamp_records as hs
 from tf_otel.sources import horovod_timeline as tl
+from tf_otel.step_handle import StepHandle
 
 HOROVOD, TENSORFLOW = "horovod", "tensorflow"  # whose collective ops (span name prefix)
 _MAX_STEPS = 64
@@ -715,7 +715,7 @@ class StampsHook(StepHook[_DetailStep]):
 
     def register(self, every: int, parts: Optional[bool], fused: Optional[bool] = None) -> None:
         """The step hook, its message handlers and its exit hand-over (once per process)."""
-        from tf_otel.pipeline.lifecycle import before_shutdown, with_pipeline
+        from tf_otel.runtime.lifecycle import before_shutdown, with_pipeline
 
         collector.every = every
         collector.parts = parts_wanted(parts, every)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_otel import clock
+from tf_otel.cluster import messages
 from tf_otel.health import count, fail_open, log_once, logger
 from tf_otel.instrument._patching import Error, HookOrder, StepCall, StepHook, add_step_hook
 from tf_otel.instrument.horovod.choice import (
@@ -54,11 +55,10 @@ from tf_otel.instrument.horovod.choice import (
     choice,
     detail_wanted,
 )
-from tf_otel.pipeline import messages
-from tf_otel.pipeline.lifecycle import current_pipeline
-from tf_otel.pipeline.step_handle import StepHandle
-from tf_otel.pipeline.steps import Pipeline
+from tf_otel.runtime.lifecycle import current_pipeline
+from tf_otel.runtime.steps import Pipeline
 from tf_otel.sources import horovod_timeline as tl
+from tf_otel.step_handle import StepHandle
 
 _POLL_S = 0.2
 _CLOSE_WAIT_S = 3.0  # a stopped file not closed by Horovod after this is read as it is
@@ -503,7 +503,7 @@ class TimelineHook(StepHook[None]):
 
     def register(self) -> None:
         """The step hook, its message handlers and its exit hand-over (once per process)."""
-        from tf_otel.pipeline.lifecycle import before_shutdown, with_pipeline
+        from tf_otel.runtime.lifecycle import before_shutdown, with_pipeline
 
         add_step_hook(self)
         with_pipeline(self._handle_messages)

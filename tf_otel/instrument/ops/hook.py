@@ -27,14 +27,14 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from tf_otel.cluster import messages
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
 from tf_otel.instrument._patching import Error, HookOrder, StepCall, StepHook, add_step_hook
-from tf_otel.pipeline import messages
-from tf_otel.pipeline.gather import to_every_rank, to_reference
-from tf_otel.pipeline.step_handle import StepHandle
-from tf_otel.pipeline.steps import Pipeline
 from tf_otel.record import INPUT, SESSION_RUN, Record
+from tf_otel.runtime.gather import to_every_rank, to_reference
+from tf_otel.runtime.steps import Pipeline
+from tf_otel.step_handle import StepHandle
 
 # set by register() from the settings instrument() read (the defaults until then)
 MAX_OP_SPANS = Settings.max_op_spans
@@ -102,7 +102,7 @@ controller = OpsController()
 def request(steps: int) -> Dict[str, int]:
     """Ask for op tracing of the next ``steps`` steps on every rank (any thread, any rank).
     On rank 0 (or a single process) returns the chosen start step per key."""
-    from tf_otel.pipeline.lifecycle import get_pipeline
+    from tf_otel.runtime.lifecycle import get_pipeline
 
     pipeline = get_pipeline()
     if not pipeline.topology.is_reference:
@@ -333,7 +333,7 @@ hook = OpsHook()
 
 def register(settings: Settings) -> None:
     global MAX_OP_SPANS, MARGIN_STEPS, MARGIN_S
-    from tf_otel.pipeline.lifecycle import with_pipeline
+    from tf_otel.runtime.lifecycle import with_pipeline
 
     MAX_OP_SPANS = settings.max_op_spans
     MARGIN_STEPS, MARGIN_S = settings.ops_margin, settings.ops_margin_s
