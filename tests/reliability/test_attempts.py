@@ -263,13 +263,21 @@ MWMS = REPO / "tests" / "distribute" / "scripts" / "mwms_train.py"
 MWMS_STEPS = 4
 
 
-def _mwms_launch(folder: Path, ports: List[int], coordinator: int, **extra: str) -> List[str]:
-    """Two MultiWorkerMirroredStrategy workers (custom loop) under one TF_CONFIG; their
-    outputs. The same ports give the same TF_CONFIG, hence the same job id, every launch."""
+def _mwms_launch(
+    folder: Path, ports: List[int], coordinator: int, in_code: bool = False, **extra: str
+) -> List[str]:
+    """Two MultiWorkerMirroredStrategy workers (custom loop) under one TF_CONFIG (``in_code``:
+    the same cluster given to the strategy by a resolver, no TF_CONFIG); their outputs. The same
+    ports give the same cluster, hence the same job id, every launch."""
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     with Tasks([*ports, coordinator, coordinator + 1]) as tasks:
         for index in (0, 1):
             task = {"type": "worker", "index": index}
+            given = (
+                {"CLUSTER": json.dumps(cluster), "TASK_INDEX": str(index)}
+                if in_code
+                else {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+            )
             env = base_env(
                 TF_OTEL_ENABLED="1",
                 TF_OTEL_FILE=str(folder / "spans-{rank}.jsonl"),
@@ -277,9 +285,9 @@ def _mwms_launch(folder: Path, ports: List[int], coordinator: int, **extra: str)
                 TF_OTEL_ROOT_WAIT_MS="20000",
                 OTEL_TRACES_EXPORTER="none",
                 OTEL_METRICS_EXPORTER="none",
-                TF_CONFIG=json.dumps({"cluster": cluster, "task": task}),
                 LOOP="custom",
                 STEPS=str(MWMS_STEPS),
+                **given,
                 **extra,
             )
             tasks.start([python(), str(MWMS)], env, cwd=REPO)
@@ -345,3 +353,21 @@ def test_mwms_without_a_coordination_service_keeps_the_job_s_ids(tmp_path: Path)
         assert (
             trace == f"{step_trace_id(job[record.ATTR_JOB_ID], key, step[record.ATTR_STEP]):032x}"
         )
+
+
+@pytest.mark.integration
+def test_mwms_given_its_cluster_in_code_is_one_job(tmp_path: Path) -> None:
+    """A MultiWorkerMirroredStrategy given a cluster resolver in code, no TF_CONFIG and no
+    launcher: the strategy's cluster is the job's identity (instrument/cluster.py), so every
+    step is one trace holding both workers' step spans under one job id, with an attempt
+    (without it each worker was a lone process of its own job: two traces a step, one rank
+    each)."""
+    folder = tmp_path / "in-code"
+    folder.mkdir()
+    with_new_ports(lambda: _mwms_launch(folder, free_ports(2), free_port_pair(), in_code=True))
+    steps = _step_traces(folder, 2)
+    assert len(steps) == MWMS_STEPS, sorted(steps)
+    job = _job_span(folder)["attributes"]
+    assert job.get(record.ATTR_JOB_ATTEMPT), job
+    ranks = {s["rank"] for s in file_spans(folder)}
+    assert ranks == {0, 1}, ranks

@@ -16,9 +16,10 @@ crosses the store, no tensor or data.
 
 Nothing is exchanged (the ids stay what they were) where TF_OTEL_ATTEMPT or TF_OTEL_JOB_ID is
 set, a launcher's environment decides the attempt (Horovod, MPI, SLURM), the job has one worker
-(it draws its own), this task is not the one tf_otel knows from TF_CONFIG (a cluster resolver of
-the program's own) or not in the service (an evaluator), or the strategy started no coordination
-service (graph mode, a TensorFlow without one). A failure (no service, rank 0 not traced or over
+(it draws its own), this task is not the one tf_otel knows (from TF_CONFIG, or from the cluster
+resolver the program gave the strategy: learned first, instrument/cluster.py) or not in the
+service (an evaluator), or the strategy started no coordination service (graph mode, a
+TensorFlow without one). A failure (no service, rank 0 not traced or over
 ``WAIT_S`` late) leaves this worker without an attempt, said once: its step ids are the job's
 alone, as before. A rank 0 whose steps began before the strategy hands out "none": every
 worker keeps the job's ids, none waits. ParameterServerStrategy is not covered: its coordinator
@@ -37,6 +38,7 @@ from typing import Any, Callable, Optional
 
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, log_once
+from tf_otel.instrument import cluster
 from tf_otel.instrument._patching import when_imported, wrap
 
 KEY = "tf_otel/attempt"
@@ -142,6 +144,8 @@ def register(settings: Settings) -> None:
 
     def joined(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
         out = wrapped(*args, **kwargs)
+        with fail_open("cluster.strategy"):  # a cluster given in code: the job's identity
+            cluster.learn_from_strategy(instance)
         with fail_open("attempt.share"):
             share_attempt(instance, settings)
         return out

@@ -16,7 +16,10 @@ the server was given them: ClusterSpec, dict, ClusterDef or ServerDef) goes to
 it gives the process its rank, world size and job id exactly as the same cluster in TF_CONFIG
 would (job/topology.py), so both workers' steps share one trace per step and rank 0 (chief,
 else worker 0) hosts the coordinator. A cluster of one task (``create_local_server``) is no
-identity. A server built after the first traced step changes nothing (said once).
+identity. A server built after the first traced step changes nothing (said once). A
+MultiWorkerMirroredStrategy given a cluster resolver in code builds no ``Server``: its cluster
+is learned the same way when the strategy joins it (``learn_from_strategy``, called by
+instrument/attempt.py's hook on that join).
 """
 
 from __future__ import annotations
@@ -45,6 +48,23 @@ def learn_from_server(server: Any) -> bool:
     return learn_cluster(
         cluster_of(server_def.cluster), str(server_def.job_name), int(server_def.task_index)
     )
+
+
+def learn_from_strategy(extended: Any) -> bool:
+    """The same for a MultiWorkerMirroredStrategy given its cluster in code (a cluster resolver
+    and no TF_CONFIG): its extended object just joined that cluster (``_cluster_spec``,
+    ``_task_type``, ``_task_id``); True if that changed the process's identity."""
+    from tf_otel.runtime.lifecycle import learn_cluster
+
+    spec = getattr(extended, "_cluster_spec", None)
+    task_type, task_id = getattr(extended, "_task_type", None), getattr(extended, "_task_id", None)
+    if spec is None or task_type is None or task_id is None:
+        return False
+    tasks = {
+        str(job): dict(enumerate(addresses)) if isinstance(addresses, list) else dict(addresses)
+        for job, addresses in spec.as_dict().items()
+    }
+    return learn_cluster(tasks, str(task_type), int(task_id))
 
 
 def _server_init_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -7,7 +7,8 @@ WIDTH -> 1, float32 gradients), SLOW_WORKER (default -1), SLOW_STEPS (comma-sepa
 SLOW_S (default 0.3), TRUTH_FILE (with {rank}: {"begun": each step's call, "ready" (custom loop
 only): the moment its gradients were computed, before their all-reduce; wall clock, ns}),
 NO_COORDINATION_SERVICE (1: the strategy starts no coordination service, as where a program
-turned it off).
+turned it off), CLUSTER + TASK_INDEX (instead of TF_CONFIG: the cluster as JSON given to the
+strategy by a cluster resolver in code).
 Prints one line "GRAPHS {...}" (the program's own traces of its step function: how many, their
 collective ops, their timing ops) and "worker I done".
 """
@@ -36,9 +37,18 @@ if os.environ.get("NO_COORDINATION_SERVICE") == "1":
     from tensorflow.python.eager import context
 
     context.context().configure_coordination_service("")  # the strategy keeps this one: none
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
-task = json.loads(os.environ["TF_CONFIG"])["task"]
-worker = int(task["index"])
+if os.environ.get("CLUSTER"):  # the cluster given in code (a resolver), no TF_CONFIG
+    worker = int(os.environ["TASK_INDEX"])
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(json.loads(os.environ["CLUSTER"])),
+        task_type="worker",
+        task_id=worker,
+        rpc_layer="grpc",
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+else:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    worker = int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
 begun = []
 ready = []
 
