@@ -29,7 +29,7 @@ def worker(rounds: int, block: int, layers: int) -> None:
     import horovod.tensorflow as hvd
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-    from tf_otel.instrument.horovod.choice import OFF, choice
+    from tf_otel.instrument.horovod.collective_source import OFF, choice
     from tf_otel.runtime import lifecycle
 
     hvd.init()

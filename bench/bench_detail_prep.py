@@ -1,7 +1,7 @@
 """What each detail preparation costs, and where it runs (issue 45): one process, no Horovod,
 a keras.applications model's training step (weights=None, synthetic batch), TF-CPU.
 
-- the detail twin (instrument/twin.py): its trace and its instantiation, as the twin thread
+- the detail twin (instrument/detail_twin.py): its trace and its instantiation, as the twin thread
   does them, and its first run after that against its first run without it (what the warm
   detail step paid on the training thread before issue 45) and a steady step;
 - op detail (instrument/ops/hook.py, TF2): starting TF's profiler session before an op-traced
@@ -35,7 +35,7 @@ def timed(fn: Callable[[], Any]) -> float:
 def twin_costs(args: argparse.Namespace) -> Dict[str, float]:
     import tensorflow as tf
 
-    from tf_otel.instrument import twin
+    from tf_otel.instrument import detail_twin
 
     model = getattr(tf.keras.applications, args.model)(
         weights=None, input_shape=(args.side, args.side, 3), classes=10
@@ -68,10 +68,10 @@ def twin_costs(args: argparse.Namespace) -> Dict[str, float]:
         concrete = prepared.get_concrete_function(x, y)
         out["twin trace, twin thread"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        twin._instantiate(concrete, (x, y), {})
+        detail_twin._instantiate(concrete, (x, y), {})
         out["twin instantiation, twin thread (not run)"] = time.perf_counter() - t0
 
-    thread = threading.Thread(target=prepare, name=twin.THREAD_NAME)
+    thread = threading.Thread(target=prepare, name=detail_twin.THREAD_NAME)
     thread.start()
     thread.join()
     out["twin first run after preparation (the first detail step)"] = timed(
@@ -80,7 +80,7 @@ def twin_costs(args: argparse.Namespace) -> Dict[str, float]:
     out["twin steady run"] = statistics.median(
         timed(lambda: prepared(x, y).numpy()) for _ in range(5)
     )
-    assert where == [twin.THREAD_NAME]
+    assert where == [detail_twin.THREAD_NAME]
 
     from tensorflow.python.profiler.internal import _pywrap_profiler
 

@@ -225,7 +225,7 @@ INPROCESS = (
     "coll_every",
     "coll_every_per_tensor",
 )
-# one step function for every mode: collective detail runs its twin (instrument/twin.py), every
+# one step function for every mode: collective detail runs its twin (instrument/detail_twin.py), every
 # other step the program's own graph; coll_1inN: detail on 1 sampled step in N (trace id), with
 # the defaults' span shape for that N (children, fused groups); coll_every_per_tensor: every
 # step, one span per tensor (TF_OTEL_HOROVOD_FUSED=0) against coll_every's groups
@@ -244,8 +244,8 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-    from tf_otel.instrument import twin
-    from tf_otel.instrument.horovod.choice import STAMPS, choice
+    from tf_otel.instrument import detail_twin
+    from tf_otel.instrument.horovod.collective_source import STAMPS, choice
     from tf_otel.instrument.horovod.stamps import collector, fused_wanted, parts_wanted
     from tf_otel.otel import ids
     from tf_otel.runtime import lifecycle
@@ -267,16 +267,16 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    twin.CPU_SHARE = 1.0  # the start-up is not measured here: prepare the twin at full speed
+    detail_twin.CPU_SHARE = 1.0  # the start-up is not measured here: prepare the twin at full speed
     collector.every = 1
     for _ in range(3):  # the twin: traced and run
         train_step()
     collector.every = 0
     for _ in range(3):  # the program's own trace
         train_step()
-    # the twin is prepared off the training thread (instrument/twin.py): blocks start once it
+    # the twin is prepared off the training thread (instrument/detail_twin.py): blocks start once it
     # runs on every rank, so no block holds a detail step deferred for it
-    assert twin.wait_open(600), twin.generations()
+    assert detail_twin.wait_open(600), detail_twin.generations()
     assert choice.mode == STAMPS, choice.mode
     modes = [m for m in INPROCESS if m in MODES_INPROCESS] or list(INPROCESS)
     pipeline = lifecycle.get_pipeline()

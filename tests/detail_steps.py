@@ -13,11 +13,11 @@ test_twin_ready.py checks those).
 
 from typing import Dict, Iterable, Set
 
-from tf_otel.instrument.horovod.choice import detail_wanted
+from tf_otel.instrument.horovod.collective_source import detail_wanted
 from tf_otel.otel.ids import step_trace_id
 
 # the detail twin prepared on the step that traced the program's function: every picked step
-# is detailed, whatever the machine's speed (instrument/twin.py)
+# is detailed, whatever the machine's speed (instrument/detail_twin.py)
 STEP_PREPARE: Dict[str, str] = {"TF_OTEL_TWIN_PREPARE": "step"}
 
 

@@ -207,7 +207,7 @@ def test_the_contract_check_finds_a_repeated_name(tmp_path):
 READS_ENV_AT_START = {
     "config.py",
     "instrument/__init__.py",
-    "clock/cli.py",
+    "clock/clock_check_cli.py",
     "clock/pair.py",
     "clock/__init__.py",  # TF_OTEL_TEST_CLOCK, resolved once per process (test only)
 }

@@ -1,7 +1,7 @@
-"""Detail-step twins (tf_otel/instrument/twin.py) in one process, real TensorFlow, no Horovod:
-which trace runs on which step, nested functions, a twin that cannot be traced, and the twin's
-preparation off the training thread (issue 45): traced and instantiated on the twin thread,
-never run there, and picked steps gated until it is ready."""
+"""Detail-step twins (tf_otel/instrument/detail_twin.py) in one process, real TensorFlow, no
+Horovod: which trace runs on which step, nested functions, a twin that cannot be traced, and the
+twin's preparation off the training thread (issue 45): traced and instantiated on the twin
+thread, never run there, and picked steps gated until it is ready."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tf_otel.instrument import twin
+from tf_otel.instrument import detail_twin
 
 tf = pytest.importorskip("tensorflow")
 
@@ -22,13 +22,13 @@ def traced_flags():
 
     @tf.function
     def inner(x):
-        seen.append(("inner", twin.tracing()))
+        seen.append(("inner", detail_twin.tracing()))
         return x * 2
 
     @tf.function
     def step(x):
-        seen.append(("step", twin.tracing()))
-        threads.append((twin.tracing(), threading.current_thread().name))
+        seen.append(("step", detail_twin.tracing()))
+        threads.append((detail_twin.tracing(), threading.current_thread().name))
         return inner(x) + 1
 
     step.threads = threads
@@ -53,10 +53,10 @@ def source():
     def want() -> bool:
         return wanted[0]
 
-    twin.wanted_by(want)
+    detail_twin.wanted_by(want)
     yield wanted
     wanted[0] = False
-    twin.want(False)
+    detail_twin.want(False)
     unwrap(polymorphic_function.Function, "__call__")
 
 
@@ -64,16 +64,16 @@ def test_steps_without_detail_run_the_program_trace_and_the_twin_is_prepared_bes
     step, inner, seen = traced_flags()
     x = tf.constant(1.0)
     assert float(call(step, x)) == 3.0  # first call: the program's trace; the twin's queued
-    assert twin.wait_open(120), twin.generations()
+    assert detail_twin.wait_open(120), detail_twin.generations()
     assert ("step", False) in seen and ("step", True) in seen
     main = threading.current_thread().name
     assert (False, main) in step.threads, "the program's trace on the training thread"
-    assert (True, twin.THREAD_NAME) in step.threads, "the twin traced on the twin thread"
+    assert (True, detail_twin.THREAD_NAME) in step.threads, "the twin traced on the twin thread"
     assert all(name != main for inside, name in step.threads if inside), step.threads
     traces = len(seen)
-    twin.want(True)
+    detail_twin.want(True)
     assert float(call(step, x)) == 3.0  # a detail step: the twin, already traced
-    twin.want(False)
+    detail_twin.want(False)
     assert float(call(step, x)) == 3.0
     assert len(seen) == traces, "no trace on the detail step or after it"
     assert step.experimental_get_tracing_count() == 1
@@ -93,46 +93,50 @@ def test_preparing_a_twin_instantiates_it_without_running_it(source):
     before = health.counters.get("twin_instantiated", 0)
     x = tf.constant(1.0)
     assert float(call(counted, x)) == 2.0
-    assert twin.wait_open(120), twin.generations()
+    assert detail_twin.wait_open(120), detail_twin.generations()
     assert health.counters.get("twin_instantiated", 0) == before + 1
     assert health.counters.get("twin_instantiate_ran", 0) == 0
     assert int(runs.numpy()) == 1, "the preparation never runs the twin"
-    assert twin.THREAD_NAME in twin.prepared_on()
-    twin.want(True)
+    assert detail_twin.THREAD_NAME in detail_twin.prepared_on()
+    detail_twin.want(True)
     assert float(call(counted, x)) == 2.0  # the detail step: the prepared twin, run once
-    twin.want(False)
+    detail_twin.want(False)
     assert int(runs.numpy()) == 2
     assert counted._tf_otel_twin.experimental_get_tracing_count() == 1
 
 
 def test_picked_steps_wait_for_every_generation_to_open(source, monkeypatch):
     opened = []
-    monkeypatch.setattr(twin._gate, "reporters", [opened.append])  # rank 0 answers, not here
-    queued, prepared, _ = twin.generations()
+    monkeypatch.setattr(detail_twin._gate, "reporters", [opened.append])  # rank 0 answers, not here
+    queued, prepared, _ = detail_twin.generations()
 
     @tf.function
     def fresh(x):
         return x * 3
 
     call(fresh, tf.constant(1.0))  # a new trace: a new generation, the gate closes
-    assert twin.generations()[0] == queued + 1
-    assert not twin.ready_for("tf_function:fresh", 10)
+    assert detail_twin.generations()[0] == queued + 1
+    assert not detail_twin.ready_for("tf_function:fresh", 10)
     deadline = time.monotonic() + 120
     while not opened and time.monotonic() < deadline:
         time.sleep(0.05)
     assert opened and opened[-1] == queued + 1, "the twin thread reports the prepared generation"
-    assert not twin.ready_for("tf_function:fresh", 10), "prepared here is not open everywhere"
-    twin.open(queued + 1, {"tf_function:fresh": 12})  # rank 0: from step 12 of this key
-    assert not twin.ready_for("tf_function:fresh", 11)
-    assert twin.ready_for("tf_function:fresh", 12) and twin.ready_for("tf_function:fresh", 40)
-    assert twin.ready_for("keras_train", 0), "a key rank 0 had not stepped: at once"
+    assert not detail_twin.ready_for("tf_function:fresh", 10), (
+        "prepared here is not open everywhere"
+    )
+    detail_twin.open(queued + 1, {"tf_function:fresh": 12})  # rank 0: from step 12 of this key
+    assert not detail_twin.ready_for("tf_function:fresh", 11)
+    assert detail_twin.ready_for("tf_function:fresh", 12) and detail_twin.ready_for(
+        "tf_function:fresh", 40
+    )
+    assert detail_twin.ready_for("keras_train", 0), "a key rank 0 had not stepped: at once"
 
 
 def test_functions_nested_in_a_twin_get_twins_of_their_own(source):
     step, inner, seen = traced_flags()
-    twin.want(True)
+    detail_twin.want(True)
     call(step, tf.constant(2.0))
-    twin.want(False)
+    detail_twin.want(False)
     assert ("inner", True) in seen and ("inner", False) not in seen
     assert getattr(inner, "_tf_otel_twin", None) is not None
     call(step, tf.constant(2.0))  # the program's own trace: its inner traced plainly
@@ -152,18 +156,18 @@ def test_a_twin_that_cannot_be_traced_is_given_up_and_the_step_still_runs(source
 
     @tf.function
     def traces_once(x):
-        traces.append(twin.tracing())
+        traces.append(detail_twin.tracing())
         if len(traces) > 1:  # e.g. a program whose Python refuses a second trace
             raise RuntimeError("traced twice")
         return x + 1
 
     x = tf.constant(1.0)
     assert float(call(traces_once, x)) == 2.0  # its twin's trace fails beside it: given up
-    assert twin.wait_open(120)
+    assert detail_twin.wait_open(120)
     assert traces_once._tf_otel_twin is False
-    twin.want(True)
+    detail_twin.want(True)
     assert float(call(traces_once, x)) == 2.0  # a detail step runs the program's own
-    twin.want(False)
+    detail_twin.want(False)
     assert traces == [False, True]
 
 
@@ -171,15 +175,15 @@ _EXITS_WHILE_PREPARING = """
 import sys, time
 import tensorflow as tf
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
-from tf_otel.instrument import function, twin
+from tf_otel.instrument import detail_twin, function
 
 function._patch(polymorphic_function)
-twin.wanted_by(lambda: True)
-twin.after_prepare(lambda: print("PREPARED", flush=True))
+detail_twin.wanted_by(lambda: True)
+detail_twin.after_prepare(lambda: print("PREPARED", flush=True))
 
 @tf.function
 def step(x):
-    if twin.tracing():  # the twin's trace, on the twin thread: still under way at exit
+    if detail_twin.tracing():  # the twin's trace, on the twin thread: still under way at exit
         time.sleep(float(sys.argv[1]))
         print("TWIN TRACED", flush=True)
     return x + 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tf_otel import notices
+from tf_otel import stderr_once
 from tf_otel.version import __version__
 
 __all__ = ["instrument", "shutdown", "TensorFlowInstrumentor", "__version__"]
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # operator lines (lost spans, unwritable file, bad settings) reach stderr once, whatever logging
 # handlers the OpenTelemetry distro or the program installs
-notices.install()
+stderr_once.install()
 
 
 def instrument(configure_sdk: bool = True, **kwargs: Any) -> None:

@@ -20,11 +20,11 @@ from typing import Any, List, Optional
 # takes the parsed args. The name is kept here too so that a module that fails to import still
 # shows as a command saying why, instead of vanishing from the list.
 COMMANDS = {
-    "analyze": "tf_otel.analysis.cli",
+    "analyze": "tf_otel.analysis.analyze_cli",
     "diff": "tf_otel.analysis.compare.diff_cli",
-    "export": "tf_otel.analysis.export.cli",
-    "clock-check": "tf_otel.clock.cli",
-    "nccl-plugin": "tf_otel.nccl.cli",
+    "export": "tf_otel.analysis.export.export_cli",
+    "clock-check": "tf_otel.clock.clock_check_cli",
+    "nccl-plugin": "tf_otel.nccl.nccl_plugin_cli",
     "settings": "tf_otel.settings_cli",
 }
 

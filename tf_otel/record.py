@@ -129,7 +129,7 @@ ATTR_BATCH_SIZE = "tf_otel.batch.size"  # instrument.keras
 # reads, CPU and memory are in that step's process counters (instrument.ops, step_detail)
 ATTR_DETAIL = "tf_otel.detail"
 # a picked collective-detail step that ran the program's own function: its detail twin was not
-# yet prepared on every rank (instrument/twin.py); value DETAIL_TWIN_PREPARING
+# yet prepared on every rank (instrument/detail_twin.py); value DETAIL_TWIN_PREPARING
 ATTR_DETAIL_TWIN = "tf_otel.detail.twin"
 DETAIL_TWIN_PREPARING = "preparing"
 

@@ -19,7 +19,7 @@ from conftest import REPO, VENV_BIN, base_env, horovodrun, run
 pytestmark = pytest.mark.integration
 SCRIPT = REPO / "tests" / "context" / "scripts" / "user_spans_train.py"
 STEPS = 6
-TWIN_THREAD = "tf_otel-twin"  # tf_otel/instrument/twin.py THREAD_NAME
+TWIN_THREAD = "tf_otel-twin"  # tf_otel/instrument/detail_twin.py THREAD_NAME
 
 
 def _step_spans(spans, name_part: str) -> Dict[Tuple[int, int], Any]:

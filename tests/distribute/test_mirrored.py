@@ -37,7 +37,7 @@ def mirrored_job(out: Path, **extra: str) -> str:
         OTEL_TRACES_EXPORTER="none",
         OTEL_METRICS_EXPORTER="none",
         TF_OTEL_HOROVOD_EVERY="1",  # every step detailed: the truth is checked on each
-        TF_OTEL_TWIN_PREPARE="step",  # every picked step detailed (instrument/twin.py)
+        TF_OTEL_TWIN_PREPARE="step",  # every picked step detailed (instrument/detail_twin.py)
         STEPS=str(STEPS),
         REPLICAS=str(REPLICAS),
         **extra,

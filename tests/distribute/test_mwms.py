@@ -97,7 +97,7 @@ def test_the_strategys_all_reduce_is_a_collective_span_on_every_worker(tmp_path,
         LOOP=loop,
         STEPS=str(STEPS),
         TF_OTEL_HOROVOD_EVERY="2",
-        TF_OTEL_TWIN_PREPARE="step",  # every picked step detailed (instrument/twin.py)
+        TF_OTEL_TWIN_PREPARE="step",  # every picked step detailed (instrument/detail_twin.py)
         TF_OTEL_JOB_ID="mwms-detail",
     )
     for output in outputs:  # the program's own graph holds the collectives, untimed

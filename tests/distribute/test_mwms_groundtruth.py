@@ -79,7 +79,7 @@ def runs(cluster, tmp_path_factory) -> Callable[[str], Run]:
                     LOOP="custom",
                     WIDTH=str(WIDTH),
                     TF_OTEL_HOROVOD_EVERY="1",
-                    TF_OTEL_TWIN_PREPARE="step",  # every picked step detailed (instrument/twin.py)
+                    TF_OTEL_TWIN_PREPARE="step",  # every picked step detailed (detail_twin.py)
                     TRUTH_FILE=str(out / "truth-{rank}.json"),
                     **extra,
                 )

@@ -23,7 +23,7 @@ from conftest import base_env, horovodrun  # noqa: E402
 from detail_steps import STEP_PREPARE, detailed_steps, job_with_detail  # noqa: E402
 
 from tf_otel.config import HOROVOD_EVERY_DEFAULT  # noqa: E402
-from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
+from tf_otel.instrument.horovod.collective_source import detail_wanted  # noqa: E402
 
 pytestmark = pytest.mark.integration
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "direct_collectives.py")

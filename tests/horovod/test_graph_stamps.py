@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import base_env, example, horovodrun  # noqa: E402
 
-from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
+from tf_otel.instrument.horovod.collective_source import detail_wanted  # noqa: E402
 
 pytestmark = pytest.mark.integration
 DIRECT = str(Path(__file__).resolve().parent / "scripts" / "tf1_direct.py")

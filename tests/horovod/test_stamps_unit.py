@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from tf_otel import record
-from tf_otel.instrument.horovod.choice import detail_wanted
+from tf_otel.instrument.horovod.collective_source import detail_wanted
 from tf_otel.instrument.horovod.stamps import parts_wanted
 from tf_otel.otel.ids import step_trace_id
 from tf_otel.sources import horovod_stamp_records as hs

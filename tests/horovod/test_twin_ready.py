@@ -25,7 +25,7 @@ from conftest import base_env, horovodrun  # noqa: E402
 from detail_steps import job_with_detail  # noqa: E402
 
 from tf_otel import record  # noqa: E402
-from tf_otel.instrument.horovod.choice import detail_wanted  # noqa: E402
+from tf_otel.instrument.horovod.collective_source import detail_wanted  # noqa: E402
 
 pytestmark = pytest.mark.integration
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "twin_ready_loop.py")

@@ -28,7 +28,7 @@ def _run(receiver, ratio: str, job: str):
         TF_OTEL_JOB_ID=job,  # the sampled steps are then the same on every run
         TF_OTEL_INPUT_WAIT="1",
         TF_OTEL_HOROVOD_EVERY="1",  # collective detail (and so collective wait) on sampled steps
-        TF_OTEL_TWIN_PREPARE="step",  # every picked step detailed (instrument/twin.py)
+        TF_OTEL_TWIN_PREPARE="step",  # every picked step detailed (instrument/detail_twin.py)
         OTEL_TRACES_SAMPLER="traceidratio",
         OTEL_TRACES_SAMPLER_ARG=ratio,
         OTEL_METRICS_EXPORTER="otlp",

@@ -78,11 +78,12 @@ def test_the_cli_builds_the_plugin_from_the_packaged_sources_where_it_is_then_fo
 
     from tf_otel.cli import main
     from tf_otel.instrument import nccl_ring
-    from tf_otel.nccl import cli as nccl_cli
+    from tf_otel.nccl import nccl_plugin_cli
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(nccl_ring, "PLUGIN_PATH", tmp_path / "not-built-here.so")
-    monkeypatch.setattr(nccl_cli.os, "access", lambda path, mode: False)  # site-packages, read-only
+    # site-packages, read-only
+    monkeypatch.setattr(nccl_plugin_cli.os, "access", lambda path, mode: False)
     assert main(["nccl-plugin"]) == 0
     cached = tmp_path / "cache" / "tf_otel" / "libnccl-profiler-tf_otel.so"
     library = ctypes.CDLL(str(cached))

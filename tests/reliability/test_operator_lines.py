@@ -21,7 +21,7 @@ import pytest
 from conftest import EXAMPLES, VENV_BIN, base_env, run
 from otlp_receiver import HangingCollector, OtlpReceiver
 
-from tf_otel import notices
+from tf_otel import stderr_once
 
 UNWRITABLE = "/proc/tf-otel-no-such-dir/spans-{rank}.jsonl"
 LOST = "tf_otel: spans were lost:"
@@ -65,7 +65,7 @@ def _file_lines(stderr: str) -> List[str]:
 def _logger_with(handler: logging.Handler, name: str) -> logging.Logger:
     logger = logging.getLogger(name)
     logger.propagate = False  # an isolated chain: this logger and its handlers only
-    logger.handlers = [notices._HANDLER, handler]
+    logger.handlers = [stderr_once._HANDLER, handler]
     return logger
 
 
@@ -92,10 +92,10 @@ def _level(handler: logging.Handler, level: int) -> logging.Handler:
 
 
 def test_install_is_idempotent_and_covers_the_exporter_loggers():
-    notices.install()
-    notices.install()
-    for name in notices.LOGGERS:
-        assert logging.getLogger(name).handlers.count(notices._HANDLER) == 1, name
+    stderr_once.install()
+    stderr_once.install()
+    for name in stderr_once.LOGGERS:
+        assert logging.getLogger(name).handlers.count(stderr_once._HANDLER) == 1, name
 
 
 # ----------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ HVD_LAST = "hvd.l"  # 0 -> ranks: HorovodLast
 HVD_BEGAN = "hvd.b"  # rank -> 0: HorovodBegan
 STALL_ASK = "tf_otel.stall.ask"  # 0 -> ranks: StallAsk ("where are you")
 STALL_WHERE = "tf_otel.stall.where"  # rank -> 0: StallWhere (the answer)
-TWIN_READY = "tf_otel.twin.ready"  # rank -> 0: TwinReady (instrument/twin_gate.py)
+TWIN_READY = "tf_otel.twin.ready"  # rank -> 0: TwinReady (instrument/detail_twin_gate.py)
 TWIN_OPEN = "tf_otel.twin.open"  # 0 -> ranks: TwinOpen
 
 

@@ -11,7 +11,7 @@ thread's Python stack: function, file, line, never a value) and exports its step
 span marked ``tf_otel.step.in_flight``, ended now, flushed at once. Rank 0 waits up to
 ANSWER_WAIT_S, then exports the stall record: a span of category ``stall`` in the step's trace
 (child of the step's root span id) and a WARNING log record of logger ``tf_otel`` in that trace
-(once on stderr, notices.py), naming the ranks that have not reached the step, where the ranks
+(once on stderr, stderr_once.py), naming the ranks that have not reached the step, where the ranks
 inside it wait, and who did not answer. Repeated at threshold x 2, x 4 ... while the step stays
 in flight; when it ends, one ``resolved`` record says how long the step took (a slow step).
 Rank 0 outside any step for a threshold probes the ranks (``"x": 0``: no stack, nothing

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Tuple, cast
 
 from tf_otel import record
 from tf_otel.config import Settings
-from tf_otel.instrument import twin
+from tf_otel.instrument import detail_twin
 from tf_otel.instrument._patching import run_step, state, when_imported, wrap
 
 _LIBRARY_MODULES = ("tensorflow", "keras", "tf_keras", "horovod", "tf_otel")
@@ -46,11 +46,11 @@ def _call_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -
     if state.depth or state.keras_loop or not eager or not _is_step(instance):
         # nested tf.functions (and library ones) still mark the thread, so their inner calls
         # are not mistaken for steps; a step's own function (Keras's train function) or one
-        # inside a twin's trace may run as its detail twin (instrument/twin.py)
+        # inside a twin's trace may run as its detail twin (instrument/detail_twin.py)
         top = state.depth == 1 and eager
         state.depth += 1
         try:
-            return twin.call(instance, wrapped, args, kwargs, top)
+            return detail_twin.call(instance, wrapped, args, kwargs, top)
         finally:
             state.depth -= 1
     name, _ = _function_name(instance)
@@ -58,7 +58,7 @@ def _call_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -
     attributes = {record.ATTR_FUNCTION_NAME: name}
 
     def step_call(*step_args: Any, **step_kwargs: Any) -> Any:
-        return twin.call(instance, wrapped, step_args, step_kwargs, True)
+        return detail_twin.call(instance, wrapped, step_args, step_kwargs, True)
 
     title = f"tf.function {name}"
     return run_step(step_call, args, kwargs, key, title, record.TF_FUNCTION, attributes, instance)

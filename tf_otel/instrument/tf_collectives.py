@@ -37,7 +37,7 @@ from tf_otel.instrument._patching import (
     when_imported,
     wrap,
 )
-from tf_otel.instrument.horovod.choice import choice
+from tf_otel.instrument.horovod.collective_source import choice
 from tf_otel.instrument.horovod.patching import timed_op
 from tf_otel.instrument.horovod.stamps import TENSORFLOW, collector
 from tf_otel.step_handle import StepHandle

@@ -21,7 +21,7 @@ from typing import IO, Any, Callable, Dict, Optional, Sequence, cast
 
 from tf_otel.config import Settings
 from tf_otel.health import count, fail_open, first_time, log_once
-from tf_otel.notices import EXPORTER_LOGGERS
+from tf_otel.stderr_once import EXPORTER_LOGGERS
 
 # the file's batch processor writes at least this often (TF_OTEL_FILE_FLUSH_S; config.py)
 FILE_FLUSH_S = 0.5

@@ -13,7 +13,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from tf_otel import health
-from tf_otel.instrument import twin
+from tf_otel.instrument import detail_twin
 
 hvd.init()
 STEPS = int(os.environ.get("STEPS", "40"))
@@ -30,8 +30,8 @@ traced_on = []  # (inside a twin's trace, thread name), one per trace
 
 @tf.function
 def train_step():
-    traced_on.append((twin.tracing(), threading.current_thread().name))
-    if twin.tracing():
+    traced_on.append((detail_twin.tracing(), threading.current_thread().name))
+    if detail_twin.tracing():
         time.sleep(TRACE_SLEEP_S)  # a model whose trace takes seconds
     with tf.GradientTape() as tape:
         h = x

@@ -1,11 +1,12 @@
 """Horovod collectives on every rank's step trace, one module per part:
 
-- ``choice``: which source, picked just before ``hvd.init()``: ``stamps`` (default) or the
-  timeline (``TF_OTEL_HOROVOD_SOURCE=timeline`` or a program's own ``HOROVOD_TIMELINE``);
+- ``collective_source``: which source (its ``choice``), picked just before ``hvd.init()``:
+  ``stamps`` (default) or the timeline (``TF_OTEL_HOROVOD_SOURCE=timeline`` or a program's
+  own ``HOROVOD_TIMELINE``);
 - ``patching``: hvd.init(), Horovod's TF op functions, hvd.DistributedOptimizer;
 - ``stamps``: every rank times its own collectives in its graph (its step hook and the
   ``hvd.a`` / ``hvd.l`` messages); in a tf.function, on detail steps only, through the
-  function's twin (``instrument.twin``);
+  function's twin (``instrument.detail_twin``);
 - ``graph_stamps``: the same in TF1 graphs, stamps a detail step's ``Session.run`` fetches;
 - ``timeline``: rank 0 reads Horovod's timeline (its step hook and the ``hvd.c`` messages).
 
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 from tf_otel.config import Settings
 from tf_otel.health import fail_open
-from tf_otel.instrument import twin
+from tf_otel.instrument import detail_twin
 from tf_otel.instrument.horovod import patching, stamps, timeline
-from tf_otel.instrument.horovod.choice import choice
+from tf_otel.instrument.horovod.collective_source import choice
 
 __all__ = ["choice", "register"]
 
@@ -33,7 +34,7 @@ _registered = False
 def register(settings: Settings) -> None:
     global _registered
     choice.use(settings)  # before patching: hvd.init() reads it
-    twin.prepare_where(settings.twin_prepare)
+    detail_twin.prepare_where(settings.twin_prepare)
     patching.register()
     if _registered:
         return

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from tf_otel.health import fail_open, log_once
 from tf_otel.instrument._patching import when_imported, wrap
-from tf_otel.instrument.horovod.choice import choice
+from tf_otel.instrument.horovod.collective_source import choice
 from tf_otel.instrument.horovod.stamps import OPS, collector
 
 RESET_FLUSH_S = 1.0  # the most an elastic reset waits for this rank's spans to be written

@@ -13,9 +13,10 @@ of CPU even while no file is written, and writes every event with two ``lseek`` 
 
 Instead, where the program builds a Horovod op (``MPI_LIB.horovod_allreduce`` and the other
 collectives, called by every Python entry point of horovod.tensorflow) while a detail twin of
-the step's tf.function is traced (instrument/twin.py: the program's own trace gets no timing op),
-the graph gets two stamps: one after the op's inputs are ready and before the op (this rank's
-arrival), one after its outputs (this rank's end); both go to a small variable per op. Plain
+the step's tf.function is traced (instrument/detail_twin.py: the program's own trace gets no
+timing op), the graph gets two stamps: one after the op's inputs are ready and before the op
+(this rank's arrival), one after its outputs (this rank's end); both go to a small variable per
+op. Plain
 ``tf.timestamp`` ops only as the first stamps of a ``tf.cond`` branch (where Horovod puts each
 gradient's collective); elsewhere a call of a small function writing the op's variable, so the
 stamps add no order between collectives (docs/guides/HOROVOD.md). TF1 graphs: graph_stamps. Eager
@@ -43,7 +44,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from tf_otel import clock, record
 from tf_otel.cluster import messages
 from tf_otel.health import count, fail_open
-from tf_otel.instrument import twin, twin_gate
+from tf_otel.instrument import detail_twin, detail_twin_gate
 from tf_otel.instrument._patching import (
     Error,
     HookOrder,
@@ -53,7 +54,7 @@ from tf_otel.instrument._patching import (
     is_active,
 )
 from tf_otel.instrument.horovod import graph_stamps
-from tf_otel.instrument.horovod.choice import OFF, STAMPS, choice
+from tf_otel.instrument.horovod.collective_source import OFF, STAMPS, choice
 from tf_otel.instrument.horovod.replicas import ReplicaNames
 from tf_otel.runtime.gather import Gather, to_every_rank, to_reference
 from tf_otel.runtime.lifecycle import current_pipeline
@@ -355,7 +356,7 @@ class StampCollector:
         of a run (1 in 100 would pay it inside the run)."""
         if not self._slots or len(self._slots) == self._reader_n:  # no lock, no TF call
             return
-        if twin.preparing():  # the twin thread is adding stamps: it builds the reader after
+        if detail_twin.preparing():  # the twin thread is adding stamps: it builds the reader after
             return
         self.build_reader()
 
@@ -650,7 +651,7 @@ class StampsHook(StepHook[_DetailStep]):
         self._finished = False
 
     def on_step_start(self, handle: StepHandle, call: StepCall) -> Optional[_DetailStep]:
-        twin.note_step(handle.key, handle.step)  # rank 0 picks the first twin step past it
+        detail_twin.note_step(handle.key, handle.step)  # rank 0 picks the first twin step past it
         if not handle.sampled or choice.mode == OFF or self._finished:
             return None
         pipeline = current_pipeline()
@@ -660,7 +661,7 @@ class StampsHook(StepHook[_DetailStep]):
             return None
         if collector.backend is None:
             collector.backend = choice.backend()
-        if collector.wanted(handle) and not twin.ready_for(handle.key, handle.step):
+        if collector.wanted(handle) and not detail_twin.ready_for(handle.key, handle.step):
             # picked, but its twin is not prepared on every rank yet: the program's own graph
             handle.attributes[record.ATTR_DETAIL_TWIN] = record.DETAIL_TWIN_PREPARING
             count("twin_detail_deferred")
@@ -669,7 +670,7 @@ class StampsHook(StepHook[_DetailStep]):
         if started is None:
             return None
         detail = _DetailStep(started)
-        twin.want(True)  # this step runs the twin of its function, with the stamps
+        detail_twin.want(True)  # this step runs the twin of its function, with the stamps
         with fail_open("horovod.graph_stamp_fetches"):
             detail.fetches = graph_stamps.add_fetches(call)  # a TF1 run fetches its stamps too
         return detail
@@ -677,7 +678,7 @@ class StampsHook(StepHook[_DetailStep]):
     def on_step_end(
         self, handle: StepHandle, call: StepCall, error: Error, kept: Optional[_DetailStep]
     ) -> None:
-        twin.want(False)
+        detail_twin.want(False)
         fetched = None
         if kept is not None and kept.fetches is not None:  # the program's result back first
             fetched = graph_stamps.take_values(kept.fetches, call)
@@ -685,9 +686,9 @@ class StampsHook(StepHook[_DetailStep]):
             collector.end(handle, kept.started if kept is not None else None, fetched)
 
     def stamping(self) -> bool:
-        """Graph construction inside a detail twin's trace (instrument/twin.py): time Horovod
+        """Graph construction inside a detail twin's trace (instrument/detail_twin.py): time Horovod
         ops? The program's own traces never get timing ops."""
-        return twin.tracing() and self.twins_wanted()
+        return detail_twin.tracing() and self.twins_wanted()
 
     def twins_wanted(self) -> bool:
         """Do this process's steps need detail twins (default source, more than one rank)?"""
@@ -722,11 +723,11 @@ class StampsHook(StepHook[_DetailStep]):
         collector.fused = fused_wanted(fused, every)
         collector.enabled = self.stamping
         collector.graph_enabled = self.twins_wanted
-        twin.wanted_by(self.twins_wanted)
-        twin.after_prepare(collector.build_reader)
+        detail_twin.wanted_by(self.twins_wanted)
+        detail_twin.after_prepare(collector.build_reader)
         add_step_hook(self)
         with_pipeline(self._handle_messages)
-        with_pipeline(twin_gate.attach)
+        with_pipeline(detail_twin_gate.attach)
         before_shutdown(self.finish)
 
 

@@ -1,6 +1,7 @@
 """Horovod collectives from rank 0's Horovod timeline: ``TF_OTEL_HOROVOD_SOURCE=timeline``
 (``managed``) or a program's own ``HOROVOD_TIMELINE`` file (``user_file``); the default source
-is ``stamps``. ``choice`` picks one at hvd.init(); this hook stays idle under any other.
+is ``stamps``. ``collective_source.choice`` picks one at hvd.init(); this hook stays idle under
+any other.
 
 The allreduce runs inside the TF graph, so Python wrappers would only time dispatch. Instead:
 
@@ -47,7 +48,7 @@ from tf_otel import clock
 from tf_otel.cluster import messages
 from tf_otel.health import count, fail_open, log_once, logger
 from tf_otel.instrument._patching import Error, HookOrder, StepCall, StepHook, add_step_hook
-from tf_otel.instrument.horovod.choice import (
+from tf_otel.instrument.horovod.collective_source import (
     MANAGED,
     OFF,
     TIMELINE_MODES,

@@ -1,58 +1,31 @@
 """Detail-step twins of the program's tf.functions: timing ops live only in a second trace of the
-program's own function, run on the steps that are detailed; every other step runs exactly the
-program's graph.
+program's own function, run on the detailed steps; every other step runs exactly the program's
+graph, so collective detail has no standing cost.
 
 Usage::
 
-    from tf_otel.instrument import twin
-    twin.wanted_by(lambda: True)       # a source wants timing ops (e.g. the Horovod stamps)
-    if twin.ready_for(key, step): ...  # step hook: may this picked step run the twin?
-    twin.want(True)                    # step hook, on a detail step's start
-    result = twin.call(function, wrapped, args, kwargs)   # where the step calls its function
-    if twin.tracing(): ...             # graph construction: inside a twin's trace?
-    twin.want(False)                   # the step's end
-    twin.reported_by(send)             # a source tells rank 0 "prepared up to generation g"
-    twin.open(g, {key: first step})    # rank 0's answer: twins of generation g run from there
+    from tf_otel.instrument import detail_twin
+    detail_twin.wanted_by(lambda: True)  # a source wants timing ops (e.g. the Horovod stamps)
+    if detail_twin.ready_for(key, step): ...  # step hook: may this picked step run the twin?
+    detail_twin.want(True)  # step hook, on a detail step's start
+    result = detail_twin.call(function, wrapped, args, kwargs)  # where the step calls it
+    if detail_twin.tracing(): ...  # graph construction: inside a twin's trace?
+    detail_twin.want(False)  # the step's end
+    detail_twin.reported_by(send)  # a source tells rank 0 "prepared up to generation g"
+    detail_twin.open(g, {key: first_step})  # rank 0: twins of generation g run from there
 
-A twin is ``Function._clone``: the same Python function and options, its own traces. While a
-twin traces, ``tracing()`` is true on that thread, so sources add their timing ops to the twin's
-graph only; tf.functions called inside it are swapped for their own twins, so a nested function
-the program shares between steps is never traced with timing ops into the program's graph.
-
-**No training step pays for a twin's preparation** (issue 45). When a step traced the program's
-function, the twin is prepared for the same arguments on a background thread (``tf_otel-twin``;
-not niced: a starved thread holding the GIL would hold up the training thread): traced
-(``get_concrete_function``), then
-instantiated, which is TensorFlow's graph optimisation, placement and kernel creation, the slow
-part of a function's first run (7.6 s against 0.29 s MobileNetV3Small steps on 2 loaded cores).
-TensorFlow instantiates a function only to run it; the preparation calls the twin's concrete
-function with a cancellation manager already cancelled, so TensorFlow instantiates it and then
-refuses to start it ("Function was cancelled before it was started"): no op of it runs, no
-collective is enqueued, no variable changes. Its inputs are the step's own, so the kernel found
-on the detail step is the one prepared. A preparation is never a run ahead of the program.
-
-Each preparation is one *generation*. A picked detail step runs the twin only once every rank
-has prepared every generation its steps have queued so far, from a step all ranks agree on:
-ranks report their prepared generation to rank 0 (``reported_by``), rank 0 answers every rank
-with the generation and, per step key, a first step a few steps past its own (``open``); the
-generations a step sees are the same on every rank (every rank traces at the same step), so a
-step either runs the twin on every rank or on none. A picked step before that runs the
-program's own function and says so on its span (``tf_otel.detail.twin = preparing``). Without a
-reporter (no pipeline, tests) the generation opens here as soon as it is prepared.
-``TF_OTEL_TWIN_PREPARE=step`` prepares it on the step that traced the program's function
-instead (that step pays for it; every picked step is detailed, as before issue 45).
-
-Thread safety: tracing in the background is tracing from a second thread, which tf.function
-allows (each Function traces under its own lock; graph-building state is per thread); the twin
-is its own Function, so the program's function never waits for it. A twin whose preparation
-fails is given up (logged once, counted) and the program's own function runs on its detail
-steps. The program's Python that runs again while its twin traces (the spans and log records
-it makes) runs in the context of the step that traced the program's function, so it lands in
-that step's trace (``step_context.pinned_context``). A program that exits while a twin is
-prepared waits for that one preparation (unpaced, at most ``EXIT_WAIT_S``; said once): a
-thread cut off inside TensorFlow at the interpreter's finalisation can abort the process.
-Cost: a second set of traced graphs in memory, the background thread's CPU while it prepares
-(docs/benchmarks/startup.md), nothing on steps without detail.
+A twin is ``Function._clone``: the same Python function and options, its own traces; nested
+tf.functions are swapped for their own twins while it traces. It is traced and instantiated
+on the ``tf_otel-twin`` thread (the slow part of a first run: 7.6 s against 0.29 s
+MobileNetV3Small steps, so no training step pays for it) by a call with an already-cancelled
+cancellation manager: TensorFlow instantiates the function and runs none of its ops, so a
+preparation is never a run ahead of the program. A picked step runs the twin only once every
+rank has prepared it, from a step rank 0 names (detail_twin_gate.py), so a step runs it on
+every rank or on none; without a reporter (no pipeline, tests) a generation opens once prepared.
+Tracing from a second thread is safe (each Function traces under its own lock) and the twin is
+its own Function, so the program's function never waits for it. A twin that fails to prepare is
+given up (logged once) and the program's function runs instead. Design, pacing and costs:
+docs/guides/HOROVOD.md.
 """
 
 from __future__ import annotations

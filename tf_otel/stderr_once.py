@@ -2,7 +2,7 @@
 
 Usage::
 
-    from tf_otel.notices import install
+    from tf_otel.stderr_once import install
     install()   # at import of tf_otel: idempotent, cheap, imports nothing heavy
 
 tf_otel's own lines (logger ``tf_otel``) and the export-failure lines it rewrites on the OTel

@@ -2,7 +2,7 @@
 
 Usage::
 
-    from tf_otel.instrument.horovod.choice import STAMPS, choice
+    from tf_otel.instrument.horovod.collective_source import STAMPS, choice
     choice.before_init()          # patching: hvd.init() is about to run
     if choice.current() == STAMPS:
         ...                       # the stamps hook works; the timeline hook stays idle

@@ -1,4 +1,4 @@
-"""Ranks agree on the first step that runs a detail twin (instrument/twin.py, issue 45).
+"""Ranks agree on the first step that runs a detail twin (instrument/detail_twin.py).
 
 Every rank prepares its twins on its own thread and reports the generation it has prepared to
 rank 0 (``tf_otel.twin.ready``, from the twin thread, again until answered). Once every rank
@@ -10,7 +10,7 @@ answer after that step (never expected) counts it and logs once.
 
 Usage::
 
-    with_pipeline(twin_gate.attach)     # the stamps source, once per process
+    with_pipeline(detail_twin_gate.attach)     # the stamps source, once per process
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Dict
 
 from tf_otel.cluster import messages
 from tf_otel.health import count, log_once
-from tf_otel.instrument import twin
+from tf_otel.instrument import detail_twin
 from tf_otel.runtime.gather import to_every_rank, to_reference
 from tf_otel.runtime.steps import Pipeline
 
@@ -50,7 +50,7 @@ class _Reference:
                     self._send(rank, generation)
                 return
             self.opened = generation
-        starts = {key: step + MARGIN for key, step in twin.last_steps().items()}
+        starts = {key: step + MARGIN for key, step in detail_twin.last_steps().items()}
         to_every_rank(self.pipeline, messages.twin_open(generation, starts), on_open)
         log_once(
             "twin_open",
@@ -60,7 +60,7 @@ class _Reference:
         )
 
     def _send(self, rank: int, generation: int) -> None:
-        starts = {key: step + MARGIN for key, step in twin.last_steps().items()}
+        starts = {key: step + MARGIN for key, step in detail_twin.last_steps().items()}
         if rank == self.pipeline.topology.rank:
             on_open(dict(messages.twin_open(generation, starts)))
         else:
@@ -70,7 +70,7 @@ class _Reference:
 def on_open(message: Dict[str, Any]) -> None:
     """A rank: rank 0 opened a generation of twins."""
     starts = {str(k): int(v) for k, v in dict(message.get("w") or {}).items()}
-    last = twin.last_steps()
+    last = detail_twin.last_steps()
     late = [key for key, start in starts.items() if last.get(key, -1) >= start]
     if late:
         count("twin_open_late")
@@ -81,7 +81,7 @@ def on_open(message: Dict[str, Any]) -> None:
             late[:3],
         )
         starts.update({key: last[key] + 1 for key in late})
-    twin.open(int(message["g"]), starts)
+    detail_twin.open(int(message["g"]), starts)
 
 
 def attach(pipeline: Pipeline) -> None:
@@ -99,4 +99,4 @@ def attach(pipeline: Pipeline) -> None:
         def report(generation: int) -> None:
             to_reference(pipeline, messages.twin_ready(generation), lambda r, m: None)
 
-    twin.reported_by(report)
+    detail_twin.reported_by(report)

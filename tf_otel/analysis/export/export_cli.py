@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
-from tf_otel.analysis.cli import add_source_arguments
+from tf_otel.analysis.analyze_cli import add_source_arguments
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.load.spill import SpillSource
 from tf_otel.analysis.rules.gc_pause import paused_gc
@@ -161,7 +161,7 @@ def _job_spans(traces: SpillSource, trace_id: str, job_id: Optional[str]) -> Lis
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tf_otel.analysis.cli import _load, parse_time_ns
+    from tf_otel.analysis.analyze_cli import _load, parse_time_ns
     from tf_otel.analysis.export.chrome_trace import build_trace
     from tf_otel.analysis.steps import build_step, select_steps
 
