@@ -11,35 +11,17 @@ Usage::
 In a ring all-reduce over a slow link, one rank gets its last chunk well after the others: it
 ends the step late and begins the next one late, through no work of its own. A rank's
 ``inherited_ns`` is how much later than the other ranks' median its last collective of the
-previous step ended, at most how much later than the others' median it began this step (what
-it inherited can only explain a late start it really shows). The straggler and lateness
-statistics take it off the rank's first leg (step start -> first sync); the critical path
-books the time the rank was still in that collective after the step began as communication.
-Its own work after its last collective is not carried: that stays its lateness.
+previous step ended, at most how much later than the others' median it began this step. The
+straggler and lateness statistics take it off the rank's first leg; its own work after its last
+collective is not carried: that stays its lateness.
 
-A previous step with no collective or transfer spans (collective detail samples 1 step in
-``TF_OTEL_HOROVOD_EVERY``: most steps have none) carries from each rank's previous **step
-span** end instead, the same way: how much later than the others' median it ended, at most how
-much later it began this step (``Carry.collective`` False), and at most how much later than the
-others' median its last collective ended in the **evidence step**: this step where it has
-collective spans, else the nearest step with the same name that has them (by number, the later
-of two as near). A late step span end has two causes the previous step cannot tell apart: the
-rank behind a slow link gets its last chunk late (inherited), or the rank works on after its
-last collective (a slow optimizer apply: its own lateness). Assuming the behaviour persists
-across the steps (the premise of "persistently late"), the evidence step tells them apart: the
-first rank's last collective ends late there too, the second's on time, and it carries nothing.
-A rank whose behaviour changes between the evidence step and this one is judged by the
-evidence step. Where the previous step has collective spans, their end is the reference and
-the rule above holds (docs/guides/ANALYSIS.md, version 1). Only in a job with collective spans
-on some step: with none anywhere (collective detail off, a parameter-server job) nothing is
-carried, as before, since there no step would measure a rank's own work after its last
-collective against the collective's end; likewise a step name none of whose steps has
-collective spans.
-
-Steps are matched by number and name: the previous step of ``K step N`` is ``K step N-1`` (the
-root span's name, ``<step key> step <n>``: the step function, for TF1 the fetch signature).
-Without a root the ranks' step span name stands in, and TF1's ``Session.run`` signatures share
-it: two such steps with the same number make the match ambiguous, and nothing is carried.
+Where the previous step has no collective spans (collective detail samples 1 step in N), the
+previous step span's end stands in, bounded by how late the rank's last collective ended in the
+**evidence step** (this step, else the nearest step of the same name with collective spans):
+that tells a rank behind a slow link from one that works on after its last collective. In a
+job with no collective spans anywhere nothing is carried. Steps are matched by number and name
+(``<step key> step <n>``); an ambiguous match carries nothing. The rules and their limits:
+docs/guides/ANALYSIS.md ("What a rank carries into the next step").
 """
 
 from __future__ import annotations

@@ -7,41 +7,20 @@ Usage::
     path.by_rank()       # {0: ns, 1: ns}
 
 The step is a DAG: on each rank its timeline spans (compute, input, collective, transfer) in
-time order; a collective's completion on every rank depends on every rank's arrival (its start),
-joined across ranks by ``tf_otel.collective.key``; a PS transfer's completion depends on the
-peer span with the same ``tensorflow.transfer.edge``. The path is found walking back from the end
-of the rank that finished last: at a rank at time ``t`` take the span that ended last at or before
-``t`` (a compute/input span still running at ``t`` covers the time up to ``t`` when nothing ended
-exactly at ``t``); at a collective jump to the rank that arrived last (``horovod.last_arrival``
-when exactly one rank says so, else the latest start). Ties: stay on the current rank, else the
-lowest rank; among spans with the same end, the latest start, then category, then span id.
+time order; a collective's completion on every rank depends on every rank's arrival, joined
+across ranks by ``tf_otel.collective.key``; a PS transfer's completion depends on the peer span
+with the same ``tensorflow.transfer.edge``. The path is walked back from the end of the rank
+that finished last, jumping at each collective to the rank that arrived last (Horovod's
+``horovod.last_arrival`` where exactly one rank says so, else the latest start; a hidden
+arrival is estimated from the rank's own spans). Ties stay on the current rank, else the lowest
+rank, so the path is deterministic. Its time is split into ``compute``, ``input``,
+``communication``, ``straggler_wait``, ``framework`` and ``before_step``.
 
-Time on the path is split into ``compute`` (compute spans; on a rank without op spans, its own
-step work between input and collectives), ``input``, ``communication`` (a collective after its
-last arrival, PS transfers), ``straggler_wait`` (a collective waiting for a rank that has no
-spans in the trace: from the last seen arrival to the end of this rank's ``collective.wait``
-child, else ``horovod.wait_ns`` after its start; or for a rank whose arrival Horovod's response
-cache hid, when nothing it is known to have done explains the wait), ``framework`` (on a rank
-with op spans, time between them) and ``before_step`` (before the rank began its step span).
-
-Hidden arrivals (``horovod.arrival = unknown``): such a rank's arrival is estimated as the end of
-its last own span plus the work the known ranks did after theirs (never after its span start);
-the rank furthest ahead is the last arrival when its lead explains at least half of the wait.
-
-The path is cut into legs at every sync point (collective or transfer on the path); a leg on
-rank r from sync A to sync B is compared with the same leg (A's completion to B's arrival) on
-every other rank: ``excess_ns`` = leg - median of the others, ``saving_ns`` = leg - slowest
-other (what the step would save if r were no slower than the next rank).
-
-Carried (``carry``): a rank whose last collective of the previous step ended later than the
-other ranks' begins this step late through no work of its own; what it inherited comes off its
-first leg (step start -> first sync) wherever legs are compared (a first leg's excess and
-saving never above their values with nothing taken off: the wait the rank caused), and the time
-it was still in that collective after the step began is ``communication`` on the path (named
-``(previous step) <collective>``), not ``before_step``. Where the previous step has no
-collective spans, what a rank inherited is measured from its previous step span's end (at most
-how late its last collective ended in the evidence step: carry.py); it comes off the first leg
-the same way, and the path keeps that time ``before_step``.
+The path is cut into legs at every sync point; a leg on rank r is compared with the same leg
+on every other rank: ``excess_ns`` = leg - median of the others, ``saving_ns`` = leg - slowest
+other. What a rank carried in from the previous step (``carry``) comes off its first leg
+wherever legs are compared. The rules, the categories and their edge cases:
+docs/guides/ANALYSIS.md ("The cross-rank critical path", "Stragglers and the what-if").
 """
 
 from __future__ import annotations

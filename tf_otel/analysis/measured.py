@@ -10,20 +10,14 @@ Usage::
 A path category whose source was off for a step has no spans in it, so the path shows it as 0
 and its time as ``compute`` (the residual). The reports must say "not measured" instead, so:
 
-- ``input`` is measured when every rank's step span carries ``tf_otel.input.wait_ns`` (the
-  input-wait hook: by default Keras fit and datasets iterated in a tf.function,
-  ``TF_OTEL_INPUT_WAIT=1`` every iterator; 0 counts) or the step has ``input`` spans (eager
-  ``next()``, op detail); where every rank says its process iterated no tf.data dataset
-  (``tf_otel.input.tf_data_seen=false``) it is not measured for that reason: "no tf.data
-  input seen", not a setting to turn on;
-- ``communication`` and ``straggler_wait`` (both come from the same spans) are measured when
-  the step has a collective or transfer span (``TF_OTEL_HOROVOD_EVERY=N``; RecvTensor on
-  ``TF_OTEL_OPS_EVERY`` steps of a parameter-server job), or when the job is one process:
-  ``tf_otel.world_size`` is 1 (a parameter-server job counts its servers in it) and the step
-  has one rank, not of a MirroredStrategy over several devices (``tf_otel.step.replicas``);
-  there is nothing to communicate, measured as 0;
-- ``compute``, ``framework`` and ``before_step`` are always measured (step spans, the path's
-  own gaps), but ``compute`` then also holds what was not measured in the step.
+- ``input`` is measured when every rank's step span carries ``tf_otel.input.wait_ns`` or the
+  step has ``input`` spans; where every rank saw no tf.data dataset
+  (``tf_otel.input.tf_data_seen=false``) the reason is "no tf.data input seen", not a setting;
+- ``communication`` and ``straggler_wait`` are measured when the step has a collective or
+  transfer span, or when the job is one process with one rank and no MirroredStrategy over
+  several devices (nothing to communicate: measured as 0);
+- ``compute``, ``framework`` and ``before_step`` are always measured, but ``compute`` then also
+  holds what was not measured in the step.
 
 A category's job share is its time on the path over the steady steps where it was measured,
 divided by the path's length over those same steps; measured on no step, it has none.

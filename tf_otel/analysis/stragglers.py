@@ -8,27 +8,21 @@ Usage::
     summary.noise.threshold_ns     # what this run's own noise allows
     summary.ranks[1].last_arrivals
 
-- Warm-up: the leading steps far slower than the run settles to (tracing, compiling, first
-  allocations): longer than median + max(3.5 robust sigmas, 1x median) of the later half of
-  the steps, at most a quarter of the steps. They are reported, and kept out of everything below.
-- Lateness: per step and rank, over the legs of the critical path (see ``critical_path``), the
-  rank's leg minus the median of the other ranks' same leg. The run's noise is learned from
-  the steady steps' worst lateness (the statistic a straggler is judged by, heavy tails and
-  all): threshold = median + NOISE_SIGMAS x sigma, sigma the larger of 1.4826 x MAD and
-  (upper quartile - median) / 0.6745. A rank whose median lateness is beyond
-  NOISE_SIGMAS x the ranks' own step-to-step variation is late in most steps: its usual
-  lateness is taken out first, and it is judged against its own median plus the threshold.
-- Step straggler: the rank whose legs on the path exceed the others' median by the most, named
-  only when that excess is above its threshold (and ``min_ns``, ``min_share`` of the step) and,
-  unless the rank is persistently late, the step was delayed beyond the noise
-  (``StragglerNoise.delayed``: a rank late in a step that was not delayed delayed nothing). Its
-  excess is capped at the step's duration and its what-if saving (its legs cut to the next
-  slowest rank's) at the excess, so the what-if step time stays in
-  [0, duration]. The excess is split by category (input, compute / rank step work, before_step,
-  communication, framework): the rank's time in each minus the other ranks' median in their
-  same legs; the largest share names the cause.
-- Last arrival at collectives (all arrivals known): strictly last, lateness = its arrival - the
-  median arrival of the others; last to end its step: strictly last, lateness vs the others.
+- Warm-up: the leading steps far slower than the run settles to (tracing, compiling), at most
+  a quarter of the steps; reported, and kept out of everything below.
+- Lateness: per step and rank, the rank's critical-path legs minus the median of the other
+  ranks' same legs. The noise is learned from the steady steps' worst lateness: threshold =
+  median + NOISE_SIGMAS robust sigmas. A rank late in most steps is judged against its own
+  median plus the threshold.
+- Step straggler: the rank whose legs exceed the others' median by the most, named only when
+  that excess passes the threshold (and ``min_ns``, ``min_share``) and the step was delayed
+  beyond the noise. Its excess is capped at the step's duration and its what-if saving at the
+  excess, so the what-if step time stays in [0, duration]; the excess split by category names
+  the cause.
+- Last arrival at collectives and last to end the step: strictly last, lateness against the
+  others' median.
+
+The statistics and their reasons: docs/guides/ANALYSIS.md ("Stragglers and the what-if").
 """
 
 from __future__ import annotations

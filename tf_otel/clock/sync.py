@@ -7,24 +7,14 @@ with ``tf_otel.clock.set_model``. Rounds come quickly at first (0.01, 0.02, 0.04
 drift is known within seconds) and then every ``Settings.clock_interval_s``. An unreachable rank 0
 is retried with backoff in the background, logged once; the identity model stays in force.
 
-With ``share_host`` (the pipeline's, over TCP, several ranks a host) one rank of each host leads
-and runs the rounds; the others read its model (clock/host_share.py), since they read the same
-clock. Rank 0 leads its own host with the identity. A thousand ranks on 128 hosts thus run 127
-ranks' rounds against rank 0, not 1,023.
-
-Leaders start apart: each one's first round waits a random share of ``start_spread_s`` (10 ms
-a client of rank 0's clock service, at most 5 s), so 511 host leaders do not run their warm-up
-rounds against rank 0 in the same second (at 4,096 simulated ranks that storm took ~50 s to
-connect them all); a failed round is retried after a jittered back-off, for the same reason.
-The back-off doubles from 50 ms with each failure in a row and starts again after a success.
-It is capped at 5 s until rank 0 has answered a round (it is usually not listening yet, and
-a refused connection costs it nothing), then at the sync interval: a round that fails once
-rank 0 answers (a reply ran past the exchange timeout: rank 0 overloaded) is not run again
-every few seconds (the likely cause of rank 0 answering ~6x the planned pings at 4,096
-simulated ranks on a loaded VM, docs/benchmarks/rank0.md).
-A round is thrown away only when rank 0 has stopped answering: over TCP each pong has the
-exchange timeout of its own, so a round whose pongs arrive slowly finishes however long it
-takes (over MPI, within 8 exchange timeouts for 64 pings).
+With ``share_host`` one rank of each host leads and runs the rounds; the others read its model
+(clock/host_share.py), since they share the clock: 1,000 ranks on 128 hosts run 127 ranks'
+rounds against rank 0, not 1,023. Leaders' first rounds are spread over ``start_spread_s`` and a
+failed round is retried after a jittered back-off (50 ms doubling, capped at 5 s until rank 0
+first answers, then at the sync interval), because at 4,096 simulated ranks leaders starting
+together took ~50 s to connect and retries every few seconds had rank 0 answering ~6x the
+planned pings (docs/benchmarks/rank0.md). A round is thrown away only when rank 0 has stopped
+answering: each pong has the exchange timeout of its own.
 
 Usage::
 

@@ -13,49 +13,16 @@ Usage (done by cluster.services)::
     relay.serve_local([9, 10]); relay.report_local(key, step, [(9, a, b), (10, a, b)])
     relay.leave_local([9, 10]); relay.close(timeout_s)  # ranks without their loopback hop
 
-How it works:
-
-* Election: the same mechanism as the clock's (host_election.py), with its own lock file
-  (``relay-*.lock`` in the private 0700 directory, named by job id, host and a digest with the
-  job key, so two jobs that share an id but not a secret elect apart): an flock the
-  kernel drops when its holder dies. Its own lock so that each leader's death is survived on its
-  own (a rank may lead the clock and another the relay). The leader writes a random token into
-  the lock file and its relay's loopback address with that token beside it: a rank takes an
-  address only from the leader that holds the lock now. A leader that lets go (its process
-  ends: the pipeline's shutdown, also from atexit) first removes its files, still holding the
-  lock (a rank that locked the removed file meanwhile lets go and tries the path again:
-  host_election.take_lock); a process's first election sweeps the files of elections nobody
-  leads, untouched for host_election.STALE_AGE_S (a leader killed), each under its lock: never
-  the files of an election a live rank leads (host_election.let_go, sweep_once: the clock's host
-  share does the same). Rank 0 takes its own host's lock at
-  start and publishes "direct"; and a rank whose rank-0 address is this machine's
-  (``on_this_host``, after resolving a Horovod rendezvous lookup: ``kv+http://...`` names no
-  host) goes to rank 0 directly without taking part, so the ranks on rank 0's host never relay,
-  whichever of them starts first (a machine simulating several hosts turns that off:
-  ``coordinator_link(..., rank0_host_direct=False)``).
-* Relay (``HostRelay``, in the leader's process, on an event loop of its own): it listens on
-  127.0.0.1 with the same mutual HMAC handshake as rank 0 (coordinator.accept_hello) and the
-  same framing (framing.LineConnection: each rank's lines handled as they arrive), and links
-  to rank 0 as a relay (coordinator_client with ``relay=True``). Each rank's step extent waits
-  in the relay until every rank connected to it reported that step, or ``wait_s`` (at most
-  RELAY_WAIT_MAX_S, a quarter of the root wait) passed; then the step's extents go to rank 0 in
-  one message, per rank (rank 0 builds the same root, with the same partial flag, as from
-  single reports). A late extent (of a step already sent: a rank behind by more than the wait,
-  or its first steps queued while it connected) goes up at once in a message of its own,
-  before the host's later steps, so the roots go out in step order as without relays (rank 0
-  judges each step as its root goes out, cluster/verdicts.py); rank 0 merges it as it merges
-  a late report. Extension messages go up wrapped (VIA) without being encoded again.
-* Messages from rank 0: a broadcast (stall asks, Gather answers) comes once per host and the
-  relay fans the same bytes out to its ranks; a message for one rank comes wrapped (TO) and the
-  relay forwards its inner bytes. The ranks keep no direct connection to rank 0.
-* Fail-over: a rank connects through a ``RelayRoute``; when its connection ends (the leader
-  died), the client connects again: the rank that wins the lock now starts a relay, the others
-  find it (waiting up to FIND_LEADER_S), else they go to rank 0 directly; so does a rank that
-  one relay address failed RELAY_TRIES times in a row. Extents the dead relay held are lost:
-  those steps' roots go out partial (counted ``roots_partial``), later ones whole.
-* On by default where a host runs several ranks (topology.local_size > 1), the configuration
-  rank 0's 1,024-rank measurements ran with (docs/benchmarks/rank0.md); TF_OTEL_HOST_RELAY=0
-  turns it off (every rank to rank 0).
+The leader is elected as the clock's host share is (host_election.py), with a lock file of its
+own so that each leader's death is survived on its own. The relay (``HostRelay``, on an event
+loop of its own) serves 127.0.0.1 with rank 0's handshake and framing, holds a step's extents
+until every rank connected to it reported or ``wait_s`` passed, then sends them in one message;
+a late extent goes up at once, before the host's later steps, so roots (and the verdicts judged
+as they go out) stay in step order. Ranks on rank 0's host go to rank 0 directly. When a leader
+dies its ranks connect again through the next lock holder (``RelayRoute``), else rank 0; the
+steps the dead relay held go out partial. On by default where a host runs several ranks;
+TF_OTEL_HOST_RELAY=0 turns it off. Design and failure modes: docs/ARCHITECTURE.md ("Per-host
+aggregation"), docs/guides/RELIABILITY.md ("Host relays").
 """
 
 from __future__ import annotations

@@ -18,18 +18,11 @@ inside a synchronous step is not visible (every rank ends together): ``measured`
 
 Noise, as offline: the worst lateness of the key's recent steady steps (WINDOW), median +
 NOISE_SIGMAS robust sigmas; a rank is named when its lateness passes that and the step is
-delayed beyond the noise (``StragglerNoise.delayed``: a late rank that delayed nothing is not).
-The first WARMUP_STEPS steps of a key (tracing, compiling) are neither judged nor learned from.
-
-Slowdowns: a rank late beyond the threshold in SLOW_STEPS of the last SLOW_WINDOW judged steps
-began a slowdown at the first of them; it ends once it is within the threshold in SLOW_STEPS of
-the last SLOW_WINDOW. The same for the step time (rank None) against the durations' own noise;
-a step-time slowdown is closed once a rank's explains it.
-
-A slowdown's steps stay out of what the noise is learned from, its first ones too: the noise is
-learned from the steps at least SLOW_WINDOW old (once there are MIN_SETTLED of them), and a
-slowdown's steps are taken back out when it is raised; else they would raise the threshold it
-is judged by. Memory: WINDOW steps a key, MAX_KEYS keys, MAX_ARRIVALS steps of arrivals.
+delayed beyond the noise. The first WARMUP_STEPS steps of a key are neither judged nor learned
+from. A rank late in SLOW_STEPS of the last SLOW_WINDOW judged steps began a slowdown at the
+first of them (the step time likewise, rank None); a slowdown's steps stay out of what the noise
+is learned from, else they would raise the threshold it is judged by. Memory: WINDOW steps a
+key, MAX_KEYS keys, MAX_ARRIVALS steps of arrivals.
 """
 
 from __future__ import annotations

@@ -2,28 +2,21 @@
 through TensorFlow's coordination service (job/topology.py, ``launch_attempt``).
 
 A job of several ranks identified by TF_CONFIG alone (a Kubernetes TFJob, workers started by
-hand) has the same job id on every run: nothing in the environment tells two launches apart, so
-step n of a rerun would get the trace id of step n of the run before. Creating the strategy is
-a rendezvous of every worker, before any variable or step: once its
-``CollectiveAllReduceExtended._initialize_multi_worker`` has returned, TensorFlow's
-coordination service runs (its leader is the chief, else worker 0) and its key-value store
-belongs to this launch alone. Here rank 0 (tf_otel's: the same task) puts a random attempt
-under ``KEY``; every other worker reads it back, waiting at most ``WAIT_S``: inside the
-strategy's creation, never on a step. The attempt reaches the topology through
-``runtime.lifecycle.learn_attempt`` before the first step, so every step of this launch is one
-trace holding all its ranks, and no trace id is shared with another launch. Only an attempt id
-crosses the store, no tensor or data.
+hand) has the same job id on every run, so step n of a rerun would get the trace id of step n of
+the run before. Creating the strategy is a rendezvous of every worker before any step, after
+which the coordination service's key-value store belongs to this launch alone: rank 0 puts a
+random attempt under ``KEY`` and every other worker reads it back, waiting at most ``WAIT_S``
+inside the strategy's creation, never on a step. The attempt reaches the topology through
+``runtime.lifecycle.learn_attempt`` before the first step. Only the attempt id crosses the
+store.
 
-Nothing is exchanged (the ids stay what they were) where TF_OTEL_ATTEMPT or TF_OTEL_JOB_ID is
-set, a launcher's environment decides the attempt (Horovod, MPI, SLURM), the job has one worker
-(it draws its own), this task is not the one tf_otel knows (from TF_CONFIG, or from the cluster
-resolver the program gave the strategy: learned first, instrument/cluster.py) or not in the
-service (an evaluator), or the strategy started no coordination service (graph mode, a
-TensorFlow without one). A failure (no service, rank 0 not traced or over
-``WAIT_S`` late) leaves this worker without an attempt, said once: its step ids are the job's
-alone, as before. A rank 0 whose steps began before the strategy hands out "none": every
-worker keeps the job's ids, none waits. ParameterServerStrategy is not covered: its coordinator
-(the chief) is not in the service (set TF_OTEL_ATTEMPT there, docs/guides/RELIABILITY.md).
+Nothing is exchanged where TF_OTEL_ATTEMPT or TF_OTEL_JOB_ID is set, a launcher decides the
+attempt, the job has one worker, this task is not the one tf_otel knows (from TF_CONFIG or the
+program's cluster resolver, instrument/cluster.py) or not in the service, or the strategy
+started no coordination service. A failure leaves this worker without an attempt (said once):
+its step ids are the job's alone. A rank 0 whose steps began before the strategy hands out
+"none". ParameterServerStrategy is not covered (its chief is not in the service): set
+TF_OTEL_ATTEMPT there, docs/guides/RELIABILITY.md.
 
 Usage::
 

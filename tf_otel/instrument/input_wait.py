@@ -1,49 +1,24 @@
 """Input wait of every step: the time the consumer of a tf.data pipeline was blocked on it,
-measured inside tf.data.
+measured inside tf.data, with no Python and no GIL on the way.
 
-Where (``TF_OTEL_INPUT_WAIT`` unset, the default): the iterators Keras ``fit`` / ``evaluate`` /
-``predict`` make (tf_keras and Keras 3; their ``get_next`` runs inside the compiled train
-function, where Python cannot time it), and datasets iterated inside a ``tf.function`` traced
-during a step: AutoGraph's ``for x in dataset`` (a scan + reduce in the graph; the dataset is
-never ``__iter__``-ed eagerly) and ``iter(dataset)``. With ``TF_OTEL_INPUT_WAIT=1`` also every
-other iterator made from a dataset (``DatasetV2.__iter__``: custom loops, ``next(it)`` inside a
-user tf.function). Not by default because the tail makes the iterator's dataset stateful, and
-tf.data refuses to checkpoint such an iterator (``tf.train.Checkpoint(iterator=it)``: "...
-is stateful"), and an iterator checkpoint written with the tail cannot be restored without it
-(nor the reverse): Keras's own iterators and the graph's are never checkpointed by a user. Eager
-``next()`` in a custom loop is timed in Python anyway (instrument/data.py). ``0``: off.
-
-How: the dataset is iterated with a short timing tail appended:
+The dataset is iterated with a short timing tail appended::
 
     zip(timestamp(), user_dataset) -> map(wait += timestamp() - t0; count += 1; return element)
 
 ``zip`` pulls its inputs in order, so ``t0`` is taken when the consumer asks for an element and
-the map runs when the user pipeline hands it over: the difference is the time the consumer was
-blocked on the input pipeline, with no Python and no GIL. Both tail functions run inline on the
-consumer's thread (``use_inter_op_parallelism=False``: TF's single-threaded executor, no hop to
-the inter-op thread pool; the hop was most of the first version's ~0.2 ms a batch, and a
-consumer descheduled during it read as waiting), and the tail itself is synchronous
-(``inject_prefetch`` off for it, the user's own prefetch untouched). A dataset iterated again
-(Keras: every epoch) reuses its tail.
+the map runs when the user pipeline hands it over. Both tail functions run inline on the
+consumer's thread (``use_inter_op_parallelism=False``: a hop to the inter-op pool cost ~0.2 ms a
+batch and read a descheduled consumer as waiting). The sums live in a hash table found by its
+shared name, never captured, so a tf.function that iterates a dataset stays exportable. The step
+hook reads them once per step end and puts the delta, less the tail's own floor (measured once
+per process), on the step span (``tf_otel.input.*``) and into the
+``tf_otel.step.input_wait.duration`` histogram. Element values are never read.
 
-The sums live in a hash table of one int64 [wait_ns, elements] that every use finds by its
-shared name (``_table``), never captured: a tf.function that iterates a dataset stays
-exportable (a variable would be a capture its SavedModel cannot restore). The tail's own share
-of each reading (the end of the first function, zip, the start of the second) is measured once
-per process, when the first tail is made: 64 elements of a source that never blocks go through
-the same tail and the median reading is the floor. The step hook reads the sums once per step
-end (one eager op) and puts the delta since the previous step end, less floor x elements (never
-below 0), on the step span (``tf_otel.input.wait_ns``, ``tf_otel.input.share``,
-``tf_otel.input.elements``) and, for every step, sampled or not, into the
-``tf_otel.step.input_wait.duration`` histogram (metrics/step_metrics.py). Element values are
-never read: only the two timestamps.
-
-Inside a ``tf.function`` the tail is added while the function is traced during a step (the
-first call of a step function), not inside tf.data's own functions (a dataset iterated inside
-``map``'s function is part of the producer, not the consumer). Never for a dataset already
-placed off the CPU (``prefetch_to_device`` must stay last).
-
-Cost: docs/guides/WHOLE_STEP.md, docs/benchmarks/input_wait.md and bench/bench_input_wait.py.
+Where (``TF_OTEL_INPUT_WAIT`` unset): the iterators Keras ``fit`` / ``evaluate`` / ``predict``
+make, and datasets iterated inside a ``tf.function`` traced during a step. ``1``: also every
+other iterator (``DatasetV2.__iter__``); not the default because the tail makes the iterator's
+dataset stateful, which tf.data refuses to checkpoint. ``0``: off. Never for a dataset already
+placed off the CPU. Design and cost: docs/guides/WHOLE_STEP.md, docs/benchmarks/input_wait.md.
 """
 
 from __future__ import annotations

@@ -3,46 +3,16 @@
 Read from the launcher's environment, no communication: Horovod (gloo), Open MPI, MPICH/Hydra
 (PMI), PMIx, SLURM and TF_CONFIG. The job id is derived from launcher facts that every rank of one
 launch shares, so every rank computes the same id alone; ``TF_OTEL_JOB_ID`` overrides.
+Precedence, first found wins: launcher environment, then TF_CONFIG, then the cluster the
+program gave its ``tf.distribute.Server`` (learned by instrument/cluster.py through
+``learn_cluster``, before the first step), else a lone process with a random job id.
 
-Rank 0's host (``reference_host``) on several hosts, without settings (``TF_OTEL_COORDINATOR``
-overrides all of these):
-
-- SLURM: the first node of SLURM_STEP_NODELIST (block distribution, SLURM's default).
-- Open MPI: the first node of OMPI_MCA_orte_node_regex that holds ranks (mpirun's own node is
-  listed first even when it holds none: OMPI_MCA_orte_num_nodes tells); by-slot and by-node
-  mapping, Open MPI's defaults, put rank 0 there.
-- Horovod (gloo): nothing names it (HOROVOD_GLOO_RENDEZVOUS_ADDR is the launcher's host), so rank 0
-  publishes its address in the launcher's rendezvous key-value store (an HTTP PUT under scope
-  ``tf_otel``) and the other ranks read it back there; both happen on tf_otel's background
-  threads (``resolve_address``), never on the training thread.
-- TF_CONFIG: the first task of the cluster spec (chief, else worker 0).
-- The program's own cluster (a ``tf.distribute.Server`` / ``tf.compat.v1.train.Server`` built
-  from a ``ClusterSpec``, e.g. tf_cnn_benchmarks' ``--ps_hosts --worker_hosts --job_name
-  --task_index``): the same as TF_CONFIG, since it is the same cluster.
-
-The attempt (``launch_attempt``): one launch of the job, shared by every rank of it without a
-message, so a rerun or a restart under the same launcher identity gets step trace ids of its own
-(``Topology.trace_scope``) while every rank of one attempt still shares each step's. From, in
-turn: ``TF_OTEL_ATTEMPT``; a launcher's restart count (``SLURM_RESTART_COUNT``, 0 in a SLURM job
-without one; ``TORCHELASTIC_RESTART_COUNT``), with the launch's own id where the job id is not
-made of it (mpirun / horovodrun / PMIx inside a SLURM step); else, for a rank alone identified
-by its cluster spec (a single-worker TF_CONFIG), a random one drawn once per process; for a job
-of several ranks identified by TF_CONFIG or the program's cluster alone, the one rank 0 put in
-TensorFlow's coordination service when the program created its MultiWorkerMirroredStrategy (a
-rendezvous of every worker, before any step: instrument/attempt.py, ``learn_attempt``). None
-for a job id made of the launch's own id (horovodrun's, mpirun's, PMIx's: it differs per launch
-already) or a random one (a lone process). None where ``TF_OTEL_JOB_ID`` gives the job id and
-no restart count or ``TF_OTEL_ATTEMPT`` is set: a job id given is the job's whole identity. None
-for a job of several ranks identified by TF_CONFIG or the program's cluster with no
-MultiWorkerMirroredStrategy (ParameterServerStrategy, a TF1 cluster of Servers) or whose
-exchange failed: nothing tells its launches apart before the first step without one (set
-``TF_OTEL_ATTEMPT`` to a value of the launch, docs/guides/RELIABILITY.md). A numeric attempt
+Rank 0's host (``reference_host``) comes from the launch too (SLURM's and Open MPI's node
+lists, Horovod's rendezvous store, the cluster spec's first task): docs/guides/CLUSTER.md
+("Rank 0's address without settings"). The attempt (``launch_attempt``) tells launches under
+the same identity apart, so a rerun gets step trace ids of its own while every rank of one
+attempt shares each step's; where it comes from: docs/guides/RELIABILITY.md. A numeric attempt
 n > 0 names n - 1 as the attempt before it (``previous_attempt``).
-
-Precedence, first found wins: launcher environment (Horovod, Open MPI, PMI, PMIx, SLURM), then
-TF_CONFIG, then the cluster the program gave its ``tf.distribute.Server`` (learned by
-tf_otel/instrument/cluster.py through ``learn_cluster``, before the first step), else a lone
-process with a random job id. ``TF_OTEL_JOB_ID`` replaces the job id of any of them.
 
 Usage::
 

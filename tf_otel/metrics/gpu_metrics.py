@@ -5,15 +5,12 @@ Usage::
 
     from tf_otel.metrics.gpu_metrics import start_gpu_metrics
     sampler = start_gpu_metrics({"tf_otel.rank": 0, "tf_otel.job.id": "j1"}, interval_s=10)
-    ...
     summary = sampler.step_summary(device=0, start_ns=t0, end_ns=t1)  # export thread
     if sampler: sampler.stop()
 
-A daemon thread samples NVML every ``interval_s`` into a small cache and a bounded ring of
-timestamped samples; observable instruments report the cache when the SDK collects, and the
-export thread summarises the ring for a step, so neither the training thread nor the exporter
-ever calls NVML. Instruments, named after the OpenTelemetry hardware semantic conventions
-(docs/hardware/gpu.md, common.md, temperature.md):
+A daemon thread samples NVML every ``interval_s`` into a cache and a bounded ring, so neither
+the training thread nor the exporter ever calls NVML. Instruments follow the OpenTelemetry
+hardware semantic conventions (docs/hardware/gpu.md, common.md, temperature.md):
 
     hw.gpu.utilization         Gauge          1    nvmlDeviceGetUtilizationRates().gpu / 100,
                                                    hw.gpu.task=general
@@ -23,15 +20,11 @@ ever calls NVML. Instruments, named after the OpenTelemetry hardware semantic co
     hw.power                   Gauge          W    nvmlDeviceGetPowerUsage() (mW) / 1000
     hw.temperature             Gauge          Cel  nvmlDeviceGetTemperature(GPU sensor)
 
-Attributes: the given ones (rank, job id) + ``hw.id`` (``gpu<NVML index>``, unique on the host),
-``hw.type=gpu``, ``hw.vendor=NVIDIA``, ``hw.name`` (the board's name, when NVML gives it);
-``hw.temperature`` is its sensor's: ``hw.id=gpu<i>_temperature``, ``hw.parent=gpu<i>``.
-``hw.gpu.io`` is not emitted: NVML gives PCIe throughput only as a momentary rate, not the
-byte counter the convention asks for.
-
-No pynvml, no driver or no GPU: ``start_gpu_metrics`` returns None, registers nothing, and
-logs one debug line. A failing reading (e.g. power on a GPU without the sensor) is skipped
-for that device and counted.
+Attributes: the given ones + ``hw.id`` (``gpu<NVML index>``), ``hw.type``, ``hw.vendor``,
+``hw.name``; ``hw.temperature`` is its sensor's (``hw.parent=gpu<i>``). ``hw.gpu.io`` is not
+emitted: NVML gives PCIe throughput only as a rate, not the byte counter the convention asks
+for. No pynvml, driver or GPU: ``start_gpu_metrics`` returns None and registers nothing; a
+failing reading is skipped for that device and counted.
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
 """Step histograms per rank, with exemplars that open the step's trace.
 
-Three histograms on the process's MeterProvider (``OTEL_METRICS_EXPORTER=otlp``; with no SDK
-MeterProvider nothing is created and the training thread does nothing more)::
+On the process's MeterProvider (``OTEL_METRICS_EXPORTER=otlp``; with no SDK MeterProvider
+nothing is created and the training thread does nothing more)::
 
     tf_otel.step.duration                  s  every step of this rank, sampled or not
-    tf_otel.step.input_wait.duration       s  steps whose input wait was measured (eager
-                                              next() before / in the step, TF_OTEL_INPUT_WAIT)
+    tf_otel.step.input_wait.duration       s  steps whose input wait was measured
     tf_otel.step.collective_wait.duration  s  collective-detail steps: this rank's wait for the
                                               last rank (union of its collectives' waits)
     tf_otel.rank.lateness                  s  rank 0 only: the ranks' lateness in each step it
-                                              judged (cluster/verdicts.py; up to 64 ranks a
-                                              step, rotating), exemplar: the root, on the
-                                              straggler's point
+                                              judged (cluster/verdicts.py), exemplar: the root
 
-Data point attributes: ``tf_otel.rank`` and ``tf_otel.step.kind`` (keras_train, tf_function,
-session_run...); job id, host etc. are on the resource. Bucket boundaries: ``BOUNDARIES``
-(1 ms ... 60 s, a 1-2-5 series), given as the instruments' advisory so they hold on any SDK
-MeterProvider without a View.
-
-Cost: the training thread never calls the SDK. An unsampled step appends one tuple to a bounded
-deque (drops counted as ``step_metrics_dropped``); the export thread records it at its next
-wake-up (``drain``). Sampled steps are recorded there too, when their span is built, with
-``context=`` the rank's step span (sampled), so the SDK's exemplar reservoir (filter
-``trace_based`` by default, ``OTEL_METRICS_EXEMPLAR_FILTER``) keeps an exemplar that points at a
-trace that exists. Unsampled steps are recorded with an empty context: their trace ids name no
-trace, so no exemplar may carry them, whatever the exemplar filter.
+The training thread never calls the SDK: an unsampled step appends one tuple to a bounded deque
+(drops counted) that the export thread records (``drain``). A sampled step is recorded with its
+step span as context, so the exemplar points at a trace that exists; an unsampled one with an
+empty context, so no exemplar names a trace that was never exported. Attributes, buckets
+(``BOUNDARIES``) and exemplar filters: docs/guides/OBSERVABILITY.md.
 
 Usage::
 

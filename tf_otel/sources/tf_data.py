@@ -7,28 +7,23 @@ Usage (on the export thread, beside ``sources.xplane.host_records``)::
 
 The profiler records every iterator ``GetNext`` as an event named by the iterator's path in the
 pipeline, e.g. ``Iterator::Root::Prefetch::MapAndBatch::Map::ForeverRepeat[0]::FlatMap[0]::
-TFRecord`` (these names come from the dataset kinds, not from the CPU kernels TF picks, so they
-are stable across machines). One Record per stage (path) covers its events in the step:
-``input`` under ``parent_id`` (the step's IteratorGetNext input span; nested, so the analysis
-does not count it twice), or, with no input span to hang it under, ``framework`` under the step
-span (the stages run on tf.data's threads beside the step's compute: as ``input`` spans of the
-step they would claim its time for input):
+TFRecord`` (named by dataset kind, not by the kernels TF picks, so stable across machines). One
+Record per stage (path) covers its events in the step: ``input`` under ``parent_id`` (the
+step's input span; nested, so the analysis does not count it twice), else ``framework`` under
+the step span (the stages run on tf.data's threads beside the step's compute, so as ``input``
+spans they would claim its time for input). Attributes:
 
-- ``tensorflow.data.stage``: the stage kind (``Map``, ``TFRecord``, ``Prefetch`` ...);
-  ``tensorflow.data.stage.path``: the full path;
-- ``tf_otel.tf_data.events``: GetNext calls seen; ``tf_otel.tf_data.busy_ns``: their total time;
-- ``tf_otel.tf_data.self_ns``: the stage's OWN time: busy time minus the time spent in the
-  GetNext of its input stages nested in it on the same thread (what XProf calls self time);
-- asynchronous stages (``Prefetch``, ``ParallelMapV2``, ``MapAndBatch``, parallel interleave /
-  batch / filter) hand work to their own threads: their consumer-side GetNext is waiting for
-  those threads, reported as ``tf_otel.tf_data.wait_ns``, with ``self_ns`` 0
-  (``tf_otel.tf_data.async`` true). Their functions run on tf.data's thread pool and are not
-  attributed to the stage (a known limit, docs/guides/WHOLE_STEP.md); a sequential ``map`` runs its
-  function inside its GetNext, so that time is its self time.
+- ``tensorflow.data.stage`` (``Map``, ``TFRecord`` ...) and ``tensorflow.data.stage.path``;
+- ``tf_otel.tf_data.events`` (GetNext calls) and ``tf_otel.tf_data.busy_ns`` (their time);
+- ``tf_otel.tf_data.self_ns``: busy time less the GetNext of its input stages nested in it on
+  the same thread (XProf's self time);
+- asynchronous stages (``Prefetch``, ``ParallelMapV2``, ``MapAndBatch``, parallel ones) wait
+  for their own threads: ``tf_otel.tf_data.wait_ns``, ``self_ns`` 0, ``tf_otel.tf_data.async``;
+  their functions on tf.data's pool are not attributed (docs/guides/WHOLE_STEP.md).
 
-Only events wholly inside the profiling window are recorded by TF: a stage that runs ahead of
-the step (behind a prefetch) shows only the GetNext calls that started and ended in the step.
-At most ``MAX_STAGES`` stages per step (the busiest). No element values are read.
+TF records only events wholly inside the profiling window: a stage running ahead of the step
+(behind a prefetch) shows only the GetNext calls within it. At most ``MAX_STAGES`` stages per
+step (the busiest). No element values are read.
 """
 
 from __future__ import annotations

@@ -6,29 +6,22 @@ Usage::
     json.dump(document, handle)
 
 Layout: every rank is a process ("rank N @ host", sorted by rank) with one thread (track) per
-span category — step, input, compute (ops), collectives, collective wait, collective transfer,
-transfers, NCCL / GPU kernels, other — and the step roots (one slice per step across all
-ranks) are a process of their own on top. Spans are complete events (``ph: X``) at their
-clock-corrected times as stored; ``ts``/``dur`` are microseconds with three decimals (ns).
+span category, and the step roots are a process of their own on top. Spans are complete events
+(``ph: X``) at their clock-corrected times; ``ts``/``dur`` are microseconds with three decimals.
 
 A track only holds properly nested slices (the viewers drop or mis-nest the rest), so spans of
-one category that overlap without nesting (ops of parallel inter-op threads, kernels on several
-streams) go to extra lanes of that category ("compute (ops) 2", ...). Nesting is checked on the
-nanoseconds Perfetto will compute from the written numbers (``_parsed_ns``, as its trace
-processor does), so rounding cannot break it.
+one category that overlap without nesting go to extra lanes ("compute (ops) 2", ...); nesting
+is checked on the nanoseconds Perfetto will compute from the written numbers (``_parsed_ns``),
+so rounding cannot break it.
 
-Collectives are flows between ranks: one collective instance — the same
-``tf_otel.collective.key`` (else the tensor name and its occurrence) in one step on several
-ranks — gets an arrow from each waiting rank's ``collective.wait`` (else its collective) to the
-collective of the rank that arrived last (``horovod.last_arrival``, else the latest start): the
-wait ended when that rank arrived. They are v1 flow events (``s``, ``f`` with ``bp: e``, which
-both viewers bind to the slice enclosing their timestamp), placed strictly inside their slices
-and before any later slice on the thread starts. A viewer binds a flow only when its start comes
-first, so a wait that starts after the arrival once clocks are corrected (or a slice too short
-to hold a point) gets no arrow (counted in ``flows_skipped``).
+Collectives are flows between ranks: an arrow from each waiting rank's ``collective.wait`` (else
+its collective) to the collective of the rank that arrived last. They are v1 flow events placed
+strictly inside their slices; a viewer binds a flow only when its start comes first, so one
+that would start after its end once clocks are corrected gets no arrow (``flows_skipped``).
 
 Arguments (``args``) are the span's attributes and its ids, less keys that look like secrets
-(tf_otel never records tensor values, but other instrumentations' spans may carry headers).
+(other instrumentations' spans may carry headers). More: docs/guides/ANALYSIS.md ("Perfetto /
+Chrome trace export").
 """
 
 from __future__ import annotations

@@ -12,22 +12,19 @@ of CPU even while no file is written, and writes every event with two ``lseek`` 
 ``write``; only rank 0 writes, and on response-cache hits it has no per-rank arrivals.
 
 Instead, where the program builds a Horovod op (``MPI_LIB.horovod_allreduce`` and the other
-collectives, called by every Python entry point of horovod.tensorflow) while a detail twin of
-the step's tf.function is traced (instrument/detail_twin.py: the program's own trace gets no
-timing op), the graph gets two stamps: one after the op's inputs are ready and before the op
-(this rank's arrival), one after its outputs (this rank's end); both go to a small variable per
-op. Plain
-``tf.timestamp`` ops only as the first stamps of a ``tf.cond`` branch (where Horovod puts each
-gradient's collective); elsewhere a call of a small function writing the op's variable, so the
-stamps add no order between collectives (docs/guides/HOROVOD.md). TF1 graphs: graph_stamps. Eager
-calls are timed in Python.
+collectives) while a detail twin of the step's tf.function is traced (instrument/detail_twin.py:
+the program's own trace gets no timing op), the graph gets two stamps: one after the op's inputs
+are ready (this rank's arrival), one after its outputs (this rank's end), written to a small
+variable per op. Plain ``tf.timestamp`` ops only as the first stamps of a ``tf.cond`` branch;
+elsewhere a call of a small function writing the op's variable, so the stamps add no order
+between collectives (docs/guides/HOROVOD.md). TF1 graphs: graph_stamps. Eager calls are timed
+in Python.
 
-On a collective-detail step (sampled, and picked by ``TF_OTEL_HOROVOD_EVERY`` from the step
-trace id, so every rank picks the same steps) the training thread reads all stamps with one
-function call; the export thread sends the arrivals (reference clock) to rank 0 (``hvd.a``),
-which broadcasts each tensor's last arrival and its rank, and on dense detail the groups of
-tensors that completed together (``hvd.l``); every rank then emits its
-own collective / wait / transfer records (sources.horovod_stamp_records).
+On a collective-detail step (picked by ``TF_OTEL_HOROVOD_EVERY`` from the step trace id, the
+same steps on every rank) the training thread reads all stamps with one function call; the
+export thread sends the arrivals to rank 0 (``hvd.a``), which broadcasts each tensor's last
+arrival and its rank, and on dense detail the groups of tensors that completed together
+(``hvd.l``); every rank then emits its own collective / wait / transfer records.
 """
 
 from __future__ import annotations

@@ -5,31 +5,25 @@ any other.
 
 The allreduce runs inside the TF graph, so Python wrappers would only time dispatch. Instead:
 
-- before ``hvd.init()`` tf_otel sets ``HOROVOD_TIMELINE=DYNAMIC`` (unless the user set
-  HOROVOD_TIMELINE; a user's file is then read, never started, stopped or removed);
-- rank 0 starts a timeline file for each detail step and stops it at its end: at the end of
-  the step before where the sampler decides by the trace id alone, so that a rank already in the
-  step's collectives while rank 0 is still between steps has its NEGOTIATE start written (else
-  at the step's own start). From one detail step to the next it switches files without stopping
-  (Horovod closes the old one as it opens the new), and the reader carries the collectives in
-  progress at the switch into the new file's; it tails the files on a daemon thread, and turns
-  each tensor's NEGOTIATE / per-rank ready ticks / op phases into, for every rank, a
-  ``collective`` record with ``collective.wait`` and ``collective.transfer`` children
-  (sources.horovod_timeline);
+- before ``hvd.init()`` tf_otel sets ``HOROVOD_TIMELINE=DYNAMIC`` (a user's own file is read,
+  never started, stopped or removed);
+- rank 0 starts a timeline file for each detail step, at the end of the step before where the
+  sampler decides by trace id alone (a rank already in the step's collectives then has its
+  NEGOTIATE start written), switches files between detail steps without stopping, tails them on
+  a daemon thread and turns each tensor's events into a ``collective`` record per rank with
+  ``collective.wait`` / ``collective.transfer`` children (sources.horovod_timeline);
 - every other rank tells rank 0 when it began each detail step (``hvd.b``): on a response-cache
-  hit the timeline says when the first and the last rank arrived, not which rank was which, and
-  a rank that began its step after the first arrival was not the first;
-- rank 0 emits its own records with ``Pipeline.add_records`` and sends every other rank its share
-  over the coordinator (``hvd.c`` messages, handled here); each rank emits its own spans under
-  its step span.
+  hit the timeline says when the first and last rank arrived, not which rank was which;
+- rank 0 emits its own records and sends every other rank its share (``hvd.c``); each rank
+  emits its own spans under its step span.
 
 Usage::
 
     from tf_otel.instrument.horovod.timeline import hook
     hook.register()   # step hook, its message handlers, its exit hand-over
 
-Env: TF_OTEL_HOROVOD_EXACT=1 also sets HOROVOD_CACHE_CAPACITY=0 (per-rank ready ticks on every
-step, at Horovod's negotiation cost). See docs/guides/HOROVOD.md.
+TF_OTEL_HOROVOD_EXACT=1 also sets HOROVOD_CACHE_CAPACITY=0 (per-rank ready ticks on every step,
+at Horovod's negotiation cost). See docs/guides/HOROVOD.md.
 """
 
 from __future__ import annotations
