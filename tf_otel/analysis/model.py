@@ -221,8 +221,8 @@ class Span:
 
 def _span_of(*row: Any) -> Span:
     """A span unpickled (``Span.__reduce__``): ``add_spans``' unpacking for one span, written
-    out again, since loading through ``Span.from_row`` cost 1 % more of the analysis bench
-    (14,425 -> 14,582 instructions a span at 64 ranks; a step's load 69 -> 80 us)."""
+    out again rather than calling ``Span.from_row``, whose extra call costs ~1 % of the analysis
+    bench (~160 instructions a span at 64 ranks; ~11 us on a step's load)."""
     span: Span = object.__new__(Span)
     (
         span.trace_id,

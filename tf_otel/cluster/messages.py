@@ -352,8 +352,8 @@ MAX_RELAY_RANKS = 4096  # ranks in one RelayExtents: a host's, with room
 
 def _relay_extents_ok(items: List[Any]) -> bool:
     """Each item [rank >= 1, start >= 0, end >= start, wait >= 0 or null], ints below 2**63.
-    One plain loop: rank 0 checks one such list a host and step (the cheapest form measured,
-    ~3x the per-item helpers it replaced)."""
+    One plain loop: rank 0 checks one such list a host and step, and this form measured ~3x
+    faster than a helper call per item."""
     for item in items:
         if type(item) is not list or len(item) != 4:
             return False

@@ -1,8 +1,8 @@
 """ReadableSpans -> OTLP/JSON ``TracesData`` directly, without building protobuf messages.
 
-The OTLP-JSON file exporter (``TF_OTEL_FILE``) used to encode each batch with the OTLP protobuf
-encoder, then ``MessageToDict`` and a pass turning base64 ids into hex: about 75 % of the CPU a
-collective span cost end to end (bench/bench_detail_cpu.py, py-spy). This writes the same dict
+For the OTLP-JSON file exporter (``TF_OTEL_FILE``): the OTLP protobuf encoder, then
+``MessageToDict`` and a pass turning base64 ids into hex, cost about 75 % of the CPU a
+collective span costs end to end (bench/bench_detail_cpu.py, py-spy). This writes the same dict
 (same keys, same order, same value forms: int64 as strings, enums as integers, defaults left
 out, hex ids) straight from the spans. Anything it does not expect (a bytes, mapping or None
 attribute value, an integer outside int64, a non-finite float) raises ``Unsupported`` and the

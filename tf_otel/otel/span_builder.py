@@ -18,7 +18,7 @@ attribute-count or value-length limit a span could reach, and only plain attribu
 A processor of tf_otel's own that does nothing with these spans says so with a class attribute
 ``ignores_tf_otel_records = True`` (instrument/step_context's ClockShiftProcessor: it shifts
 only spans under a StepSpan).
-Anything else goes through ``Tracer.start_span`` as before. Not counted by the SDK's own
+Anything else goes through ``Tracer.start_span``. Not counted by the SDK's own
 span-count self-metrics.
 
 Usage::

@@ -185,7 +185,7 @@ def to_json(result: AnalysisResult, with_path: bool = False) -> Dict[str, Any]:
 
 def _what_if(result: AnalysisResult) -> Dict[str, Any]:
     """The ranks and groups slow throughout and the run's saving without each (only where
-    there are some: a report without them is as before)."""
+    there are some: otherwise nothing is added, so a report without them keeps its keys)."""
     run = result.what_if
     if not run.subjects:
         return {}
