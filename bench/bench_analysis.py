@@ -29,11 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tf_otel.analysis.analyze import analyze_source, analyze_spans  # noqa: E402
 from tf_otel.analysis.engine import open_engine  # noqa: E402
-from tf_otel.analysis.load import _json  # noqa: E402
-from tf_otel.analysis.load import files as load_files  # noqa: E402
+from tf_otel.analysis.load import _json, decoders  # noqa: E402
 from tf_otel.analysis.load.files import load_paths, requested_workers  # noqa: E402
-from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as MSGSPEC  # noqa: E402
-from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE  # noqa: E402
 from tf_otel.analysis.load.spill import load_spilled  # noqa: E402
 from tf_otel.analysis.report.json_report import to_json  # noqa: E402
 from tf_otel.analysis.rules.gc_pause import paused_gc  # noqa: E402
@@ -249,15 +246,15 @@ def main() -> int:
     )
     parser.add_argument(
         "--decoder",
-        choices=("native", "msgspec"),
-        default="native" if NATIVE else "msgspec",
+        choices=decoders.DECODERS,
+        default=decoders.fastest(),
         help="the fastest OTLP-JSON line decoder to use (native: tf_otel_native, built by "
         "make install; in-process runs only, --workers 1)",
     )
     args = parser.parse_args()
-    if args.decoder == "native" and not NATIVE:
-        parser.error("--decoder native: tf_otel_native is not built (make install)")
-    load_files.NATIVE_DECODER = args.decoder == "native"
+    if args.decoder not in decoders.available():
+        parser.error(f"--decoder {args.decoder}: not built or installed here (make install)")
+    decoders.CHOICE = args.decoder
     directory = Path(args.keep or tempfile.mkdtemp(prefix="tf_otel_bench_"))
     if not any(directory.glob("rank*.jsonl")):
         generate(directory, args.steps, args.ranks)
@@ -309,7 +306,7 @@ def main() -> int:
                 "spans": count,
                 "input_mb": round(size_mb, 1),
                 "json_parser": _json.PARSER,
-                "fast_decoder": args.decoder if args.decoder == "native" or MSGSPEC else None,
+                "fast_decoder": args.decoder if args.decoder != "reference" else None,
                 "load_s": round(t1 - t0, 2),
                 "analysis_s": round(t2 - t1, 2),
                 "json_report_s": round(t3 - t2, 2),

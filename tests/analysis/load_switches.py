@@ -1,8 +1,8 @@
-"""A file loaded with the analysis' fast decoders switched on or off (the fast-path tests).
+"""A file loaded with one decoder chosen (``load.decoders.CHOICE``; the fast-path tests).
 
 Usage::
 
-    rows = rows_or_error(path, monkeypatch, NATIVE_DECODER=False)   # rows, or the error text
+    rows = rows_or_error(path, monkeypatch, "reference")   # rows, or the error text
 """
 
 from __future__ import annotations
@@ -13,14 +13,21 @@ from typing import Any
 import pytest
 
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.load import files
+from tf_otel.analysis.load import decoders, files
 
 
-def rows_or_error(path: Path, monkeypatch: pytest.MonkeyPatch, **switches: bool) -> Any:
-    """``files.load_file_rows(path)`` with ``files``' switches set, or its error's text."""
-    for name, value in switches.items():
-        assert hasattr(files, name), name
-        monkeypatch.setattr(files, name, value)
+def choose(decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaders start with ``decoder`` ("native", "msgspec" or "reference"); skips where this
+    installation does not have it."""
+    assert decoder in decoders.DECODERS, decoder
+    if decoder not in decoders.available():
+        pytest.skip(f"the {decoder} decoder is not built here")
+    monkeypatch.setattr(decoders, "CHOICE", decoder)
+
+
+def rows_or_error(path: Path, monkeypatch: pytest.MonkeyPatch, decoder: str) -> Any:
+    """``files.load_file_rows(path)`` with ``decoder`` chosen, or its error's text."""
+    choose(decoder, monkeypatch)
     try:
         return files.load_file_rows(path)
     except AnalysisError as error:

@@ -11,9 +11,11 @@ from typing import Any, Dict
 
 import pytest
 from analysis_builders import JobBuilder
+from load_switches import choose
 from test_analysis_cli import analyze
 
-from tf_otel.analysis.load import files, spill
+from tf_otel.analysis.load import spill
+from tf_otel.analysis.load.decoders import DECODERS
 from tf_otel.analysis.load.files import load_paths
 from tf_otel.analysis.model import base_job, job_of
 from tf_otel.cli import main as tf_otel_main
@@ -61,14 +63,9 @@ def test_job_of_and_back() -> None:
     assert job_of({}, "j") == "j" == base_job("j") and job_of({}, None) is None
 
 
-@pytest.mark.parametrize("decoder", ["generic", "msgspec", "native"])
+@pytest.mark.parametrize("decoder", DECODERS)
 def test_every_decoder_keeps_the_attempt(tmp_path: Path, monkeypatch, decoder: str) -> None:
-    native, fast = decoder == "native", decoder != "generic"
-    if (native and not files.NATIVE_DECODER) or (fast and not files.FAST_DECODER):
-        pytest.skip(f"the {decoder} decoder is not built here")
-    monkeypatch.setattr(files, "NATIVE_DECODER", native)
-    monkeypatch.setattr(files, "FAST_DECODER", fast)
-    monkeypatch.setattr(spill, "NATIVE_SPILL", native)
+    choose(decoder, monkeypatch)
     folder = _folder(tmp_path, "0", "1")
     jobs = {span.job_id for span in load_paths([str(folder)], progress=False, workers=1)}
     assert jobs == {"job-44@0", "job-44@1"}

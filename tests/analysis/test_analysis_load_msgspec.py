@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_switches import rows_or_error  # noqa: E402
 
 from tf_otel.analysis.load.otlp import decode_traces_rows  # noqa: E402
-from tf_otel.analysis.load.otlp_msgspec import LineDecoder  # noqa: E402
+from tf_otel.analysis.load.otlp_msgspec import MsgspecLineDecoder  # noqa: E402
 
 
 def _span(**changes: Any) -> Dict[str, Any]:
@@ -100,20 +100,21 @@ GENERIC = [  # left to the generic path (which decodes them or names the error)
 
 @pytest.mark.parametrize("line", FAST)
 def test_fast_rows_equal_the_generic_rows(line: bytes):
-    rows = LineDecoder().decode(line)
+    rows = MsgspecLineDecoder().decode(line, 0, len(line))
     assert rows is not None
     assert repr(rows) == repr(decode_traces_rows(json.loads(line), "test"))  # (NaN != NaN)
 
 
 @pytest.mark.parametrize("line", GENERIC)
 def test_unusual_lines_are_left_to_the_generic_path(line: bytes):
-    assert LineDecoder().decode(line) is None
+    assert MsgspecLineDecoder().decode(line, 0, len(line)) is None
 
 
 def test_value_cache_keeps_rows_independent():
-    decoder = LineDecoder()
-    first = decoder.decode(_line([_span()]))
-    second = decoder.decode(_line([_span()]))
+    decoder = MsgspecLineDecoder()
+    line = _line([_span()])
+    first = decoder.decode(line, 0, len(line))
+    second = decoder.decode(line, 0, len(line))
     assert first == second and first is not None and second is not None
     assert first[0][6] is not second[0][6]  # each span's kept attributes: its own dict
 
@@ -122,14 +123,14 @@ def test_value_cache_keeps_rows_independent():
 def test_files_load_the_same_with_and_without_msgspec(tmp_path: Path, monkeypatch, lines):
     path = tmp_path / "rank0.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    fast = rows_or_error(path, monkeypatch, FAST_DECODER=True)
-    assert repr(fast) == repr(rows_or_error(path, monkeypatch, FAST_DECODER=False))
+    fast = rows_or_error(path, monkeypatch, "msgspec")
+    assert repr(fast) == repr(rows_or_error(path, monkeypatch, "reference"))
 
 
 def test_bad_line_after_fast_lines_names_file_and_line(tmp_path: Path, monkeypatch):
     path = tmp_path / "rank0.jsonl"
     path.write_bytes(FAST[0] + b"\n" + FAST[1] + b"\n" + TRUNCATED + b"\n")
     assert (
-        rows_or_error(path, monkeypatch, FAST_DECODER=True)
+        rows_or_error(path, monkeypatch, "msgspec")
         == f"{path}: line 3 is not valid JSON (truncated or corrupt file)"
     )

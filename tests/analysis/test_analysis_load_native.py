@@ -137,8 +137,8 @@ def test_a_line_is_read_between_its_bounds_only():
 def test_files_load_the_same_with_and_without_it(tmp_path: Path, monkeypatch, lines):
     path = tmp_path / "rank0.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    native = rows_or_error(path, monkeypatch, NATIVE_DECODER=True)
-    assert repr(native) == repr(rows_or_error(path, monkeypatch, NATIVE_DECODER=False))
+    native = rows_or_error(path, monkeypatch, "native")
+    assert repr(native) == repr(rows_or_error(path, monkeypatch, "reference"))
 
 
 @needs_native
@@ -146,7 +146,7 @@ def test_bad_line_after_native_lines_names_file_and_line(tmp_path: Path, monkeyp
     path = tmp_path / "rank0.jsonl"
     path.write_bytes(FAST[0] + b"\n" + FAST[1] + b"\n" + TRUNCATED + b"\n")
     expected = f"{path}: line 3 is not valid JSON (truncated or corrupt file)"
-    assert rows_or_error(path, monkeypatch, NATIVE_DECODER=True) == expected
+    assert rows_or_error(path, monkeypatch, "native") == expected
 
 
 @needs_native
@@ -171,7 +171,7 @@ def test_the_benchmarks_traces_load_the_same_and_all_natively(tmp_path: Path, mo
         assert decoder.lists_scanned > 0  # ... and its attribute lists
         # the spans of a step repeat a few lists: most taken by one comparison
         assert decoder.lists_recent >= 0.8 * len(rows), (decoder.lists_recent, len(rows))
-        assert repr(rows) == repr(rows_or_error(path, monkeypatch, NATIVE_DECODER=False))
+        assert repr(rows) == repr(rows_or_error(path, monkeypatch, "reference"))
         assert len(rows) == 3 * 200 + (3 if path.name == "rank0.jsonl" else 0)
 
 

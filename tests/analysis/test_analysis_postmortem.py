@@ -14,11 +14,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 from analysis_builders import JobBuilder
+from load_switches import choose
 from test_analysis_cli import analyze
 
 from tf_otel.analysis.analyze import analyze_source
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.load import files, spill
+from tf_otel.analysis.load import files
+from tf_otel.analysis.load.decoders import DECODERS
 from tf_otel.analysis.load.files import load_paths
 from tf_otel.analysis.load.spill import load_spilled
 
@@ -229,21 +231,9 @@ def _loaded(tmp_path: Path, spilled: bool, workers: int, capsys) -> tuple:
     return rows, capsys.readouterr().err, len(result.steps)
 
 
-DECODERS = {  # files.NATIVE_DECODER, files.FAST_DECODER, spill.NATIVE_SPILL
-    "generic": (False, False, False),
-    "msgspec": (False, True, False),
-    "native": (True, True, True),
-}
-
-
-@pytest.mark.parametrize("decoder", sorted(DECODERS))
+@pytest.mark.parametrize("decoder", DECODERS)
 def test_every_decoder_path_skips_alike(tmp_path: Path, monkeypatch, capsys, decoder) -> None:
-    native, fast, native_spill = DECODERS[decoder]
-    if (native and not files.NATIVE_DECODER) or (fast and not files.FAST_DECODER):
-        pytest.skip(f"the {decoder} decoder is not built here")
-    monkeypatch.setattr(files, "NATIVE_DECODER", native)
-    monkeypatch.setattr(files, "FAST_DECODER", fast)
-    monkeypatch.setattr(spill, "NATIVE_SPILL", native_spill)
+    choose(decoder, monkeypatch)
     paths = _write(tmp_path, _job())
     _cut_last_record(paths[1])
     lines = paths[0].read_bytes().split(b"\n")

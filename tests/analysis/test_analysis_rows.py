@@ -11,7 +11,7 @@ import pytest
 
 from tf_otel.analysis.load import files
 from tf_otel.analysis.load.otlp import decode_traces_rows
-from tf_otel.analysis.load.otlp_msgspec import LineDecoder
+from tf_otel.analysis.load.otlp_msgspec import MsgspecLineDecoder
 from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE
 from tf_otel.analysis.load.otlp_native import NativeLineDecoder
 from tf_otel.analysis.load.rows import FOUND_TEMPLATE, NO_ATTRIBUTES, RowBuilder
@@ -34,7 +34,7 @@ def _line(spans: List[Dict[str, Any]], resource: Optional[List[Dict[str, Any]]] 
 def _both(line: bytes) -> List[SpanRow]:
     """The rows of the decoders, which must agree (msgspec and the native decoder, where built,
     must take the line themselves), by name."""
-    fast = LineDecoder().decode(line)
+    fast = MsgspecLineDecoder().decode(line, 0, len(line))
     generic = decode_traces_rows(json.loads(line), "test")
     assert fast is not None, "the fast path left a plain line to the generic path"
     assert repr(fast) == repr(generic)
@@ -158,7 +158,7 @@ def test_builder_takes_slots_out_of_found():
 )
 def test_malformed_spans_fail_on_the_generic_path_and_are_left_by_the_fast_one(bad):
     line = _line([dict(MINIMAL, **bad)])
-    assert LineDecoder().decode(line) is None
+    assert MsgspecLineDecoder().decode(line, 0, len(line)) is None
     with pytest.raises(Exception, match="malformed OTLP-JSON span"):
         decode_traces_rows(json.loads(line), "test")
 

@@ -1,4 +1,4 @@
-"""The native decoder writes a block's spill pieces itself (``LineDecoder.spill_block``): what
+"""The native decoder writes a block's spill pieces itself (``NativeLineDecoder.spill_block``): what
 ``marshal.loads`` reads of them is what the Python path writes (``spill._write`` of the block's
 rows), piece by piece; a block it cannot read whole is handed back (None), and the analysis
 reports the same either way."""
@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
+from load_switches import choose  # noqa: E402
 from spill_pieces import native_pieces, python_pieces  # noqa: E402
 from test_analysis_load_msgspec import _attr, _line, _span  # noqa: E402
 from test_analysis_skeleton import CHANGES, _report, _write  # noqa: E402
@@ -127,8 +128,8 @@ def test_reports_are_the_same_with_the_native_spill(
     monkeypatch.setattr(spill, "BLOCK_BYTES", 50_000)  # many pieces a trace
     directory = _write(tmp_path, CHANGES[case], files_of=2)
     reports: List[str] = []
-    for native in (True, False):
-        monkeypatch.setattr(spill, "NATIVE_SPILL", native)
+    for decoder in ("native", "reference"):  # the native spill against the reference
+        choose(decoder, monkeypatch)
         reports.append(_report(directory, True, monkeypatch))
     assert reports[0] == reports[1]
     assert json.loads(reports[0])[0]["steps"]  # something was analysed

@@ -26,7 +26,7 @@ from tf_otel.analysis.errors import AnalysisError  # noqa: E402
 from tf_otel.analysis.load import files  # noqa: E402
 from tf_otel.analysis.load.jaeger import convert_jaeger_traces  # noqa: E402
 from tf_otel.analysis.load.otlp import decode_traces_rows  # noqa: E402
-from tf_otel.analysis.load.otlp_msgspec import LineDecoder  # noqa: E402
+from tf_otel.analysis.load.otlp_msgspec import MsgspecLineDecoder  # noqa: E402
 from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE  # noqa: E402
 from tf_otel.analysis.load.otlp_native import NativeLineDecoder  # noqa: E402
 from tf_otel.analysis.skeleton import SKELETON_SETS  # noqa: E402
@@ -233,7 +233,7 @@ def load(path: Path, lines: int):
 )
 def test_fast_path_gives_the_generic_rows_or_leaves_the_line(document):
     line = _dumps(document)
-    fast = LineDecoder().decode(line)
+    fast = MsgspecLineDecoder().decode(line, 0, len(line))
     native = NativeLineDecoder().decode(line, 0, len(line)) if NATIVE else None
     spilled = None
     if NATIVE:
@@ -263,7 +263,7 @@ def test_attribute_values_nested_as_deep_as_the_json_parser_allows(tmp_path):
     def nested(depth):
         if depth:
             return nested(depth - 1)
-        LineDecoder().decode(line)  # rows or None, never raises
+        MsgspecLineDecoder().decode(line, 0, len(line))  # rows or None, never raises
         if NATIVE:
             NativeLineDecoder().decode(line, 0, len(line))
         try:

@@ -24,17 +24,14 @@ import marshal
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Tuple
 
 from tf_otel.analysis.engine import Engine, engine_workers, open_engine
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.load._json import DECODE_ERRORS, loads
+from tf_otel.analysis.load.decoders import line_decoders
 from tf_otel.analysis.load.jaeger import convert_jaeger_traces, is_jaeger_document
 from tf_otel.analysis.load.otlp import decode_traces_rows, is_traces_data
-from tf_otel.analysis.load.otlp_msgspec import AVAILABLE as FAST_DECODER
-from tf_otel.analysis.load.otlp_msgspec import LineDecoder
-from tf_otel.analysis.load.otlp_native import AVAILABLE as NATIVE_DECODER
-from tf_otel.analysis.load.otlp_native import NativeLineDecoder
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Row, Span, add_spans
 from tf_otel.analysis.rules.gc_pause import paused_gc
@@ -277,35 +274,25 @@ def _decode_lines(
     skip_any: bool = False,
 ) -> List[Row]:
     """Spans of newline-delimited ``TracesData`` lines (numbered from ``first_line``) in
-    ``data[:stop]``: each line on the fastest path that takes it (native, msgspec), else on the
-    generic path, which names the error. With ``skips`` a line that is not JSON is skipped and
+    ``data[:stop]``: each line on the fastest decoder that takes it (``decoders``), else on the
+    reference path, which names the error. With ``skips`` a line that is not JSON is skipped and
     added to it (``base``: where ``data`` begins in the file), except one before any span that
     does not begin as a record does (maybe the file is one pretty-printed document; any, with
     ``skip_any``)."""
     stop = len(data) if stop is None else stop
-    bounds = _line_bounds(data, stop)
-    native = NativeLineDecoder() if NATIVE_DECODER and bounds and type(data) is bytes else None
-    fast = LineDecoder() if FAST_DECODER else None
-    lines: List[Union[bytes, memoryview]]
-    if bounds is not None:  # views: msgspec reads them as they are, without a copy
-        view = memoryview(data)
-        lines = [view[begin:end] for begin, end in bounds]
-    else:
-        lines = list(data[:stop].splitlines())
+    bounds = _line_bounds(data, stop) or _split_bounds(data, stop)
+    fast = line_decoders(data)
     spans: List[Row] = []
-    for number, line in enumerate(lines, start=first_line):
-        if native is not None and bounds is not None:
-            begin, end = bounds[number - first_line]
-            rows = native.decode(data, begin, end)
+    for number, (begin, end) in enumerate(bounds, start=first_line):
+        rows = None
+        for decoder in fast:
+            rows = decoder.decode(data, begin, end)
             if rows is not None:
-                spans.extend(rows)
-                continue
-        if fast is not None:
-            rows = fast.decode(line)
-            if rows is not None:
-                spans.extend(rows)
-                continue
-        whole = bytes(line)
+                break
+        if rows is not None:
+            spans.extend(rows)
+            continue
+        whole = data[begin:end]
         if not whole.strip():
             continue
         try:
@@ -314,13 +301,12 @@ def _decode_lines(
             lenient = skips is not None
             if lenient and (spans or skip_any or whole.lstrip().startswith(_RECORD_START)):
                 at = number - first_line
-                begin = (bounds or _split_bounds(data, stop))[at][0]
-                torn = at == len(lines) - 1 and data[stop - 1 : stop] not in (b"\n", b"\r")
+                torn = at == len(bounds) - 1 and data[stop - 1 : stop] not in (b"\n", b"\r")
                 skip = (str(path), base + begin, len(whole), whole.count(_SPAN_BEGINS), torn)
                 skips.append(skip)  # type: ignore[union-attr]
                 continue
             if not spans:
-                raise _NotLines(number, len(lines)) from None
+                raise _NotLines(number, len(bounds)) from None
             raise _bad_line(path, number) from None
         spans.extend(_decode_document(obj, f"{path} line {number}"))
     return spans

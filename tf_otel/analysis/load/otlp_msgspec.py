@@ -5,14 +5,14 @@ skipping every other field in C. A span's attribute list stays raw bytes: the ro
 gives (``rows.RowTail``) are made once per distinct list and resource, since a step's ops on a
 rank repeat them (one list in ten is new on bench/bench_analysis.py's traces). A line outside
 this plain layout (other spellings, nulls, non-string ids, values that do not decode, invalid
-JSON, ...) gives ``None``: the caller decodes it again on the generic path
-(``otlp.decode_traces_rows``), which gives the same rows, or the same error, as before this
-fast path existed.
+JSON, ...) gives ``None``: the caller decodes it again on the reference path
+(``otlp.decode_traces_rows``), which gives the same rows or names the error. Chosen by
+``decoders``.
 
 Usage::
 
-    decoder = LineDecoder()        # only when AVAILABLE
-    rows = decoder.decode(line)    # a list of ``model.Row``s, or None
+    decoder = MsgspecLineDecoder()           # only when AVAILABLE
+    rows = decoder.decode(data, begin, end)  # data[begin:end]: one line; rows or None
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ if msgspec is not None:
         endTimeUnixNano: Union[_Int64, str]
         parentSpanId: Optional[str] = None
         name: Optional[str] = ""
-        attributes: msgspec.Raw = _NULL  # decoded once per distinct list (``LineDecoder``)
+        attributes: msgspec.Raw = _NULL  # decoded once per distinct list (``_tail``)
 
     class _ScopeSpans(msgspec.Struct, gc=False):
         spans: Optional[List[_Span]] = None
@@ -89,7 +89,7 @@ _TAILS_MAX = 4096
 _RESOURCES_MAX = 64
 
 
-class LineDecoder:
+class MsgspecLineDecoder:
     """Decodes the lines of one input; caches ids, resources and attribute lists across its
     lines."""
 
@@ -104,16 +104,17 @@ class LineDecoder:
         self._parent_ids: Dict[str, Optional[str]] = {}
         self._names: Dict[str, str] = {}
 
-    def decode(self, line: Union[bytes, memoryview]) -> Optional[List[Row]]:
-        """The line's spans as rows; None where the generic path must decide."""
+    def decode(self, data: bytes, begin: int, end: int) -> Optional[List[Row]]:
+        """The rows of the line ``data[begin:end]`` (read in place); None where the generic
+        path must decide."""
         try:
-            data = self._decoder.decode(line)
+            traces = self._decoder.decode(memoryview(data)[begin:end])
         except (*_DECODE_ERRORS, RecursionError):  # msgspec: nesting too deep for it
             return None
-        if not data.resourceSpans:
+        if not traces.resourceSpans:
             return None  # missing, null or empty: "batches" or a non-OTLP document
         try:
-            return self._rows(data)
+            return self._rows(traces)
         except (_Ambiguous, *_DECODE_ERRORS, *MALFORMED, *DECODE_ERRORS):
             return None  # the generic path repeats it and names the error
 

@@ -6,7 +6,7 @@ itself (as ``rows.RowBuilder.tail``) where every attribute the analysis reads is
 of its slot's type; what else follows the analysis' own rules is asked of ``_Helper`` below, with
 the generic path's code, once per distinct resource, unusual attribute list or unusual id, and
 cached in the decoder. A line outside the plain layout gives ``None`` and the caller decodes it
-on the other paths, as for the msgspec fast path (``otlp_msgspec``).
+on the other paths, as for the msgspec fast path (``otlp_msgspec``). Chosen by ``decoders``.
 
 Usage::
 

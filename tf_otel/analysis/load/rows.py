@@ -1,12 +1,12 @@
-"""The one builder both OTLP-JSON decoders make rows with.
+"""The one builder the OTLP-JSON decoders make rows with (``decoders`` chooses among them).
 
 A row (``model.Row``, its fields named by ``model.SpanRow``) holds a ``Span``'s fields in slot
 order: the loaders' workers send rows and the parent makes ``Span``s of them with
-``Span.from_row``. The generic decoder (``otlp.decode_traces_rows``, any JSON parser) and the
-msgspec fast path (``otlp_msgspec.LineDecoder``) differ only in how they read the bytes: both
-hand the raw ids, name, times and the decoded analysis attributes of each span to a
-``RowBuilder``, which normalises the ids, applies the resource's rank and job, splits the slot
-attributes from the kept ones and coerces their types.
+``Span.from_row``. The reference decoder (``otlp.decode_traces_rows``, any JSON parser) and the
+msgspec fast path (``otlp_msgspec``) differ only in how they read the bytes: both hand the raw
+ids, name, times and the decoded analysis attributes of each span to a ``RowBuilder``, which
+normalises the ids, applies the resource's rank and job, splits the slot attributes from the
+kept ones and coerces their types; the native decoder asks it once per distinct value.
 
 Usage::
 

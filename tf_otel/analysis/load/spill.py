@@ -41,7 +41,7 @@ from typing import BinaryIO, Dict, Iterable, Iterator, List, Optional, Set, Tupl
 
 from tf_otel.analysis.engine import Engine, open_engine
 from tf_otel.analysis.errors import AnalysisError
-from tf_otel.analysis.load import files as trace_files
+from tf_otel.analysis.load.decoders import block_spiller
 from tf_otel.analysis.load.files import (
     Part,
     Skip,
@@ -55,14 +55,13 @@ from tf_otel.analysis.load.files import (
     say_skips,
 )
 from tf_otel.analysis.load.heap import hold_block_buffers
-from tf_otel.analysis.load.otlp_native import NativeLineDecoder, SpilledBlock
+from tf_otel.analysis.load.otlp_native import SpilledBlock
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.model import Row, Span, add_spans, by_trace
 from tf_otel.analysis.rules.gc_pause import paused_gc
 from tf_otel.analysis.skeleton import SKELETON_SETS, Skeleton, split_rows
 
 BLOCK_BYTES = 8 << 20  # whole lines decoded at once: bounds a reading process's memory
-NATIVE_SPILL = True  # the native decoder writes whole blocks where it can (tests switch it off)
 _MAX_OPEN = 128  # spill files kept open for reading (a directory of thousands of rank files)
 
 # a trace's pieces, flat: (spill file number, offset, skeleton length, rows length) of each in
@@ -151,13 +150,13 @@ def spill_part(task: Tuple[Part, str, bool]) -> bytes:
     # the native decoder writes a block's pieces itself where it reads every line of it (no
     # Python object per span); else the block's rows are decoded line by line and written. A
     # decoder a block: its caches (attribute lists, ids) last a block, as the rows' do
-    native = NATIVE_SPILL and trace_files.NATIVE_DECODER
     with paused_gc(), open(target, "wb") as out:
         try:
             for block, stop, at in _blocks(part):
+                spiller = block_spiller()
                 spilled = None
-                if native:
-                    spilled = NativeLineDecoder().spill_block(block, stop, SKELETON_SETS)
+                if spiller is not None:
+                    spilled = spiller.spill_block(block, stop, SKELETON_SETS)
                 if spilled is not None:
                     count += _write_spilled(out, spilled, pieces, jobs)
                     continue
