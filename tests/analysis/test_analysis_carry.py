@@ -434,6 +434,8 @@ def test_steps_analysed_as_they_are_built_carry_what_a_second_pass_carries(
     (the others are analysed in a second pass): the same report, carry and all, as two passes.
     Lines shuffled: steps met before the one before them. Sampled detail: a step after one
     without collectives needs its evidence step, which may come later: the second pass."""
+    from analysis_oracles import TwoPasses
+
     from tf_otel.analysis import analyze
 
     job = chained_run(steps=24, collective_late_ms=DELAY_MS, collective_every=every)
@@ -442,7 +444,7 @@ def test_steps_analysed_as_they_are_built_carry_what_a_second_pass_carries(
         random.Random(5).shuffle(lines)
     path = tmp_path / "job.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    analyse = analyze.analyse_batch
+    analyse = analyze.analyze_batch
     reports, second = {}, {}
     for one_pass in (True, False):
         second[one_pass] = 0
@@ -451,10 +453,9 @@ def test_steps_analysed_as_they_are_built_carry_what_a_second_pass_carries(
             second[one_pass] += len(task[3])
             return analyse(task)
 
-        monkeypatch.setattr(analyze, "ONE_PASS", one_pass)
-        monkeypatch.setattr(analyze, "analyse_batch", counted)
+        monkeypatch.setattr(analyze, "analyze_batch", counted)
         with load_spilled([str(path)], progress=False, workers=1) as source:
-            result = analyze_source(source)
+            result = analyze_source(source, engine=None if one_pass else TwoPasses())
             reports[one_pass] = json.dumps(to_json(result, True), sort_keys=True)
             carried = sum(leg.inherited_ns > 0 for r in result.steps for leg in r.path.legs)
     assert reports[True] == reports[False]

@@ -26,6 +26,7 @@ from tf_otel.analysis.steps import SYNC_CATEGORIES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import bench_analysis  # noqa: E402
+from analysis_oracles import TwoPasses, WholeSteps  # noqa: E402
 
 RANKS, STEPS = 5, 12
 Span = Dict[str, Any]
@@ -339,20 +340,20 @@ class _Count:
             self.built += 1
             return step
 
-        whole = analyze._Steps.build_whole
+        whole = analyze._StepAnalysis.build_whole
 
         def counted_whole(steps: Any, *args: Any) -> Any:
             self.whole += 1
             return whole(steps, *args)
 
-        tried = analyze._Steps._from_skeleton
+        tried = analyze._StepAnalysis._from_skeleton
         self.tried = 0
 
         def counted_tries(steps: Any, *args: Any, **kwargs: Any) -> Any:
             self.tried += 1
             return tried(steps, *args, **kwargs)
 
-        analyse = analyze.analyse_batch
+        analyse = analyze.analyze_batch
         self.second = 0  # steps analysed in a second pass (the first analysed the others)
 
         def counted_second(task: Any) -> Any:
@@ -360,15 +361,20 @@ class _Count:
             return analyse(task)
 
         monkeypatch.setattr(analyze, "skeleton_step", counted)
-        monkeypatch.setattr(analyze._Steps, "build_whole", counted_whole)
-        monkeypatch.setattr(analyze._Steps, "_from_skeleton", counted_tries)
-        monkeypatch.setattr(analyze, "analyse_batch", counted_second)
+        monkeypatch.setattr(analyze._StepAnalysis, "build_whole", counted_whole)
+        monkeypatch.setattr(analyze._StepAnalysis, "_from_skeleton", counted_tries)
+        monkeypatch.setattr(analyze, "analyze_batch", counted_second)
 
 
-def _report(directory: Path, skeletons: bool, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(analyze, "SKELETONS", skeletons)
+def _report(
+    directory: Path, skeletons: bool, monkeypatch: pytest.MonkeyPatch, one_pass: bool = True
+) -> str:
+    """The report and what it may not show; ``skeletons``: False, the plain analysis (every
+    step built whole); ``one_pass``: False, every step analysed in a second pass."""
     with load_spilled([str(directory)], progress=False, workers=1) as source:
-        result = analyze.analyze_source(source, source="t")
+        traces = source if skeletons else WholeSteps(source)
+        engine = None if one_pass else TwoPasses()
+        result = analyze.analyze_source(traces, source="t", engine=engine)
         steps = [  # what the report may not show: the ranks' order, the rules' facts
             [list(r.trace.ranks), repr(r.facts), sorted(r.measured), r.path.arrival_tally]
             for r in result.steps
@@ -406,11 +412,10 @@ def test_skeleton_steps_equal_whole_steps(
     """Steps built from their skeletons give the report of steps built whole, analysed as they
     are built (one pass) or in a second pass."""
     monkeypatch.setattr(spill, "BLOCK_BYTES", 20_000)  # many pieces a trace
-    monkeypatch.setattr(analyze, "ONE_PASS", one_pass)
     directory = _write(tmp_path, CHANGES[case])
     whole = _report(directory, False, monkeypatch)
     count = _Count(monkeypatch)
-    assert _report(directory, True, monkeypatch) == whole
+    assert _report(directory, True, monkeypatch, one_pass) == whole
     # outlines, then analyses (one pass: those the first could not analyse); straggler steps
     # read whole again
     passes = STEPS + count.second if one_pass else 2 * STEPS
@@ -452,7 +457,6 @@ def test_a_rank_rest_is_read_only_when_asked(tmp_path: Path, monkeypatch: pytest
         return rest(self, rank)
 
     monkeypatch.setattr(skeleton.Skeleton, "rest_rows", counted)
-    monkeypatch.setattr(analyze, "SKELETONS", True)
     with load_spilled([str(directory)], progress=False, workers=1) as source:
         analyze.analyze_source(source, source="t")
     # the outlines read no rest; each analysed step the ranks its path visits, and on a
@@ -510,7 +514,7 @@ def test_each_rank_read_whole_is_the_whole_step(
     directory = _write(tmp_path, change, files_of=RANKS if case in ("ops_first", "fillers") else 1)
     decided = 0
     with load_spilled([str(directory)], progress=False, workers=1) as source:
-        steps = analyze._Steps(source, None, 0.0, 0)
+        steps = analyze._StepAnalysis(source, None, 0.0, 0)
         for trace_id in source.trace_ids():
             whole = steps.build_whole(trace_id, [], False)
             try:
@@ -534,7 +538,7 @@ def test_a_rank_extents_are_its_nodes_without_its_spans_made(
     directory = _write(tmp_path, CHANGES[case])
     read, refused = 0, 0
     with load_spilled([str(directory)], progress=False, workers=1) as source:
-        steps = analyze._Steps(source, None, 0.0, 0)
+        steps = analyze._StepAnalysis(source, None, 0.0, 0)
         for trace_id in source.trace_ids():
             built = steps._from_skeleton(trace_id, [], checked=False)
             assert built is not None
@@ -671,7 +675,7 @@ def test_random_traces() -> None:
         cuts = sorted(rng.sample(range(1, len(spans)), min(len(spans) - 1, rng.randint(0, 4))))
         batches = [spans[a:b] for a, b in zip([0] + cuts, cuts + [len(spans)])]
         with spill_batches(batches, "random") as source:
-            steps = analyze._Steps(source, None, 0.0, 0)
+            steps = analyze._StepAnalysis(source, None, 0.0, 0)
             whole_warnings: List[str] = []
             whole = steps.build_whole(trace_id, whole_warnings, False)
             warnings: List[str] = []

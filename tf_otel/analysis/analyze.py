@@ -77,10 +77,6 @@ from tf_otel.analysis.stragglers import (
 from tf_otel.analysis.trace_source import MemorySource, TraceSource
 
 StepRange = Tuple[Optional[int], Optional[int]]
-SKELETONS = True  # False: every step built from all its spans (tests compare the two)
-# in one process over spilled traces, each step analysed as it is built (``_first_pass``);
-# False: always in a second pass (tests compare the two)
-ONE_PASS = True
 T = TypeVar("T")
 
 
@@ -108,7 +104,7 @@ def analyze_source(
             raise AnalysisError(f"{source or 'input'}: no spans")
         traces = MemorySource(traces)
     chosen = _chosen_job(traces, job_id)
-    steps = _Steps(traces, chosen, straggler_min_share, straggler_min_ns, engine)
+    steps = _StepAnalysis(traces, chosen, straggler_min_share, straggler_min_ns, engine)
     steps.keep_segments = keep_segments
     steps.notes = _attempt_notes(traces, chosen)
     steps.group_by = group_by
@@ -175,8 +171,10 @@ def _attempt_notes(traces: TraceSource, job_id: Optional[str]) -> List[str]:
     ]
 
 
-class _Steps:
-    """Steps built from the source's traces: the job's spans only, causality repaired."""
+class _StepAnalysis:
+    """How the job's steps are built from the source's traces (the job's spans only, causality
+    repaired; from skeletons where the source keeps them) and analysed, and what that gathers:
+    the repairs, the options, the step before each."""
 
     def __init__(
         self,
@@ -193,13 +191,13 @@ class _Steps:
         self.notes: List[str] = []  # the report's first warnings (the job's other attempts)
         self.group_by: Optional[str] = None  # the attribute naming a slow group (what_if)
         self.repair = CausalityRepair()
-        self.previous: Dict[str, Previous] = {}  # a batch's steps (``analyse_batch``)
+        self.previous: Dict[str, Previous] = {}  # a batch's steps (``analyze_batch``)
         # the whole selection's: trace id -> the previous and evidence steps' keys, and where
         # every step's outline is kept (``previous_of``)
         self.previous_keys: Dict[str, Tuple[StepKey, Optional[StepKey]]] = {}
         self.outlines: Sequence[StepTrace] = []
         # steps built from skeletons (``skeleton``): a spilled source, every job's spans
-        self.skeletons = SKELETONS and job_id is None and hasattr(traces, "skeleton")
+        self.skeletons = job_id is None and hasattr(traces, "skeleton")
 
     def build(self, trace_id: str, warnings: List[str], first: bool) -> Optional[StepTrace]:
         """The trace's step: from its skeleton where the source keeps one and it decides the
@@ -318,7 +316,7 @@ def outline_batch(
     """The first pass on a batch of traces (an engine's piece of work): their steps, slimmed
     where the source reads them again, the warnings building them gave, and the repairs."""
     traces, job_id, trace_ids = task
-    steps = _Steps(traces, job_id, 0.0, 0)
+    steps = _StepAnalysis(traces, job_id, 0.0, 0)
     built: List[StepTrace] = []
     warnings: List[str] = []
     for trace_id in trace_ids:
@@ -330,7 +328,7 @@ def outline_batch(
     return built, warnings, steps.repair
 
 
-def analyse_batch(
+def analyze_batch(
     task: Tuple[
         TraceSource,
         Optional[str],
@@ -341,7 +339,7 @@ def analyse_batch(
     """The second pass on a batch of steps (an engine's piece of work): each analysed, with
     the step before it (``carry.previous_steps``), then slimmed."""
     traces, job_id, (min_share, min_ns, keep_segments), items = task
-    steps = _Steps(traces, job_id, min_share, min_ns)
+    steps = _StepAnalysis(traces, job_id, min_share, min_ns)
     steps.keep_segments = keep_segments
     results = []
     for key, outline, previous in items:
@@ -352,7 +350,7 @@ def analyse_batch(
 
 
 def _analyze(
-    steps: _Steps,
+    steps: _StepAnalysis,
     source: str,
     job_id: Optional[str],
     step_range: Optional[StepRange],
@@ -372,8 +370,9 @@ def _analyze(
     outlines: Union[Paged[StepTrace], List[StepTrace]] = Paged(where) if paged else []
     keys: List[StepKey] = []
     results: Union[PagedSteps, List[StepResult]] = PagedSteps(where) if paged else []
-    made: Optional[Dict[str, Tuple[int, Assumed]]] = None
-    one_pass = ONE_PASS and steps.skeletons and engine.workers <= 1
+    made: Optional[Dict[str, Tuple[int, AnalysedWith]]] = None
+    # in one process over spilled traces each step is analysed as it is built (``_first_pass``)
+    one_pass = steps.skeletons and engine.workers <= 1
     if one_pass and isinstance(outlines, Paged) and isinstance(results, PagedSteps):
         made = _first_pass(steps, outlines, results, keys, warnings, progress)
     else:
@@ -412,7 +411,7 @@ def _analyze(
         return (view, steps.job_id, options, items)
 
     with Progress("analysing steps", len(pending), progress and bool(pending)) as bar:
-        for analysed, group in zip(engine.map(analyse_batch, map(task, groups)), groups):
+        for analysed, group in zip(engine.map(analyze_batch, map(task, groups)), groups):
             for result in analysed:
                 if paged:  # kept on disk: only what the reports read
                     result.trace.strip()
@@ -428,11 +427,11 @@ def _analyze(
 
 
 # the step a step was analysed with in the first pass: the one before it (trace id), or None
-Assumed = Optional[str]
+AnalysedWith = Optional[str]
 
 
 def _outline_pass(
-    steps: _Steps,
+    steps: _StepAnalysis,
     outlines: Union[Paged[StepTrace], List[StepTrace]],
     keys: List[StepKey],
     warnings: List[str],
@@ -457,20 +456,20 @@ def _outline_pass(
 
 
 def _first_pass(
-    steps: _Steps,
+    steps: _StepAnalysis,
     outlines: Paged[StepTrace],
     results: PagedSteps,
     keys: List[StepKey],
     warnings: List[str],
     progress: Optional[bool],
-) -> Dict[str, Tuple[int, Assumed]]:
+) -> Dict[str, Tuple[int, AnalysedWith]]:
     """``_outline_pass`` in this process, each step also analysed as it is built (not built
     again in a second pass) with the step before it as the steps met so far give it (in the
     source's order a step's predecessor comes first, mostly); trace id -> (where its result is
     kept, the predecessor it was analysed with). A step built whole, or whose predecessor has
     no sync spans (its evidence step may come later), is left to the second pass."""
     traces = steps.traces
-    made: Dict[str, Tuple[int, Assumed]] = {}
+    made: Dict[str, Tuple[int, AnalysedWith]] = {}
     seen: Dict[Tuple[Optional[str], int], List[StepKey]] = {}  # by (name, step number)
     collective = False  # as ``previous_keys``: nothing carried where no step has a collective
     found: Dict[str, List[str]] = {}
@@ -521,7 +520,7 @@ def _met_before(
 
 
 def _kept(
-    made: Optional[Dict[str, Tuple[int, Assumed]]],
+    made: Optional[Dict[str, Tuple[int, AnalysedWith]]],
     trace_id: str,
     matched: Dict[str, Tuple[StepKey, Optional[StepKey]]],
 ) -> int:
@@ -545,7 +544,7 @@ def _has_gpu_step_spans(digest: StepDigest) -> bool:
     return digest.gpu_step_spans
 
 
-class _Paths(Mapping[int, CriticalPath]):
+class _CriticalPathsByKey(Mapping[int, CriticalPath]):
     """Step key -> its critical path, read from the analysed steps when asked."""
 
     def __init__(self, results: Sequence[StepResult]) -> None:
@@ -640,7 +639,7 @@ def _missing(digest: StepDigest, stopped: Stopped) -> List[int]:
 
 def _summarise(
     results: Union[PagedSteps, List[StepResult]],
-    steps: _Steps,
+    steps: _StepAnalysis,
     source: str,
     job_id: Optional[str],
     warnings: List[str],
@@ -657,7 +656,7 @@ def _summarise(
     series = Counter(d.series for d in digests)
     main = series.most_common(1)[0][0] if len(series) > 1 else None
     stragglers = straggler_summary(
-        _Paths(results),
+        _CriticalPathsByKey(results),
         straggler_min_share,
         straggler_min_ns,
         warmup,
@@ -734,7 +733,7 @@ def _run_what_if(
     digests: List[StepDigest],
     warmup: Set[int],
     stragglers: StragglerSummary,
-    steps: _Steps,
+    steps: _StepAnalysis,
 ) -> RunWhatIf:
     """Ranks and groups slow throughout the steady steps, and the run's saving without them
     (``what_if``); the steps are read again only where there are some. ``warmup``: the keys
@@ -764,7 +763,7 @@ def _run_what_if(
     return run_what_if(partial(_graph, results, steps), steady, subjects + together, named)
 
 
-def _graph(results: Sequence[StepResult], steps: _Steps, key: int) -> Optional[StepGraph]:
+def _graph(results: Sequence[StepResult], steps: _StepAnalysis, key: int) -> Optional[StepGraph]:
     """Step ``key``'s dependency graph, from its spans read again (a slim step has none)."""
     trace = steps.build_whole(results[key].trace.trace_id, [], False)
     if trace is None:  # pragma: no cover - the source changed between the passes
