@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tf_otel import record
-from tf_otel.analysis.analyze import stopped_ranks, world_changes
+from tf_otel.analysis.postmortem import stopped_ranks, world_changes
 from tf_otel.cluster.coordinator import LEARN_STEPS, StepAggregator
 from tf_otel.cluster.world import WorldHistory
 from tf_otel.config import Settings

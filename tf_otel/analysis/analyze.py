@@ -28,30 +28,35 @@ from dataclasses import replace
 from functools import partial
 from typing import (
     Any,
-    Callable,
     Dict,
     Iterator,
     List,
     Mapping,
     Optional,
     Sequence,
-    Set,
     Tuple,
     TypeVar,
     Union,
 )
 
-from tf_otel.analysis.carry import Previous, StepKey, carried_into, previous_keys, step_key
+from tf_otel.analysis.carry import PreviousStep, StepKey, carried_into, previous_keys, step_key
 from tf_otel.analysis.causality import CausalityRepair, repair_trace_causality
 from tf_otel.analysis.compare.replay import StepGraph, step_graph
-from tf_otel.analysis.compare.what_if import RunWhatIf, late_together, run_what_if, slow_subjects
-from tf_otel.analysis.critical_path import PATH_COMMUNICATION, CriticalPath, critical_path
+from tf_otel.analysis.compare.steady_what_if import steady_what_if
+from tf_otel.analysis.critical_path import CriticalPath, critical_path
 from tf_otel.analysis.engine import Engine, InProcess
 from tf_otel.analysis.errors import AnalysisError
+from tf_otel.analysis.job_choice import attempt_notes, chosen_job
 from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.measured import measured_categories
-from tf_otel.analysis.model import ATTEMPT_MARK, Span, base_job
+from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
+from tf_otel.analysis.postmortem import (
+    missing_after_stop,
+    stopped_order,
+    stopped_ranks,
+    world_changes,
+)
 from tf_otel.analysis.result import (
     AnalysisResult,
     StepDigest,
@@ -69,7 +74,6 @@ from tf_otel.analysis.step_facts import step_facts
 from tf_otel.analysis.step_store import Paged, PagedSteps
 from tf_otel.analysis.steps import StepTrace, build_step, select_steps, step_order
 from tf_otel.analysis.stragglers import (
-    StragglerSummary,
     keep_for_statistics,
     straggler_summary,
     warmup_keys,
@@ -103,10 +107,10 @@ def analyze_source(
         if not traces:
             raise AnalysisError(f"{source or 'input'}: no spans")
         traces = MemorySource(traces)
-    chosen = _chosen_job(traces, job_id)
+    chosen = chosen_job(traces, job_id)
     steps = _StepAnalysis(traces, chosen, straggler_min_share, straggler_min_ns, engine)
     steps.keep_segments = keep_segments
-    steps.notes = _attempt_notes(traces, chosen)
+    steps.notes = attempt_notes(traces, chosen)
     steps.group_by = group_by
     with paused_gc():
         return _analyze(
@@ -123,52 +127,6 @@ def analyze_source(
 
 
 analyze_spans = analyze_source  # spans in a list: the same analysis, its options the same
-
-
-def _chosen_job(traces: TraceSource, job_id: Optional[str]) -> Optional[str]:
-    """``job_id``, checked; without it the input must hold at most one job. A job's attempts
-    (``model.job_of``: "<job id>@<attempt>") are jobs of their own: ``job_id`` without an
-    attempt chooses the job's only one."""
-    jobs = traces.job_ids()
-    if job_id is None:
-        if len(jobs) > 1:
-            listed = ", ".join(sorted(jobs)[:10])
-            bases = {base_job(job) for job in jobs}
-            if len(bases) == 1:
-                raise AnalysisError(
-                    f"the traces hold {len(jobs)} attempts of job {bases.pop()} ({listed}: a "
-                    "rerun or restart, each its own traces): choose one with --job"
-                )
-            raise AnalysisError(
-                f"the traces hold {len(jobs)} jobs ({listed}): choose one with --job"
-            )
-        return None
-    if job_id not in jobs:
-        attempts = sorted(job for job in jobs if base_job(job) == job_id)
-        if len(attempts) == 1:
-            return attempts[0]
-        if attempts:
-            raise AnalysisError(
-                f"job {job_id!r} has {len(attempts)} attempts in the input "
-                f"({', '.join(attempts[:10])}): choose one with --job"
-            )
-        raise AnalysisError(f"no spans of job {job_id!r} in the input")
-    return job_id
-
-
-def _attempt_notes(traces: TraceSource, job_id: Optional[str]) -> List[str]:
-    """What the report says of the job's other attempts in the input, left out."""
-    if job_id is None or ATTEMPT_MARK not in job_id:
-        return []
-    base = base_job(job_id)
-    others = sorted(job for job in traces.job_ids() if job != job_id and base_job(job) == base)
-    if not others:
-        return []
-    return [
-        f"job {base}: attempt {job_id[len(base) + 1 :]} analysed; the input also holds "
-        f"{', '.join(others[:10])} (a rerun or restart: each attempt is analysed alone, "
-        "--job chooses)"
-    ]
 
 
 class _StepAnalysis:
@@ -191,7 +149,7 @@ class _StepAnalysis:
         self.notes: List[str] = []  # the report's first warnings (the job's other attempts)
         self.group_by: Optional[str] = None  # the attribute naming a slow group (what_if)
         self.repair = CausalityRepair()
-        self.previous: Dict[str, Previous] = {}  # a batch's steps (``analyze_batch``)
+        self.previous: Dict[str, PreviousStep] = {}  # a batch's steps (``analyze_batch``)
         # the whole selection's: trace id -> the previous and evidence steps' keys, and where
         # every step's outline is kept (``previous_of``)
         self.previous_keys: Dict[str, Tuple[StepKey, Optional[StepKey]]] = {}
@@ -255,7 +213,9 @@ class _StepAnalysis:
         except NeedSpans:  # a rank's rest read for the path could not be placed exactly
             return self._analysed(key, outline, self.build_whole(outline.trace_id, [], False))
 
-    def analysed_now(self, step: StepTrace, previous: Optional[Previous]) -> Optional[StepResult]:
+    def analysed_now(
+        self, step: StepTrace, previous: Optional[PreviousStep]
+    ) -> Optional[StepResult]:
         """``step``, just built from its skeleton, analysed with the step before it as outlined
         so far; None where a rank's rest cannot be placed exactly (``NeedSpans``: the second
         pass builds it whole). Its key is set where it is kept (``PagedSteps``)."""
@@ -289,14 +249,14 @@ class _StepAnalysis:
         carried = carried_into(trace, self.previous_of(trace.trace_id))
         return replace(step, trace=trace, path=critical_path(trace, carried))
 
-    def previous_of(self, trace_id: str) -> Optional[Previous]:
+    def previous_of(self, trace_id: str) -> Optional[PreviousStep]:
         """The step before ``trace_id``'s and its evidence step, as outlined (read back)."""
         found = self.previous_keys.get(trace_id)
         if found is None:
             return None
         before, evidence = found
         outlines = self.outlines
-        return Previous(
+        return PreviousStep(
             outlines[before.index], outlines[evidence.index] if evidence is not None else None
         )
 
@@ -333,7 +293,7 @@ def analyze_batch(
         TraceSource,
         Optional[str],
         Tuple[float, int, bool],
-        List[Tuple[int, StepTrace, Optional[Previous]]],
+        List[Tuple[int, StepTrace, Optional[PreviousStep]]],
     ],
 ) -> List[StepResult]:
     """The second pass on a batch of steps (an engine's piece of work): each analysed, with
@@ -489,7 +449,9 @@ def _first_pass(
             before = _met_before(key, seen, collective)
             if not step.whole and (before is None or before.sync):
                 assumed = before.trace_id if before is not None else None
-                previous = Previous(outlines[before.index], None) if before is not None else None
+                previous = (
+                    PreviousStep(outlines[before.index], None) if before is not None else None
+                )
                 result = steps.analysed_now(step, previous)
             step.slim()
             keys.append(step_key(step, len(outlines)))
@@ -560,83 +522,6 @@ class _CriticalPathsByKey(Mapping[int, CriticalPath]):
         return len(self._results)
 
 
-# (series, rank) -> (the rank's last step, the last step of the others): ``stopped_ranks``
-Stopped = Dict[Tuple[Optional[str], int], Tuple[int, int]]
-
-
-def stopped_ranks(digests: Sequence[StepDigest]) -> Stopped:
-    """The ranks whose spans end before the other ranks' (killed, stopped, or their last spans
-    never written): said once each instead of a warning for every later step they miss."""
-    last: Dict[Optional[str], Dict[int, int]] = {}
-    for digest in digests:
-        if digest.step is None:
-            continue
-        seen = last.setdefault(digest.series, {})
-        for rank in digest.ranks:
-            if seen.get(rank, -1) < digest.step:
-                seen[rank] = digest.step
-        for rank in digest.missing_ranks:
-            seen.setdefault(rank, -1)  # a rank never seen in the series: not "stopped"
-    # a rank missing from a step after its last: a stopped one; a rank no later step expects
-    # left a world that changed (Horovod Elastic: the roots say the world of each step)
-    expected_later: Dict[Optional[str], set] = {}
-    for digest in digests:
-        if digest.step is None:
-            continue
-        seen = last.get(digest.series, {})
-        for rank in digest.missing_ranks:
-            if seen.get(rank, -1) < digest.step:
-                expected_later.setdefault(digest.series, set()).add(rank)
-    stopped: Stopped = {}
-    for series, seen in last.items():
-        end = max(seen.values(), default=-1)
-        for rank, step in seen.items():
-            if 0 <= step < end and rank in expected_later.get(series, ()):
-                stopped[(series, rank)] = (step, end)
-    return stopped
-
-
-def world_changes(digests: Sequence[StepDigest], main: Optional[str] = None) -> List[str]:
-    """One line per change of the world between a step and the next of its series (Horovod
-    Elastic), from the ranks each step expected (its root's world size); ``main``: the job's
-    main series where there are several (the others' steps are labelled with theirs)."""
-    lines: List[str] = []
-    before: Dict[Optional[str], Tuple[int, int]] = {}  # series -> (step, world)
-    for digest in sorted(
-        (d for d in digests if d.step is not None), key=lambda d: (d.series or "", d.step or 0)
-    ):
-        world = len(digest.ranks) + len(digest.missing_ranks)
-        previous = before.get(digest.series)
-        if previous is not None and previous[1] != world:
-            shown = digest.series if main is not None and digest.series != main else None
-            label = step_label(digest.step, shown, 0)
-            lines.append(
-                f"world {previous[1]} -> {world} at step {label}: each step is judged by the "
-                "ranks of its own world"
-            )
-        before[digest.series] = (digest.step or 0, world)
-    return lines
-
-
-def _stopped_order(item: Tuple[Tuple[Optional[str], int], Tuple[int, int]]) -> Tuple[str, int]:
-    (series, rank), _ = item
-    return (series or "", rank)
-
-
-def _missing(digest: StepDigest, stopped: Stopped) -> List[int]:
-    """The step's missing ranks, less those that stopped before it (said once)."""
-    if not digest.missing_ranks:
-        return []
-    if digest.step is None or not stopped:
-        return list(digest.missing_ranks)
-    series, step = digest.series, digest.step
-    return [
-        rank
-        for rank in digest.missing_ranks
-        if not ((series, rank) in stopped and stopped[(series, rank)][0] < step)
-    ]
-
-
 def _summarise(
     results: Union[PagedSteps, List[StepResult]],
     steps: _StepAnalysis,
@@ -670,7 +555,7 @@ def _summarise(
     job = job_id
     stopped = stopped_ranks(digests)
     warnings.extend(world_changes(digests, main))
-    for (name, rank), (last, end) in sorted(stopped.items(), key=_stopped_order):
+    for (name, rank), (last, end) in sorted(stopped.items(), key=stopped_order):
         shown = name if main is not None and name != main else None
         warnings.append(
             f"rank {rank}'s spans end at step {step_label(last, shown, 0)} (the others ran to "
@@ -688,7 +573,7 @@ def _summarise(
         else:
             marks.put_on(results[key])
         label = step_label(digest.step, marks.series, key)
-        missing = _missing(digest, stopped)
+        missing = missing_after_stop(digest, stopped)
         if missing:
             warnings.append(f"step {label}: no spans from ranks {missing}")
         if digest.unattributed and not marks.warmup:
@@ -723,44 +608,17 @@ def _summarise(
         warnings=warnings,
         reload=steps.with_spans,
     )
-    result.what_if = _run_what_if(results, digests, skipped, stragglers, steps)
+    result.what_if = steady_what_if(
+        results,
+        digests,
+        skipped,
+        stragglers,
+        partial(_graph, results, steps),
+        steps.with_spans,
+        steps.group_by,
+    )
     result.findings = evaluate_rules(result)
     return result
-
-
-def _run_what_if(
-    results: Union[PagedSteps, List[StepResult]],
-    digests: List[StepDigest],
-    warmup: Set[int],
-    stragglers: StragglerSummary,
-    steps: _StepAnalysis,
-) -> RunWhatIf:
-    """Ranks and groups slow throughout the steady steps, and the run's saving without them
-    (``what_if``); the steps are read again only where there are some. ``warmup``: the keys
-    left out (``digests`` were made before the marks)."""
-    steady = [key for key in range(len(digests)) if key not in warmup]
-    # own work is told from waiting only in a step with sync spans (communication measured)
-    synced = [k for k in steady if digests[k].work_ns and PATH_COMMUNICATION in digests[k].measured]
-    subjects = slow_subjects((digests[key].work() for key in synced), stragglers.noise.persistent())
-    if any(len(subject.ranks) > 1 for subject in subjects):  # a group's label
-        ranks = {r for subject in subjects for r in subject.ranks}
-        labels = _rank_resources(results, steady, ranks, steps.with_spans)
-        subjects = slow_subjects(
-            (digests[key].work() for key in synced),
-            stragglers.noise.persistent(),
-            labels,
-            steps.group_by,
-        )
-    named = {key: (s.rank, s.saving_ns) for key, s in stragglers.step_stragglers.items()}
-    lateness = {key: digests[key].lateness() for key in named}
-    ranks_of = {key: s.rank for key, s in stragglers.step_stragglers.items()}
-    threshold = stragglers.noise.threshold_for
-    together = late_together(lateness, ranks_of, threshold)
-    if together:
-        ranks = {r for subject in together for r in subject.ranks}
-        labels = _rank_resources(results, steady, ranks, steps.with_spans)
-        together = late_together(lateness, ranks_of, threshold, labels, steps.group_by)
-    return run_what_if(partial(_graph, results, steps), steady, subjects + together, named)
 
 
 def _graph(results: Sequence[StepResult], steps: _StepAnalysis, key: int) -> Optional[StepGraph]:
@@ -770,24 +628,3 @@ def _graph(results: Sequence[StepResult], steps: _StepAnalysis, key: int) -> Opt
         return None
     carried = carried_into(trace, steps.previous_of(trace.trace_id))
     return step_graph(trace, {r: c.inherited_ns for r, c in carried.items() if c.inherited_ns})
-
-
-def _rank_resources(
-    results: Sequence[StepResult],
-    steady: List[int],
-    ranks: Set[int],
-    reload: Callable[[StepResult], StepResult],
-) -> Dict[int, Dict[str, str]]:
-    """Each of ``ranks``' resource attributes, from the first steady steps that hold them
-    (read again with their spans: a slim step's spans have no resource)."""
-    found: Dict[int, Dict[str, str]] = {}
-    for key in steady[:8]:
-        step = results[key]
-        trace = step.trace if not step.trace.slimmed else reload(step).trace
-        for rank, timeline in trace.ranks.items():
-            span = timeline.step_span
-            if rank in ranks and rank not in found and span is not None and span.resource:
-                found[rank] = {k: str(v) for k, v in span.resource.items()}
-        if ranks <= found.keys():
-            break
-    return found

@@ -3,7 +3,7 @@ of its step span where the previous step has no collective spans.
 
 Usage::
 
-    previous = previous_steps(all_steps)             # trace id -> Previous (the step numbered
+    previous = previous_steps(all_steps)             # trace id -> PreviousStep (the step numbered
     carried = carried_into(step, previous.get(step.trace_id))   # one less, its evidence step)
     found = previous_keys([step_key(s, i) for i, s in enumerate(all_steps)])  # the same, on keys
     carried[1].inherited_ns                          # not rank 1's own lateness in this step
@@ -55,7 +55,7 @@ class Carry:
 
 
 @dataclass(frozen=True)
-class Previous:
+class PreviousStep:
     """A step's previous step (numbered one less, same name) and, where that one has no
     collective or transfer spans, the evidence step: the step itself if it has collective spans,
     else the nearest step with the same name that has them (None: no such step)."""
@@ -103,13 +103,13 @@ def step_key(step: StepTrace, index: int) -> StepKey:
     )
 
 
-def previous_steps(steps: Sequence[StepTrace]) -> Dict[str, Previous]:
+def previous_steps(steps: Sequence[StepTrace]) -> Dict[str, PreviousStep]:
     """Trace id -> the step numbered one less with the same name, where exactly one is, with its
-    evidence step (``Previous``); none where no step has a collective span (there is nothing to
+    evidence step (``PreviousStep``); none where no step has a collective span (there is nothing to
     carry: module docstring)."""
     found = previous_keys([step_key(step, index) for index, step in enumerate(steps)])
     return {
-        trace_id: Previous(
+        trace_id: PreviousStep(
             steps[before.index], steps[evidence.index] if evidence is not None else None
         )
         for trace_id, (before, evidence) in found.items()
@@ -188,15 +188,17 @@ def has_sync_spans(step: StepTrace) -> bool:
     return any(span.category in SYNC_CATEGORIES for span in step.spans)
 
 
-def carried_into(step: StepTrace, previous: Union[Previous, StepTrace, None]) -> Dict[int, Carry]:
+def carried_into(
+    step: StepTrace, previous: Union[PreviousStep, StepTrace, None]
+) -> Dict[int, Carry]:
     """Rank -> what it carried into ``step`` from ``previous`` (its step numbered one less, from
     ``previous_steps``): from its last collective there, or from its step span's end where
     ``previous`` has no collective or transfer spans, then at most how late its last collective
-    ended in the evidence step (``Previous.evidence``; given a bare step N - 1, ``step`` itself
+    ended in the evidence step (``PreviousStep.evidence``; given a bare step N - 1, ``step`` itself
     where it has collective spans); only ranks with one, in this step too, and at least two."""
     if previous is None:
         return {}
-    if isinstance(previous, Previous):
+    if isinstance(previous, PreviousStep):
         before, evidence = previous.trace, previous.evidence
     else:
         before, evidence = previous, step if _has_collective(step) else None

@@ -176,9 +176,9 @@ def _run(args: argparse.Namespace) -> int:
     # kept on disk by trace: memory holds a step at a time, then the chosen steps
     traces, source = _load(args, start_ns, end_ns)
     with traces:
-        from tf_otel.analysis.analyze import _chosen_job
+        from tf_otel.analysis.job_choice import chosen_job
 
-        job = _chosen_job(traces, args.job)  # a job's attempts are jobs of their own
+        job = chosen_job(traces, args.job)  # a job's attempts are jobs of their own
         outlines, warnings = _outlines(traces, job)
         for warning in warnings[:5]:
             print(f"tf-otel export: warning: {warning}", file=sys.stderr)
