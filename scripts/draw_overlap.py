@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from analysis_builders import EPOCH_NS, JobBuilder, decoded_spans  # noqa: E402
 
-from tf_otel.analysis.critical_path import OVERLAP_FLOOR_NS, critical_path  # noqa: E402
+from tf_otel.analysis.path.critical_path import OVERLAP_FLOOR_NS, critical_path  # noqa: E402
 from tf_otel.analysis.steps import group_steps  # noqa: E402
 
 OVERLAP_MS = 0.04

@@ -19,8 +19,8 @@ import pytest
 from analysis_builders import JobBuilder, decoded_spans, ms
 
 from tf_otel.analysis.analyze import analyze_source, analyze_spans
-from tf_otel.analysis.carry import CARRIED_NAME, _beyond_others
 from tf_otel.analysis.load.spill import load_spilled
+from tf_otel.analysis.path.carry import CARRIED_NAME, _beyond_others
 from tf_otel.analysis.report.json_report import to_json
 
 LATE_RANK = 1
@@ -181,7 +181,7 @@ def test_a_slowed_step_is_named_with_its_own_delay_only():
 def test_steps_are_matched_by_root_name_and_not_when_ambiguous():
     # TF1: each fetch signature numbers its own steps, and every rank's step span is named
     # "Session.run"; the root's name (<key> step <n>) tells them apart
-    from tf_otel.analysis.carry import previous_steps
+    from tf_otel.analysis.path.carry import previous_steps
     from tf_otel.analysis.steps import group_steps
 
     # two signatures, steps 0-3 each (two builder jobs: their own trace ids)
@@ -287,7 +287,7 @@ def test_the_step_span_carry_is_the_smallest_of_its_three_bounds():
     # 30 ms late (it slept 20 ms). The next step's allreduce ends `late` ms after the others' on
     # ranks 1 and 2 (the evidence: 50 ms, beyond both; then 5 ms on rank 1 only): each
     # inherits the smallest of the three
-    from tf_otel.analysis.carry import carried_into
+    from tf_otel.analysis.path.carry import carried_into
     from tf_otel.analysis.steps import group_steps
 
     ends = {0: 100.0, 1: 140.0, 2: 110.0, 3: 100.0}
@@ -340,7 +340,7 @@ def test_the_evidence_step_is_the_step_itself_else_the_nearest_detail_step():
     # detail (collective spans) on steps 0, 4, 8, 9: each step after one without collective
     # spans takes its own if it has them, else the nearest detail step's (the later of two as
     # near); a step after a detail step needs none
-    from tf_otel.analysis.carry import previous_steps
+    from tf_otel.analysis.path.carry import previous_steps
     from tf_otel.analysis.steps import group_steps
 
     job = chained_run(steps=12)

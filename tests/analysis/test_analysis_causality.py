@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from tf_otel.analysis.analyze import analyze_spans
-from tf_otel.analysis.causality import repair_causality
 from tf_otel.analysis.model import Span
+from tf_otel.analysis.path.causality import repair_causality
 
 T = 1_700_000_000_000_000_000
 MS = 1_000_000

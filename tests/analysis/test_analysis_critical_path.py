@@ -8,7 +8,7 @@ from typing import List
 from analysis_builders import EPOCH_NS, JobBuilder, decoded_spans, ms
 
 from tf_otel.analysis.analyze import analyze_spans
-from tf_otel.analysis.critical_path import critical_path
+from tf_otel.analysis.path.critical_path import critical_path
 from tf_otel.analysis.steps import group_steps
 from tf_otel.lateness import medians_without
 

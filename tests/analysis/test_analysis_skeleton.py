@@ -648,7 +648,7 @@ def _random_trace(rng: random.Random, trace_id: str) -> List[Any]:
 
 
 def _path_of(step: Any) -> Any:
-    from tf_otel.analysis.critical_path import critical_path
+    from tf_otel.analysis.path.critical_path import critical_path
     from tf_otel.analysis.stragglers import keep_for_statistics
 
     path = critical_path(step)

@@ -18,12 +18,12 @@ from typing import Callable, Dict, List
 import pytest
 
 from tf_otel.analysis.analyze import analyze_source, analyze_spans
-from tf_otel.analysis.critical_path import critical_path
 from tf_otel.analysis.engine import DaskEngine, InProcess, open_engine
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.load import spill
 from tf_otel.analysis.load.files import load_paths
 from tf_otel.analysis.load.spill import load_spilled
+from tf_otel.analysis.path.critical_path import critical_path
 from tf_otel.analysis.report.html import render_html
 from tf_otel.analysis.report.json_report import to_json
 from tf_otel.analysis.report.terminal import render_table

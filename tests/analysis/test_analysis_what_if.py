@@ -14,7 +14,7 @@ from analysis_builders import JobBuilder, decoded_spans, ms
 from job_simulator import DataParallel, Pipeline
 
 from tf_otel.analysis.analyze import analyze_spans
-from tf_otel.analysis.critical_path import critical_path
+from tf_otel.analysis.path.critical_path import critical_path
 from tf_otel.analysis.report.json_report import to_json
 from tf_otel.analysis.steps import group_steps
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import random
 from typing import Dict, List
 
-from tf_otel.analysis.critical_path import (
+from tf_otel.analysis.model import Span
+from tf_otel.analysis.path.critical_path import (
     PATH_BEFORE_STEP,
     PATH_COMMUNICATION,
     PATH_COMPUTE,
     PATH_FRAMEWORK,
     PATH_INPUT,
 )
-from tf_otel.analysis.model import Span
 from tf_otel.analysis.steps import RankTimeline
 from tf_otel.analysis.stragglers import EXCESS_CATEGORIES, window_split
 

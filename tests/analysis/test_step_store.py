@@ -9,8 +9,8 @@ from typing import Dict, List
 
 import pytest
 
-from tf_otel.analysis.critical_path import CriticalPath, Segment
 from tf_otel.analysis.outliers import OutlierStats
+from tf_otel.analysis.path.critical_path import CriticalPath, Segment
 from tf_otel.analysis.result import AnalysisResult, StepMarks, StepResult
 from tf_otel.analysis.step_store import Paged, PagedSteps
 from tf_otel.analysis.steps import RankTimeline, StepTrace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import List, Tuple
 
-from tf_otel.analysis.causality import CollectiveRecord, correct, find_violations
+from tf_otel.analysis.path.causality import CollectiveRecord, correct, find_violations
 
 R = CollectiveRecord
 

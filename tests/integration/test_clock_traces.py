@@ -12,7 +12,7 @@ import statistics
 import pytest
 from conftest import base_env, horovodrun
 
-from tf_otel.analysis.causality import CollectiveRecord, find_violations
+from tf_otel.analysis.path.causality import CollectiveRecord, find_violations
 
 pytestmark = pytest.mark.integration
 

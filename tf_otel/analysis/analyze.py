@@ -39,11 +39,8 @@ from typing import (
     Union,
 )
 
-from tf_otel.analysis.carry import PreviousStep, StepKey, carried_into, previous_keys, step_key
-from tf_otel.analysis.causality import CausalityRepair, repair_trace_causality
 from tf_otel.analysis.compare.replay import StepGraph, step_graph
 from tf_otel.analysis.compare.steady_what_if import steady_what_if
-from tf_otel.analysis.critical_path import CriticalPath, critical_path
 from tf_otel.analysis.engine import Engine, InProcess
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.job_choice import attempt_notes, chosen_job
@@ -51,6 +48,9 @@ from tf_otel.analysis.load.progress import Progress
 from tf_otel.analysis.measured import measured_categories
 from tf_otel.analysis.model import Span
 from tf_otel.analysis.outliers import step_outliers
+from tf_otel.analysis.path.carry import PreviousStep, StepKey, carried_into, previous_keys, step_key
+from tf_otel.analysis.path.causality import CausalityRepair, repair_trace_causality
+from tf_otel.analysis.path.critical_path import CriticalPath, critical_path
 from tf_otel.analysis.postmortem import (
     missing_after_stop,
     stopped_order,

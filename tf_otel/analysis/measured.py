@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from tf_otel.analysis.critical_path import (
+from tf_otel.analysis.model import as_int
+from tf_otel.analysis.path.critical_path import (
     PATH_BEFORE_STEP,
     PATH_CATEGORIES,
     PATH_COMMUNICATION,
@@ -39,7 +40,6 @@ from tf_otel.analysis.critical_path import (
     PATH_INPUT,
     PATH_STRAGGLER_WAIT,
 )
-from tf_otel.analysis.model import as_int
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.record import (
     ATTR_INPUT_SEEN,

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
 
 from tf_otel.analysis.compare.what_if import RunWhatIf
-from tf_otel.analysis.critical_path import PATH_CATEGORIES, CriticalPath
 from tf_otel.analysis.measured import (
     ALWAYS_MEASURED,
     CategoryShare,
@@ -25,6 +24,7 @@ from tf_otel.analysis.measured import (
     not_measured,
 )
 from tf_otel.analysis.outliers import OutlierStats
+from tf_otel.analysis.path.critical_path import PATH_CATEGORIES, CriticalPath
 from tf_otel.analysis.step_facts import StepFacts
 from tf_otel.analysis.steps import StepTrace
 from tf_otel.analysis.stragglers import StepStraggler, StragglerSummary

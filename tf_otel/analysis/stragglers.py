@@ -35,7 +35,7 @@ from operator import itemgetter, sub
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from tf_otel.analysis.compare.replay import own_work
-from tf_otel.analysis.critical_path import (
+from tf_otel.analysis.path.critical_path import (
     PATH_BEFORE_STEP,
     PATH_COMMUNICATION,
     PATH_COMPUTE,
@@ -43,8 +43,8 @@ from tf_otel.analysis.critical_path import (
     PATH_INPUT,
     CriticalPath,
 )
+from tf_otel.analysis.path.sync_points import Arrivals
 from tf_otel.analysis.steps import RankTimeline, StepTrace
-from tf_otel.analysis.sync_points import Arrivals
 from tf_otel.lateness import MAD_TO_SIGMA, StragglerNoise, medians_without, noise_of
 from tf_otel.record import ATTR_COLLECTIVE_KEY, COLLECTIVE, COMPUTE, INPUT, TRANSFER
 

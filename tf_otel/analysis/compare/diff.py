@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
-from tf_otel.analysis.critical_path import PATH_CATEGORIES
+from tf_otel.analysis.path.critical_path import PATH_CATEGORIES
 
 MIN_STEP_SHARE = 0.01  # a step-time change below 1 % of the baseline's median is no change
 MIN_PART_SHARE = 0.01  # the same floor for a category, a rank or a name (of the median step)

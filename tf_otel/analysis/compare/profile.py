@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Optional
 
-from tf_otel.analysis.critical_path import PATH_CATEGORIES, PATH_COMMUNICATION
+from tf_otel.analysis.path.critical_path import PATH_CATEGORIES, PATH_COMMUNICATION
 from tf_otel.analysis.result import AnalysisResult, StepDigest
 
 PROFILE_VERSION = 1

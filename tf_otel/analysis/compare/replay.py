@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from tf_otel.analysis.critical_path import overlap_tolerance
 from tf_otel.analysis.model import Span
+from tf_otel.analysis.path.critical_path import overlap_tolerance
+from tf_otel.analysis.path.sync_points import SyncKey, arrival_hidden, estimated_arrivals, sync_key
 from tf_otel.analysis.steps import StepTrace
-from tf_otel.analysis.sync_points import SyncKey, arrival_hidden, estimated_arrivals, sync_key
 
 _EXTENT = attrgetter("start_ns", "end_ns")
 _FIELDS = 5  # an event: rank, work ns, predecessor event (-1: the step start), post ns, sync

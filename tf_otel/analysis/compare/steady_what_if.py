@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from tf_otel.analysis.compare.replay import StepGraph
 from tf_otel.analysis.compare.what_if import RunWhatIf, late_together, run_what_if, slow_subjects
-from tf_otel.analysis.critical_path import PATH_COMMUNICATION
+from tf_otel.analysis.path.critical_path import PATH_COMMUNICATION
 from tf_otel.analysis.result import StepDigest, StepResult
 from tf_otel.analysis.stragglers import StragglerSummary
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import html
 from typing import Iterable, List
 
-from tf_otel.analysis.critical_path import PATH_CATEGORIES, PATH_COMPUTE
 from tf_otel.analysis.measured import NOT_MEASURED, cause_label, holds_text
+from tf_otel.analysis.path.critical_path import PATH_CATEGORIES, PATH_COMPUTE
 from tf_otel.analysis.report import ms, notable_steps
 from tf_otel.analysis.report.overview import Overview, overview_from_result, render_overview
 from tf_otel.analysis.report.terminal import render_table

@@ -13,7 +13,6 @@ from __future__ import annotations
 import textwrap
 from typing import Dict, FrozenSet, List, Sequence
 
-from tf_otel.analysis.critical_path import PATH_CATEGORIES, PATH_COMPUTE
 from tf_otel.analysis.measured import (
     NOT_MEASURED,
     CategoryShare,
@@ -21,6 +20,7 @@ from tf_otel.analysis.measured import (
     holds_text,
     settings_text,
 )
+from tf_otel.analysis.path.critical_path import PATH_CATEGORIES, PATH_COMPUTE
 from tf_otel.analysis.report import ms, notable_steps
 from tf_otel.analysis.result import AnalysisResult
 

@@ -33,14 +33,13 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from tf_otel.analysis.compare.what_if import HOST_ATTRIBUTE, MIN_SAVING_SHARE, Subject
-from tf_otel.analysis.critical_path import (
+from tf_otel.analysis.measured import holds_text
+from tf_otel.analysis.path.critical_path import (
     PATH_CATEGORIES,
     PATH_COMMUNICATION,
     PATH_COMPUTE,
     PATH_STRAGGLER_WAIT,
 )
-from tf_otel.analysis.measured import holds_text
-from tf_otel.analysis.path_share import path_share_findings
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.analysis.rules.finding_figures import (
     MAX_LISTED_STEPS,
@@ -51,6 +50,7 @@ from tf_otel.analysis.rules.finding_figures import (
 )
 from tf_otel.analysis.rules.gpu_rule import low_gpu_findings
 from tf_otel.analysis.rules.input_rule import input_bound_findings
+from tf_otel.analysis.rules.path_share import path_share_findings
 from tf_otel.analysis.rules.replica_rule import slow_replica_findings
 from tf_otel.analysis.rules.step_rules import whole_step_findings
 from tf_otel.analysis.rules.whole_step import step_samples

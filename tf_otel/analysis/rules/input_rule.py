@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from tf_otel.analysis.critical_path import PATH_INPUT
-from tf_otel.analysis.path_share import path_share_findings
+from tf_otel.analysis.path.critical_path import PATH_INPUT
 from tf_otel.analysis.result import AnalysisResult, Finding
 from tf_otel.analysis.rules.finding_figures import median, ms, ranks_text
+from tf_otel.analysis.rules.path_share import path_share_findings
 from tf_otel.analysis.rules.whole_step import MIN_STEPS, StepSample, by_rank
 
 INPUT_MODERATE_SHARE = 0.05  # the TF profiler: "moderately input-bound"

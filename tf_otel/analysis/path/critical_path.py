@@ -31,16 +31,15 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from tf_otel.analysis.carry import CARRIED_NAME, Carry
 from tf_otel.analysis.model import (
     ATTR_LAST_ARRIVAL,
     ATTR_TRANSFER_EDGE,
     ATTR_WAIT_NS,
     Span,
 )
-from tf_otel.analysis.rank_index import LazyIndexes
-from tf_otel.analysis.steps import RankTimeline, StepTrace
-from tf_otel.analysis.sync_points import (
+from tf_otel.analysis.path.carry import CARRIED_NAME, Carry
+from tf_otel.analysis.path.rank_index import LazyIndexes
+from tf_otel.analysis.path.sync_points import (
     READY,
     STEP_END,
     STEP_START,
@@ -57,6 +56,7 @@ from tf_otel.analysis.sync_points import (
     transfer_index,
     waits_for_unseen_rank,
 )
+from tf_otel.analysis.steps import RankTimeline, StepTrace
 from tf_otel.lateness import medians_without
 from tf_otel.record import (
     ATTR_CLOCK_UNCERTAINTY,
