@@ -12,6 +12,7 @@ import sys
 import pytest
 from analysis_builders import decoded_spans
 from job_simulator import DataParallel
+from test_analysis_backends import server  # noqa: F401  (the backend fixture)
 
 from tf_otel.analysis.analyze import analyze_spans
 from tf_otel.analysis.compare.diff import diff_profiles
@@ -184,3 +185,35 @@ def test_the_html_draws_both_typical_steps_on_one_scale(tmp_path):
     text = page.read_text()
     assert "not drawn: a saved report holds no spans" in text
     assert len(re.findall(r'text-anchor="end">', text)) == 1
+
+
+def test_each_side_can_be_a_job_in_a_backend(server):  # noqa: F811 (the imported fixture)
+    """``--jaeger URL``: a side that is no file is a job id the backend holds (searched by its
+    job id tag), analysed as a trace folder would be; a job it does not hold is exit 2, named."""
+    from test_analysis_backends import Backend
+
+    base = DataParallel(ranks=4, steps=12, input_ms=2.0, seed=1).job(jitter_us=50)
+    slow = DataParallel(ranks=4, steps=12, input_ms=2.0, slow={1: 1.5}, seed=9).job(jitter_us=50)
+    slow.job_id = "sim-slow"  # its spans' resource names another job
+    by_job = {"sim-dp": base.jaeger_traces(), "sim-slow": slow.jaeger_traces()}
+    searched = []
+
+    def search(query):
+        job = json.loads(query["tags"][0])["tf_otel.job.id"]
+        searched.append(job)
+        return {"data": by_job.get(job, [])}
+
+    Backend.routes["/api/services"] = lambda q: {"data": ["train.py"]}
+    Backend.routes["/api/traces"] = search
+    cli = [sys.executable, "-m", "tf_otel.cli", "diff", "--jaeger", server]
+    done = subprocess.run(
+        cli + ["sim-dp", "sim-slow", "--format", "json"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert set(searched) == {"sim-dp", "sim-slow"}
+    assert report["verdict"]["change"] == "slower"
+    assert [r["candidate_rank"] for r in report["by_rank"]["ranks"] if r["moved"]] == [1]
+    assert report["baseline"]["source"] == "sim-dp" and report["candidate"]["ranks"] == 4
+    missing = subprocess.run(cli + ["sim-dp", "not-there"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "not-there" in missing.stderr, missing.stderr
