@@ -60,11 +60,7 @@ def learn_from_strategy(extended: Any) -> bool:
     task_type, task_id = getattr(extended, "_task_type", None), getattr(extended, "_task_id", None)
     if spec is None or task_type is None or task_id is None:
         return False
-    tasks = {
-        str(job): dict(enumerate(addresses)) if isinstance(addresses, list) else dict(addresses)
-        for job, addresses in spec.as_dict().items()
-    }
-    return learn_cluster(tasks, str(task_type), int(task_id))
+    return learn_cluster(cluster_of(spec.as_cluster_def()), str(task_type), int(task_id))
 
 
 def _server_init_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
