@@ -169,32 +169,23 @@ def _load(
     if sum(sources) != 1:
         raise AnalysisError("give exactly one source: trace files/directories, --jaeger or --tempo")
     if args.jaeger or args.tempo:
-        from tf_otel.analysis.load.jaeger import jaeger_batches
-        from tf_otel.analysis.load.spill import spill_batches
-        from tf_otel.analysis.load.tempo import tempo_batches
-        from tf_otel.analysis.model import base_job
+        from tf_otel.analysis.load.spill import spill_backend
 
-        job = base_job(args.job) if args.job else None  # the backends know the job, not attempts
-
-        if args.jaeger:
-            url = args.jaeger
-            batches = jaeger_batches(
-                url,
-                args.service,
-                job,
-                start_ns,
-                end_ns,
-                args.limit,
-                args.trace_ids,
-                args.progress,
-            )
-        else:
-            url = args.tempo
-            batches = tempo_batches(
-                url, job, start_ns, end_ns, args.limit, args.trace_ids, args.progress
-            )
+        kind, url = ("jaeger", args.jaeger) if args.jaeger else ("tempo", args.tempo)
         # each answer kept on disk by trace as it comes: memory holds one
-        return spill_batches(batches, url, getattr(args, "spill_dir", None)), url
+        spilled = spill_backend(
+            kind,
+            url,
+            args.job,
+            args.service,
+            start_ns,
+            end_ns,
+            args.limit,
+            args.trace_ids,
+            args.progress,
+            getattr(args, "spill_dir", None),
+        )
+        return spilled, url
     from tf_otel.analysis.load.spill import load_spilled
 
     spilled = load_spilled(

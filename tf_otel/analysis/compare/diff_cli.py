@@ -141,21 +141,12 @@ def _backend_profile(
     backend: Tuple[str, str], job_id: str, typical: bool
 ) -> Tuple[Dict[str, Any], Optional[StepResult]]:
     """The profile of job ``job_id`` ("<job id>@<attempt>": that attempt) as the backend holds
-    it: searched by job id (the backends know jobs, not attempts), kept on disk by trace."""
-    from tf_otel.analysis.load.jaeger import jaeger_batches
-    from tf_otel.analysis.load.spill import spill_batches
-    from tf_otel.analysis.load.tempo import tempo_batches
-    from tf_otel.analysis.model import base_job
+    it: searched by job id, kept on disk by trace."""
+    from tf_otel.analysis.load.spill import spill_backend
 
     kind, url = backend
-    job = base_job(job_id)
-    batches = (
-        jaeger_batches(url, None, job, progress=False)
-        if kind == "jaeger"
-        else tempo_batches(url, job, progress=False)
-    )
-    with spill_batches(batches, f"{url} (job {job_id})") as loaded:
-        return _analysed(loaded, f"{url} job {job_id}", job_id, typical)
+    with spill_backend(kind, url, job_id, progress=False) as loaded:
+        return _analysed(loaded, f"{url} (job {job_id})", job_id, typical)
 
 
 def _saved_report(path: Path) -> Optional[Dict[str, Any]]:

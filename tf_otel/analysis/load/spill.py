@@ -344,6 +344,34 @@ def _spill_directory(spill_dir: Optional[str]) -> Path:
         ) from None
 
 
+def spill_backend(
+    kind: str,
+    url: str,
+    job_id: Optional[str],
+    service: Optional[str] = None,
+    start_ns: Optional[int] = None,
+    end_ns: Optional[int] = None,
+    limit: int = 10000,
+    trace_ids: Optional[List[str]] = None,
+    progress: Optional[bool] = None,
+    spill_dir: Optional[str] = None,
+) -> SpillSource:
+    """A job's traces as Jaeger or Tempo (``kind``) at ``url`` holds them, searched by its job id
+    (``job_id`` may name an attempt, "<job id>@<attempt>": the backends know jobs, not
+    attempts), kept on disk by trace as they come (``spill_batches``)."""
+    from tf_otel.analysis.load.jaeger import jaeger_batches
+    from tf_otel.analysis.load.tempo import tempo_batches
+    from tf_otel.analysis.model import base_job
+
+    job = base_job(job_id) if job_id else None
+    if kind == "jaeger":
+        batches = jaeger_batches(url, service, job, start_ns, end_ns, limit, trace_ids, progress)
+    else:
+        batches = tempo_batches(url, job, start_ns, end_ns, limit, trace_ids, progress)
+    origin = f"{url} (job {job_id})" if job_id else url  # named where there are no spans
+    return spill_batches(batches, origin, spill_dir)
+
+
 def spill_batches(
     batches: Iterable[List[Span]], origin: str, spill_dir: Optional[str] = None
 ) -> SpillSource:
