@@ -60,7 +60,7 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
 
     from tf_otel import clock, record
     from tf_otel.config import Settings
-    from tf_otel.instrument.horovod.stamps import collector
+    from tf_otel.instrument.horovod.stamps import collector, exchange
     from tf_otel.job.topology import Topology
     from tf_otel.otel.sdk import OtlpJsonFileExporter
     from tf_otel.runtime import lifecycle
@@ -99,7 +99,7 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
     pipeline.exporter.clock_settled = True  # rank 0 is the reference clock; no rank 1 to sync with
     lifecycle._pipeline = pipeline
     collector.every = 1
-    collector.backend = "gloo"
+    exchange.backend = "gloo"
     stamps = _stamps(tensors)
     rng = random.Random(7)
     profiler = cProfile.Profile() if profile else None
@@ -118,16 +118,14 @@ def run(steps: int, tensors: int, profile: int, exporter: str, path: str = "dire
             found.append((stamp, t, t + wait + rng.randint(100_000, 900_000), None))
             other[stamp.tensor] = t + to_local + (wait or -50_000)
         key, step = handle.key, handle.step
-        with collector._lock:
-            collector._outstanding[(key, step)] = None
-            collector._unshared[(key, step)] = found
-        handle.deferred.append(lambda: collector._share_pending(key, step))
+        exchange.hold(key, step, found)
+        handle.deferred.append(lambda: exchange.share_pending(key, step))
         time.sleep(0.03)  # the step's span covers its collectives
         pipeline.end_step(handle)
         aggregator = pipeline.exporter.services.aggregator
         assert aggregator is not None
         aggregator.add(1, key, step, handle.start_ns, handle.end_ns)
-        collector.on_arrivals(1, {"t": "hvd.a", "k": key, "s": step, "a": other})
+        exchange.on_arrivals(1, {"t": "hvd.a", "k": key, "s": step, "a": other})
 
     one_step()
     pipeline.wake()

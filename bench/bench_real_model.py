@@ -246,7 +246,12 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
 
     from tf_otel.instrument import detail_twin
     from tf_otel.instrument.horovod.collective_source import STAMPS, choice
-    from tf_otel.instrument.horovod.stamps import collector, fused_wanted, parts_wanted
+    from tf_otel.instrument.horovod.stamps import (
+        collector,
+        exchange,
+        fused_wanted,
+        parts_wanted,
+    )
     from tf_otel.otel import ids
     from tf_otel.runtime import lifecycle
 
@@ -285,8 +290,8 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
         sampler = ALWAYS_OFF if mode.startswith("untraced") else ALWAYS_ON
         pipeline._sampler, pipeline._sample_fast = sampler, ids.fast_root_decision(sampler)
         collector.every = EVERY.get(mode, 0)
-        collector.parts = parts_wanted(None, collector.every)
-        collector.fused = fused_wanted(None, collector.every) and mode != "coll_every_per_tensor"
+        exchange.parts = parts_wanted(None, collector.every)
+        exchange.fused = fused_wanted(None, collector.every) and mode != "coll_every_per_tensor"
 
     # odd rounds reversed as well: the export backlog a mode leaves falls on other next modes
     times = harness.step_times(

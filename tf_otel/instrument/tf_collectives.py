@@ -39,7 +39,8 @@ from tf_otel.instrument._patching import (
 )
 from tf_otel.instrument.horovod.collective_source import choice
 from tf_otel.instrument.horovod.patching import timed_op
-from tf_otel.instrument.horovod.stamps import TENSORFLOW, collector
+from tf_otel.instrument.horovod.stamp_graph import TENSORFLOW
+from tf_otel.instrument.horovod.stamps import graph
 from tf_otel.step_handle import StepHandle
 
 # collective_ops function -> op (each takes its input tensor first)
@@ -64,7 +65,7 @@ def _patch_ops(tf: Any) -> None:
         original = getattr(module, name, None)
         if original is None or getattr(original, "_tf_otel_original", None) is not None:
             continue
-        setattr(module, name, timed_op(original, collector.wrapper(op, False, TENSORFLOW), tf))
+        setattr(module, name, timed_op(original, graph.wrapper(op, False, TENSORFLOW), tf))
 
 
 def _strategy_built(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -4,9 +4,10 @@
   ``stamps`` (default) or the timeline (``TF_OTEL_HOROVOD_SOURCE=timeline`` or a program's
   own ``HOROVOD_TIMELINE``);
 - ``patching``: hvd.init(), Horovod's TF op functions, hvd.DistributedOptimizer;
-- ``stamps``: every rank times its own collectives in its graph (its step hook and the
-  ``hvd.a`` / ``hvd.l`` messages); in a tf.function, on detail steps only, through the
-  function's twin (``instrument.detail_twin``);
+- ``stamps``: every rank times its own collectives in its graph (its step hook); in a
+  tf.function, on detail steps only, through the function's twin (``instrument.detail_twin``):
+  ``stamp_graph`` stamps the twin's graph and reads it back, ``arrival_exchange`` shares each
+  detail step's arrivals between the ranks (``hvd.a`` / ``hvd.l``) and emits the records;
 - ``graph_stamps``: the same in TF1 graphs, stamps a detail step's ``Session.run`` fetches;
 - ``timeline``: rank 0 reads Horovod's timeline (its step hook and the ``hvd.c`` messages).
 

@@ -18,7 +18,8 @@ from typing import Any, Callable
 from tf_otel.health import fail_open, log_once
 from tf_otel.instrument._patching import when_imported, wrap
 from tf_otel.instrument.horovod.collective_source import choice
-from tf_otel.instrument.horovod.stamps import OPS, collector
+from tf_otel.instrument.horovod.stamp_graph import OPS
+from tf_otel.instrument.horovod.stamps import graph
 
 RESET_FLUSH_S = 1.0  # the most an elastic reset waits for this rank's spans to be written
 _inits = 0  # hvd.init() calls that initialised Horovod in this process
@@ -76,7 +77,7 @@ def _patch_mpi_lib(module: Any) -> None:
         original = getattr(library, name, None)
         if original is None or getattr(original, "_tf_otel_original", None) is not None:
             continue
-        setattr(library, name, timed_op(original, collector.wrapper(op, grouped), tf))
+        setattr(library, name, timed_op(original, graph.wrapper(op, grouped), tf))
 
 
 _CONDS = {"_allreduce_cond": False, "_grouped_allreduce_cond": True}  # -> grouped
@@ -93,7 +94,7 @@ def _patch_conds(module: Any) -> None:
         original = getattr(module, name, None)
         if original is None or getattr(original, "_tf_otel_original", None) is not None:
             continue
-        setattr(module, name, timed_op(original, collector.cond_wrapper(grouped), tf))
+        setattr(module, name, timed_op(original, graph.cond_wrapper(grouped), tf))
 
 
 def timed_op(original: Callable, wrapper: Callable, tf: Any) -> Callable:
