@@ -34,7 +34,7 @@ SECRET = "bench-host-relay-secret-0123456789"
 
 def measure(relay: bool, steps: int) -> Dict[str, Any]:
     from tf_otel.cluster.coordinator import StepAggregator
-    from tf_otel.cluster.host_relay import close_link, coordinator_link
+    from tf_otel.cluster.relay_route import close_link, coordinator_link
     from tf_otel.config import Settings
     from tf_otel.job import job_secret
     from tf_otel.job.topology import Topology

@@ -136,7 +136,7 @@ def _rank0(run: _Run, profile: str = "") -> None:
     from tf_otel import health
     from tf_otel.clock.sync import ClockSync
     from tf_otel.cluster.coordinator import LEARN_STEPS, StepAggregator
-    from tf_otel.cluster.host_relay import lead_directly
+    from tf_otel.cluster.relay_route import lead_directly
     from tf_otel.config import Settings
 
     roots: Dict[int, Tuple[int, bool]] = {}
@@ -287,12 +287,8 @@ def _part(first: int, last: int, run: _Run) -> None:
     (HostRelay.serve_local) and one ClockSync, the host's clock leader."""
     world, seconds, port, t0, per_host, relay, light = run
     from tf_otel import health
-    from tf_otel.cluster.host_relay import (
-        RELAY_WAIT_MAX_S,
-        HostRelay,
-        close_link,
-        coordinator_link,
-    )
+    from tf_otel.cluster.host_relay import HostRelay
+    from tf_otel.cluster.relay_route import RELAY_WAIT_MAX_S, close_link, coordinator_link
 
     settings = _settings(port, relay)
     clients, syncs = [], []

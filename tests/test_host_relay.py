@@ -37,20 +37,20 @@ from tf_otel.cluster import messages  # noqa: E402
 from tf_otel.cluster.coordinator import (  # noqa: E402
     MAX_LINE,
     ROOT_MARGIN_NS,
-    SERVICE,
     StepAggregator,
 )
 from tf_otel.cluster.coordinator_client import CoordinatorClient  # noqa: E402
-from tf_otel.cluster.host_relay import (  # noqa: E402
+from tf_otel.cluster.handshake import SERVICE  # noqa: E402
+from tf_otel.cluster.host_relay import HostRelay  # noqa: E402
+from tf_otel.cluster.messages import Handlers  # noqa: E402
+from tf_otel.cluster.relay_route import (  # noqa: E402
     HostElection,
-    HostRelay,
     RelayRoute,
     close_link,
     coordinator_link,
     lead_directly,
     on_this_host,
 )
-from tf_otel.cluster.messages import Handlers  # noqa: E402
 from tf_otel.config import Settings  # noqa: E402
 from tf_otel.health import counters  # noqa: E402
 from tf_otel.host_election import private_dir  # noqa: E402

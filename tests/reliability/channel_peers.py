@@ -9,7 +9,7 @@ import time
 from typing import Optional, Tuple
 
 from tf_otel.clock import transport
-from tf_otel.cluster.coordinator import SERVICE
+from tf_otel.cluster.handshake import SERVICE
 from tf_otel.job import job_secret
 
 HANG_GUARD_S = 20.0  # a test peer never waits longer than this for the server

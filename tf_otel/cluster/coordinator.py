@@ -6,9 +6,10 @@ Rank 0 serves every connection from one thread running an asyncio event loop (no
 connection: at a thousand ranks, py-spy found hundreds of connection threads queued on the
 aggregator's lock); extents and extension messages are handled on it, messages to ranks are
 queued onto it.
-Every connection starts with a mutual HMAC handshake over the per-job key (job_secret.py):
-rank 0 accepts only ranks that hold the key, a rank accepts messages only from a rank 0 that
-does. Anything else is refused and counted (``coordinator_refused``); every buffer is bounded.
+Every connection starts with a mutual HMAC handshake over the per-job key (job_secret.py;
+cluster/handshake.py): rank 0 accepts only ranks that hold the key, a rank accepts messages only
+from a rank 0 that does. Anything else is refused and counted (``coordinator_refused``); every
+buffer is bounded.
 
 A host relay (cluster/host_relay.py) serves the ranks of one host and holds ONE connection to
 rank 0 for all of them: its hello says so (its MAC is bound to RELAY_SERVICE), it names each rank
@@ -37,8 +38,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import partial
 from typing import (
-    TYPE_CHECKING,
-    Any,
     Callable,
     Dict,
     Iterable,
@@ -52,13 +51,12 @@ from typing import (
 from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.cluster import messages
 from tf_otel.cluster.framing import LineConnection, decode_or_count, lines_from
-from tf_otel.cluster.messages import BadMessage, Handlers, Outgoing, decode, encode
+from tf_otel.cluster.handshake import accept_hello, refuse
+from tf_otel.cluster.messages import BadMessage, Handlers, Outgoing, encode
+from tf_otel.cluster.serve_loop import loop_error, run_loop, write_open
 from tf_otel.cluster.world import WorldHistory
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret
-
-if TYPE_CHECKING:  # typing_extensions: only for the checker (TypeIs is in typing from 3.13)
-    from typing_extensions import TypeIs
 
 # emit_root(key, step, start_ns, end_ns, n_ranks, reported ranks if partial else None)
 # a rank's extent of a step: start, end (reference ns), its input wait (None: not measured)
@@ -71,26 +69,10 @@ MAX_HELD_MESSAGES = 1024
 MAX_HELD_BYTES = 16 << 20  # per rank: messages held for a rank that has not connected yet
 MAX_EMITTED_STEPS = 8192
 LEARN_STEPS = 3
-SERVICE = "coordinator"
-RELAY_SERVICE = "coordinator.relay"  # a host relay's hello: its MAC binds it to this role
 MAX_LINE = 1 << 20  # from a rank: extents and small requests; longer is garbage
 MAX_UNSENT_BYTES = 64 << 20  # to a rank that does not read: beyond, messages are dropped
-HANDSHAKE_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 64  # at once, beyond the job's own ranks: a flood of strangers is refused
 MIN_BACKLOG = 128  # the listen backlog: every rank may connect at once (the kernel caps it)
-
-
-def _is_int(value: Any) -> TypeIs[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def parse_hex(value: Any, size: int) -> Optional[bytes]:
-    if not isinstance(value, str) or len(value) != 2 * size:
-        return None
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        return None
 
 
 @dataclass(slots=True)
@@ -102,16 +84,6 @@ class _Pending:
     end: int
     since: float
     extents: Dict[int, Extent] = field(default_factory=dict)
-
-
-def _refuse(peer: Any, why: str) -> None:
-    log_once(  # counts "coordinator_refused" every time, logs the first
-        "coordinator_refused",
-        "tf_otel: coordinator refused a connection from %s (%s); every rank must hold the same "
-        "job secret (TF_OTEL_JOB_SECRET)",
-        peer,
-        why,
-    )
 
 
 class StepAggregator:
@@ -379,7 +351,7 @@ class StepAggregator:
     async def _connection(self, reader: LineConnection, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         if not self._admit():
-            _refuse(peer, "too many connections at once")
+            refuse(peer, "too many connections at once")
             writer.close()
             return
         rank: Optional[int] = None
@@ -537,7 +509,7 @@ class StepAggregator:
                 data = messages.wrap(messages.TO, rank, data)
         assert self._loop is not None  # a writer exists only once the loop serves
         try:
-            self._loop.call_soon_threadsafe(_write, writer, data)
+            self._loop.call_soon_threadsafe(write_open, writer, data)
         except RuntimeError:  # the loop is closed: the aggregator is closing
             return False
         return True
@@ -584,85 +556,3 @@ class StepAggregator:
             loop.call_soon_threadsafe(shut)
         except RuntimeError:  # already closed
             pass
-
-
-async def accept_hello(
-    reader: LineConnection,
-    writer: asyncio.StreamWriter,
-    peer: Any,
-    key: bytes,
-    world_size: int,
-    relays: bool = True,
-) -> Optional[Tuple[int, bool, bytes]]:
-    """(rank, whether it is a host relay, the welcome to send) of a peer that proved the job
-    key, or None: refused and counted. The server's side of the handshake, for rank 0 and for
-    a host relay (``relays=False``: a relay serves ranks, never another relay)."""
-    server_nonce = job_secret.nonce()
-    writer.write(encode({"t": messages.CHALLENGE, "n": server_nonce.hex()}))
-    try:  # a silent stranger does not keep a seat
-        line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
-    except (asyncio.TimeoutError, OSError):
-        _refuse(peer, "no hello in time")
-        return None
-    except ValueError:  # longer than MAX_LINE
-        _refuse(peer, "no hello: a line too long")
-        return None
-    try:
-        message = decode(line)
-    except BadMessage as exc:
-        _refuse(peer, f"no hello: {exc}")
-        return None
-    if message["t"] != messages.HELLO:
-        _refuse(peer, "no hello")
-        return None
-    rank = message.get("rank")
-    relay = message.get("relay") == 1 and relays
-    service = RELAY_SERVICE if relay else SERVICE
-    mac = parse_hex(message.get("mac"), job_secret.MAC_BYTES)
-    client_nonce = parse_hex(message.get("cn"), job_secret.NONCE_BYTES)
-    if not _is_int(rank) or not 0 < rank < world_size:
-        _refuse(peer, f"rank {str(rank)[:20]!r} is not in 1..{world_size - 1}")
-        return None
-    if (
-        mac is None
-        or client_nonce is None
-        or not job_secret.check(job_secret.client_mac(key, service, server_nonce, rank), mac)
-    ):
-        _refuse(peer, f"wrong credentials for rank {rank}")
-        return None
-    proof = job_secret.server_mac(key, service, client_nonce, rank).hex()
-    return rank, relay, encode({"t": messages.WELCOME, "mac": proof})
-
-
-def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
-    """On the loop: queue bytes for a rank (its transport sends them as the socket allows)."""
-    if not writer.transport.is_closing():
-        writer.write(data)
-
-
-def run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """The coordinator's thread: serve until close(), then end the connections' tasks."""
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        tasks = asyncio.all_tasks(loop)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        loop.close()
-
-
-def loop_error(loop: asyncio.AbstractEventLoop, context: Dict[str, Any]) -> None:
-    """What escapes a connection's task or a callback: counted and logged once, never raised
-    (asyncio's default prints a traceback on stderr). A connection's handshake task
-    (framing.lines_from) cancelled as the loop closes is no error."""
-    if isinstance(context.get("exception"), asyncio.CancelledError):
-        return
-    count("coordinator_conn_error")
-    log_once(
-        "coordinator_loop",
-        "tf_otel: coordinator event loop error (%s)",
-        context.get("exception") or context.get("message"),
-    )

@@ -27,14 +27,9 @@ import time
 from typing import Any, Callable, Optional, Tuple
 
 from tf_otel.cluster import messages
-from tf_otel.cluster.coordinator import (
-    HANDSHAKE_TIMEOUT_S,
-    MAX_LINE,
-    RELAY_SERVICE,
-    SERVICE,
-    parse_hex,
-)
+from tf_otel.cluster.coordinator import MAX_LINE
 from tf_otel.cluster.framing import decode_or_count
+from tf_otel.cluster.handshake import HANDSHAKE_TIMEOUT_S, RELAY_SERVICE, SERVICE, parse_hex
 from tf_otel.cluster.messages import BadMessage, Handlers, Message, Outgoing, decode, encode
 from tf_otel.health import count, log_once
 from tf_otel.job import job_secret

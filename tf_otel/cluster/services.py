@@ -26,8 +26,8 @@ from tf_otel.clock.sync import SETTLE_MAX_S
 from tf_otel.cluster.coordinator import StepAggregator
 from tf_otel.cluster.coordinator_client import CoordinatorClient
 from tf_otel.cluster.exit_deadline import Deadline
-from tf_otel.cluster.host_relay import close_link, coordinator_link, lead_directly
 from tf_otel.cluster.messages import Handlers
+from tf_otel.cluster.relay_route import close_link, coordinator_link, lead_directly
 from tf_otel.config import Settings
 from tf_otel.health import fail_open, log_once
 from tf_otel.job.topology import Topology
