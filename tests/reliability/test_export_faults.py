@@ -5,6 +5,7 @@ the collectors are real sockets on 127.0.0.1 that misbehave on purpose."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import subprocess
 import threading
@@ -208,6 +209,30 @@ def test_full_disk_stops_the_file_counts_and_training_goes_on(small_disk: Path):
     text = path.read_text()
     assert text and text.endswith("\n")
     assert all(line.startswith('{"resourceSpans"') for line in text.splitlines())
+
+
+def test_a_line_cut_by_a_full_disk_is_taken_back_whole(small_disk: Path):
+    """Lines shorter than a write buffer (the case a buffered file got wrong): the disk fills
+    in the middle of one; the file keeps whole lines only, then stops."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from tf_otel.otel.sdk import OtlpJsonFileExporter
+
+    path = small_disk / "spans.jsonl"
+    exporter = OtlpJsonFileExporter(str(path))
+    assert exporter.open()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))  # type: ignore[arg-type]
+    tracer = provider.get_tracer("test")
+    for i in range(40):  # ~3 KB a line: the 64 KiB disk fills within ~21
+        with tracer.start_as_current_span(f"s{i}", attributes={"pad": "x" * 3000}):
+            pass
+    provider.shutdown()
+    text = path.read_text()
+    lines = text.splitlines()
+    assert 10 < len(lines) < 40 and text.endswith("\n"), (len(lines), text[-80:])
+    assert all(json.loads(line)["resourceSpans"] for line in lines)
 
 
 def test_unknown_and_bad_settings_each_get_one_clear_line():

@@ -250,7 +250,9 @@ class OtlpJsonFileExporter:
                 self.path, self._path_of = self._path_of(), None
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
-            self._file = open(self.path, "ab")  # noqa: SIM115
+            # unbuffered: a write cut short by a full disk leaves no bytes in a buffer that a
+            # later flush or close would append after the cut is truncated away
+            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115
             self._size = self._file.tell()
             if self._size and not _ends_a_line(self.path):
                 # an earlier process was killed while writing its last record: ours start on
@@ -318,8 +320,12 @@ class OtlpJsonFileExporter:
                         return SpanExportResult.FAILURE
                 start = self._size
                 try:
-                    self._file.write(line)
-                    self._file.flush()
+                    view = memoryview(line)
+                    while view:  # a raw write may take part of the line
+                        written = self._file.write(view)
+                        if not written:
+                            raise OSError(errno.EIO, "the span file took no bytes")
+                        view = view[written:]
                 except OSError:
                     with contextlib.suppress(OSError):  # no half line for the analysis to trip on
                         self._file.truncate(start)
