@@ -14,6 +14,8 @@ in a rotated order, so slow and fast minutes of a shared machine fall on every m
   twin_on_step  defaults with TF_OTEL_TWIN_PREPARE=step: the twin traced and instantiated on
                 the step that traced the program's function (what defaults did before issue 45,
                 less its warm step)
+  no_twin       defaults with TF_OTEL_HOROVOD_EVERY=0: no collective detail, so no twin to
+                prepare (what the rest of the defaults cost in the same steps)
 
 Per job (rank 0's steps; every rank's end is within a step of it):
 
@@ -51,6 +53,8 @@ MODES: Dict[str, Dict[str, str]] = {
     "untraced_aa": {},
     "defaults": {"TF_OTEL_ENABLED": "1"},
     "twin_on_step": {"TF_OTEL_ENABLED": "1", "TF_OTEL_TWIN_PREPARE": "step"},
+    # the defaults without collective detail: no twin is prepared (what the rest costs)
+    "no_twin": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "0"},
 }
 # name -> (keras.applications class, input side)
 MODELS = {"mobilenetv2": ("MobileNetV2", 224), "efficientnetb0": ("EfficientNetB0", 160)}
