@@ -53,22 +53,20 @@ from tf_otel.analysis.path.causality import CausalityRepair, repair_trace_causal
 from tf_otel.analysis.path.critical_path import CriticalPath, critical_path
 from tf_otel.analysis.postmortem import (
     missing_after_stop,
-    stopped_order,
+    stopped_lines,
     stopped_ranks,
     world_changes,
 )
 from tf_otel.analysis.result import (
     AnalysisResult,
-    StepDigest,
     StepMarks,
     StepResult,
     digests_of,
     step_label,
-    steps_where,
 )
 from tf_otel.analysis.rules.findings import evaluate_rules
 from tf_otel.analysis.rules.gc_pause import paused_gc
-from tf_otel.analysis.rules.gpu import gpu_utilisation
+from tf_otel.analysis.rules.gpu import job_gpu_utilisation
 from tf_otel.analysis.skeleton import NeedSpans, skeleton_step
 from tf_otel.analysis.step_facts import step_facts
 from tf_otel.analysis.step_store import Paged, PagedSteps
@@ -498,14 +496,6 @@ def _kept(
     return at if evidence is None and before.trace_id == assumed else -1
 
 
-def _has_gpu_spans(digest: StepDigest) -> bool:
-    return digest.gpu_spans
-
-
-def _has_gpu_step_spans(digest: StepDigest) -> bool:
-    return digest.gpu_step_spans
-
-
 class _CriticalPathsByKey(Mapping[int, CriticalPath]):
     """Step key -> its critical path, read from the analysed steps when asked."""
 
@@ -555,12 +545,7 @@ def _summarise(
     job = job_id
     stopped = stopped_ranks(digests)
     warnings.extend(world_changes(digests, main))
-    for (name, rank), (last, end) in sorted(stopped.items(), key=stopped_order):
-        shown = name if main is not None and name != main else None
-        warnings.append(
-            f"rank {rank}'s spans end at step {step_label(last, shown, 0)} (the others ran to "
-            f"{end}): it stopped or was killed"
-        )
+    warnings.extend(stopped_lines(stopped, main))
     for key, digest in enumerate(digests):  # the steps are read only where kept in memory
         marks = StepMarks(
             warmup=key in skipped,
@@ -592,19 +577,7 @@ def _summarise(
         steps=results,
         stragglers=stragglers,
         outliers=outliers,
-        gpu_utilization=gpu_utilisation(
-            (
-                sample
-                for r in steps_where(results, digests, _has_gpu_spans)
-                for sample in r.facts.gpu_samples
-            ),
-            (
-                t.step_span
-                for r in steps_where(results, digests, _has_gpu_step_spans)
-                for t in r.trace.ranks.values()
-                if t.step_span
-            ),
-        ),
+        gpu_utilization=job_gpu_utilisation(results, digests),
         warnings=warnings,
         reload=steps.with_spans,
     )

@@ -6,6 +6,7 @@ Usage::
 
     stopped = stopped_ranks(digests)            # (series, rank) -> (its last step, the others')
     lines = world_changes(digests, main_series)  # "world 3 -> 2 at step 13: ..."
+    lines += stopped_lines(stopped, main_series)  # "rank 3's spans end at step 41 (...)"
     missing = missing_after_stop(digest, stopped)  # a step's missing ranks, less the stopped
 """
 
@@ -90,3 +91,15 @@ def missing_after_stop(digest: StepDigest, stopped: Stopped) -> List[int]:
         for rank in digest.missing_ranks
         if not ((series, rank) in stopped and stopped[(series, rank)][0] < step)
     ]
+
+
+def stopped_lines(stopped: Stopped, main: Optional[str] = None) -> List[str]:
+    """One line a stopped rank, by series and rank (a series other than ``main`` named)."""
+    lines = []
+    for (name, rank), (last, end) in sorted(stopped.items(), key=stopped_order):
+        shown = name if main is not None and name != main else None
+        lines.append(
+            f"rank {rank}'s spans end at step {step_label(last, shown, 0)} (the others ran to "
+            f"{end}): it stopped or was killed"
+        )
+    return lines

@@ -4,16 +4,18 @@ the step's mean that rank step spans carry) or the older ``gpu.utilization``.
 Usage::
 
     samples = gpu_utilisation(span_samples, step_spans)  # {rank: [percent, ...]}; {} if no GPU
+    samples = job_gpu_utilisation(steps, digests)        # the same over a job's analysed steps
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from tf_otel.analysis.model import ATTR_GPU_UTILIZATION, Span
+from tf_otel.analysis.result import StepDigest, StepResult, steps_where
 from tf_otel.record import ATTR_HW_GPU_UTILIZATION
 
-__all__ = ["ATTR_GPU_UTILIZATION", "gpu_utilisation"]
+__all__ = ["ATTR_GPU_UTILIZATION", "gpu_utilisation", "job_gpu_utilisation"]
 
 
 def gpu_utilisation(
@@ -38,3 +40,31 @@ def gpu_utilisation(
     if samples and (found or max(max(values) for values in samples.values()) <= 1.0):
         samples = {rank: [v * 100.0 for v in values] for rank, values in samples.items()}
     return dict(sorted(samples.items()))
+
+
+def job_gpu_utilisation(
+    steps: Sequence[StepResult], digests: Sequence[StepDigest]
+) -> Dict[int, List[float]]:
+    """``gpu_utilisation`` over a job's analysed steps: only the steps whose digest says they
+    carry GPU samples are read (steps on disk are read one at a time)."""
+    return gpu_utilisation(
+        (
+            sample
+            for r in steps_where(steps, digests, _has_gpu_spans)
+            for sample in r.facts.gpu_samples
+        ),
+        (
+            t.step_span
+            for r in steps_where(steps, digests, _has_gpu_step_spans)
+            for t in r.trace.ranks.values()
+            if t.step_span
+        ),
+    )
+
+
+def _has_gpu_spans(digest: StepDigest) -> bool:
+    return digest.gpu_spans
+
+
+def _has_gpu_step_spans(digest: StepDigest) -> bool:
+    return digest.gpu_step_spans
