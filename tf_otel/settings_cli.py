@@ -18,6 +18,7 @@ import json
 import os
 from typing import Any, Dict, List, Mapping
 
+from tf_otel import cli_args
 from tf_otel.config import SPECS, resolve, unknown
 
 HIDDEN = "<hidden>"
@@ -91,11 +92,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = cli_args.subcommand(
+        subparsers,
         "settings",
-        help="every TF_OTEL_* setting's value here and where it came from",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "every TF_OTEL_* setting's value here and where it came from",
+        __doc__,
+        epilog=False,
     )
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     parser.set_defaults(func=run)

@@ -94,12 +94,11 @@ def add_source_arguments(parser: argparse.ArgumentParser, title: str) -> None:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = cli_args.subcommand(
+        subparsers,
         "analyze",
-        help="cross-rank critical path, stragglers and findings from step traces",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[2:]),
+        "cross-rank critical path, stragglers and findings from step traces",
+        __doc__,
     )
     add_source_arguments(parser, "source (files, or one backend)")
     select = parser.add_argument_group("selection")

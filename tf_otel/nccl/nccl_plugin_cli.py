@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tf_otel import cli_args
 from tf_otel.nccl.plugin_files import BUILD_SCRIPT, PLUGIN_NAME, SOURCES, cache_path
 
 
@@ -28,11 +29,12 @@ def _default_out() -> Path:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = cli_args.subcommand(
+        subparsers,
         "nccl-plugin",
-        help="build the NCCL profiler plugin (per-collective NCCL timings)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "build the NCCL profiler plugin (per-collective NCCL timings)",
+        __doc__,
+        epilog=False,
     )
     parser.add_argument(
         "--out",

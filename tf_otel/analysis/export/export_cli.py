@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
+from tf_otel import cli_args
 from tf_otel.analysis.analyze_cli import add_source_arguments
 from tf_otel.analysis.errors import AnalysisError
 from tf_otel.analysis.load.spill import SpillSource
@@ -61,12 +62,11 @@ def _positive(name: str, value: Optional[int]) -> None:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = cli_args.subcommand(
+        subparsers,
         "export",
-        help="write selected steps as a Chrome / Perfetto trace (ui.perfetto.dev)",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[2:]),
+        "write selected steps as a Chrome / Perfetto trace (ui.perfetto.dev)",
+        __doc__,
     )
     add_source_arguments(parser, "source (files, or one backend): as tf-otel analyze")
     select = parser.add_argument_group("selection")
