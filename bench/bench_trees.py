@@ -82,6 +82,11 @@ def run_in(tree: Path, argv: List[str], read: Callable[[str], float]) -> float:
     return read(done.stdout)
 
 
+def write_doc(path: Path, text: str) -> None:
+    """``text`` as the generated section of the doc at ``path``; the rest of the file stays."""
+    harness.write_generated(path, "bench_trees", text, "The runtime before and after a change")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the commit before the change")
@@ -123,7 +128,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.doc:
-        harness.write_generated(DOC, "bench_trees", text, "The runtime before and after a change")
+        write_doc(DOC, text)
 
 
 if __name__ == "__main__":

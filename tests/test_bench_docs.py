@@ -64,6 +64,7 @@ WRITERS: List[Tuple[str, str, str, List[str]]] = [
         "bench_tf_collectives",
         ["tf_collectives.md", "mirrored.md"],
     ),
+    ("bench_trees", "write_doc", "bench_trees", ["trees.md"]),
     ("bench_verdicts", "write_doc", "bench_verdicts", ["verdicts.md"]),
 ]
 CASES = [
