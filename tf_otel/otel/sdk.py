@@ -258,7 +258,6 @@ class OtlpJsonFileExporter:
                 # an earlier process was killed while writing its last record: ours start on
                 # a line of their own, so the analysis skips only that record (its cut end)
                 self._file.write(b"\n")
-                self._file.flush()
                 self._size += 1
             return True
         except OSError as exc:

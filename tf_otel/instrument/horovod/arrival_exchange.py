@@ -36,7 +36,7 @@ _GATHER_WAIT_S = 5.0  # rank 0 answers with the ranks it has after this long
 Found = hs.Found  # a stamp, its [t0, t1] (wall ns), its group
 
 
-def _world_size() -> int:
+def step_world_size() -> int:
     """The ranks in every collective: those that run steps (a parameter server runs none)."""
     pipeline = current_pipeline()
     return pipeline.topology.step_world_size if pipeline is not None else 1
@@ -53,7 +53,11 @@ class ArrivalExchange:
         self._mine: OrderedDict[Tuple[str, int], Dict[str, Any]] = OrderedDict()
         # rank 0: each detail step's arrivals, {rank: {tensor: reference ns}}
         self._gather: Gather[Tuple[str, int], Dict[str, int]] = Gather(
-            _world_size, self._answer, _GATHER_WAIT_S, _MAX_STEPS, "horovod_stamp_gathers_dropped"
+            step_world_size,
+            self._answer,
+            _GATHER_WAIT_S,
+            _MAX_STEPS,
+            "horovod_stamp_gathers_dropped",
         )
         self._outstanding: Dict[Tuple[str, int], None] = {}  # detail steps not emitted yet
         self._unshared: OrderedDict[Tuple[str, int], list] = OrderedDict()  # read, not sent

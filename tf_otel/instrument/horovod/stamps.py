@@ -37,7 +37,7 @@ from tf_otel.instrument._patching import (
     is_active,
 )
 from tf_otel.instrument.horovod import graph_stamps
-from tf_otel.instrument.horovod.arrival_exchange import ArrivalExchange
+from tf_otel.instrument.horovod.arrival_exchange import ArrivalExchange, step_world_size
 from tf_otel.instrument.horovod.collective_source import OFF, STAMPS, choice
 from tf_otel.instrument.horovod.stamp_graph import OPS, TENSORFLOW, Found, StampGraph
 from tf_otel.runtime.lifecycle import current_pipeline
@@ -67,8 +67,7 @@ def _collective_world() -> int:
     """Horovod's size once it is up, else the job's stepping ranks (tf.distribute)."""
     if choice.basics is not None:
         return int(choice.basics.size())
-    pipeline = current_pipeline()
-    return pipeline.topology.step_world_size if pipeline is not None else 1
+    return step_world_size()
 
 
 graph = StampGraph()
