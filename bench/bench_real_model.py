@@ -244,7 +244,7 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     import tensorflow as tf
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-    from tf_otel.instrument import detail_twin
+    from tf_otel.instrument import cpu_pacer, detail_twin
     from tf_otel.instrument.horovod.collective_source import STAMPS, choice
     from tf_otel.instrument.horovod.stamps import (
         collector,
@@ -272,7 +272,8 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    detail_twin.CPU_SHARE = 1.0  # the start-up is not measured here: prepare the twin at full speed
+    # the start-up is not measured here: prepare the twin at full speed
+    cpu_pacer.FLOOR = cpu_pacer.CEILING = cpu_pacer.FALLBACK = 1.0
     collector.every = 1
     for _ in range(3):  # the twin: traced and run
         train_step()

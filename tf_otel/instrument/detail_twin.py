@@ -15,17 +15,17 @@ Usage::
     detail_twin.open(g, {key: first_step})  # rank 0: twins of generation g run from there
 
 A twin is ``Function._clone``: the same Python function and options, its own traces; nested
-tf.functions are swapped for their own twins while it traces. It is traced and instantiated
-on the ``tf_otel-twin`` thread (the slow part of a first run: 7.6 s against 0.29 s
-MobileNetV3Small steps, so no training step pays for it) by a call with an already-cancelled
-cancellation manager: TensorFlow instantiates the function and runs none of its ops, so a
-preparation is never a run ahead of the program. A picked step runs the twin only once every
-rank has prepared it, from a step rank 0 names (detail_twin_gate.py), so a step runs it on
-every rank or on none; without a reporter (no pipeline, tests) a generation opens once prepared.
-Tracing from a second thread is safe (each Function traces under its own lock) and the twin is
-its own Function, so the program's function never waits for it. A twin that fails to prepare is
-given up (logged once) and the program's function runs instead. Design, pacing and costs:
-docs/guides/HOROVOD.md.
+tf.functions are swapped for their own twins while it traces. It is traced and instantiated on
+the ``tf_otel-twin`` thread (the slow part of a first run: 7.6 s against 0.29 s MobileNetV3Small
+steps, so no training step pays for it), the trace's Python paced to the CPU the training leaves
+idle (cpu_pacer.py), by a call with an already-cancelled cancellation manager: TensorFlow
+instantiates the function and runs none of its ops, so a preparation is never a run ahead of the
+program. A picked step runs the twin only once every rank has prepared it, from a step rank 0
+names (detail_twin_gate.py), so a step runs it on every rank or on none; without a reporter (no
+pipeline, tests) a generation opens once prepared. Tracing from a second thread is safe (each
+Function traces under its own lock) and the twin is its own Function, so the program's function
+never waits for it. A twin that fails to prepare is given up (logged once) and the program's
+function runs instead. Design, pacing and costs: docs/guides/HOROVOD.md.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import atexit
 import contextlib
 import itertools
 import logging
-import os
 import queue
 import sys
 import threading
@@ -45,6 +44,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from opentelemetry import context as otel_context
 
 from tf_otel.health import count, fail_open, log_once, report_failure
+from tf_otel.instrument import cpu_pacer
 
 _OWN_MODULE = "tf_otel"
 THREAD_NAME = "tf_otel-twin"
@@ -56,11 +56,6 @@ IDLE_S = 5.0  # the twin thread looks again this often with nothing queued
 # a daemon thread still inside TensorFlow's C++ when the interpreter finalises is ended by a
 # forced unwind that TensorFlow's catch-all handlers abort the whole process on
 EXIT_WAIT_S = 60.0
-# the twin thread's Python (its trace) uses at most this share of one core, on average: it
-# sleeps when ahead. An eighth of a core on a 2-core machine the training keeps busy (2 ranks
-# there lost ~25 % of their step rate at a quarter each), up to half a core from 8 cores
-CPU_SHARE = min(0.5, max(0.125, (os.cpu_count() or 2) / 16))
-_PACE_EVERY = 4095  # profile events between two looks at the thread's CPU time (a mask)
 
 
 class _TwinState(threading.local):
@@ -354,13 +349,14 @@ def _prepare_in_context(job: _Job) -> None:
     started = time.monotonic()
     before = job.twin.experimental_get_tracing_count()
     paced = job.generation > 0  # the twin thread (not TF_OTEL_TWIN_PREPARE=step's step)
-    if paced:
-        sys.setprofile(_Pacer(CPU_SHARE))  # this thread only
+    pacer = cpu_pacer.Pacer(stop=lambda: _gate.stopping) if paced else None
+    if pacer is not None:  # at exit it stops pacing: the program waits for it
+        sys.setprofile(pacer)  # this thread only
     try:
         with _device(job.device):  # the call's device scope: part of tf.function's cache key
             concrete = _traced(job.function, job.twin, job.args, job.kwargs)
     finally:
-        if paced:
+        if pacer is not None:
             sys.setprofile(None)
     _note_thread()
     if concrete is None:
@@ -379,40 +375,13 @@ def _prepare_in_context(job: _Job) -> None:
     done = time.monotonic()
     log_once(
         "twin_prepared",
-        "tf_otel: detail twin prepared off the training thread (trace %.2f s, instantiation "
-        "%.2f s)",
+        "tf_otel: detail twin prepared off the training thread (trace %.2f s, %.2f s of it "
+        "paced to the idle CPU, instantiation %.2f s)",
         traced - started,
+        pacer.slept if pacer is not None else 0.0,
         done - traced,
         level=logging.DEBUG,
     )
-
-
-class _Pacer:
-    """A profile function for the twin thread (``sys.setprofile``: this thread only): every
-    few thousand Python calls it compares the thread's CPU time with the wall time since it
-    began and sleeps (letting go of the GIL and the core) while the thread is ahead of its
-    share of one core."""
-
-    def __init__(self, share: float) -> None:
-        self.share = share
-        self.events = 0
-        self.cpu0 = time.thread_time()
-        self.wall0 = time.monotonic()
-        self.slept = 0.0
-
-    def __call__(self, frame: Any, event: str, arg: Any) -> None:
-        self.events += 1
-        if self.events & _PACE_EVERY:
-            return
-        if _gate.stopping:  # the program waits for this preparation to exit
-            return
-        cpu = time.thread_time() - self.cpu0
-        wall = time.monotonic() - self.wall0
-        ahead = cpu / self.share - wall
-        if ahead > 0.01:
-            pause = min(ahead, 1.0)
-            self.slept += pause
-            time.sleep(pause)
 
 
 def _note_thread() -> None:

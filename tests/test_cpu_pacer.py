@@ -1,0 +1,159 @@
+"""The detail twin's pacing to the CPU the training leaves idle (instrument/cpu_pacer.py, issue
+45): the share follows the idle cores, ranks pacing themselves leave the training its cores,
+a real thread is held to its share, and a machine kept busy by real processes reads no idle
+core."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+
+from tf_otel.instrument import cpu_pacer
+from tf_otel.instrument.cpu_pacer import CEILING, FALLBACK, FLOOR, Pacer, SpareCpu, next_share
+
+
+class Idle(SpareCpu):
+    """Idle cores as a test sets them (the reading itself is tested below)."""
+
+    def __init__(self, cores: Optional[float]) -> None:
+        self.value = cores
+
+    def prime(self) -> bool:
+        return self.value is not None
+
+    def cores(self) -> Optional[float]:
+        return self.value
+
+
+def test_a_busy_machine_brings_the_share_down_to_the_floor_and_an_idle_one_up_to_the_ceiling():
+    share = CEILING
+    for _ in range(6):  # what it used was its share; nothing sat idle
+        share = next_share(share, 0.0)
+    assert share == FLOOR
+    for _ in range(10):
+        share = next_share(share, 8.0)
+    assert share == CEILING
+    assert next_share(0.3, None) == FALLBACK, "idle cores unknown: the fixed share"
+    # the control: idle cores at the headroom never raise the share
+    assert next_share(0.1, cpu_pacer.HEADROOM) < 0.1
+
+
+@pytest.mark.parametrize("ranks,idle", [(2, 0.0), (2, 0.2), (2, 1.0), (4, 1.5), (8, 6.0)])
+def test_ranks_pacing_themselves_leave_the_training_its_cores(ranks, idle):
+    """``idle`` cores sit idle without tf_otel; each rank's twin takes its share of them, the
+    others see what is left. None knows the others, yet together they never take more than the
+    idle cores less the headroom (plus one look's raise each), take a fair part of them on
+    average, and each still prepares (at least the floor)."""
+    shares = [FLOOR] * ranks
+    taken: List[float] = []
+    for _ in range(200):
+        left = max(0.0, idle - sum(shares))
+        shares = [next_share(share, left) for share in shares]
+        taken.append(sum(shares))
+    settled = taken[100:]
+    assert all(share >= FLOOR for share in shares)
+    if idle - ranks * FLOOR <= cpu_pacer.HEADROOM:
+        assert shares == [FLOOR] * ranks, "a busy machine: the floor"
+        return
+    assert max(settled) <= max(idle - cpu_pacer.HEADROOM, 0) + ranks * cpu_pacer.RAISE + 1e-9
+    fair = min(idle - cpu_pacer.HEADROOM, ranks * CEILING) / 2
+    assert sum(settled) / len(settled) >= fair, (sum(settled) / len(settled), fair)
+
+
+def test_the_pacer_sleeps_what_its_share_owes(monkeypatch):
+    slept: List[float] = []
+    monkeypatch.setattr(cpu_pacer.time, "sleep", slept.append)
+    pacer = Pacer(Idle(0.0))
+    start_wall, start_cpu = pacer.last
+    assert pacer.share == FLOOR
+    # 0.1 s of wall, 0.1 s of CPU: 0.1 - FLOOR * 0.1 ahead, slept off at the floor's rate
+    assert pacer.look(start_wall + 0.1, start_cpu + 0.1) == pytest.approx(
+        min((0.1 - FLOOR * 0.1) / FLOOR, cpu_pacer.MAX_SLEEP_S)
+    )
+    fresh = Pacer(Idle(0.0))
+    wall, cpu = fresh.last
+    assert fresh.look(wall + 2.0, cpu) == 0.0, "behind its share: no sleep"
+    assert fresh.ahead == pytest.approx(cpu_pacer.BURST_S), "an idle spell banks little"
+    assert Pacer(Idle(None)).share == FALLBACK
+
+
+def _spin(pacer: Optional[Pacer], seconds: float, out: List[float]) -> None:
+    import sys
+
+    if pacer is not None:
+        sys.setprofile(pacer)
+    wall0, cpu0 = time.monotonic(), time.thread_time()
+    try:
+        while time.monotonic() - wall0 < seconds:
+            sum(abs(i) for i in range(200))  # Python calls: the profile function's events
+    finally:
+        sys.setprofile(None)
+    out.append((time.thread_time() - cpu0) / (time.monotonic() - wall0))
+
+
+def test_a_real_thread_is_held_to_its_share_and_an_exit_lets_it_run():
+    paced: List[float] = []
+    thread = threading.Thread(target=_spin, args=(Pacer(Idle(0.0)), 3.0, paced))
+    thread.start()
+    thread.join()
+    # the floor (1/32 of a core) and the burst it may bank: well under a tenth of a core
+    assert paced[0] < 0.08, paced
+    stopping = Pacer(Idle(0.0), stop=lambda: True)
+    unpaced: List[float] = []
+    _spin(stopping, 0.5, unpaced)
+    assert stopping.slept == 0.0 and unpaced[0] > 0.08, unpaced
+
+
+def _burn(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_a_machine_kept_busy_reads_no_idle_core():
+    """Real processes fill every core; the host's own counters must show it."""
+    cores = multiprocessing.cpu_count()
+    burners = [multiprocessing.Process(target=_burn, args=(4.0,)) for _ in range(cores)]
+    for burner in burners:
+        burner.start()
+    try:
+        time.sleep(0.5)
+        spare = SpareCpu()
+        assert spare.prime()
+        time.sleep(2.0)
+        idle = spare.cores()
+    finally:
+        for burner in burners:
+            burner.join()
+    assert idle is not None and idle < 0.5, idle
+
+
+def test_a_cgroup_cpu_limit_caps_the_idle_cores(tmp_path: Path):
+    """cgroup v2's documented files: ``cpu.max`` "$MAX $PERIOD", ``cpu.stat`` "usage_usec N"."""
+    host = iter([0.0, 60.0])  # host idle seconds: 60 idle cores over the 1 s below
+    (tmp_path / "cpu.max").write_text("200000 100000\n")  # 2 cores
+    (tmp_path / "cpu.stat").write_text("usage_usec 5000000\nuser_usec 4000000\n")
+    spare = SpareCpu(tmp_path, host=lambda: next(host))
+    assert spare.limit == 2.0
+    assert spare.prime()
+    (tmp_path / "cpu.stat").write_text("usage_usec 6500000\nuser_usec 5000000\n")  # 1.5 s used
+    spare.last = (spare.last[0] - 1.0, *spare.last[1:])  # the reading before was 1 s ago
+    assert spare.cores() == pytest.approx(0.5, abs=0.05), "2 cores allowed, 1.5 used"
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert SpareCpu(tmp_path).limit is None, "no limit: the host's idle cores"
+    assert SpareCpu(tmp_path / "absent").limit is None
+
+
+def test_unreadable_counters_read_as_unknown():
+    def broken() -> float:
+        raise OSError("no /proc here")
+
+    spare = SpareCpu(Path("/nonexistent"), host=broken)
+    assert not spare.prime()
+    assert spare.cores() is None
+    assert Pacer(spare).share == FALLBACK

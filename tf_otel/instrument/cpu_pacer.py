@@ -1,0 +1,155 @@
+"""Pacing a background thread's Python to the CPU the training leaves idle: what the detail
+twin's trace may use (detail_twin.py) without taking a core from the steps.
+
+Usage::
+
+    from tf_otel.instrument.cpu_pacer import Pacer
+    pacer = Pacer()
+    sys.setprofile(pacer)  # this thread only: it now sleeps whenever it is ahead of its share
+    ...
+    sys.setprofile(None)
+    pacer.slept, pacer.share  # seconds it slept; its share of one core at the last look
+
+A thread's *share* is how much of one core it may use, on average. Every half second the pacer
+looks at the cores that sat idle (``SpareCpu``): with more than a quarter of a core idle the
+share grows by a twentieth of a core, with less it halves (additive increase, multiplicative
+decrease: ranks pacing themselves on one host, none knowing the others, settle below the idle
+cores instead of all taking the same one), between ``FLOOR`` and ``CEILING``. On a machine the
+training keeps busy (2 ranks on 2 cores) that is ``FLOOR``, a thirty-second of a core: the trace
+takes ~30x its CPU time and costs the steps ~3 %; where cores sit idle (a GPU host), up to half a
+core. Where idle cores cannot be read the share is fixed at ``FALLBACK`` (an eighth of a core on
+2 cores, up to half from 8).
+
+Idle cores: the host's idle + iowait time from psutil (``cpu_times``); in a cgroup v2 with a
+CPU limit (``cpu.max``, a Kubernetes limit), the limit less the group's own use (``cpu.stat``),
+never more than the host's idle. Not niced: a nice-19 thread that holds the GIL while the OS
+runs others holds up every Python thread of its process (docs/guides/HOROVOD.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Tuple
+
+FLOOR = 1 / 32  # share of one core when no core sits idle
+CEILING = 0.5  # at most half a core, however idle the machine
+FALLBACK = min(0.5, max(0.125, (os.cpu_count() or 2) / 16))  # idle cores unknown
+HEADROOM = 0.25  # idle cores left to the training's own bursts
+RAISE = 0.05  # share added at a look that found more idle cores than the headroom
+BACKOFF = 0.5  # what a look that found fewer keeps of the share used
+WINDOW_S = 0.5  # seconds between two looks at the idle cores
+BURST_S = 0.02  # CPU seconds a thread may run ahead after having slept more than it needed
+MAX_SLEEP_S = 1.0
+_EVERY = 4095  # profile events between two looks at the thread's CPU time (a mask)
+CGROUP = Path("/sys/fs/cgroup")
+
+
+class SpareCpu:
+    """Idle cores since the previous call (None at the first call or where unknown)."""
+
+    def __init__(self, cgroup: Path = CGROUP, host: Optional[Callable[[], float]] = None) -> None:
+        self.limit = _cgroup_limit(cgroup)  # cores, or None: no CPU limit on this group
+        self.cgroup = cgroup
+        self.host = host or _host_idle_s
+        self.last: Optional[Tuple[float, float, float]] = None  # (wall, host idle, group use)
+
+    def prime(self) -> bool:
+        """Take the first reading: False where idle cores cannot be read here."""
+        self.last = self._read()
+        return self.last is not None
+
+    def cores(self) -> Optional[float]:
+        now = self._read()
+        last, self.last = self.last, now
+        if now is None:
+            return None
+        if last is None or now[0] <= last[0]:
+            return None
+        wall = now[0] - last[0]
+        idle = max(0.0, (now[1] - last[1]) / wall)
+        if self.limit is not None:
+            idle = min(idle, max(0.0, self.limit - (now[2] - last[2]) / wall))
+        return idle
+
+    def _read(self) -> Optional[Tuple[float, float, float]]:
+        try:
+            return (time.monotonic(), self.host(), self._group_used_s())
+        except Exception:  # noqa: BLE001 - unreadable: unknown, the fixed share applies
+            return None
+
+    def _group_used_s(self) -> float:
+        if self.limit is None:
+            return 0.0
+        for line in (self.cgroup / "cpu.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "usage_usec":
+                return int(value) / 1e6
+        raise ValueError("cpu.stat has no usage_usec")
+
+
+def _host_idle_s() -> float:
+    import psutil
+
+    times = psutil.cpu_times()
+    return float(times.idle + getattr(times, "iowait", 0.0))
+
+
+def _cgroup_limit(cgroup: Path) -> Optional[float]:
+    """Cores a cgroup v2 ``cpu.max`` allows ("max 100000": none; "200000 100000": 2)."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def next_share(used: float, spare: Optional[float]) -> float:
+    """The share for the next window, from the share of one core used in the last one and the
+    idle cores in it (None: unknown). What was used, not what was allowed, is what the idle
+    cores came after."""
+    if spare is None:
+        return FALLBACK
+    share = used + RAISE if spare > HEADROOM else used * BACKOFF
+    return min(CEILING, max(FLOOR, share))
+
+
+class Pacer:
+    """A ``sys.setprofile`` function: every few thousand Python calls it compares the thread's
+    CPU time with its share of the wall time since the previous look and sleeps (letting go of
+    the GIL and the core) while the thread is ahead; every ``WINDOW_S`` it sets a new share."""
+
+    def __init__(
+        self, spare: Optional[SpareCpu] = None, stop: Callable[[], bool] = lambda: False
+    ) -> None:
+        self.spare = spare if spare is not None else SpareCpu()
+        self.stop = stop  # True: run unpaced from now on (the program waits for this thread)
+        self.share = FLOOR if self.spare.prime() else FALLBACK
+        self.events = 0
+        self.slept = 0.0
+        self.ahead = 0.0  # CPU seconds allowed and not used (negative: used beyond the share)
+        self.last = (time.monotonic(), time.thread_time())
+        self.window = self.last
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        self.events += 1
+        if self.events & _EVERY or self.stop():
+            return
+        self.look(time.monotonic(), time.thread_time())
+
+    def look(self, wall: float, cpu: float) -> float:
+        """Account the time since the previous look; sleep while ahead. Returns the sleep."""
+        if wall - self.window[0] >= WINDOW_S:
+            used = (cpu - self.window[1]) / (wall - self.window[0])
+            self.share = next_share(used, self.spare.cores())
+            self.window = (wall, cpu)
+        self.ahead += self.share * (wall - self.last[0]) - (cpu - self.last[1])
+        self.ahead = min(self.ahead, BURST_S)
+        self.last = (wall, cpu)
+        if self.ahead >= -0.01:
+            return 0.0
+        pause = min(-self.ahead / self.share, MAX_SLEEP_S)
+        self.slept += pause
+        time.sleep(pause)
+        return pause
