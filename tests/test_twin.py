@@ -134,13 +134,39 @@ def test_picked_steps_wait_for_every_generation_to_open(source, monkeypatch):
 
 def test_functions_nested_in_a_twin_get_twins_of_their_own(source):
     step, inner, seen = traced_flags()
-    detail_twin.want(True)
-    call(step, tf.constant(2.0))
-    detail_twin.want(False)
-    assert ("inner", True) in seen and ("inner", False) not in seen
-    assert getattr(inner, "_tf_otel_twin", None) is not None
     call(step, tf.constant(2.0))  # the program's own trace: its inner traced plainly
-    assert ("inner", False) in seen
+    assert seen[:2] == [("step", False), ("inner", False)]
+    assert detail_twin.wait_open(120)
+    assert ("inner", True) in seen, "the twin's trace swapped inner for its own twin"
+    assert getattr(inner, "_tf_otel_twin", None) is not None
+    traces = len(seen)
+    detail_twin.want(True)
+    assert float(call(step, tf.constant(2.0))) == 5.0
+    detail_twin.want(False)
+    assert len(seen) == traces
+
+
+def test_a_detail_step_on_the_first_call_runs_the_program_function_and_says_so(source):
+    """A picked step that is its function's first call: tracing the twin there would make the
+    step pay for a second trace (the program's own would then fall on a later step)."""
+    from tf_otel import health
+
+    step, _, seen = traced_flags()
+    on_step = health.counters.get("twin_traced_on_step", 0)
+    detail_twin.want(True)
+    assert float(call(step, tf.constant(2.0))) == 5.0
+    assert detail_twin.ran_own_function(), "the step says it ran the program's function"
+    detail_twin.want(False)
+    assert not detail_twin.ran_own_function()
+    assert seen[:2] == [("step", False), ("inner", False)], "the program's trace, not the twin's"
+    assert health.counters.get("twin_traced_on_step", 0) == on_step
+    assert detail_twin.wait_open(120)
+    assert ("step", True) in seen, "the twin prepared beside it"
+    assert all(name != threading.current_thread().name for inside, name in step.threads if inside)
+    detail_twin.want(True)  # the next detail step runs the prepared twin
+    assert float(call(step, tf.constant(2.0))) == 5.0
+    assert not detail_twin.ran_own_function()
+    detail_twin.want(False)
 
 
 def test_nothing_wanted_no_twin(source):

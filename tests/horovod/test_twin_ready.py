@@ -6,7 +6,8 @@ policy picks steps before the twin is ready:
 - every rank traces the twin on the twin thread, never on the training thread, and TensorFlow
   instantiates it there without running it;
 - a picked step before the twin is prepared on both ranks runs the program's own function on
-  both ranks, has no collective span and says so (``tf_otel.detail.twin = preparing``);
+  both ranks, has no collective span and says so (``tf_otel.detail.twin = preparing``), step 0
+  too (the function's first call: the program's own trace, not the twin's, on that step);
 - the first picked step that runs the twin is the same step on both ranks, and every picked
   step after it runs the twin on both ranks; steps not picked never do.
 """
@@ -26,12 +27,21 @@ from detail_steps import job_with_detail  # noqa: E402
 
 from tf_otel import record  # noqa: E402
 from tf_otel.instrument.horovod.collective_source import detail_wanted  # noqa: E402
+from tf_otel.otel.ids import step_trace_id  # noqa: E402
 
 pytestmark = pytest.mark.integration
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "twin_ready_loop.py")
 KEY = "tf_function:train_step"
 STEPS = 60
 EVERY = 3
+
+
+# step 0 picked too: the function's first call, which runs the program's own function
+JOB = next(
+    job
+    for job in (job_with_detail(KEY, range(STEPS), EVERY, f"ready{i}") for i in range(100))
+    if detail_wanted(step_trace_id(job, KEY, 0), EVERY)
+)
 
 
 def reports(stdout: str):
@@ -50,7 +60,7 @@ def test_picked_steps_wait_for_the_twin_on_every_rank_and_agree_on_the_first(rec
         STEP_SLEEP_S="0.1",
         TMPDIR=str(tmp_path),
         TF_OTEL_HOROVOD_EVERY=str(EVERY),
-        TF_OTEL_JOB_ID=job_with_detail(KEY, range(STEPS), EVERY, "ready"),
+        TF_OTEL_JOB_ID=JOB,
     )
     result = horovodrun(SCRIPT, env, timeout=400)
     for report in reports(result.stdout):
@@ -87,6 +97,7 @@ def test_picked_steps_wait_for_the_twin_on_every_rank_and_agree_on_the_first(rec
         assert timed.get(n, set()) in (set(), {0, 1}), (n, timed[n])
         assert bool(deferred.get(n)) != bool(timed.get(n)), (n, "deferred xor detailed")
     assert deferred and timed, (sorted(deferred), sorted(timed))
+    assert deferred.get(0) == {0, 1}, "the first call, picked, ran the program's function"
     first = min(timed)
     assert max(deferred) < first, "every picked step after the first twin step runs the twin"
     assert {n for n in picked if n >= first} == set(timed)

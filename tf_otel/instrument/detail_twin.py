@@ -61,6 +61,7 @@ EXIT_WAIT_S = 60.0
 class _TwinState(threading.local):
     wanted = False  # this thread's running step is a detail step
     tracing = 0  # > 0 inside a twin's call (its trace, and tf.functions traced within it)
+    ran_own = False  # this detail step ran the program's function: its first call (see call)
 
 
 _state = _TwinState()
@@ -102,6 +103,14 @@ def enabled() -> bool:
 def want(on: bool) -> None:
     """A detail step starts (True) or ends (False) on this thread."""
     _state.wanted = on
+    _state.ran_own = False
+
+
+def ran_own_function() -> bool:
+    """The detail step under way ran the program's own function, not a twin: it was the
+    function's first call, which traces it (the twin is prepared beside it, in the background).
+    The step has no timing ops; it says so on its span like a step whose twin is preparing."""
+    return _state.ran_own
 
 
 def tracing() -> bool:
@@ -165,7 +174,12 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
         if twin is not None:
             return _run_twin(function, twin, args, kwargs)
         return wrapped(*args, **kwargs)
-    if top and _state.wanted:
+    counter = getattr(function, "experimental_get_tracing_count", None)
+    if top and _state.wanted and _in_background and counter is not None and counter() == 0:
+        # the function's first call: run the program's own, which traces it, and prepare the
+        # twin beside it (a twin traced here would leave the program's trace to a later step)
+        _state.ran_own = True
+    elif top and _state.wanted:
         twin = _twin_of(function)
         if twin is not None:
             before = twin.experimental_get_tracing_count()
@@ -175,7 +189,6 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
                     count("twin_traced_on_step")
                 return _run_twin(function, twin, args, kwargs)
         return wrapped(*args, **kwargs)
-    counter = getattr(function, "experimental_get_tracing_count", None)
     if not top or counter is None or not enabled():
         return wrapped(*args, **kwargs)
     before = counter()

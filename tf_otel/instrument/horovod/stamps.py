@@ -106,6 +106,7 @@ class StampCollector:
         """A sampled step ended; ``started``: what ``begin`` gave; ``fetched``: its TF1 graph
         stamps (graph_stamps), if any."""
         if started is None:
+            graph.eager = None
             if self.every > 0:
                 graph.prepare_reader()
             return
@@ -131,7 +132,9 @@ collector = StampCollector()
 class _DetailStep:
     """A collective-detail step from its start to its end."""
 
-    started: int  # wall clock, ns: stamps older than this belong to earlier steps
+    # wall clock, ns: stamps older than this belong to earlier steps; None: the step ran the
+    # program's own function after all (detail_twin.ran_own_function)
+    started: Optional[int]
     fetches: Optional[List[graph_stamps.Entry]] = None  # a TF1 run's stamp fetches
 
 
@@ -171,6 +174,11 @@ class StampsHook(StepHook[_DetailStep]):
     def on_step_end(
         self, handle: StepHandle, call: StepCall, error: Error, kept: Optional[_DetailStep]
     ) -> None:
+        if kept is not None and detail_twin.ran_own_function():
+            # its function's first call ran the program's own: no stamps to collect
+            handle.attributes[record.ATTR_DETAIL_TWIN] = record.DETAIL_TWIN_PREPARING
+            count("twin_detail_deferred")
+            kept.started = None
         detail_twin.want(False)
         fetched = None
         if kept is not None and kept.fetches is not None:  # the program's result back first
