@@ -104,11 +104,16 @@ def worker(args: argparse.Namespace) -> None:
             step(False)
         for _ in range(args.iters * args.per_iter):
             step(False)
-    counters: Dict[str, int] = {}
+    counters: Dict[str, Any] = {}
     if "tf_otel" in sys.modules:
         from tf_otel import health
+        from tf_otel.instrument import detail_twin
 
         counters = {k: v for k, v in health.counters.items() if k.startswith(("twin", "error"))}
+        # generations of the twin (one per trace of the step function) by the job's end
+        queued, prepared, _ = detail_twin.generations()
+        if queued:
+            counters["twin_prepared"] = f"{prepared}/{queued}"
     harness.emit_result(
         {
             "rank": hvd.rank(),
