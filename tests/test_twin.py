@@ -169,6 +169,18 @@ def test_a_detail_step_on_the_first_call_runs_the_program_function_and_says_so(s
     detail_twin.want(False)
 
 
+def test_with_every_step_detailed_a_first_call_traces_the_twin_on_its_step(source):
+    """TF_OTEL_HOROVOD_EVERY=1: the program's own function may never run, so the first call
+    traces only the twin (one trace, as untraced), and every step is detailed from the first."""
+    step, _, seen = traced_flags()
+    detail_twin.want(True, every_step=True)
+    assert float(call(step, tf.constant(2.0))) == 5.0
+    assert not detail_twin.ran_own_function()
+    detail_twin.want(False)
+    assert seen == [("step", True), ("inner", True)], "the twin's trace only"
+    assert step.experimental_get_tracing_count() == 0
+
+
 def test_nothing_wanted_no_twin(source):
     source[0] = False
     step, _, seen = traced_flags()

@@ -62,6 +62,7 @@ class _TwinState(threading.local):
     wanted = False  # this thread's running step is a detail step
     tracing = 0  # > 0 inside a twin's call (its trace, and tf.functions traced within it)
     ran_own = False  # this detail step ran the program's function: its first call (see call)
+    every_step = False  # every step is a detail step (TF_OTEL_HOROVOD_EVERY=1)
 
 
 _state = _TwinState()
@@ -100,9 +101,12 @@ def enabled() -> bool:
     return any(source() for source in _sources)
 
 
-def want(on: bool) -> None:
-    """A detail step starts (True) or ends (False) on this thread."""
+def want(on: bool, every_step: bool = False) -> None:
+    """A detail step starts (True) or ends (False) on this thread. ``every_step``: every step
+    is a detail step, so a first call traces the twin on its step (the program's own function
+    may never run) instead of running the program's (see ``call``)."""
     _state.wanted = on
+    _state.every_step = on and every_step
     _state.ran_own = False
 
 
@@ -175,7 +179,14 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
             return _run_twin(function, twin, args, kwargs)
         return wrapped(*args, **kwargs)
     counter = getattr(function, "experimental_get_tracing_count", None)
-    if top and _state.wanted and _in_background and counter is not None and counter() == 0:
+    if (
+        top
+        and _state.wanted
+        and not _state.every_step
+        and _in_background
+        and counter is not None
+        and counter() == 0
+    ):
         # the function's first call: run the program's own, which traces it, and prepare the
         # twin beside it (a twin traced here would leave the program's trace to a later step)
         _state.ran_own = True

@@ -166,7 +166,8 @@ class StampsHook(StepHook[_DetailStep]):
         if started is None:
             return None
         detail = _DetailStep(started)
-        detail_twin.want(True)  # this step runs the twin of its function, with the stamps
+        # this step runs the twin of its function, with the stamps
+        detail_twin.want(True, every_step=collector.every == 1)
         with fail_open("horovod.graph_stamp_fetches"):
             detail.fetches = graph_stamps.add_fetches(call)  # a TF1 run fetches its stamps too
         return detail
