@@ -1,7 +1,7 @@
 """The detail twin's pacing to the CPU the training leaves idle (instrument/cpu_pacer.py, issue
 45): the share follows the idle cores, ranks pacing themselves leave the training its cores,
-a real thread is held to its share, and a machine kept busy by real processes reads no idle
-core."""
+a real thread is held to its share, a machine kept busy by real processes reads no idle core,
+and C++ work runs on a nice-19 thread of its own."""
 
 from __future__ import annotations
 
@@ -157,3 +157,27 @@ def test_unreadable_counters_read_as_unknown():
     assert not spare.prime()
     assert spare.cores() is None
     assert Pacer(spare).share == FALLBACK
+
+
+def test_low_priority_work_runs_niced_on_its_own_thread_and_the_caller_keeps_its_priority():
+    import os
+
+    runner = cpu_pacer.LowPriority("test-low-priority")
+    me = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, me)
+
+    def where():
+        tid = threading.get_native_id()
+        return tid, os.getpriority(os.PRIO_PROCESS, tid)
+
+    tid, nice = runner.run(where)
+    assert tid != me and nice == cpu_pacer.LowPriority.NICE and runner.niced
+    assert os.getpriority(os.PRIO_PROCESS, me) == before, "the caller's priority is untouched"
+    assert runner.run(where)[0] == tid, "one thread, reused"
+
+    def fails():
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        runner.run(fails)
+    assert runner.run(lambda: 7) == 7, "an error does not end the thread"

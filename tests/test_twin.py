@@ -98,6 +98,9 @@ def test_preparing_a_twin_instantiates_it_without_running_it(source):
     assert health.counters.get("twin_instantiate_ran", 0) == 0
     assert int(runs.numpy()) == 1, "the preparation never runs the twin"
     assert detail_twin.THREAD_NAME in detail_twin.prepared_on()
+    from tf_otel.instrument import cpu_pacer
+
+    assert cpu_pacer.LOW_PRIORITY.niced, "instantiated on the nice-19 thread"
     detail_twin.want(True)
     assert float(call(counted, x)) == 2.0  # the detail step: the prepared twin, run once
     detail_twin.want(False)

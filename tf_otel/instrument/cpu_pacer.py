@@ -10,6 +10,8 @@ Usage::
     sys.setprofile(None)
     pacer.slept, pacer.share  # seconds it slept; its share of one core at the last look
 
+    result = LOW_PRIORITY.run(work)  # work() on the nice-19 thread; its result or its error
+
 A thread's *share* is how much of one core it may use, on average. Every half second the pacer
 looks at the cores that sat idle (``SpareCpu``): with more than a quarter of a core idle the
 share grows by a twentieth of a core, with less it halves (additive increase, multiplicative
@@ -22,16 +24,26 @@ core. Where idle cores cannot be read the share is fixed at ``FALLBACK`` (an eig
 
 Idle cores: the host's idle + iowait time from psutil (``cpu_times``); in a cgroup v2 with a
 CPU limit (``cpu.max``, a Kubernetes limit), the limit less the group's own use (``cpu.stat``),
-never more than the host's idle. Not niced: a nice-19 thread that holds the GIL while the OS
-runs others holds up every Python thread of its process (docs/guides/HOROVOD.md).
+never more than the host's idle. Python is paced, not niced: a nice-19 thread that holds the GIL
+while the OS runs others holds up every Python thread of its process. C++ work that lets go of
+the GIL (the twin's instantiation) runs on ``LowPriority``'s thread at nice 19 instead: it only
+takes cores nothing else wants (docs/guides/HOROVOD.md has the measurements).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import queue
+import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, TypeVar
+
+from tf_otel.health import log_once
+
+T = TypeVar("T")
 
 FLOOR = 1 / 32  # share of one core when no core sits idle
 CEILING = 0.5  # at most half a core, however idle the machine
@@ -153,3 +165,75 @@ class Pacer:
         self.slept += pause
         time.sleep(pause)
         return pause
+
+
+class LowPriority:
+    """One daemon thread at nice 19 (Linux: a thread's own nice value) that runs the work it is
+    given, one at a time, while the caller waits. For C++ that lets go of the GIL: the thread
+    holds the GIL only at the work's edges (a nice-19 thread holding it while starved would
+    hold up every Python thread). Where the nice value cannot be set the thread runs at the
+    process's priority, said once."""
+
+    NICE = 19
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.jobs: queue.Queue[Tuple[Callable[[], Any], _Box]] = queue.Queue()
+        self.thread: Optional[threading.Thread] = None
+        self.lock = threading.Lock()
+        self.niced: Optional[bool] = None  # once the thread runs: did the nice value take?
+
+    def run(self, work: Callable[[], T]) -> T:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self.thread.start()
+        box = _Box()
+        self.jobs.put((work, box))
+        box.done.wait()
+        if box.error is not None:
+            raise box.error
+        return box.value  # type: ignore[no-any-return]
+
+    def _loop(self) -> None:
+        self.niced = _nice_this_thread(self.NICE)
+        if not self.niced:
+            log_once(
+                "low_priority_not_niced",
+                "tf_otel: could not lower the priority of thread %s; it runs at the process's",
+                self.name,
+                level=logging.INFO,
+            )
+        while True:
+            work, box = self.jobs.get()
+            try:
+                box.value = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box.error = exc
+            finally:
+                box.done.set()
+
+
+class _Box:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+
+
+def _nice_this_thread(nice: int) -> bool:
+    """Lower this thread's priority (Linux: PRIO_PROCESS with a thread id is that thread only;
+    lowering needs no privilege, raising it back would)."""
+    if sys.platform != "linux":  # elsewhere a thread id is not a PRIO_PROCESS target
+        return False
+    try:
+        tid = threading.get_native_id()
+        if tid == os.getpid():  # the process's main thread: that would nice the process
+            return False
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+        return os.getpriority(os.PRIO_PROCESS, tid) == nice
+    except (AttributeError, OSError):
+        return False
+
+
+LOW_PRIORITY = LowPriority("tf_otel-low-priority")

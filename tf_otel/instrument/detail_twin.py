@@ -18,14 +18,14 @@ A twin is ``Function._clone``: the same Python function and options, its own tra
 tf.functions are swapped for their own twins while it traces. It is traced and instantiated on
 the ``tf_otel-twin`` thread (the slow part of a first run: 7.6 s against 0.29 s MobileNetV3Small
 steps, so no training step pays for it), the trace's Python paced to the CPU the training leaves
-idle (cpu_pacer.py), by a call with an already-cancelled cancellation manager: TensorFlow
-instantiates the function and runs none of its ops, so a preparation is never a run ahead of the
-program. A picked step runs the twin only once every rank has prepared it, from a step rank 0
-names (detail_twin_gate.py), so a step runs it on every rank or on none; without a reporter (no
-pipeline, tests) a generation opens once prepared. Tracing from a second thread is safe (each
-Function traces under its own lock) and the twin is its own Function, so the program's function
-never waits for it. A twin that fails to prepare is given up (logged once) and the program's
-function runs instead. Design, pacing and costs: docs/guides/HOROVOD.md.
+idle (cpu_pacer.py), instantiated at nice 19 by a call with an already-cancelled cancellation
+manager: TensorFlow instantiates the function and runs none of its ops, so a preparation is
+never a run ahead of the program. A picked step runs the twin only once every rank has prepared
+it, from a step rank 0 names (detail_twin_gate.py), so a step runs it on every rank or on none;
+without a reporter (no pipeline, tests) a generation opens once prepared. Tracing from a second
+thread is safe (each Function traces under its own lock) and the twin is its own Function, so
+the program's function never waits for it. A twin that fails to prepare is given up (logged
+once) and the program's function runs instead. Design, pacing and costs: docs/guides/HOROVOD.md.
 """
 
 from __future__ import annotations
@@ -389,7 +389,12 @@ def _prepare_in_context(job: _Job) -> None:
         count("twin_traces")
     traced = time.monotonic()
     try:
-        _instantiate(concrete, job.args, job.kwargs, job.device)
+        if pacer is not None:  # TensorFlow's C++, off the GIL: on cores nothing else wants
+            cpu_pacer.LOW_PRIORITY.run(
+                lambda: _instantiate(concrete, job.args, job.kwargs, job.device)
+            )
+        else:
+            _instantiate(concrete, job.args, job.kwargs, job.device)
         count("twin_instantiated")
     except Exception as exc:  # noqa: BLE001
         report_failure("twin.instantiate", exc)
