@@ -114,6 +114,7 @@ def worker(args: argparse.Namespace) -> None:
         queued, prepared, _ = detail_twin.generations()
         if queued:
             counters["twin_prepared"] = f"{prepared}/{queued}"
+            counters["twin_thread_cpu_s"] = twin_thread_cpu_s(detail_twin)
     harness.emit_result(
         {
             "rank": hvd.rank(),
@@ -123,6 +124,20 @@ def worker(args: argparse.Namespace) -> None:
             "counters": counters,
         }
     )
+
+
+def twin_thread_cpu_s(detail_twin: Any) -> float:
+    """CPU seconds the twin's preparation thread used so far (its trace, paced; psutil's
+    per-thread times by the thread's id)."""
+    import psutil
+
+    thread = detail_twin._gate.thread
+    if thread is None:
+        return 0.0
+    for t in psutil.Process().threads():
+        if t.id == thread.native_id:
+            return round(t.user_time + t.system_time, 2)
+    return 0.0
 
 
 # -- one job ----------------------------------------------------------------------------------

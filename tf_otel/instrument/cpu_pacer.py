@@ -193,7 +193,7 @@ class LowPriority:
         box.done.wait()
         if box.error is not None:
             raise box.error
-        return box.value  # type: ignore[no-any-return]
+        return box.value
 
     def _loop(self) -> None:
         self.niced = _nice_this_thread(self.NICE)
