@@ -90,12 +90,17 @@ def worker(args: argparse.Namespace) -> None:
 
     ends: List[float] = []  # seconds from the launch to each step's end
     durations: List[float] = []
+    opened: List[int] = []  # the first step after which every twin queued so far was open
 
     def step(first: bool) -> None:
         t0 = time.perf_counter()
         benchmark_step(first_batch=first)
         durations.append(time.perf_counter() - t0)
         ends.append((time.time_ns() - launched) / 1e9)
+        if not opened and "tf_otel.instrument.detail_twin" in sys.modules:
+            queued, _, open_ = sys.modules["tf_otel.instrument.detail_twin"].generations()
+            if queued >= 2 and open_ >= queued:  # both traces (first_batch True, False)
+                opened.append(len(durations) - 1)
 
     ready = (time.time_ns() - launched) / 1e9
     with tf.device("CPU"):  # as Horovod's benchmark runs its steps
@@ -115,6 +120,8 @@ def worker(args: argparse.Namespace) -> None:
         if queued:
             counters["twin_prepared"] = f"{prepared}/{queued}"
             counters["twin_thread_cpu_s"] = twin_thread_cpu_s(detail_twin)
+        if opened:
+            counters["twin_open_after_step"] = opened[0]
     harness.emit_result(
         {
             "rank": hvd.rank(),
