@@ -47,10 +47,12 @@ def test_libs_links_the_cuda12_names_and_stands_in_only_for_open_only_ones(tmp_p
 
 @pytest.mark.integration
 def test_traced_run_and_its_input_bound_twin_on_the_cpu(tmp_path):
+    # the injected input stage must outlast a step's compute on a slow, loaded 2-core machine
+    # (an MLP step took 50-70 ms there: a 30 ms input stage was hidden by the prefetch)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     subprocess.run(
         [sys.executable, SCRIPT, "traced", "--device", "cpu", "--model", "mlp", "--size", "8",
-         "--batch", "8", "--steps", "16", "--input-sleep-ms", "30", "--out", str(tmp_path),
+         "--batch", "8", "--steps", "16", "--input-sleep-ms", "250", "--out", str(tmp_path),
          "--work", str(tmp_path / "work")],
         env=env, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
