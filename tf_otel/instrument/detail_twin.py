@@ -372,9 +372,10 @@ def _prepare(job: _Job) -> None:
 def _prepare_in_context(job: _Job) -> None:
     started = time.monotonic()
     before = job.twin.experimental_get_tracing_count()
-    paced = job.generation > 0  # the twin thread (not TF_OTEL_TWIN_PREPARE=step's step)
-    pacer = cpu_pacer.Pacer(stop=lambda: _gate.stopping) if paced else None
-    if pacer is not None:  # at exit it stops pacing: the program waits for it
+    # paced on the twin thread (not on TF_OTEL_TWIN_PREPARE=step's step); unpaced at exit,
+    # where the program waits for it
+    pacer = cpu_pacer.Pacer(stop=lambda: _gate.stopping) if job.generation > 0 else None
+    if pacer is not None:
         sys.setprofile(pacer)  # this thread only
     try:
         with _device(job.device):  # the call's device scope: part of tf.function's cache key
