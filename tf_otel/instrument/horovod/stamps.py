@@ -138,6 +138,12 @@ class _DetailStep:
     fetches: Optional[List[graph_stamps.Entry]] = None  # a TF1 run's stamp fetches
 
 
+def _deferred(handle: StepHandle) -> None:
+    """A picked step ran the program's own function: its span says the twin is preparing."""
+    handle.attributes[record.ATTR_DETAIL_TWIN] = record.DETAIL_TWIN_PREPARING
+    count("twin_detail_deferred")
+
+
 class StampsHook(StepHook[_DetailStep]):
     """The stamps' step hook: collects on detail steps, decides whether graphs get stamps."""
 
@@ -159,8 +165,7 @@ class StampsHook(StepHook[_DetailStep]):
             exchange.backend = choice.backend()
         if collector.wanted(handle) and not detail_twin.ready_for(handle.key, handle.step):
             # picked, but its twin is not prepared on every rank yet: the program's own graph
-            handle.attributes[record.ATTR_DETAIL_TWIN] = record.DETAIL_TWIN_PREPARING
-            count("twin_detail_deferred")
+            _deferred(handle)
             return None
         started = collector.begin(handle)
         if started is None:
@@ -177,8 +182,7 @@ class StampsHook(StepHook[_DetailStep]):
     ) -> None:
         if kept is not None and detail_twin.ran_own_function():
             # its function's first call ran the program's own: no stamps to collect
-            handle.attributes[record.ATTR_DETAIL_TWIN] = record.DETAIL_TWIN_PREPARING
-            count("twin_detail_deferred")
+            _deferred(handle)
             kept.started = None
         detail_twin.want(False)
         fetched = None
