@@ -35,6 +35,9 @@ hand-written rest of the file stays.
     .venv/bin/python bench/bench_real_model.py                 # 3 rounds, both models
     .venv/bin/python bench/bench_real_model.py --rounds 1 --quick
     .venv/bin/python bench/bench_real_model.py --modes untraced,defaults --models mobilenetv2
+    # the steady cost in one job (paired and bracketed blocks, A/A control), ranks pinned
+    BENCH_INPROCESS_MODES=untraced,untraced_aa,coll_1in20 .venv/bin/python \
+        bench/bench_real_model.py --inprocess --pin --side 128 --rounds 50 --block 4
 
 The run time is estimated up front (and again after each run, from the runs so far).
 """
@@ -43,7 +46,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -233,10 +238,26 @@ EVERY = {"coll_1in20": 20, "coll_1in10": 10, "coll_every": 1, "coll_every_per_te
 MODES_INPROCESS = [m for m in os.environ.get("BENCH_INPROCESS_MODES", "").split(",") if m]
 
 
-def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> None:
+def pin_to_own_core() -> None:
+    """This rank (and every thread it starts from now on) on one core of its own, TensorFlow's
+    pools one thread each: ranks stop contending for each other's cores, as on a node with a
+    core per rank; tf_otel's threads share the rank's core, so their cost still shows."""
+    local = int(
+        os.environ.get("HOROVOD_LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
+    )
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[local % len(cores)]})
+    os.environ["TF_NUM_INTRAOP_THREADS"] = os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+
+
+def worker_inprocess(
+    model_name: str, batch: int, rounds: int, block: int, pin: bool, side: int
+) -> None:
     """One job, modes switched per block on every rank in the same rotated order: the same
     processes, the same warm graphs (the program's and its detail twin) and machine load for
     all modes."""
+    if pin:
+        pin_to_own_core()
     import tf_otel
 
     tf_otel.instrument()
@@ -255,8 +276,12 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     from tf_otel.otel import ids
     from tf_otel.runtime import lifecycle
 
+    if pin:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
-    cls, side, _, _ = MODELS[model_name]
+    cls, default_side, _, _ = MODELS[model_name]
+    side = side or default_side
     model = getattr(tf.keras.applications, cls)(weights=None, input_shape=(side, side, 3))
     optimizer = tf.keras.optimizers.SGD(0.01)
     images = tf.random.uniform([batch, side, side, 3], seed=1)
@@ -287,7 +312,12 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     modes = [m for m in INPROCESS if m in MODES_INPROCESS] or list(INPROCESS)
     pipeline = lifecycle.get_pipeline()
 
+    order: List[str] = []  # the modes' blocks in the order they ran
+    cpu: List[float] = []  # the process's CPU seconds (every thread) as each block began
+
     def switch(mode: str) -> None:
+        order.append(mode)
+        cpu.append(_process_cpu_s())
         sampler = ALWAYS_OFF if mode.startswith("untraced") else ALWAYS_ON
         pipeline._sampler, pipeline._sample_fast = sampler, ids.fast_root_decision(sampler)
         collector.every = EVERY.get(mode, 0)
@@ -298,7 +328,14 @@ def worker_inprocess(model_name: str, batch: int, rounds: int, block: int) -> No
     times = harness.step_times(
         modes, rounds, block, switch, lambda: train_step().numpy(), reverse_odd=True
     )
-    harness.emit_result({"rank": hvd.rank(), "times": times})
+    cpu.append(_process_cpu_s())
+    block_cpu = [b - a for a, b in zip(cpu, cpu[1:])]
+    harness.emit_result({"rank": hvd.rank(), "times": times, "order": order, "cpu": block_cpu})
+
+
+def _process_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_inprocess(args: argparse.Namespace) -> str:
@@ -311,13 +348,19 @@ def run_inprocess(args: argparse.Namespace) -> str:
     lines = []
     for model in args.models:
         argv = [__file__, "--worker", "--inprocess", f"--model={model}", f"--batch={args.batch}"]
-        argv += [f"--rounds={args.rounds}", f"--block={args.block}"]
+        argv += [f"--rounds={args.rounds}", f"--block={args.block}"] + ["--pin"] * args.pin
+        argv += [f"--side={args.side}"] * bool(args.side)
         load = os.getloadavg()[0]
         job = harness.launch(harness.horovodrun(args.np, argv), env, timeout=1200)
         results = job.results()
         if len(results) != args.np:
             print(f"{model}: failed rc={job.returncode}\n{job.stderr[-3000:]}", flush=True)
             continue
+        if args.raw:
+            with open(args.raw, "a") as raw:
+                raw.write(
+                    json.dumps({"model": model, "block": args.block, "ranks": results}) + "\n"
+                )
         spans = _span_categories(Path(tmp))
         lines.append(
             f"\n{model}: one job, {args.rounds} rounds x {args.block} steps per mode, rotated; "
@@ -334,6 +377,8 @@ def run_inprocess(args: argparse.Namespace) -> str:
             ]
             lines.append(f"| {r['rank']} | " + " | ".join(cells) + " |")
         lines += paired_blocks(results, args.block)
+        lines += bracketed_blocks(results, args.block)
+        lines += bracketed_blocks(results, args.block, cpu=True)
     shutil.rmtree(tmp, ignore_errors=True)
     head = (
         "In-process A/B: throughput vs untraced (mean step time ratio; one step function; "
@@ -363,13 +408,81 @@ def paired_blocks(results: List[dict], block: int) -> List[str]:
         cells = []
         for mode in (m for m in INPROCESS if m in times and m != "untraced"):
             ratios = sorted(b / m for b, m in zip(base, blocks(mode)))
-            n = len(ratios)
-            half = 0.98 * n**0.5  # 1.96 * sqrt(n) / 2 ranks either side of the median
-            low = ratios[max(0, int(n / 2 - half))]
-            high = ratios[min(n - 1, int(n / 2 + half))]
-            cells.append(f"{mode} {statistics.median(ratios):.4f}× ({low:.4f}-{high:.4f}, n={n})")
+            cells.append(f"{mode} " + _median_ci(ratios))
         lines.append(f"rank {r['rank']}: " + "; ".join(cells))
     return lines
+
+
+def bracketed_blocks(results: List[dict], block: int, cpu: bool = False) -> List[str]:
+    """Each block of a mode against the untraced blocks that ran just before and just after it
+    (their mean; one side at either end of the job): a machine that slows or speeds up over
+    minutes moves both sides alike, which pairing by round leaves in. A block's value: its
+    median step, or (cpu) the CPU seconds its process used, every thread (what tf_otel's
+    threads add shows there even when the step does not wait for them). Per rank, the trimmed
+    mean of the blocks' ratios and its 95 % interval; untraced_aa's is the resolution."""
+    what = "CPU seconds a block, every thread" if cpu else "median step"
+    lines = [
+        "",
+        f"Bracketed blocks ({what}; untraced over the mode, vs the untraced blocks either side; "
+        "20 % trimmed mean of the blocks' ratios, 95 % CI):",
+    ]
+    for r in sorted(results, key=lambda r: r["rank"]):
+        times, order = r["times"], r.get("order")
+        if "untraced" not in times or not order or (cpu and "cpu" not in r):
+            continue
+        seen: Counter = Counter()
+        timeline = []  # (mode, the block's value), in the order the blocks ran
+        for i, mode in enumerate(order):
+            k = seen[mode]
+            seen[mode] += 1
+            median = statistics.median(times[mode][k * block : (k + 1) * block])
+            timeline.append((mode, r["cpu"][i] if cpu else median))
+        cells = []
+        for want in (m for m in INPROCESS if m in times and m != "untraced"):
+            ratios = [
+                base / median
+                for i, (mode, median) in enumerate(timeline)
+                if mode == want and (base := _untraced_around(timeline, i)) is not None
+            ]
+            cells.append(f"{want} " + _trimmed_mean_ci(ratios))
+        lines.append(f"rank {r['rank']}: " + "; ".join(cells))
+    return lines
+
+
+def _untraced_around(timeline: List[tuple], i: int) -> Optional[float]:
+    """The mean of the untraced blocks' medians nearest before and after position i."""
+    before = next((m for mode, m in reversed(timeline[:i]) if mode == "untraced"), None)
+    after = next((m for mode, m in timeline[i + 1 :] if mode == "untraced"), None)
+    sides = [m for m in (before, after) if m is not None]
+    return statistics.fmean(sides) if sides else None
+
+
+def _trimmed_mean_ci(ratios: List[float], trim: float = 0.2) -> str:
+    """'mean (low-high, n=N)': the trimmed mean of the log ratios (a stalled block on either
+    side weighs nothing) and its 95 % interval from the winsorised variance (Tukey-McLaughlin),
+    back as ratios. A mean: with normal-ish noise it needs fewer blocks than the median does."""
+    logs = sorted(math.log(r) for r in ratios)
+    n = len(logs)
+    g = int(trim * n)
+    if n - 2 * g < 3:
+        return "-"
+    kept = logs[g : n - g]
+    winsorised = [kept[0]] * g + kept + [kept[-1]] * g
+    se = statistics.stdev(winsorised) / ((1 - 2 * trim) * n**0.5)
+    t = 1.96 + 2.4 / (len(kept) - 1)  # Student's t at 97.5 %, near enough from 5 degrees on
+    mean = statistics.fmean(kept)
+    low, high = math.exp(mean - t * se), math.exp(mean + t * se)
+    return f"{math.exp(mean):.4f}× ({low:.4f}-{high:.4f}, n={n})"
+
+
+def _median_ci(ratios: List[float]) -> str:
+    """'median (low-high, n=N)': the 95 % interval of the median by order statistics."""
+    n = len(ratios)
+    if not n:
+        return "-"
+    half = 0.98 * n**0.5  # 1.96 * sqrt(n) / 2 ranks either side of the median
+    low, high = ratios[max(0, int(n / 2 - half))], ratios[min(n - 1, int(n / 2 + half))]
+    return f"{statistics.median(ratios):.4f}× ({low:.4f}-{high:.4f}, n={n})"
 
 
 # -- driver -----------------------------------------------------------------------------------
@@ -636,6 +749,15 @@ def main() -> None:
     parser.add_argument("--np", type=int, default=2, help="ranks")
     parser.add_argument("--inprocess", action="store_true", help="paired blocks in one job")
     parser.add_argument("--block", type=int, default=8, help="--inprocess: steps per block")
+    parser.add_argument(
+        "--side", type=int, default=0, help="--inprocess: input side (0: the model's)"
+    )
+    parser.add_argument("--raw", metavar="JSONL", help="--inprocess: append each rank's step times")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="--inprocess: each rank on a core of its own, TF 1 thread",
+    )
     parser.add_argument("--doc", default=str(DOC), help="the md file to write")
     parser.add_argument("--no-doc", action="store_true", help="do not write the md file")
     parser.add_argument(
@@ -645,7 +767,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.worker and args.inprocess:
-        worker_inprocess(args.model, args.batch, args.rounds, args.block)
+        worker_inprocess(args.model, args.batch, args.rounds, args.block, args.pin, args.side)
         return
     if args.worker:
         worker(args.model, args.batch, args.warmup, args.steps)
