@@ -415,8 +415,8 @@ def paired_blocks(results: List[dict], block: int) -> List[str]:
 
 def bracketed_blocks(results: List[dict], block: int, cpu: bool = False) -> List[str]:
     """Each block of a mode against the untraced blocks that ran just before and just after it
-    (their mean; one side at either end of the job): a machine that slows or speeds up over
-    minutes moves both sides alike, which pairing by round leaves in. A block's value: its
+    (interpolated to it; one side at either end of the job): a machine that slows or speeds up
+    over minutes moves both sides alike, which pairing by round leaves in. A block's value: its
     median step, or (cpu) the CPU seconds its process used, every thread (what tf_otel's
     threads add shows there even when the step does not wait for them). Per rank, the trimmed
     mean of the blocks' ratios and its 95 % interval; untraced_aa's is the resolution."""
@@ -450,11 +450,16 @@ def bracketed_blocks(results: List[dict], block: int, cpu: bool = False) -> List
 
 
 def _untraced_around(timeline: List[tuple], i: int) -> Optional[float]:
-    """The mean of the untraced blocks' medians nearest before and after position i."""
-    before = next((m for mode, m in reversed(timeline[:i]) if mode == "untraced"), None)
-    after = next((m for mode, m in timeline[i + 1 :] if mode == "untraced"), None)
-    sides = [m for m in (before, after) if m is not None]
-    return statistics.fmean(sides) if sides else None
+    """The untraced blocks' values nearest before and after position i, interpolated to i by
+    their distances (rotation puts them unevenly around a block; a plain mean would read a
+    steady drift as a cost); the one side at either end of the job."""
+    before = next((j for j in range(i - 1, -1, -1) if timeline[j][0] == "untraced"), None)
+    after = next((j for j in range(i + 1, len(timeline)) if timeline[j][0] == "untraced"), None)
+    if before is None or after is None:
+        side = before if after is None else after
+        return None if side is None else timeline[side][1]
+    low, high = timeline[before][1], timeline[after][1]
+    return low + (high - low) * (i - before) / (after - before)
 
 
 def _trimmed_mean_ci(ratios: List[float], trim: float = 0.2) -> str:
