@@ -14,6 +14,10 @@ worker); every other step runs the program's own graph. Modes, all TF_OTEL_ENABL
   default   the default policy: collective detail on 1 step in 20
   every     TF_OTEL_HOROVOD_EVERY=1: detail on every step (what one detail step costs)
   untraced  no tf_otel at all (not run unless named in --modes)
+  default_floor  default with the twin's trace held at the pacer's floor (1/32 of a core)
+            however idle the cores: a diagnostic of what the trace's share costs the steps
+  default_yield  default with the pacing thread letting go of the GIL every 256 Python
+            events (a diagnostic: does the training thread wait for the trace's GIL?)
 
 One 2-worker job per (mode, round); each round runs the modes in a rotated order, so slow and
 fast windows of a shared machine fall on every mode, and each mode is judged by its per-round
@@ -62,6 +66,8 @@ MODES: Dict[str, Dict[str, str]] = {
     "default": {"TF_OTEL_ENABLED": "1"},
     "every": {"TF_OTEL_ENABLED": "1", "TF_OTEL_HOROVOD_EVERY": "1"},
     "untraced": {},
+    "default_floor": {"TF_OTEL_ENABLED": "1", "BENCH_PACER": "floor"},
+    "default_yield": {"TF_OTEL_ENABLED": "1", "BENCH_PACER": "yield"},
 }
 DEFAULT_MODES = ["off", "default", "every"]
 BASE = "off"
@@ -79,6 +85,7 @@ STEP_S = 0.6
 def worker(side: int, batch: int, warmup: int, steps: int, kind: str = "mwms") -> None:
     """Train, print each step's wall time (ms) as a RESULT line."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 3 cannot fit under MWMS
+    _bench_pacer(os.environ.get("BENCH_PACER", ""))
     import numpy as np
     import tensorflow as tf
     import tf_keras
@@ -123,6 +130,25 @@ def worker(side: int, batch: int, warmup: int, steps: int, kind: str = "mwms") -
     # step_ms[i] is step i + 1
     step_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]
     harness.emit_result({"rank": rank, "step_ms": step_ms})
+
+
+def _bench_pacer(how: str) -> None:
+    """The diagnostic modes' change to tf_otel's pacer, made here, in the bench's worker."""
+    if not how:
+        return
+    from tf_otel.instrument import cpu_pacer
+
+    if how == "floor":
+        cpu_pacer.CEILING = cpu_pacer.FLOOR
+    elif how == "yield":
+        paced = cpu_pacer.Pacer.__call__
+
+        def yielding(self: Any, frame: Any, event: str, arg: Any) -> None:
+            if not self.events & 255:
+                time.sleep(0)  # lets go of the GIL: a waiting thread takes it
+            paced(self, frame, event, arg)
+
+        cpu_pacer.Pacer.__call__ = yielding  # type: ignore[method-assign]
 
 
 # -- driver -------------------------------------------------------------------------------------
