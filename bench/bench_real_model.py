@@ -239,15 +239,15 @@ MODES_INPROCESS = [m for m in os.environ.get("BENCH_INPROCESS_MODES", "").split(
 
 
 def pin_to_own_core() -> None:
-    """This rank (and every thread it starts from now on) on one core of its own, TensorFlow's
-    pools one thread each: ranks stop contending for each other's cores, as on a node with a
-    core per rank; tf_otel's threads share the rank's core, so their cost still shows."""
+    """This rank (and every thread it starts from now on) on one core of its own (the worker
+    sets TensorFlow's pools to one thread each): ranks stop contending for each other's cores,
+    as on a node with a core per rank; tf_otel's threads share the rank's core, so their cost
+    still shows."""
     local = int(
         os.environ.get("HOROVOD_LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
     )
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[local % len(cores)]})
-    os.environ["TF_NUM_INTRAOP_THREADS"] = os.environ["TF_NUM_INTEROP_THREADS"] = "1"
 
 
 def worker_inprocess(
@@ -435,13 +435,13 @@ def bracketed_blocks(results: List[dict], block: int, cpu: bool = False) -> List
         for i, mode in enumerate(order):
             k = seen[mode]
             seen[mode] += 1
-            median = statistics.median(times[mode][k * block : (k + 1) * block])
-            timeline.append((mode, r["cpu"][i] if cpu else median))
+            steps = times[mode][k * block : (k + 1) * block]
+            timeline.append((mode, r["cpu"][i] if cpu else statistics.median(steps)))
         cells = []
         for want in (m for m in INPROCESS if m in times and m != "untraced"):
             ratios = [
-                base / median
-                for i, (mode, median) in enumerate(timeline)
+                base / value
+                for i, (mode, value) in enumerate(timeline)
                 if mode == want and (base := _untraced_around(timeline, i)) is not None
             ]
             cells.append(f"{want} " + _trimmed_mean_ci(ratios))

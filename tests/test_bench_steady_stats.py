@@ -13,34 +13,37 @@ import random
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 import bench_real_model as brm  # noqa: E402
+import harness  # noqa: E402
 
 MODES = ["untraced", "untraced_aa", "coll_1in20"]
 BLOCK = 4
 
 
 def _job(cost: float, drift: float, noise: float, rounds: int = 40, seed: int = 3) -> dict:
-    """One rank's result as worker_inprocess reports it: modes rotated each round, each block's
-    steps slowed by the machine's drift (linear over the job) and, for coll_1in20, by ``cost``."""
+    """One rank's result as worker_inprocess reports it, its blocks in the bench's own order
+    (harness.interleaved), each block's steps slowed by the machine's drift (linear over the
+    job) and, for coll_1in20, by ``cost``."""
     rng = random.Random(seed)
-    times: Dict[str, List[int]] = {m: [] for m in MODES}
     order: List[str] = []
     cpu: List[float] = []
     n_blocks = rounds * len(MODES)
-    for r in range(rounds):
-        shift = r % len(MODES)
-        for mode in MODES[shift:] + MODES[:shift]:
-            slow = 1 + drift * len(order) / n_blocks
-            factor = slow * (1 + cost if mode == "coll_1in20" else 1)
-            steps = [int(1e8 * factor * (1 + rng.gauss(0, noise))) for _ in range(BLOCK)]
-            times[mode] += steps
-            order.append(mode)
-            cpu.append(sum(steps) / 1e9)
+
+    def block(_round_no: int, mode: str) -> List[int]:
+        slow = 1 + drift * len(order) / n_blocks
+        factor = slow * (1 + cost if mode == "coll_1in20" else 1)
+        steps = [int(1e8 * factor * (1 + rng.gauss(0, noise))) for _ in range(BLOCK)]
+        order.append(mode)
+        cpu.append(sum(steps) / 1e9)
+        return steps
+
+    blocks = harness.interleaved(MODES, rounds, block, reverse_odd=True)
+    times = {mode: [ns for steps in runs for ns in steps] for mode, runs in blocks.items()}
     return {"rank": 0, "times": times, "order": order, "cpu": cpu}
 
 
