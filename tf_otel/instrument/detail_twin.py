@@ -13,6 +13,7 @@ Usage::
     detail_twin.want(False)  # the step's end
     detail_twin.reported_by(send)  # a source tells rank 0 "prepared up to generation g"
     detail_twin.open(g, {key: first_step})  # rank 0: twins of generation g run from there
+    detail_twin.prepare_later(work)  # another source's preparation (TF1 graph stamps' runs)
 
 A twin is ``Function._clone``: the same Python function and options, its own traces; nested
 tf.functions are swapped for their own twins while it traces. It is traced and instantiated on
@@ -212,6 +213,11 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
 # -- preparation off the training thread ----------------------------------------------------
 
 
+# another source's preparation: its Python part (paced like a trace) returns what is left to
+# do in TensorFlow's C++ (run at low priority), or None
+Work = Callable[[], Optional[Callable[[], None]]]
+
+
 @dataclass
 class _Job:
     function: Any
@@ -223,6 +229,7 @@ class _Job:
     # the OpenTelemetry context of the step that traced (step_context.pinned_context): what
     # the program's Python makes while its twin traces lands in that step's trace
     context: Any = None
+    work: Optional[Work] = None  # not a twin: another source's preparation
 
 
 class _Gate:
@@ -322,20 +329,37 @@ def _prepare_later(function: Any, args: tuple, kwargs: dict) -> None:
         with fail_open("twin.prepare"):
             _prepare(_Job(function, twin, args, kwargs, 0))
         return
-    generation = _gate.queued + 1
-    _gate.queued = generation  # before the job exists: the gate closes first, never after
-    job = _Job(function, twin, tuple(args), dict(kwargs), generation, _device_scope())
+    job = _Job(function, twin, tuple(args), dict(kwargs), 0, _device_scope())
     with fail_open("twin.context"):
         from tf_otel.instrument.step_context import pinned_context
 
         job.context = pinned_context()
+    _enqueue(job)
+
+
+def prepare_later(work: Work) -> bool:
+    """Another source's preparation for its detail steps (TF1 graph stamps' executors): queued
+    as a generation of its own, so picked steps wait for it on every rank like a twin's. False
+    where the queue is full (that source's detail steps prepare it themselves)."""
+    if not _in_background:  # TF_OTEL_TWIN_PREPARE=step: here, on the step
+        with fail_open("twin.prepare"):
+            _prepare(_Job(None, None, (), {}, 0, work=work))
+        return True
+    return _enqueue(_Job(None, None, (), {}, 0, work=work))
+
+
+def _enqueue(job: _Job) -> bool:
+    generation = _gate.queued + 1
+    _gate.queued = generation  # before the job is queued: the gate closes first, never after
+    job.generation = generation
     try:
         _gate.jobs.put_nowait(job)
     except queue.Full:
         _gate.queued = generation - 1
         count("twin_prepare_dropped")  # its detail steps trace and instantiate it themselves
-        return
+        return False
     _gate.start()
+    return True
 
 
 def _device(name: str) -> Any:
@@ -361,6 +385,9 @@ def _prepare(job: _Job) -> None:
     """On the twin thread: trace the twin, then have TensorFlow instantiate it without running
     it. A twin that cannot be traced is given up; one that cannot be instantiated here still
     runs (instantiated by its first detail step)."""
+    if job.work is not None:
+        _prepare_work(job.work, paced=job.generation > 0)
+        return
     token = otel_context.attach(job.context) if job.context is not None else None
     try:
         _prepare_in_context(job)
@@ -412,6 +439,25 @@ def _prepare_in_context(job: _Job) -> None:
         done - traced,
         level=logging.DEBUG,
     )
+
+
+def _prepare_work(work: Work, paced: bool) -> None:
+    """Another source's preparation: its Python paced like a trace, its C++ at low priority."""
+    pacer = cpu_pacer.Pacer(stop=lambda: _gate.stopping) if paced else None
+    if pacer is not None:
+        sys.setprofile(pacer)
+    try:
+        native = work()
+    finally:
+        if pacer is not None:
+            sys.setprofile(None)
+    _note_thread()
+    if native is None:
+        return
+    if pacer is not None:
+        cpu_pacer.LOW_PRIORITY.run(native)
+    else:
+        native()
 
 
 def _note_thread() -> None:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from tf_otel.health import fail_open, log_once
 from tf_otel.instrument._patching import when_imported, wrap
+from tf_otel.instrument.horovod import graph_stamps
 from tf_otel.instrument.horovod.collective_source import choice
 from tf_otel.instrument.horovod.stamp_graph import OPS
 from tf_otel.instrument.horovod.stamps import graph
@@ -112,6 +113,14 @@ def timed_op(original: Callable, wrapper: Callable, tf: Any) -> Callable:
     return timed
 
 
+def _patch_session_runs(module: Any) -> None:
+    """Every run a TF1 step makes, once Horovod is imported (TensorFlow is by then): its stamps
+    on detail steps, prepared ahead (graph_stamps)."""
+    session = sys.modules.get("tensorflow.python.client.session")
+    if session is not None:
+        wrap(session.BaseSession, "_do_run", graph_stamps.around_run)
+
+
 def _is_keras3_optimizer(optimizer: Any) -> bool:
     module = type(optimizer).__module__ or ""
     if not module.startswith("keras"):
@@ -146,5 +155,6 @@ def register() -> None:
     when_imported("horovod.common.basics", _patch_basics)
     when_imported("horovod.tensorflow.mpi_ops", _patch_mpi_lib)
     when_imported("horovod.tensorflow", _patch_conds)
+    when_imported("horovod.tensorflow", _patch_session_runs)
     for module in ("horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"):
         when_imported(module, _patch_optimizer)

@@ -26,7 +26,7 @@ from typing import List, Optional
 
 from tf_otel import record
 from tf_otel.cluster import messages
-from tf_otel.health import count, fail_open
+from tf_otel.health import count
 from tf_otel.instrument import detail_twin, detail_twin_gate
 from tf_otel.instrument._patching import (
     Error,
@@ -135,7 +135,6 @@ class _DetailStep:
     # wall clock, ns: stamps older than this belong to earlier steps; None: the step ran the
     # program's own function after all (detail_twin.ran_own_function)
     started: Optional[int]
-    fetches: Optional[List[graph_stamps.Entry]] = None  # a TF1 run's stamp fetches
 
 
 def _deferred(handle: StepHandle) -> None:
@@ -154,6 +153,8 @@ class StampsHook(StepHook[_DetailStep]):
 
     def on_step_start(self, handle: StepHandle, call: StepCall) -> Optional[_DetailStep]:
         detail_twin.note_step(handle.key, handle.step)  # rank 0 picks the first twin step past it
+        if call.kind == record.SESSION_RUN:  # its runs are prepared for detail (graph_stamps)
+            graph_stamps.step_begins(detail=False)
         if not handle.sampled or choice.mode == OFF or self._finished:
             return None
         pipeline = current_pipeline()
@@ -173,21 +174,22 @@ class StampsHook(StepHook[_DetailStep]):
         detail = _DetailStep(started)
         # this step runs the twin of its function, with the stamps
         detail_twin.want(True, every_step=collector.every == 1)
-        with fail_open("horovod.graph_stamp_fetches"):
-            detail.fetches = graph_stamps.add_fetches(call)  # a TF1 run fetches its stamps too
+        if call.kind == record.SESSION_RUN:  # a TF1 step's runs fetch their stamps too
+            graph_stamps.step_begins(detail=True, every_step=collector.every == 1)
         return detail
 
     def on_step_end(
         self, handle: StepHandle, call: StepCall, error: Error, kept: Optional[_DetailStep]
     ) -> None:
-        if kept is not None and detail_twin.ran_own_function():
-            # its function's first call ran the program's own: no stamps to collect
+        fetched, unprepared = None, False
+        if call.kind == record.SESSION_RUN:
+            fetched, unprepared = graph_stamps.step_ends()
+        if kept is not None and (detail_twin.ran_own_function() or unprepared):
+            # its function's first call ran the program's own, or its TF1 runs are still being
+            # prepared: no stamps to collect
             _deferred(handle)
             kept.started = None
         detail_twin.want(False)
-        fetched = None
-        if kept is not None and kept.fetches is not None:  # the program's result back first
-            fetched = graph_stamps.take_values(kept.fetches, call)
         if handle.sampled and choice.current() == STAMPS:
             collector.end(handle, kept.started if kept is not None else None, fetched)
 
