@@ -39,7 +39,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from tf_otel.health import count, fail_open
+from tf_otel.health import count, fail_open, report_failure
 from tf_otel.instrument import detail_twin
 from tf_otel.sources import horovod_stamp_records as hs
 
@@ -316,8 +316,13 @@ class _Preparation:
         return lambda: self._build(entries)
 
     def _build(self, entries: List[Entry]) -> None:
-        build(self.session, self.targets, self.fetches + [e.pair for e in entries], self.feeds)
-        count("horovod_graph_stamps_prepared")
+        try:
+            build(self.session, self.targets, self.fetches + [e.pair for e in entries], self.feeds)
+        except Exception as exc:  # noqa: BLE001
+            report_failure("horovod.graph_stamps_build", exc)
+            entries = []  # this run's detail steps go without stamps rather than risk the run
+        else:
+            count("horovod_graph_stamps_prepared")
         self._done(entries)
 
     def _done(self, entries: Any) -> None:
