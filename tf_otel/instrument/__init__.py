@@ -37,6 +37,7 @@ from tf_otel.instrument import (
     step_detail,
     step_resources,
     tf_collectives,
+    twin_threads,
 )
 from tf_otel.instrument.ops import hook as ops
 
@@ -125,6 +126,7 @@ class TensorFlowInstrumentor(BaseInstrumentor):
             ps,
             horovod,
             tf_collectives,
+            twin_threads,
             nccl_ring,
         ):
             module.register(settings)

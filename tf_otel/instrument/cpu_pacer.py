@@ -144,6 +144,13 @@ class Pacer:
         self.last = (time.monotonic(), time.thread_time())
         self.window = self.last
 
+    def fork(self) -> Pacer:
+        """A pacer for a thread this one's work started: its own CPU clock and idle-core
+        readings, starting at this pacer's share, stopping when this one does."""
+        child = Pacer(stop=self.stop)
+        child.share = self.share
+        return child
+
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         self.events += 1
         if self.events & _EVERY or self.stop():

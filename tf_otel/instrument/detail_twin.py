@@ -64,6 +64,7 @@ class _TwinState(threading.local):
     tracing = 0  # > 0 inside a twin's call (its trace, and tf.functions traced within it)
     ran_own = False  # this detail step ran the program's function: its first call (see call)
     every_step = False  # every step is a detail step (TF_OTEL_HOROVOD_EVERY=1)
+    pacer: Optional[cpu_pacer.Pacer] = None  # pacing this thread's trace of a twin
 
 
 _state = _TwinState()
@@ -116,6 +117,12 @@ def ran_own_function() -> bool:
     function's first call, which traces it (the twin is prepared beside it, in the background).
     The step has no timing ops; it says so on its span like a step whose twin is preparing."""
     return _state.ran_own
+
+
+def pacer_here() -> Optional[cpu_pacer.Pacer]:
+    """The pacer of the twin's trace under way on this thread (threads it starts are paced
+    too: twin_threads.py), or None."""
+    return _state.pacer
 
 
 def tracing() -> bool:
@@ -404,12 +411,14 @@ def _prepare_in_context(job: _Job) -> None:
     pacer = cpu_pacer.Pacer(stop=lambda: _gate.stopping) if job.generation > 0 else None
     if pacer is not None:
         sys.setprofile(pacer)  # this thread only
+        _state.pacer = pacer
     try:
         with _device(job.device):  # the call's device scope: part of tf.function's cache key
             concrete = _traced(job.function, job.twin, job.args, job.kwargs)
     finally:
         if pacer is not None:
             sys.setprofile(None)
+            _state.pacer = None
     _note_thread()
     if concrete is None:
         return
