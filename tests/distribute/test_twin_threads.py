@@ -1,0 +1,48 @@
+"""The threads a detail twin's trace starts are paced like the trace (issue 45): MirroredStrategy
+traces each replica's function on a thread of its own, so most of a twin's Python runs there.
+Real TensorFlow, MirroredStrategy over 2 logical CPU devices, tf_otel on by default, one process:
+
+- the program's own trace (its first call) runs its replica threads unpaced;
+- the twin's trace on the ``tf_otel-twin`` thread runs its replica threads each with a pacer;
+- control: with the twin traced on the step (``TF_OTEL_TWIN_PREPARE=step``, no pacer), no
+  replica thread is paced.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REPO, base_env, python, run
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = REPO / "tests" / "distribute" / "scripts" / "twin_threads_job.py"
+
+
+def _job(**extra: str):
+    env = base_env(
+        TF_OTEL_ENABLED="1",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        **extra,
+    )
+    result = run([python(), str(SCRIPT)], env, timeout=400)
+    line = next(x for x in result.stdout.splitlines() if x.startswith("THREADS "))
+    return json.loads(line.split(" ", 1)[1])
+
+
+@pytest.mark.parametrize("where", ["background", "step"])
+def test_a_twins_replica_threads_are_paced_and_the_programs_are_not(where):
+    report = _job(TF_OTEL_TWIN_PREPARE=where)
+    queued, prepared, _ = report["generations"]
+    noted = report["noted"]
+    assert all(kind == "_MirroredReplicaThread" for kind, _ in noted), noted
+    # the program's trace (2 replicas), then the twin's (2 replicas)
+    assert len(noted) == 4, noted
+    assert [paced for _, paced in noted[:2]] == ["NoneType", "NoneType"], noted
+    if where == "background":
+        assert queued == prepared == 1, report
+        assert [paced for _, paced in noted[2:]] == ["Pacer", "Pacer"], noted
+    else:  # the control: traced on the step, nothing paced
+        assert [paced for _, paced in noted[2:]] == ["NoneType", "NoneType"], noted
