@@ -96,17 +96,22 @@ def _spin(pacer: Optional[Pacer], seconds: float, out: List[float]) -> None:
     out.append((time.thread_time() - cpu0) / (time.monotonic() - wall0))
 
 
-def test_a_real_thread_is_held_to_its_share_and_an_exit_lets_it_run():
+def test_a_real_thread_is_held_to_its_share_and_an_exit_abandons_its_work():
     paced: List[float] = []
     thread = threading.Thread(target=_spin, args=(Pacer(Idle(0.0)), 3.0, paced))
     thread.start()
     thread.join()
     # the floor (1/32 of a core) and the burst it may bank: well under a tenth of a core
     assert paced[0] < 0.08, paced
-    stopping = Pacer(Idle(0.0), stop=lambda: True)
-    unpaced: List[float] = []
-    _spin(stopping, 0.5, unpaced)
-    assert stopping.slept == 0.0 and unpaced[0] > 0.08, unpaced
+    stop = threading.Event()
+    stopping = Pacer(Idle(0.0), stop=stop.is_set)
+    forked = stopping.fork()
+    assert forked.share == stopping.share and forked.stop is stopping.stop
+    stop.set()
+    started = time.monotonic()
+    with pytest.raises(cpu_pacer.Abandoned):  # into the paced code at its next look
+        _spin(stopping, 5.0, [])
+    assert time.monotonic() - started < 1.0 and stopping.slept == 0.0
 
 
 def _burn(seconds: float) -> None:

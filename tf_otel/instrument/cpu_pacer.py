@@ -58,6 +58,12 @@ _EVERY = 4095  # profile events between two looks at the thread's CPU time (a ma
 CGROUP = Path("/sys/fs/cgroup")
 
 
+class Abandoned(BaseException):
+    """Raised into a paced thread's Python once its work is given up (the program exits): the
+    twin's trace ends there instead of the program waiting for it. A BaseException, so that the
+    program's own ``except Exception`` inside a traced function does not swallow it."""
+
+
 class SpareCpu:
     """Idle cores since the previous call (None at the first call or where unknown)."""
 
@@ -130,13 +136,14 @@ def next_share(used: float, spare: Optional[float]) -> float:
 class Pacer:
     """A ``sys.setprofile`` function: every few thousand Python calls it compares the thread's
     CPU time with its share of the wall time since the previous look and sleeps (letting go of
-    the GIL and the core) while the thread is ahead; every ``WINDOW_S`` it sets a new share."""
+    the GIL and the core) while the thread is ahead; every ``WINDOW_S`` it sets a new share.
+    Once ``stop()`` says so it raises ``Abandoned`` into the paced code."""
 
     def __init__(
         self, spare: Optional[SpareCpu] = None, stop: Callable[[], bool] = lambda: False
     ) -> None:
         self.spare = spare if spare is not None else SpareCpu()
-        self.stop = stop  # True: run unpaced from now on (the program waits for this thread)
+        self.stop = stop  # True: abandon the paced work (the program exits)
         self.share = FLOOR if self.spare.prime() else FALLBACK
         self.events = 0
         self.slept = 0.0
@@ -153,8 +160,11 @@ class Pacer:
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         self.events += 1
-        if self.events & _EVERY or self.stop():
+        if self.events & _EVERY:
             return
+        if self.stop():
+            # into the paced code (Python then unsets this profile function): its work ends
+            raise Abandoned()
         self.look(time.monotonic(), time.thread_time())
 
     def look(self, wall: float, cpu: float) -> float:

@@ -53,10 +53,12 @@ MAX_PENDING = 16  # preparations queued at most (one per trace of a program's fu
 MAX_KEYS = 64  # step keys whose last step is kept (rank 0's choice of the first detail step)
 RESEND_S = (1.0, 5.0)  # a prepared generation not opened yet is reported again, backing off
 IDLE_S = 5.0  # the twin thread looks again this often with nothing queued
-# at the program's exit a preparation under way is let finish (unpaced) for at most this long:
-# a daemon thread still inside TensorFlow's C++ when the interpreter finalises is ended by a
-# forced unwind that TensorFlow's catch-all handlers abort the whole process on
+# at the program's exit a trace under way is abandoned (cpu_pacer.Abandoned) and an instantiation
+# under way let finish for at most this long: a daemon thread still inside TensorFlow's C++ when
+# the interpreter finalises is ended by a forced unwind that TensorFlow's catch-all handlers
+# abort the whole process on
 EXIT_WAIT_S = 60.0
+QUIET_EXIT_S = 2.0  # waited at exit before saying why (an abandoned trace ends well within)
 
 
 class _TwinState(threading.local):
@@ -264,19 +266,23 @@ class _Gate:
             atexit.register(self.stop)
 
     def stop(self, wait_s: float = EXIT_WAIT_S) -> bool:
-        """At exit: start no more preparations and let the one under way finish (it is never
-        interrupted: it may be inside TensorFlow). False when it outlasted ``wait_s``."""
+        """At exit: start no more preparations; a trace under way is abandoned at its next
+        look at the pacer (Python), an instantiation under way (TensorFlow's C++, which cannot
+        be interrupted) let finish. False when that outlasted ``wait_s``."""
         with self.changed:
             self.stopping = True
-            if self.busy:
+            quiet = min(QUIET_EXIT_S, wait_s)  # a trace is abandoned within this
+            finished = self.changed.wait_for(lambda: not self.busy, timeout=quiet)
+            if not finished:
                 log_once(
                     "twin_exit_wait",
-                    "tf_otel: the program exits while a detail twin is being prepared; letting "
-                    "it finish (at most %.0f s)",
+                    "tf_otel: the program exits while TensorFlow instantiates a detail twin; "
+                    "letting it finish (at most %.0f s)",
                     wait_s,
                     level=logging.WARNING,
                 )
-            finished = self.changed.wait_for(lambda: not self.busy, timeout=wait_s)
+                left = wait_s - quiet
+                finished = self.changed.wait_for(lambda: not self.busy, timeout=left)
         if not finished:
             count("twin_exit_wait_exceeded")
         return finished
@@ -296,11 +302,17 @@ class _Gate:
                     return
                 self.busy = job is not None
             if job is not None:
-                with fail_open("twin.prepare"):
-                    _prepare(job)
+                abandoned = False
+                try:
+                    with fail_open("twin.prepare"):
+                        _prepare(job)
+                except cpu_pacer.Abandoned:  # the program exits: its trace ended here
+                    abandoned = True
+                    count("twin_abandoned_at_exit")
                 job.args = job.kwargs = None  # type: ignore[assignment]  # the batch, let go
                 with self.changed:
-                    self.prepared = job.generation
+                    if not abandoned:
+                        self.prepared = job.generation
                     self.busy = False
                     self.changed.notify_all()
                 resend = itertools.chain([RESEND_S[0]], itertools.repeat(RESEND_S[1]))
@@ -406,8 +418,7 @@ def _prepare(job: _Job) -> None:
 def _prepare_in_context(job: _Job) -> None:
     started = time.monotonic()
     before = job.twin.experimental_get_tracing_count()
-    # paced on the twin thread (not on TF_OTEL_TWIN_PREPARE=step's step); unpaced at exit,
-    # where the program waits for it
+    # paced on the twin thread (not on TF_OTEL_TWIN_PREPARE=step's step); abandoned at exit
     pacer = cpu_pacer.Pacer(stop=lambda: _gate.stopping) if job.generation > 0 else None
     if pacer is not None:
         sys.setprofile(pacer)  # this thread only
