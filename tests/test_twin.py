@@ -108,7 +108,27 @@ def test_preparing_a_twin_instantiates_it_without_running_it(source):
     assert counted._tf_otel_twin.experimental_get_tracing_count() == 1
 
 
-def test_picked_steps_wait_for_every_generation_to_open(source, monkeypatch):
+def _detail_call(function, x, key, step):
+    """A picked step ``step`` of ``key``: did it run the program's own function?"""
+    assert detail_twin.ready_for(key, step) or detail_twin.generations()[2] == 0
+    detail_twin.want(True)
+    try:
+        call(function, x)
+        return detail_twin.ran_own_function()
+    finally:
+        detail_twin.want(False)
+
+
+def _reported(opened, generation):
+    deadline = time.monotonic() + 120
+    while not any(generation in g for g in opened) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return any(generation in g for g in opened)
+
+
+def test_a_picked_step_runs_the_twin_of_its_trace_once_that_is_open(source, monkeypatch):
+    from tf_otel import health
+
     opened = []
     monkeypatch.setattr(detail_twin._gate, "reporters", [opened.append])  # rank 0 answers, not here
     queued, prepared, _ = detail_twin.generations()
@@ -117,22 +137,81 @@ def test_picked_steps_wait_for_every_generation_to_open(source, monkeypatch):
     def fresh(x):
         return x * 3
 
-    call(fresh, tf.constant(1.0))  # a new trace: a new generation, the gate closes
+    x = tf.constant(1.0)
+    call(fresh, x)  # a new trace: a new generation
     assert detail_twin.generations()[0] == queued + 1
-    assert not detail_twin.ready_for("tf_function:fresh", 10)
-    deadline = time.monotonic() + 120
-    while not opened and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert opened and opened[-1] == queued + 1, "the twin thread reports the prepared generation"
-    assert not detail_twin.ready_for("tf_function:fresh", 10), (
-        "prepared here is not open everywhere"
-    )
-    detail_twin.open(queued + 1, {"tf_function:fresh": 12})  # rank 0: from step 12 of this key
-    assert not detail_twin.ready_for("tf_function:fresh", 11)
-    assert detail_twin.ready_for("tf_function:fresh", 12) and detail_twin.ready_for(
-        "tf_function:fresh", 40
-    )
-    assert detail_twin.ready_for("keras_train", 0), "a key rank 0 had not stepped: at once"
+    assert _reported(opened, queued + 1), "the twin thread reports the prepared generation"
+    key = "tf_function:fresh"
+    assert _detail_call(fresh, x, key, 10), "prepared here is not open everywhere: its own"
+    detail_twin.open([queued + 1], {key: 12})  # rank 0: from step 12 of this key
+    assert _detail_call(fresh, x, key, 11), "open from step 12"
+    on_step = health.counters.get("twin_traced_on_step", 0)
+    assert not _detail_call(fresh, x, key, 12), "open: the twin"
+    assert not _detail_call(fresh, x, key, 40)
+    assert health.counters.get("twin_traced_on_step", 0) == on_step
+    assert fresh._tf_otel_twin.experimental_get_tracing_count() == 1
+    detail_twin.ready_for("keras_train", 0)
+    assert detail_twin.is_open(queued + 1), "a key rank 0 had not stepped: at once"
+
+
+def test_a_detail_step_with_arguments_never_traced_runs_its_own_and_queues_the_twin(source):
+    """A last partial batch: its twin is not traced on its step (the program traces its own
+    function there anyway); it is prepared beside it for the next such step."""
+    from tf_otel import health
+
+    @tf.function(reduce_retracing=False)
+    def batch_sum(x):
+        return tf.reduce_sum(x) * 2
+
+    call(batch_sum, tf.ones([4]))
+    assert detail_twin.wait_open(120), detail_twin.generations()
+    key = "tf_function:batch_sum"
+    assert not _detail_call(batch_sum, tf.ones([4]), key, 5), "a prepared trace: the twin"
+    queued = detail_twin.generations()[0]
+    on_step = health.counters.get("twin_traced_on_step", 0)
+    assert _detail_call(batch_sum, tf.ones([3]), key, 6), "a new shape: the program's own"
+    assert health.counters.get("twin_traced_on_step", 0) == on_step, "no twin traced on it"
+    assert batch_sum.experimental_get_tracing_count() == 2
+    assert detail_twin.generations()[0] == queued + 1, "its twin queued"
+    assert detail_twin.wait_open(120), detail_twin.generations()
+    assert not _detail_call(batch_sum, tf.ones([3]), key, 7), "prepared since: the twin"
+    assert health.counters.get("twin_traced_on_step", 0) == on_step
+
+
+def test_a_newer_trace_of_the_function_is_prepared_first(source):
+    """Horovod's synthetic benchmark: the first step traces ``first_batch=True`` (called once),
+    the next the steady trace. The steady twin is prepared first: the first trace's, under way
+    on the twin thread when the steady one is queued, gives way and is prepared after it."""
+    from tf_otel import health
+
+    order = []
+    steady = threading.Event()
+
+    @tf.function
+    def bench_step(x, first_batch):
+        if detail_twin.tracing():
+            if first_batch:
+                while not steady.is_set():  # a slow trace, until the steady one is traced
+                    sum(abs(i) for i in range(100))
+            else:
+                steady.set()
+            order.append(first_batch)
+        return x * 2
+
+    superseded = health.counters.get("twin_superseded", 0)
+    x = tf.constant(1.0)
+    call_first = bench_step(x, True)  # through tf_otel's wrapper: the first trace, queued
+    deadline = time.monotonic() + 60
+    while not bench_step._tf_otel_twin.experimental_get_tracing_count() and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)  # until its twin's trace is under way on the twin thread
+    time.sleep(0.3)
+    bench_step(x, False)  # the steady trace, queued: the first gives way
+    assert float(call_first) == 2.0
+    assert detail_twin.wait_open(120), detail_twin.generations()
+    assert order == [False, True], order
+    assert health.counters.get("twin_superseded", 0) == superseded + 1
 
 
 def test_functions_nested_in_a_twin_get_twins_of_their_own(source):
@@ -234,14 +313,14 @@ print("EXIT", time.monotonic(), flush=True)
 """
 
 
-@pytest.mark.parametrize("trace_s", [3.0])
-def test_a_program_exiting_while_a_twin_is_prepared_waits_for_it_and_exits_cleanly(
-    tmp_path, trace_s
-):
-    """The program ends right after the step that traced its function, the twin's trace (3 s)
-    still under way on the twin thread: the exit lets the preparation finish (traced and
-    instantiated; a daemon thread left inside TensorFlow at finalisation can abort the process:
-    'terminate called ... FATAL: exception not rethrown'), says why it waits, and exits 0."""
+@pytest.mark.parametrize("trace_s", [3.0, 0.0])
+def test_a_program_exiting_while_a_twin_is_prepared_exits_cleanly(tmp_path, trace_s):
+    """The program ends right after the step that traced its function, the twin's preparation
+    under way on the twin thread. A trace still under way (3 s) is abandoned at the exit: the
+    program does not wait for it, nothing is prepared. With a quick trace the exit may find the
+    instantiation under way (TensorFlow's C++), which is let finish: a daemon thread left inside
+    TensorFlow at finalisation can abort the process ('terminate called ... FATAL: exception
+    not rethrown'). Either way it exits 0."""
     import subprocess
     import sys
 
@@ -255,9 +334,9 @@ def test_a_program_exiting_while_a_twin_is_prepared_waits_for_it_and_exits_clean
         env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "terminate called" not in done.stderr, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert "RESULT 2.0" in lines, done.stdout
-    exit_at = lines.index(next(line for line in lines if line.startswith("EXIT")))
-    assert "TWIN TRACED" in lines and "PREPARED" in lines, (done.stdout, done.stderr[-2000:])
-    assert lines.index("PREPARED") > exit_at, "prepared after the program's last line"
-    assert "letting it finish" in done.stderr, done.stderr[-2000:]
+    assert any(line.startswith("EXIT") for line in lines), "the program's last line"
+    if trace_s:  # the trace did not finish: abandoned, not waited for
+        assert "TWIN TRACED" not in lines and "PREPARED" not in lines, done.stdout

@@ -95,17 +95,19 @@ class OpsWindow(TypedDict):
 
 
 class TwinReady(TypedDict):
-    """A rank has prepared every detail twin it queued, up to generation "g"."""
+    """A rank has prepared the detail generations "p" (its twins, TF1 runs); "g": the last."""
 
     t: str
     g: int
+    p: List[int]
 
 
 class TwinOpen(TypedDict):
-    """Rank 0: every rank prepared generation "g"; detail twins run from step "w" by key."""
+    """Rank 0: every rank prepared generations "p"; they run from step "w" by key."""
 
     t: str
     g: int
+    p: List[int]
     w: Dict[str, int]
 
 
@@ -232,12 +234,22 @@ def ops_request(steps: int) -> OpsRequest:
     return {"t": OPS_REQUEST, "n": int(steps)}
 
 
-def twin_ready(generation: int) -> TwinReady:
-    return {"t": TWIN_READY, "g": int(generation)}
+MAX_GENERATIONS = 256  # generations one twin message names (the newest)
 
 
-def twin_open(generation: int, starts: Dict[str, int]) -> TwinOpen:
-    return {"t": TWIN_OPEN, "g": int(generation), "w": {k: int(v) for k, v in starts.items()}}
+def twin_ready(generations: List[int]) -> TwinReady:
+    named = sorted(int(g) for g in generations)[-MAX_GENERATIONS:]
+    return {"t": TWIN_READY, "g": named[-1] if named else 0, "p": named}
+
+
+def twin_open(generations: List[int], starts: Dict[str, int]) -> TwinOpen:
+    named = sorted(int(g) for g in generations)[-MAX_GENERATIONS:]
+    return {
+        "t": TWIN_OPEN,
+        "g": named[-1] if named else 0,
+        "p": named,
+        "w": {k: int(v) for k, v in starts.items()},
+    }
 
 
 def stall_ask(query: int, key: str, step: int, export: bool = True) -> StallAsk:
@@ -396,8 +408,15 @@ def _check_ops_window(message: Message) -> None:
     _need_int(message, "n")
 
 
-def _check_twin_open(message: Message) -> None:
+def _check_twin_ready(message: Message) -> None:
     _need_int(message, "g", 0)
+    value = message.get("p")
+    if not isinstance(value, list) or len(value) > MAX_GENERATIONS or not _ints(value):
+        raise _bad(message, "p", f"a list of at most {MAX_GENERATIONS} ints")
+
+
+def _check_twin_open(message: Message) -> None:
+    _check_twin_ready(message)
     _need_int_map(message, "w")
 
 
@@ -565,7 +584,7 @@ _CHECKS: Dict[str, Callable[[Message], None]] = {
     TO: _check_wrapped,
     OPS_WINDOW: _check_ops_window,
     OPS_REQUEST: lambda m: _need_int(m, "n"),
-    TWIN_READY: lambda m: _need_int(m, "g", 0),
+    TWIN_READY: _check_twin_ready,
     TWIN_OPEN: _check_twin_open,
     HVD_RECORDS: _check_records,
     HVD_DONE: lambda m: None,

@@ -11,9 +11,10 @@ Usage::
     result = detail_twin.call(function, wrapped, args, kwargs)  # where the step calls it
     if detail_twin.tracing(): ...  # graph construction: inside a twin's trace?
     detail_twin.want(False)  # the step's end
-    detail_twin.reported_by(send)  # a source tells rank 0 "prepared up to generation g"
-    detail_twin.open(g, {key: first_step})  # rank 0: twins of generation g run from there
-    detail_twin.prepare_later(work)  # another source's preparation (TF1 graph stamps' runs)
+    detail_twin.reported_by(send)  # a source tells rank 0 "prepared generations [g, ...]"
+    detail_twin.open([g], {key: first_step})  # rank 0: generation g runs from there
+    g = detail_twin.prepare_later(work)  # another source's preparation (TF1 graph stamps' runs)
+    if detail_twin.is_open(g): ...  # that source, on a detail step: may it use it?
 
 A twin is ``Function._clone``: the same Python function and options, its own traces; nested
 tf.functions are swapped for their own twins while it traces. It is traced and instantiated on
@@ -21,12 +22,17 @@ the ``tf_otel-twin`` thread (the slow part of a first run: 7.6 s against 0.29 s 
 steps, so no training step pays for it), the trace's Python paced to the CPU the training leaves
 idle (cpu_pacer.py), instantiated at nice 19 by a call with an already-cancelled cancellation
 manager: TensorFlow instantiates the function and runs none of its ops, so a preparation is
-never a run ahead of the program. A picked step runs the twin only once every rank has prepared
-it, from a step rank 0 names (detail_twin_gate.py), so a step runs it on every rank or on none;
-without a reporter (no pipeline, tests) a generation opens once prepared. Tracing from a second
-thread is safe (each Function traces under its own lock) and the twin is its own Function, so
-the program's function never waits for it. A twin that fails to prepare is given up (logged
-once) and the program's function runs instead. Design, pacing and costs: docs/guides/HOROVOD.md.
+never a run ahead of the program. Preparations are taken newest first; a trace under way gives
+way to a newer trace of its function (prepared after it). A picked step runs the twin of the
+trace its call hits (TensorFlow's function-cache lookup, no trace) only once every rank has
+prepared that generation, from a step rank 0 names (detail_twin_gate.py), so a step runs it on
+every rank or on none; otherwise it runs the program's own function, and arguments no trace had
+queue a twin instead of tracing one on the step. Without a reporter (no pipeline, tests) a
+generation opens once prepared. At the program's exit a trace under way is abandoned. Tracing
+from a second thread is safe (each Function traces under its own lock) and the twin is its own
+Function, so the program's function never waits for it. A twin that fails to prepare is given
+up (logged once) and the program's function runs instead. Design, pacing and costs:
+docs/guides/HOROVOD.md.
 """
 
 from __future__ import annotations
@@ -35,12 +41,11 @@ import atexit
 import contextlib
 import itertools
 import logging
-import queue
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from opentelemetry import context as otel_context
 
@@ -67,6 +72,8 @@ class _TwinState(threading.local):
     ran_own = False  # this detail step ran the program's function: its first call (see call)
     every_step = False  # every step is a detail step (TF_OTEL_HOROVOD_EVERY=1)
     pacer: Optional[cpu_pacer.Pacer] = None  # pacing this thread's trace of a twin
+    # generations this detail step may run (ready_for); None: every one (nothing was queued)
+    open_now: Optional[FrozenSet[int]] = None
 
 
 _state = _TwinState()
@@ -98,7 +105,7 @@ def after_prepare(build: Callable[[], None]) -> None:
 
 def preparing() -> bool:
     """A twin queued here is not prepared yet (sources leave what it adds alone meanwhile)."""
-    return _gate.prepared < _gate.queued
+    return len(_gate.prepared) < _gate.queued
 
 
 def enabled() -> bool:
@@ -112,6 +119,8 @@ def want(on: bool, every_step: bool = False) -> None:
     _state.wanted = on
     _state.every_step = on and every_step
     _state.ran_own = False
+    if not on:
+        _state.open_now = None  # what ready_for found holds for the step it was asked for
 
 
 def ran_own_function() -> bool:
@@ -203,6 +212,18 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
     elif top and _state.wanted:
         twin = _twin_of(function)
         if twin is not None:
+            if not _state.every_step and _in_background:
+                found = _cached(twin, args, kwargs)
+                if found is _UNKNOWN:  # which trace it hits is unknown: every one must be open
+                    ready = _state.open_now is None or len(_state.open_now) >= _gate.queued
+                else:
+                    generation = getattr(found, "_tf_otel_generation", None)
+                    ready = found is not None and is_open(generation)
+                if not ready:
+                    # its twin for these arguments is not prepared on every rank yet (a last
+                    # partial batch, a newer trace): the program's own, and the twin prepared
+                    missing = found is None
+                    return _run_own(function, wrapped, args, kwargs, missing=missing)
             before = twin.experimental_get_tracing_count()
             if _traced(function, twin, args, kwargs) is not None:
                 if twin.experimental_get_tracing_count() != before:
@@ -219,12 +240,76 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
     return result
 
 
+_UNKNOWN = object()  # TensorFlow's function cache could not be asked
+MAX_ASKED = 4  # preparations a function's detail steps queue for traces the program had
+
+
+def _cached(twin: Any, args: tuple, kwargs: dict) -> Any:
+    """The twin's concrete function for these arguments if it has one, None where it has none
+    (calling it would trace it on this step), ``_UNKNOWN`` where TensorFlow's cache cannot be
+    asked (then it is traced on the step, as before). The lookup TensorFlow makes before it
+    traces (tracing_compilation._maybe_define_function), without tracing: ~0.3 ms, on detail
+    steps only."""
+    try:
+        from tensorflow.python.eager.polymorphic_function import (
+            function_context,
+            function_type_utils,
+        )
+
+        bound = function_type_utils.canonicalize_function_inputs(
+            args, kwargs, twin._function_type, twin._default_values, twin._is_pure
+        )
+        if twin._created_variables:
+            options = twin._no_variable_creation_config
+        else:
+            options = twin._variable_creation_config
+        if options is None:
+            return None  # never traced
+        bound = function_type_utils.canonicalize_function_inputs(
+            bound.args,
+            bound.kwargs,
+            options.polymorphic_type,
+            options.default_values,
+            options.is_pure,
+        )
+        positional = bound.args
+        if options.input_signature is not None:
+            signature = tuple(options.input_signature)
+            positional = (*signature, *positional[len(signature) :])
+        context = function_context.make_function_context(options.scope_type)
+        captures = options.function_captures.capture_types if options.function_captures else {}
+        lookup, _ = function_type_utils.make_canonicalized_monomorphic_type(
+            positional, bound.kwargs, captures, options.polymorphic_type
+        )
+        return options.function_cache.lookup(lookup, context)
+    except Exception as exc:  # noqa: BLE001 - TensorFlow's internals moved: as before
+        report_failure("twin.lookup", exc)
+        return _UNKNOWN
+
+
+def _run_own(function: Any, wrapped: Callable, args: tuple, kwargs: dict, missing: bool) -> Any:
+    """A detail step whose twin is not ready for its arguments runs the program's own function
+    (and says so); a twin the arguments have none of is queued for preparation."""
+    _state.ran_own = True
+    counter = function.experimental_get_tracing_count
+    before = counter()
+    result = wrapped(*args, **kwargs)
+    if missing and enabled():
+        asked = getattr(function, "_tf_otel_asked", 0)
+        if counter() != before:  # the program traced these arguments now
+            _prepare_later(function, args, kwargs)
+        elif asked < MAX_ASKED:  # a trace the program had before its twin was wanted
+            function._tf_otel_asked = asked + 1
+            _prepare_later(function, args, kwargs)
+    return result
+
+
 # -- preparation off the training thread ----------------------------------------------------
 
 
-# another source's preparation: its Python part (paced like a trace) returns what is left to
-# do in TensorFlow's C++ (run at low priority), or None
-Work = Callable[[], Optional[Callable[[], None]]]
+# another source's preparation, given its generation: its Python part (paced like a trace)
+# returns what is left to do in TensorFlow's C++ (run at low priority), or None
+Work = Callable[[int], Optional[Callable[[], None]]]
 
 
 @dataclass
@@ -239,21 +324,26 @@ class _Job:
     # the program's Python makes while its twin traces lands in that step's trace
     context: Any = None
     work: Optional[Work] = None  # not a twin: another source's preparation
+    superseded: bool = False  # a newer trace of its function was queued while it traced
 
 
 class _Gate:
     """Generations queued (training thread), prepared (the twin thread) and opened (rank 0's
-    answer), the step keys' last steps, and the preparation thread itself."""
+    answer), the step keys' last steps, and the preparation thread itself. Preparations are
+    taken newest first (the trace the program calls now); a twin's trace still under way when
+    a newer trace of the same function is queued is set aside for it (Horovod's
+    ``first_batch=True`` trace, which the program calls once, then the steady one)."""
 
     def __init__(self) -> None:
         self.queued = 0
-        self.prepared = 0
-        # (generation, {step key: first step}) from rank 0; replaced whole, never mutated
-        self.opened: Tuple[int, Dict[str, int]] = (0, {})
+        self.prepared: Set[int] = set()  # generations prepared here
+        # generation -> {step key: first step} from rank 0; replaced whole, never mutated
+        self.opened: Dict[int, Dict[str, int]] = {}
         self.last_steps: Dict[str, int] = {}
-        self.reporters: List[Callable[[int], Any]] = []
+        self.reporters: List[Callable[[List[int]], Any]] = []
         self.prepared_on: List[str] = []  # thread names that prepared (tests; bounded)
-        self.jobs: queue.Queue[_Job] = queue.Queue(MAX_PENDING)
+        self.pending: List[_Job] = []  # queued, not started (the twin thread takes the last)
+        self.current: Optional[_Job] = None  # the preparation under way
         self.thread: Optional[threading.Thread] = None
         self.changed = threading.Condition()
         self.busy = False  # a preparation is under way on the twin thread
@@ -265,12 +355,28 @@ class _Gate:
             self.thread.start()
             atexit.register(self.stop)
 
+    def put(self, job: _Job) -> bool:
+        with self.changed:
+            if len(self.pending) >= MAX_PENDING:
+                return False
+            current = self.current
+            if (
+                current is not None
+                and current.function is not None
+                and current.function is job.function
+            ):
+                current.superseded = True  # its trace gives way at its pacer's next look
+            self.pending.append(job)
+            self.changed.notify_all()
+        return True
+
     def stop(self, wait_s: float = EXIT_WAIT_S) -> bool:
         """At exit: start no more preparations; a trace under way is abandoned at its next
         look at the pacer (Python), an instantiation under way (TensorFlow's C++, which cannot
         be interrupted) let finish. False when that outlasted ``wait_s``."""
         with self.changed:
             self.stopping = True
+            self.changed.notify_all()
             quiet = min(QUIET_EXIT_S, wait_s)  # a trace is abandoned within this
             finished = self.changed.wait_for(lambda: not self.busy, timeout=quiet)
             if not finished:
@@ -287,51 +393,62 @@ class _Gate:
             count("twin_exit_wait_exceeded")
         return finished
 
+    def _unopened(self) -> bool:
+        return bool(self.prepared - self.opened.keys())
+
     def _loop(self) -> None:
         # not niced: a thread at nice 19 that holds the GIL while the OS runs others holds up
         # every Python thread of the process (a 2-rank MobileNetV2 job's steps took 3-4x)
-        resend: Iterator[float] = itertools.repeat(RESEND_S[0])
-        waiting = False
+        wait_s = RESEND_S[0]
         while True:
-            try:
-                job: Optional[_Job] = self.jobs.get(timeout=next(resend) if waiting else IDLE_S)
-            except queue.Empty:
-                job = None
             with self.changed:
+                if not self.pending and not self.stopping:
+                    self.changed.wait(wait_s if self._unopened() else IDLE_S)
                 if self.stopping:
                     return
+                job = self.pending.pop() if self.pending else None
+                self.current = job
                 self.busy = job is not None
             if job is not None:
-                abandoned = False
+                prepared = True
                 try:
                     with fail_open("twin.prepare"):
                         _prepare(job)
-                except cpu_pacer.Abandoned:  # the program exits: its trace ended here
-                    abandoned = True
-                    count("twin_abandoned_at_exit")
-                job.args = job.kwargs = None  # type: ignore[assignment]  # the batch, let go
+                except cpu_pacer.Abandoned:  # the program exits, or a newer trace came
+                    prepared = False
                 with self.changed:
-                    if not abandoned:
-                        self.prepared = job.generation
+                    self.current = None
+                    if prepared:
+                        self.prepared.add(job.generation)
+                        job.args = job.kwargs = None  # type: ignore[assignment]  # the batch
+                    elif self.stopping:
+                        count("twin_abandoned_at_exit")
+                    else:  # set aside for the newer trace, prepared after it
+                        count("twin_superseded")
+                        job.superseded = False
+                        self.pending.insert(0, job)
                     self.busy = False
                     self.changed.notify_all()
-                resend = itertools.chain([RESEND_S[0]], itertools.repeat(RESEND_S[1]))
-            waiting = self.prepared == self.queued and self.opened[0] < self.prepared
-            if waiting:
-                self._report(self.prepared)
+                wait_s = RESEND_S[0]
+            elif self._unopened():
+                wait_s = RESEND_S[1]
+            if self._unopened():
+                self._report(sorted(self.prepared))
 
-    def _report(self, generation: int) -> None:
+    def _report(self, generations: List[int]) -> None:
         if not self.reporters:
-            self.open(generation, {})  # nobody to agree with: open here
+            self.open(generations, {})  # nobody to agree with: open here
             return
         for reporter in list(self.reporters):
             with fail_open("twin.report"):
-                reporter(generation)
+                reporter(generations)
 
-    def open(self, generation: int, starts: Dict[str, int]) -> None:
+    def open(self, generations: Iterable[int], starts: Dict[str, int]) -> None:
         with self.changed:
-            if generation >= self.opened[0]:
-                self.opened = (generation, dict(starts))
+            opened = dict(self.opened)
+            for generation in generations:
+                opened.setdefault(int(generation), dict(starts))
+            self.opened = opened
             self.changed.notify_all()
 
 
@@ -356,24 +473,24 @@ def _prepare_later(function: Any, args: tuple, kwargs: dict) -> None:
     _enqueue(job)
 
 
-def prepare_later(work: Work) -> bool:
-    """Another source's preparation for its detail steps (TF1 graph stamps' executors): queued
-    as a generation of its own, so picked steps wait for it on every rank like a twin's. False
+def prepare_later(work: Work) -> Optional[int]:
+    """Another source's preparation for its detail steps (TF1 graph stamps' runs): queued as a
+    generation of its own, which picked steps wait for on every rank like a twin's (``is_open``).
+    Its generation; 0 where it was done here (TF_OTEL_TWIN_PREPARE=step: always open); None
     where the queue is full (that source's detail steps prepare it themselves)."""
     if not _in_background:  # TF_OTEL_TWIN_PREPARE=step: here, on the step
         with fail_open("twin.prepare"):
             _prepare(_Job(None, None, (), {}, 0, work=work))
-        return True
-    return _enqueue(_Job(None, None, (), {}, 0, work=work))
+        return 0
+    job = _Job(None, None, (), {}, 0, work=work)
+    return job.generation if _enqueue(job) else None
 
 
 def _enqueue(job: _Job) -> bool:
     generation = _gate.queued + 1
     _gate.queued = generation  # before the job is queued: the gate closes first, never after
     job.generation = generation
-    try:
-        _gate.jobs.put_nowait(job)
-    except queue.Full:
+    if not _gate.put(job):
         _gate.queued = generation - 1
         count("twin_prepare_dropped")  # its detail steps trace and instantiate it themselves
         return False
@@ -405,7 +522,7 @@ def _prepare(job: _Job) -> None:
     it. A twin that cannot be traced is given up; one that cannot be instantiated here still
     runs (instantiated by its first detail step)."""
     if job.work is not None:
-        _prepare_work(job.work, paced=job.generation > 0)
+        _prepare_work(job.work, job.generation)
         return
     token = otel_context.attach(job.context) if job.context is not None else None
     try:
@@ -419,7 +536,11 @@ def _prepare_in_context(job: _Job) -> None:
     started = time.monotonic()
     before = job.twin.experimental_get_tracing_count()
     # paced on the twin thread (not on TF_OTEL_TWIN_PREPARE=step's step); abandoned at exit
-    pacer = cpu_pacer.Pacer(stop=lambda: _gate.stopping) if job.generation > 0 else None
+    pacer = (
+        cpu_pacer.Pacer(stop=lambda: _gate.stopping or job.superseded)
+        if job.generation > 0
+        else None
+    )
     if pacer is not None:
         sys.setprofile(pacer)  # this thread only
         _state.pacer = pacer
@@ -433,6 +554,8 @@ def _prepare_in_context(job: _Job) -> None:
     _note_thread()
     if concrete is None:
         return
+    with fail_open("twin.generation"):
+        concrete._tf_otel_generation = job.generation  # detail calls run it once it is open
     if job.twin.experimental_get_tracing_count() != before:
         count("twin_traces")
     traced = time.monotonic()
@@ -461,13 +584,13 @@ def _prepare_in_context(job: _Job) -> None:
     )
 
 
-def _prepare_work(work: Work, paced: bool) -> None:
+def _prepare_work(work: Work, generation: int) -> None:
     """Another source's preparation: its Python paced like a trace, its C++ at low priority."""
-    pacer = cpu_pacer.Pacer(stop=lambda: _gate.stopping) if paced else None
+    pacer = cpu_pacer.Pacer(stop=lambda: _gate.stopping) if generation > 0 else None
     if pacer is not None:
         sys.setprofile(pacer)
     try:
-        native = work()
+        native = work(generation)
     finally:
         if pacer is not None:
             sys.setprofile(None)
@@ -533,30 +656,41 @@ def note_step(key: str, step: int) -> None:
 
 
 def ready_for(key: str, step: int) -> bool:
-    """May this picked step run twins? Yes when no twin was ever queued, or when every rank has
-    prepared every generation queued so far and the step is at or past rank 0's first step for
-    its key. The same answer on every rank (see the module's docstring)."""
-    queued = _gate.queued
-    if queued == 0:
+    """May this picked step run twins? Yes when no twin was ever queued, or when some generation
+    is prepared on every rank and open for this key at this step (rank 0's first step for it);
+    which of them the step's call may run is ``is_open``'s answer for its trace. The same
+    answers on every rank (see the module's docstring)."""
+    if _gate.queued == 0:
+        _state.open_now = None
         return True
-    generation, starts = _gate.opened
-    if generation < queued:
-        return False
-    start = starts.get(key)
-    return start is None or step >= start
+    opened = _gate.opened
+    _state.open_now = frozenset(
+        generation
+        for generation, starts in opened.items()
+        if step >= starts.get(key, step)  # a key rank 0 had not stepped: at once
+    )
+    return bool(_state.open_now)
 
 
-def reported_by(reporter: Callable[[int], Any]) -> None:
-    """A way to tell rank 0 "every twin queued here is prepared, up to generation g" (once per
-    process); called on the twin thread, again every few seconds until ``open`` answers."""
+def is_open(generation: Optional[int]) -> bool:
+    """May the detail step under way on this thread run what generation ``generation``
+    prepared (0: prepared on its step; None: not prepared ahead, always)? Its trace or run is
+    prepared on every rank and open at this step."""
+    open_now = _state.open_now
+    return not generation or open_now is None or generation in open_now
+
+
+def reported_by(reporter: Callable[[List[int]], Any]) -> None:
+    """A way to tell rank 0 "these generations are prepared here" (once per process); called
+    on the twin thread, again every few seconds while one of them is not open."""
     if reporter not in _gate.reporters:
         _gate.reporters.append(reporter)
 
 
-def open(generation: int, starts: Dict[str, int]) -> None:  # noqa: A001 - the gate's verb
-    """Rank 0's answer: the twins of ``generation`` (and before) are prepared on every rank;
-    picked steps of each key in ``starts`` run them from that step on (other keys at once)."""
-    _gate.open(generation, starts)
+def open(generations: Iterable[int], starts: Dict[str, int]) -> None:  # noqa: A001 - the verb
+    """Rank 0's answer: ``generations`` are prepared on every rank; picked steps of each key in
+    ``starts`` run them from that step on (other keys at once)."""
+    _gate.open(generations, starts)
 
 
 def last_steps() -> Dict[str, int]:
@@ -566,7 +700,7 @@ def last_steps() -> Dict[str, int]:
 
 def generations() -> Tuple[int, int, int]:
     """(queued, prepared, opened) generations of this process."""
-    return _gate.queued, _gate.prepared, _gate.opened[0]
+    return _gate.queued, len(_gate.prepared), len(_gate.opened)
 
 
 def wait_open(timeout_s: float) -> bool:
@@ -574,7 +708,7 @@ def wait_open(timeout_s: float) -> bool:
     training thread."""
     deadline = time.monotonic() + timeout_s
     with _gate.changed:
-        while _gate.opened[0] < _gate.queued:
+        while len(_gate.opened) < _gate.queued:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False

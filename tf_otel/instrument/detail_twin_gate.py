@@ -1,9 +1,10 @@
 """Ranks agree on the first step that runs a detail twin (instrument/detail_twin.py).
 
-Every rank prepares its twins on its own thread and reports the generation it has prepared to
-rank 0 (``tf_otel.twin.ready``, from the twin thread, again until answered). Once every rank
-that steps has reported generation g or more, rank 0 answers every rank (``tf_otel.twin.open``)
-with g and, for each step key it has stepped, a first step ``MARGIN`` steps past its last one:
+Every rank prepares its twins (and TF1 runs) on its own thread and reports the generations it
+has prepared to rank 0 (``tf_otel.twin.ready``, from the twin thread, again until answered).
+Once every rank that steps has reported a generation, rank 0 answers every rank
+(``tf_otel.twin.open``) with it and, for each step key it has stepped, a first step ``MARGIN``
+steps past its last one:
 ranks whose steps are held together by collectives are at most a step apart, so each has the
 answer before that step begins and every rank details the same steps. A rank that gets the
 answer after that step (never expected) counts it and logs once.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, List, Set
 
 from tf_otel.cluster import messages
 from tf_otel.health import count, log_once
@@ -29,29 +30,37 @@ MARGIN = 3  # rank 0's first twin step of a key: its last step + MARGIN
 
 
 class _Reference:
-    """Rank 0: each rank's prepared generation; the last generation opened."""
+    """Rank 0: each rank's prepared generations; the generations opened, with the first steps
+    each was opened from (a lost answer is sent again with the same steps)."""
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.lock = threading.Lock()
-        self.ready: Dict[int, int] = {}
-        self.opened = 0
+        self.ready: Dict[int, Set[int]] = {}
+        self.opened: Dict[int, Dict[str, int]] = {}
 
     def on_ready(self, rank: int, message: Dict[str, Any]) -> None:
         world = max(1, int(self.pipeline.topology.step_world_size))
+        prepared = {int(g) for g in message.get("p") or ()}
         with self.lock:
             if 0 <= rank < world:
-                self.ready[rank] = max(self.ready.get(rank, 0), int(message["g"]))
+                self.ready.setdefault(rank, set()).update(prepared)
             if len(self.ready) < world:
                 return
-            generation = min(self.ready.values())
-            if generation <= self.opened:
-                if generation == self.opened:  # a rank asked again: its answer was lost
-                    self._send(rank, generation)
-                return
-            self.opened = generation
-        starts = {key: step + MARGIN for key, step in detail_twin.last_steps().items()}
-        to_every_rank(self.pipeline, messages.twin_open(generation, starts), on_open)
+            common = set.intersection(*self.ready.values())
+            new = sorted(common - self.opened.keys())
+            if not new:
+                again = sorted(prepared & self.opened.keys())  # a rank asked again: lost
+                resend = [(g, self.opened[g]) for g in again]
+            else:
+                starts = {key: step + MARGIN for key, step in detail_twin.last_steps().items()}
+                for generation in new:
+                    self.opened[generation] = starts
+        if not new:
+            for generation, starts in resend:
+                self._send(rank, [generation], starts)
+            return
+        to_every_rank(self.pipeline, messages.twin_open(new, starts), on_open)
         log_once(
             "twin_open",
             "tf_otel: detail twins prepared on every rank; detail from %s",
@@ -59,16 +68,15 @@ class _Reference:
             level=logging.INFO,
         )
 
-    def _send(self, rank: int, generation: int) -> None:
-        starts = {key: step + MARGIN for key, step in detail_twin.last_steps().items()}
+    def _send(self, rank: int, generations: List[int], starts: Dict[str, int]) -> None:
         if rank == self.pipeline.topology.rank:
-            on_open(dict(messages.twin_open(generation, starts)))
+            on_open(dict(messages.twin_open(generations, starts)))
         else:
-            self.pipeline.send_to_rank(rank, messages.twin_open(generation, starts))
+            self.pipeline.send_to_rank(rank, messages.twin_open(generations, starts))
 
 
 def on_open(message: Dict[str, Any]) -> None:
-    """A rank: rank 0 opened a generation of twins."""
+    """A rank: rank 0 opened generations of detail preparations."""
     starts = {str(k): int(v) for k, v in dict(message.get("w") or {}).items()}
     last = detail_twin.last_steps()
     late = [key for key, start in starts.items() if last.get(key, -1) >= start]
@@ -81,7 +89,7 @@ def on_open(message: Dict[str, Any]) -> None:
             late[:3],
         )
         starts.update({key: last[key] + 1 for key in late})
-    detail_twin.open(int(message["g"]), starts)
+    detail_twin.open([int(g) for g in message.get("p") or ()], starts)
 
 
 def attach(pipeline: Pipeline) -> None:
@@ -90,13 +98,13 @@ def attach(pipeline: Pipeline) -> None:
         reference = _Reference(pipeline)
         pipeline.handlers.on_reference(messages.TWIN_READY, reference.on_ready)
 
-        def report(generation: int) -> None:
-            reference.on_ready(pipeline.topology.rank, dict(messages.twin_ready(generation)))
+        def report(generations: List[int]) -> None:
+            reference.on_ready(pipeline.topology.rank, dict(messages.twin_ready(generations)))
 
     else:
         pipeline.handlers.on_rank(messages.TWIN_OPEN, on_open)
 
-        def report(generation: int) -> None:
-            to_reference(pipeline, messages.twin_ready(generation), lambda r, m: None)
+        def report(generations: List[int]) -> None:
+            to_reference(pipeline, messages.twin_ready(generations), lambda r, m: None)
 
     detail_twin.reported_by(report)

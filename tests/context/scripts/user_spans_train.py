@@ -9,6 +9,7 @@ horovodrun -np 2 python tests/context/scripts/user_spans_train.py   MODE=loop | 
 import logging
 import os
 import threading
+import time
 
 MODE = os.environ.get("MODE", "loop")
 if MODE == "keras":
@@ -87,4 +88,12 @@ else:
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Marks()],
         verbose=0,
     )
+# what is checked here includes the spans and records the detail twin's trace makes (it reruns
+# the step function's Python on tf_otel's thread): let that trace end before the exit, which
+# would abandon it part-way (a span without its record)
+from tf_otel.instrument import detail_twin  # noqa: E402
+
+deadline = time.monotonic() + 120
+while detail_twin.preparing() and time.monotonic() < deadline:
+    time.sleep(0.1)
 print(f"rank {RANK} done mode={MODE} steps={STEPS}", flush=True)

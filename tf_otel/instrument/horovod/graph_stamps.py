@@ -154,6 +154,14 @@ _QUEUED = "queued"  # a run queued for preparation, not prepared yet
 _ON_STEP = "on step"  # a run that cannot be prepared ahead: its detail steps build it
 
 
+@dataclass(frozen=True)
+class _Ready:
+    """A run prepared ahead: the stamps it fetches, and its generation (detail_twin.is_open)."""
+
+    entries: List[Entry]
+    generation: int
+
+
 class _Step(threading.local):
     inside = False  # a Session.run step is under way on this thread
     detail = False  # ... and it is a detail step
@@ -164,7 +172,7 @@ class _Step(threading.local):
 
 
 _step = _Step()
-# per graph: a run's key -> the stamps it fetches on detail steps, _QUEUED or _ON_STEP
+# per graph: a run's key -> _Ready (prepared), _QUEUED or _ON_STEP
 _runs: weakref.WeakKeyDictionary[Any, Dict[tuple, Any]] = weakref.WeakKeyDictionary()
 _MAX_RUNS = 256  # run keys per graph
 _REFUSAL = "inter_op_thread_pool"
@@ -231,12 +239,12 @@ def _entries_for(session: Any, graph: Any, targets: list, fetches: list, feeds: 
         known = _queue(session, graph, key, targets, fetches, feeds)
     if not _step.detail:
         return None
-    if isinstance(known, list):
-        return known
+    if isinstance(known, _Ready) and detail_twin.is_open(known.generation):
+        return known.entries
     if _step.every_step or known is _ON_STEP:
         count("horovod_graph_stamps_built_on_step")  # TensorFlow builds its executor here
         return _needed(graph, targets, fetches)
-    _step.unprepared = True  # its preparation is under way: this run goes without stamps
+    _step.unprepared = True  # not prepared on every rank yet: this run goes without stamps
     return None
 
 
@@ -253,7 +261,7 @@ def _queue(session: Any, graph: Any, key: tuple, targets: list, fetches: list, f
         runs[key] = _ON_STEP if feed_types is None else _QUEUED
     if feed_types is not None:
         work = _Preparation(runs, graph, session, key, list(targets), list(fetches), feed_types)
-        if not detail_twin.prepare_later(work.find):
+        if detail_twin.prepare_later(work.find) is None:
             work.give_up()
     with _lock:
         return runs.get(key, _ON_STEP)
@@ -307,15 +315,15 @@ class _Preparation:
     fetches: list
     feeds: List[Tuple[Any, Any, int]]  # (placeholder, dtype, rank) of each feed
 
-    def find(self) -> Optional[Callable[[], None]]:
+    def find(self, generation: int) -> Optional[Callable[[], None]]:
         """Python, paced: the stamps the run needs; the build left for TensorFlow's C++."""
         entries = _needed(self.graph, self.targets, self.fetches)
         if not entries:
-            self._done([])
+            self._done(_Ready([], generation))
             return None
-        return lambda: self._build(entries)
+        return lambda: self._build(entries, generation)
 
-    def _build(self, entries: List[Entry]) -> None:
+    def _build(self, entries: List[Entry], generation: int) -> None:
         try:
             build(self.session, self.targets, self.fetches + [e.pair for e in entries], self.feeds)
         except Exception as exc:  # noqa: BLE001
@@ -323,12 +331,12 @@ class _Preparation:
             entries = []  # this run's detail steps go without stamps rather than risk the run
         else:
             count("horovod_graph_stamps_prepared")
-        self._done(entries)
+        self._done(_Ready(entries, generation))
 
-    def _done(self, entries: Any) -> None:
+    def _done(self, state: Any) -> None:
         with _lock:
             if self.runs.get(self.key) is _QUEUED:
-                self.runs[self.key] = entries
+                self.runs[self.key] = state
         self.session = self.graph = None
 
     def give_up(self) -> None:
