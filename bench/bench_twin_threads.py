@@ -14,8 +14,9 @@ Modes (all TF_OTEL_ENABLED=1):
              answers None in the bench's worker): what the steps paid before twin_threads.py
 
 Per mode: the median step while the twin's replica threads were alive (their first sighting to
-their last, or to the job's end) against the median step after them (or, for ``off``, the same
-steps by index), and the CPU seconds of the twin's replica threads. One process per mode and
+their last, or to the job's end) against the median step after them (for ``off``, which has no
+twin, the steps of the same indexes as the round's ``default`` job), and the CPU seconds of the
+twin's replica threads. One process per mode and
 round, the modes rotated each round.
 
     .venv/bin/python bench/bench_twin_threads.py                 # 2 rounds, 40 steps
@@ -150,33 +151,41 @@ def main() -> None:
         worker(args.steps)
         return
     modes = args.modes.split(",")
-    window: Dict[int, Dict[str, float]] = {}  # round -> the default job's twin window
     rows: List[str] = []
     for round_no in range(args.rounds):
         order = modes[round_no % len(modes) :] + modes[: round_no % len(modes)]
+        jobs: Dict[str, Dict[str, Any]] = {}
         for mode in order:
             load = os.getloadavg()[0]
             result = run_once(mode, args)
-            if result is None:
-                continue
-            ends, step_ms = result["ends"], result["step_ms"]
+            if result is not None:
+                result["load"] = load
+                jobs[mode] = result
+        # the steps (by index) begun in the twin's replica-thread window of this round's
+        # default job; a job without a twin (off) is read over the same steps
+        reference = jobs.get("default")
+        ref_twin = _twin_window(reference["threads"]) if reference else None
+        if reference is None or ref_twin is None:
+            print(f"  round {round_no + 1}: no default job with a twin", flush=True)
+            continue
+        begins = [e - ms / 1e3 for e, ms in zip(reference["ends"], reference["step_ms"])]
+        inside_at = {i for i, b in enumerate(begins) if ref_twin["from"] <= b <= ref_twin["to"]}
+        for mode, result in jobs.items():
+            step_ms = result["step_ms"]
             twin = _twin_window(result["threads"])
-            if twin is not None and mode == "default":
-                window[round_no] = twin
-            # the steps that began inside the window; those that began after it
-            span = twin or window.get(round_no)
-            if span is None:
-                print(f"  round {round_no + 1} {mode}: no twin window", flush=True)
-                continue
-            begins = [end - ms / 1e3 for end, ms in zip(ends, step_ms)]
-            inside = [ms for b, ms in zip(begins, step_ms) if span["from"] <= b <= span["to"]]
-            after = [ms for b, ms in zip(begins, step_ms) if b > span["to"]]
+            if twin is not None:
+                own = [e - ms / 1e3 for e, ms in zip(result["ends"], step_ms)]
+                at = {i for i, b in enumerate(own) if twin["from"] <= b <= twin["to"]}
+            else:
+                at = inside_at
+            inside = [ms for i, ms in enumerate(step_ms) if i in at]
+            after = [ms for i, ms in enumerate(step_ms) if i not in at and i > min(at, default=0)]
             line = (
                 f"| {round_no + 1} | {mode} | {len(inside)} | "
                 f"{statistics.median(inside) if inside else float('nan'):.0f} | {len(after)} | "
                 f"{statistics.median(after) if after else float('nan'):.0f} | "
                 f"{twin['cpu'] if twin else 0.0:.1f} | {twin['twin_cpu'] if twin else 0.0:.1f} | "
-                f"{load:.1f} |"
+                f"{result['load']:.1f} |"
             )
             rows.append(line)
             print(line, flush=True)
