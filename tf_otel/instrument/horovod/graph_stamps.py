@@ -177,6 +177,7 @@ _runs: weakref.WeakKeyDictionary[Any, Dict[tuple, Any]] = weakref.WeakKeyDiction
 _MAX_RUNS = 256  # run keys per graph
 _REFUSAL = "inter_op_thread_pool"
 _INVALID_POOL = -2  # below -1: TensorFlow refuses the run after building its executor
+_ahead = [True]  # False once a refused run ran (never seen): nothing more is built ahead
 
 
 def step_begins(detail: bool, every_step: bool = False) -> None:
@@ -250,7 +251,7 @@ def _entries_for(session: Any, graph: Any, targets: list, fetches: list, feeds: 
 
 def _queue(session: Any, graph: Any, key: tuple, targets: list, fetches: list, feeds: dict) -> Any:
     """Queue a run's preparation on the twin thread; what the run's key now stands for."""
-    feed_types = _feed_types(feeds)
+    feed_types = _feed_types(feeds) if _ahead[0] else None
     with _lock:
         runs = _runs.setdefault(graph, {})
         if key in runs:
@@ -376,4 +377,5 @@ def build(session: Any, targets: list, fetches: list, feeds: List[Tuple[Any, Any
     finally:
         tf_session.TF_DeleteBuffer(buffer)
     count("horovod_graph_stamps_prepare_ran")
+    _ahead[0] = False
     raise _Ran("a refused run ran; TF1 runs are no longer prepared ahead")
