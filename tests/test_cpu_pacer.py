@@ -6,6 +6,7 @@ and C++ work runs on a nice-19 thread of its own."""
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import threading
 import time
 from pathlib import Path
@@ -82,15 +83,17 @@ def test_the_pacer_sleeps_what_its_share_owes(monkeypatch):
     assert Pacer(Idle(None)).share == FALLBACK
 
 
-def _spin(pacer: Optional[Pacer], seconds: float, out: List[float]) -> None:
-    import sys
+def _some_python() -> int:
+    return sum(abs(i) for i in range(200))  # Python calls: the profile function's events
 
+
+def _spin(pacer: Optional[Pacer], seconds: float, out: List[float]) -> None:
     if pacer is not None:
         sys.setprofile(pacer)
     wall0, cpu0 = time.monotonic(), time.thread_time()
     try:
         while time.monotonic() - wall0 < seconds:
-            sum(abs(i) for i in range(200))  # Python calls: the profile function's events
+            _some_python()
     finally:
         sys.setprofile(None)
     out.append((time.thread_time() - cpu0) / (time.monotonic() - wall0))
@@ -112,6 +115,76 @@ def test_a_real_thread_is_held_to_its_share_and_an_exit_abandons_its_work():
     with pytest.raises(cpu_pacer.Abandoned):  # into the paced code at its next look
         _spin(stopping, 5.0, [])
     assert time.monotonic() - started < 1.0 and stopping.slept == 0.0
+    # the thread it started is no longer paced, and never raised into: it finishes its work
+    finished: List[float] = []
+    started = time.monotonic()
+    _spin(forked, 0.5, finished)
+    assert finished and forked.stopped and forked.slept == 0.0
+
+
+class _Pushes:
+    """TensorFlow's tf_stack pattern: __enter__ pushes itself and then calls update(), __exit__
+    pops and asserts it popped itself."""
+
+    stack: List[object] = []
+
+    def __enter__(self) -> _Pushes:
+        self.stack.append(self)
+        self.update()
+        return self
+
+    def update(self) -> None:
+        _plain()
+
+    def __exit__(self, *exc: object) -> None:
+        top = self.stack.pop()
+        assert top is self, "Concurrent access?"
+
+
+def _plain() -> int:
+    return 1
+
+
+def _pushing_work() -> None:
+    for _ in range(10_000):
+        with _Pushes():
+            with _Pushes():
+                _plain()
+
+
+def _abandon_after(events: int) -> BaseException:
+    """Run _pushing_work under a pacer told to stop at its look after ``events`` events."""
+    _Pushes.stack[:] = ["bottom"]
+    pacer = Pacer(Idle(0.0), stop=lambda: True)
+    pacer.events = cpu_pacer._EVERY - events  # its first look (stop) comes after ``events``
+    sys.setprofile(pacer)
+    try:
+        _pushing_work()
+    except BaseException as exc:  # noqa: BLE001 - what came out is the point
+        return exc
+    finally:
+        sys.setprofile(None)
+    raise AssertionError("the work was never abandoned")
+
+
+@pytest.mark.parametrize("rule", ["safe calls", "any call"])
+def test_abandoned_work_is_left_at_a_plain_call_never_inside_a_context_manager(
+    rule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Abandoned is raised as a plain function starts, never in a context manager's __enter__ /
+    __exit__: raised from the update() that tf_stack's __enter__ calls after pushing, the next
+    __exit__ pops the wrong entry ('Concurrent access?'). The control raises at any call: the
+    same positions then break the stack, so the check can fail."""
+    if rule == "any call":
+        monkeypatch.setattr(cpu_pacer, "may_raise_here", lambda frame: True)
+    outcomes = set()
+    for events in range(1, 40):  # every phase of the loop's body
+        exc = _abandon_after(events)
+        outcomes.add((type(exc).__name__, len(_Pushes.stack)))
+    if rule == "safe calls":
+        assert outcomes == {("Abandoned", 1)}, outcomes
+    else:
+        assert any(name == "AssertionError" for name, _ in outcomes), outcomes
 
 
 def _burn(seconds: float) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 
-from tf_otel.instrument import detail_twin
+from tf_otel.instrument import cpu_pacer, detail_twin
 
 tf = pytest.importorskip("tensorflow")
 
@@ -212,6 +213,94 @@ def test_a_newer_trace_of_the_function_is_prepared_first(source):
     assert detail_twin.wait_open(120), detail_twin.generations()
     assert order == [False, True], order
     assert health.counters.get("twin_superseded", 0) == superseded + 1
+
+
+class _AtAnyEvent(cpu_pacer.Pacer):
+    """The control: raises at whatever profile event comes once stop() says so."""
+
+    def __call__(self, frame, event, arg):
+        if self.stop():
+            raise cpu_pacer.Abandoned()
+
+
+def _abandon_traces(rule: str) -> Counter:
+    """On a thread of its own (what a leaked graph context does to a thread dies with it):
+    trace a small tf.function again and again, the pacer stopping at every 200th of the trace's
+    profile events; after each, whether the thread's TensorFlow is as it was: tf_stack's
+    per-thread stacks balanced, eager execution back."""
+    import itertools
+    import sys
+
+    from tensorflow.python.util import tf_stack
+
+    def make():
+        @tf.function
+        def f(x):
+            return tf.reduce_sum(tf.nn.relu(x * 2.0)) + 1.0
+
+        return f
+
+    spec = tf.TensorSpec([4])
+    outcomes: Counter = Counter()
+
+    def run() -> None:
+        ident = threading.get_ident()
+        make().get_concrete_function(spec)  # first trace of its kind: caches warmed
+        events = [0]
+
+        def counter(frame, event, arg):
+            events[0] += 1
+
+        sys.setprofile(counter)
+        make().get_concrete_function(spec)
+        sys.setprofile(None)
+        for stop_at in range(0, events[0], max(1, events[0] // 200)):
+            checks = itertools.count()
+            pacer = paced(stop=lambda checks=checks, at=stop_at: next(checks) >= at)
+            pacer.look = lambda wall, cpu: 0.0  # not paced: only where it stops matters
+            function = make()
+            sys.setprofile(pacer)
+            try:
+                function.get_concrete_function(spec)
+                out = "finished"
+            except BaseException as exc:  # noqa: BLE001 - what came out is the point
+                out = "Abandoned" if isinstance(exc, cpu_pacer.Abandoned) else "other"
+            finally:
+                sys.setprofile(None)
+            whole = (
+                len(tf_stack._source_mapper_stacks[ident]) == 1
+                and len(tf_stack._source_filter_stacks[ident]) == 1
+                and tf.executing_eagerly()
+            )
+            outcomes[(out, whole)] += 1
+
+    paced = cpu_pacer.Pacer if rule == "safe calls" else _AtAnyEvent
+    saved = cpu_pacer._EVERY
+    try:
+        cpu_pacer._EVERY = 0  # look (and stop) at every event: each position can be hit
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(300)
+    finally:
+        cpu_pacer._EVERY = saved
+    return outcomes
+
+
+# the control's broken generators are closed by the collector, which reports what they raise
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_twin_trace_abandoned_anywhere_leaves_the_thread_s_tensorflow_whole():
+    """A superseded or exiting twin trace is abandoned at the next plain Python call outside any
+    context manager: at each of ~200 positions through a real trace it ends with Abandoned (or
+    a finished trace, past its last call) and TensorFlow on that thread is whole after.
+    Control: raising at whatever profile event comes (a C call's return inside tf_stack's
+    __enter__, a context manager's __exit__ starting) leaves the thread's TensorFlow broken at
+    some positions (a tf_stack unbalanced: "Concurrent access?"), so the check can fail."""
+    outcomes = _abandon_traces("safe calls")
+    assert sum(outcomes.values()) >= 150, outcomes
+    assert all(whole for (_, whole) in outcomes), outcomes
+    assert outcomes[("Abandoned", True)] >= 150, outcomes
+    control = _abandon_traces("any event")
+    assert any(not whole for (_, whole) in control), control
 
 
 def test_functions_nested_in_a_twin_get_twins_of_their_own(source):

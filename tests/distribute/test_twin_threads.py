@@ -5,7 +5,10 @@ Real TensorFlow, MirroredStrategy over 2 logical CPU devices, tf_otel on by defa
 - the program's own trace (its first call) runs its replica threads unpaced;
 - the twin's trace on the ``tf_otel-twin`` thread runs its replica threads each with a pacer;
 - control: with the twin traced on the step (``TF_OTEL_TWIN_PREPARE=step``, no pacer), no
-  replica thread is paced.
+  replica thread is paced;
+- a program that exits while the twin's replica thread is inside a slow trace ends within
+  seconds: Abandoned is raised inside the replica's function, handed back to the twin thread by
+  MirroredStrategy's coordinator, counted as abandoned; no thread traceback, no fail-open report.
 """
 
 from __future__ import annotations
@@ -46,3 +49,22 @@ def test_a_twins_replica_threads_are_paced_and_the_programs_are_not(where):
         assert [paced for _, paced in noted[2:]] == ["Pacer", "Pacer"], noted
     else:  # the control: traced on the step, nothing paced
         assert [paced for _, paced in noted[2:]] == ["NoneType", "NoneType"], noted
+
+
+def test_an_exit_abandons_a_twin_trace_inside_its_replica_thread():
+    env = base_env(
+        TF_OTEL_ENABLED="1",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        TRACE_S="300",
+    )
+    result = run([python(), str(SCRIPT)], env, timeout=400)
+    lines = result.stdout.splitlines()
+    exiting = float(next(x for x in lines if x.startswith("exiting ")).split()[1])
+    exited = float(next(x for x in lines if x.startswith("exited ")).split()[1])
+    counters = json.loads(next(x for x in lines if x.startswith("EXIT ")).split(" ", 1)[1])
+    assert exited - exiting < 15.0, (exited - exiting, counters)
+    assert counters.get("twin_abandoned_at_exit") == 1, counters
+    assert "Exception in thread" not in result.stderr, result.stderr[-3000:]
+    assert "tracing of this part is skipped" not in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]

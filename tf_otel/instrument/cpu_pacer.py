@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import CodeType
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from tf_otel.health import log_once
@@ -62,6 +63,32 @@ class Abandoned(BaseException):
     """Raised into a paced thread's Python once its work is given up (the program exits): the
     twin's trace ends there instead of the program waiting for it. A BaseException, so that the
     program's own ``except Exception`` inside a traced function does not swallow it."""
+
+
+# Where Abandoned may be raised: as a plain function starts (the same as that function raising
+# on its first line, which any caller meets already), never anywhere inside a context manager's
+# enter or exit (TensorFlow's tf_stack pushes onto a per-thread stack in __enter__ and then calls
+# update(): raised below that, the stack is left unbalanced, the next __exit__ asserts
+# "Concurrent access?" and the thread can be left in a graph's context), nor as a generator
+# resumes (its own finally would run half-entered).
+_UNSAFE_NAMES = frozenset({"__enter__", "__exit__", "__aenter__", "__aexit__", "__del__"})
+_GENERATOR_FLAGS = 0x20 | 0x80 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR
+
+
+def may_raise_here(frame: Any, within: Optional[CodeType] = None) -> bool:
+    """At a profile 'call' event for ``frame``: may the pacer raise Abandoned into it? Walks
+    the thread's stack (only after the work was given up, until the first such call); with
+    ``within``, only while that code runs further up."""
+    if frame.f_code.co_flags & _GENERATOR_FLAGS:
+        return False
+    inside = within is None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _UNSAFE_NAMES:
+            return False
+        inside = inside or code is within
+        frame = frame.f_back
+    return inside
 
 
 class SpareCpu:
@@ -137,13 +164,22 @@ class Pacer:
     """A ``sys.setprofile`` function: every few thousand Python calls it compares the thread's
     CPU time with its share of the wall time since the previous look and sleeps (letting go of
     the GIL and the core) while the thread is ahead; every ``WINDOW_S`` it sets a new share.
-    Once ``stop()`` says so it raises ``Abandoned`` into the paced code."""
+    Once ``stop()`` says so it raises ``Abandoned`` into the paced code as the next plain
+    function starts (``may_raise_here``); a pacer with ``raises=False`` (a thread the work
+    started, whose starter raises once it is back in Python) just stops pacing."""
 
     def __init__(
-        self, spare: Optional[SpareCpu] = None, stop: Callable[[], bool] = lambda: False
+        self,
+        spare: Optional[SpareCpu] = None,
+        stop: Callable[[], bool] = lambda: False,
+        raises: bool = True,
+        within: Optional[CodeType] = None,
     ) -> None:
         self.spare = spare if spare is not None else SpareCpu()
         self.stop = stop  # True: abandon the paced work (the program exits)
+        self.raises = raises
+        self.within = within  # raising only while this code runs (a thread's own work)
+        self.stopped = False  # stop() said so: raising at the next safe call, or not pacing
         self.share = FLOOR if self.spare.prime() else FALLBACK
         self.events = 0
         self.slept = 0.0
@@ -151,20 +187,28 @@ class Pacer:
         self.last = (time.monotonic(), time.thread_time())
         self.window = self.last
 
-    def fork(self) -> Pacer:
+    def fork(self, within: Optional[CodeType] = None) -> Pacer:
         """A pacer for a thread this one's work started: its own CPU clock and idle-core
-        readings, starting at this pacer's share, stopping when this one does."""
-        child = Pacer(stop=self.stop)
+        readings, starting at this pacer's share, stopping when this one does. It raises only
+        while ``within`` runs (the function the thread was started for, whose errors the
+        thread's owner hands back to the starter: MirroredStrategy's replica threads); without
+        it, it just stops pacing and the starter raises once it is back in Python."""
+        child = Pacer(stop=self.stop, raises=within is not None, within=within)
         child.share = self.share
         return child
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if self.stopped:
+            if self.raises and event == "call" and may_raise_here(frame, self.within):
+                # into the paced code (Python then unsets this profile function): its work ends
+                raise Abandoned()
+            return
         self.events += 1
         if self.events & _EVERY:
             return
         if self.stop():
-            # into the paced code (Python then unsets this profile function): its work ends
-            raise Abandoned()
+            self.stopped = True
+            return
         self.look(time.monotonic(), time.thread_time())
 
     def look(self, wall: float, cpu: float) -> float:

@@ -166,6 +166,12 @@ def _traced(function: Any, twin: Any, args: tuple, kwargs: dict) -> Any:
     try:
         return twin.get_concrete_function(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001
+        pacer = _state.pacer
+        if pacer is not None and (pacer.stopped or pacer.stop()):
+            # given up meanwhile: whatever TensorFlow made of Abandoned on its way out (through
+            # pybind11, a replica thread's error handling) is the abandonment, not a twin that
+            # cannot be traced
+            raise cpu_pacer.Abandoned() from exc
         function._tf_otel_twin = _BROKEN
         report_failure("twin.trace", exc)
         return None

@@ -19,7 +19,8 @@ program's own traces start are left alone.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from types import CodeType
+from typing import Any, Callable, Optional
 
 from tf_otel.config import Settings
 from tf_otel.health import fail_open
@@ -35,8 +36,18 @@ def _start(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
     with fail_open("twin_threads.start"):
         pacer = detail_twin.pacer_here()
         if pacer is not None:
-            setattr(instance, _ATTR, pacer.fork())
+            setattr(
+                instance, _ATTR, pacer.fork(within=_code_of(getattr(instance, "main_fn", None)))
+            )
     return wrapped(*args, **kwargs)
+
+
+def _code_of(function: Any) -> Optional[CodeType]:
+    """The replica function's code: Abandoned is raised into the replica thread only inside it,
+    where the thread's coordinator (``stop_on_exception``) hands it back to the twin's thread;
+    raised in the thread's own set-up it would end the thread and leave its starter waiting."""
+    code = getattr(getattr(function, "__func__", function), "__code__", None)
+    return code if isinstance(code, CodeType) else None
 
 
 def _run(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
