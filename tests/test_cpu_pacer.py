@@ -9,8 +9,9 @@ import multiprocessing
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import pytest
 
@@ -152,14 +153,14 @@ def _pushing_work() -> None:
                 _plain()
 
 
-def _abandon_after(events: int) -> BaseException:
-    """Run _pushing_work under a pacer told to stop at its look after ``events`` events."""
+def _abandon_after(events: int, work: Callable[[], None] = _pushing_work) -> BaseException:
+    """Run ``work`` under a pacer told to stop at its look after ``events`` events."""
     _Pushes.stack[:] = ["bottom"]
     pacer = Pacer(Idle(0.0), stop=lambda: True)
     pacer.events = cpu_pacer._EVERY - events  # its first look (stop) comes after ``events``
     sys.setprofile(pacer)
     try:
-        _pushing_work()
+        work()
     except BaseException as exc:  # noqa: BLE001 - what came out is the point
         return exc
     finally:
@@ -259,3 +260,39 @@ def test_low_priority_work_runs_niced_on_its_own_thread_and_the_caller_keeps_its
     with pytest.raises(ValueError, match="inside"):
         runner.run(fails)
     assert runner.run(lambda: 7) == 7, "an error does not end the thread"
+
+
+class _Held:
+    pass
+
+
+def _dropped() -> None:
+    _plain()  # the finalizer's own Python: where the pacer may raise first
+
+
+def _finalizing_work() -> None:
+    """Each iteration drops an object with a finalizer (called on the dropped reference, where
+    an exception can only be reported as unraisable) between plain calls."""
+    for _ in range(10_000):
+        held = _Held()
+        weakref.finalize(held, _dropped)
+        del held
+        _plain()
+
+
+def test_abandoned_swallowed_by_a_finalizer_is_raised_again_at_the_next_call(
+    capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Raised into a finalizer, Abandoned is swallowed as unraisable and Python drops the
+    thread's profile function: the pacer is put back and raises again, silently, so the work
+    still ends. Control: without the hook the work runs on to its end unpaced."""
+    positions = range(200, 300)  # every phase of the loop's steady iterations
+    outcomes = {type(_abandon_after(events, _finalizing_work)).__name__ for events in positions}
+    assert outcomes == {"Abandoned"}, outcomes
+    assert "Exception ignored" not in capfd.readouterr().err
+    monkeypatch.setattr(cpu_pacer, "_rearm_when_swallowed", lambda pacer: None)
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    with pytest.raises(AssertionError, match="never abandoned"):
+        for events in positions:
+            _abandon_after(events, _finalizing_work)
+    assert "Exception ignored" in capfd.readouterr().err

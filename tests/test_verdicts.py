@@ -110,6 +110,22 @@ def test_a_persistent_slowdown_is_raised_once_and_closed():
     assert verdicts[began[0].since_step].extent_ns != verdicts[began[0].step].extent_ns
 
 
+def test_a_slowdown_begins_where_its_run_of_late_steps_begins_not_at_noise_before_it():
+    """Rank 2 late once at step 27 (noise), then slowed from 30: it began at 30. A single
+    on-time step inside the run (31) does not split it. Control: no noise, same start."""
+    slow = {step: 30.0 for step in range(30, 60)}
+    for late, expected in (
+        ({**slow, 27: 60.0}, 30),
+        ({**{s: v for s, v in slow.items() if s != 31}, 27: 60.0}, 30),
+        ({**slow, 29: 60.0}, 29),  # late right before: part of the run
+        (slow, 30),
+    ):
+        changes = [c for v in _run(100, late_start=late) for c in v.changes]
+        began = [c for c in changes if c.began]
+        assert len(began) == 1 and began[0].rank == 2, changes
+        assert began[0].since_step == expected, (sorted(set(late) - set(slow)), began[0])
+
+
 def test_a_slowdown_on_a_noisy_host_is_named_in_its_steps():
     """A rank 50 ms late in steps 30..54 of 10 ms steps, every rank also late by heavy-tailed
     noise of 4 ms mean: the slowdown's own first steps must not raise the threshold it is judged

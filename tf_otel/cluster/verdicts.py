@@ -133,8 +133,9 @@ class _Slowdown:
         lates = [entry for entry in self.recent if entry[1]]
         if self.since is None:
             if len(lates) >= SLOW_STEPS:
-                self.since, self.since_extent = lates[0][0], lates[0][3]
-                self.values = [entry[2] for entry in lates]
+                first = self._run_start()
+                self.since, self.since_extent = first[0], first[3]
+                self.values = [entry[2] for entry in lates if entry[0] >= first[0]]
                 return True
             return None
         if len(self.values) < 4 * WINDOW:
@@ -142,6 +143,22 @@ class _Slowdown:
         if len(self.recent) == SLOW_WINDOW and SLOW_WINDOW - len(lates) >= SLOW_STEPS:
             return False
         return None
+
+    def _run_start(self) -> Tuple[int, bool, int, Tuple[int, int]]:
+        """The first late step of the run that ends the window: a late step with two on-time
+        steps after it is noise before the slowdown, not its start (a loaded host's rank late
+        once at step 27, then slowed from 30: it began at 30)."""
+        start = None
+        on_time = 0
+        for entry in reversed(self.recent):
+            if entry[1]:
+                start, on_time = entry, 0
+            else:
+                on_time += 1
+                if on_time >= 2 and start is not None:
+                    break
+        assert start is not None  # called with SLOW_STEPS late steps in the window
+        return start
 
 
 class _Key:

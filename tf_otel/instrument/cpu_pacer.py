@@ -91,6 +91,32 @@ def may_raise_here(frame: Any, within: Optional[CodeType] = None) -> bool:
     return inside
 
 
+# A call the pacer raises into may be a finalizer (a __del__ under another name, a weakref
+# callback) run by the garbage collector or a reference dropped: Python then reports the error
+# as unraisable, swallows it and the thread's profile function is gone, so the work would go on
+# unpaced. The hook (installed with the first abandonment, chained to the one before) puts this
+# thread's stopped pacer back instead: it raises again at the next plain call, without a word.
+_stopped_here = threading.local()
+_previous_hook: Optional[Callable[[Any], Any]] = None
+
+
+def _unraisable(unraisable: Any) -> None:
+    if isinstance(unraisable.exc_value, Abandoned):
+        pacer = getattr(_stopped_here, "pacer", None)
+        if pacer is not None:
+            sys.setprofile(pacer)
+        return
+    (_previous_hook or sys.__unraisablehook__)(unraisable)
+
+
+def _rearm_when_swallowed(pacer: Pacer) -> None:
+    global _previous_hook
+    _stopped_here.pacer = pacer
+    if sys.unraisablehook is not _unraisable:
+        _previous_hook = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+
+
 class SpareCpu:
     """Idle cores since the previous call (None at the first call or where unknown)."""
 
@@ -208,6 +234,8 @@ class Pacer:
             return
         if self.stop():
             self.stopped = True
+            if self.raises:
+                _rearm_when_swallowed(self)
             return
         self.look(time.monotonic(), time.thread_time())
 

@@ -1,0 +1,204 @@
+"""What a detail twin's preparation costs a MirroredStrategy job's steps, measured inside one
+job (issue 45): between jobs this machine's steps move ±10 %, more than the cost in question,
+so the comparison is made in paired blocks of one job instead.
+
+One process: bench_tf_collectives' mirrored model (Keras ``fit`` of MobileNetV2, tf_keras,
+96², batch 8 per replica, 2 replicas on logical CPU devices), tf_otel with its defaults except
+``TF_OTEL_HOROVOD_EVERY=1000000000`` (twins wanted and holding their timing ops, but no step
+picked for detail, so no step runs one: blocks differ only in whether a twin is being
+prepared). After a warm-up, each cycle runs three blocks:
+
+  P  a fresh twin of the step's function queued at the block's first step (what tf_otel does
+     after a new trace: traced on the ``tf_otel-twin`` thread, its MirroredStrategy replica
+     threads paced, instantiated at nice 19); the block lasts until it is prepared
+  I  as many steps with nothing prepared
+  A  as many again with nothing prepared: the A/A control
+
+in the order P I A on even cycles and A I P on odd ones (I in the middle: a drift through the
+job weighs on P/I and A/I alike). Per cycle: the median step of each block, P/I (the cost) and
+A/I (what the comparison resolves). ``BENCH_UNPACED_THREADS=1`` (``--unpaced``) leaves the
+twin's replica threads unpaced, as before instrument/twin_threads.py.
+
+    .venv/bin/python bench/bench_twin_paired.py                  # 6 cycles
+    .venv/bin/python bench/bench_twin_paired.py --cycles 8 --unpaced
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import harness
+
+WARMUP = 8  # steps after the first (the program's trace) before the first block
+MIN_BLOCK = 10  # steps: a preparation quicker than this still gets a block this long
+
+
+def worker(cycles: int) -> None:
+    """One job: per block its kind and step times (ms), as a RESULT line."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_tf_collectives as collectives
+
+    from tf_otel.instrument import detail_twin
+
+    if os.environ.get("BENCH_UNPACED_THREADS"):
+        detail_twin.pacer_here = lambda: None  # type: ignore[assignment]
+    traced: List[Any] = []  # (function, args, kwargs) of the program's trace
+    original = detail_twin._prepare_later
+
+    def note(function: Any, args: tuple, kwargs: dict) -> None:
+        traced.append((function, args, kwargs))
+
+    detail_twin._prepare_later = note  # the job's own first preparation: the bench makes them
+    import tensorflow as tf
+    import tf_keras
+
+    plan: List[str] = []
+    for cycle in range(cycles):
+        plan += ["P", "I", "A"] if cycle % 2 == 0 else ["A", "I", "P"]
+    blocks: List[Dict[str, Any]] = []
+    state: Dict[str, Any] = {"last": None, "step": 0, "n": MIN_BLOCK, "block": None}
+
+    def begin(kind: str) -> None:
+        block = {"kind": kind, "ms": [], "queued_at": state["step"]}
+        if kind == "P":
+            function, args, kwargs = traced[0]
+            function._tf_otel_twin = None  # a fresh twin: traced and instantiated anew
+            original(function, args, kwargs)
+        blocks.append(block)
+        state["block"] = block
+
+    class Blocks(tf_keras.callbacks.Callback):
+        # numpy logs (no _supports_tf_logs): each batch end waits for its step
+        def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+            now = time.perf_counter()
+            last, state["last"] = state["last"], now
+            state["step"] += 1
+            if last is None or state["step"] <= WARMUP:
+                return
+            block = state["block"]
+            if block is not None:
+                block["ms"].append((now - last) * 1e3)
+                done = (
+                    not detail_twin.preparing() and len(block["ms"]) >= MIN_BLOCK
+                    if block["kind"] == "P"
+                    else len(block["ms"]) >= state["n"]
+                )
+                if not done:
+                    return
+                if block["kind"] == "P":
+                    state["n"] = len(block["ms"])  # the next I and A blocks as long
+            if len(blocks) == len(plan):
+                self.model.stop_training = True
+                return
+            begin(plan[len(blocks)])
+
+    model, data = _model(tf, tf_keras, collectives)
+    model.fit(data, epochs=1, steps_per_epoch=100_000, callbacks=[Blocks()], verbose=0)
+    harness.emit_result({"blocks": blocks, "generations": detail_twin.generations()})
+
+
+def _model(tf: Any, tf_keras: Any, collectives: Any) -> Any:
+    """bench_tf_collectives' mirrored model and data (2 replicas on logical CPU devices)."""
+    import numpy as np
+
+    cpus = tf.config.list_physical_devices("CPU")
+    replicas = collectives.REPLICAS
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)]
+    )
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    side, batch = 96, 8
+    rng = np.random.default_rng(0)
+    global_batch = batch * replicas
+    images = rng.uniform(size=(global_batch * 4, side, side, 3)).astype("float32")
+    labels = rng.integers(0, collectives.CLASSES, size=(global_batch * 4, 1)).astype("int64")
+    data = tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(global_batch)
+    with strategy.scope():
+        model = tf_keras.applications.MobileNetV2(
+            input_shape=(side, side, 3), weights=None, classes=collectives.CLASSES
+        )
+        model.compile(
+            optimizer=tf_keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy"
+        )
+    return model, data
+
+
+def run_job(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    env = harness.job_env(
+        TF_OTEL_ENABLED="1",
+        TF_USE_LEGACY_KERAS="1",
+        TF_OTEL_HOROVOD_EVERY="1000000000",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        **({"BENCH_UNPACED_THREADS": "1"} if args.unpaced else {}),
+    )
+    argv = [sys.executable, __file__, "--worker", f"--cycles={args.cycles}"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout)
+    for line in done.stdout.splitlines():
+        if line.startswith(harness.RESULT):
+            return json.loads(line[len(harness.RESULT) :])
+    print(f"failed rc={done.returncode}\n{done.stderr[-3000:]}", flush=True)
+    return None
+
+
+def report(result: Dict[str, Any]) -> List[str]:
+    """One row per cycle, then the medians and ranges of P/I and A/I."""
+    blocks = result["blocks"]
+    rows = [
+        "| cycle | order | steps per block | P median ms | I median ms | A median ms | P/I | A/I |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    costs, controls = [], []
+    for start in range(0, len(blocks) - 2, 3):
+        cycle = blocks[start : start + 3]
+        medians = {b["kind"]: statistics.median(b["ms"]) for b in cycle}
+        cost, control = medians["P"] / medians["I"], medians["A"] / medians["I"]
+        costs.append(cost)
+        controls.append(control)
+        sizes = "/".join(str(len(b["ms"])) for b in cycle)
+        rows.append(
+            f"| {start // 3 + 1} | {''.join(b['kind'] for b in cycle)} | {sizes} | "
+            f"{medians['P']:.0f} | {medians['I']:.0f} | {medians['A']:.0f} | "
+            f"{cost:.3f} | {control:.3f} |"
+        )
+    if costs:
+        rows.append("")
+        rows.append(
+            f"P/I (the cost): median {statistics.median(costs):.3f} "
+            f"({min(costs):.3f}-{max(costs):.3f}); A/I (the control): median "
+            f"{statistics.median(controls):.3f} ({min(controls):.3f}-{max(controls):.3f}); "
+            f"{len(costs)} cycles; generations queued/prepared {result['generations'][:2]}"
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--cycles", type=int, default=6)
+    parser.add_argument("--unpaced", action="store_true")
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.cycles)
+        return
+    started = time.monotonic()
+    load = os.getloadavg()[0]
+    result = run_job(args)
+    if result is None:
+        sys.exit(1)
+    print("\n".join(report(result)))
+    print(f"job {time.monotonic() - started:.0f} s, load at start {load:.1f}")
+
+
+if __name__ == "__main__":
+    main()
