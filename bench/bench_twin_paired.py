@@ -6,21 +6,23 @@ One process: bench_tf_collectives' mirrored model (Keras ``fit`` of MobileNetV2,
 96², batch 8 per replica, 2 replicas on logical CPU devices), tf_otel with its defaults except
 ``TF_OTEL_HOROVOD_EVERY=1000000000`` (twins wanted and holding their timing ops, but no step
 picked for detail, so no step runs one: blocks differ only in whether a twin is being
-prepared). After a warm-up, each cycle runs three blocks:
+prepared). After a warm-up, each cycle runs three blocks of ``--block-steps`` steps:
 
-  P  a fresh twin of the step's function queued at the block's first step (what tf_otel does
-     after a new trace: traced on the ``tf_otel-twin`` thread, its MirroredStrategy replica
-     threads paced, instantiated at nice 19); the block lasts until it is prepared
-  I  as many steps with nothing prepared
-  A  as many again with nothing prepared: the A/A control
+  P  a twin of the step's function is being prepared (what tf_otel does after a new trace:
+     traced on the ``tf_otel-twin`` thread, its MirroredStrategy replica threads paced,
+     instantiated at nice 19); one preparation runs on across the P blocks (on 2 saturated
+     cores a twin of this model takes minutes at the pacer's floor), a fresh one queued at a
+     P block that finds none under way
+  I  the preparation held: the twin's paced threads wait inside their pacer's look (asleep,
+     off the GIL; the pause is not owed as CPU)
+  A  held as in I: the A/A control
 
 in the order P I A on even cycles and A I P on odd ones (I in the middle: a drift through the
 job weighs on P/I and A/I alike). Per cycle: the median step of each block, P/I (the cost) and
-A/I (what the comparison resolves). ``BENCH_UNPACED_THREADS=1`` (``--unpaced``) leaves the
-twin's replica threads unpaced, as before instrument/twin_threads.py.
+A/I (what the comparison resolves). An instantiation (C++ at nice 19) is not held by the pause.
 
     .venv/bin/python bench/bench_twin_paired.py                  # 6 cycles
-    .venv/bin/python bench/bench_twin_paired.py --cycles 8 --unpaced
+    .venv/bin/python bench/bench_twin_paired.py --cycles 8 --block-steps 60
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -38,19 +41,16 @@ from typing import Any, Dict, List, Optional
 import harness
 
 WARMUP = 8  # steps after the first (the program's trace) before the first block
-MIN_BLOCK = 10  # steps: a preparation quicker than this still gets a block this long
 
 
-def worker(cycles: int) -> None:
+def worker(cycles: int, block_steps: int) -> None:
     """One job: per block its kind and step times (ms), as a RESULT line."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_tf_collectives as collectives
 
-    from tf_otel.instrument import detail_twin
+    from tf_otel.instrument import cpu_pacer, detail_twin
 
-    if os.environ.get("BENCH_UNPACED_THREADS"):
-        detail_twin.pacer_here = lambda: None  # type: ignore[assignment]
     traced: List[Any] = []  # (function, args, kwargs) of the program's trace
     original = detail_twin._prepare_later
 
@@ -58,6 +58,18 @@ def worker(cycles: int) -> None:
         traced.append((function, args, kwargs))
 
     detail_twin._prepare_later = note  # the job's own first preparation: the bench makes them
+    paused = threading.Event()
+    paused.set()
+    look = cpu_pacer.Pacer.look
+
+    def held_look(self: Any, wall: float, cpu: float) -> float:
+        while paused.is_set():  # outside P blocks the twin's threads wait here, off the GIL
+            time.sleep(0.05)
+            wall, cpu = time.monotonic(), time.thread_time()
+            self.last = self.window = (wall, cpu)  # the pause is not owed as CPU
+        return look(self, wall, cpu)
+
+    cpu_pacer.Pacer.look = held_look  # type: ignore[method-assign]
     import tensorflow as tf
     import tf_keras
 
@@ -65,14 +77,19 @@ def worker(cycles: int) -> None:
     for cycle in range(cycles):
         plan += ["P", "I", "A"] if cycle % 2 == 0 else ["A", "I", "P"]
     blocks: List[Dict[str, Any]] = []
-    state: Dict[str, Any] = {"last": None, "step": 0, "n": MIN_BLOCK, "block": None}
+    state: Dict[str, Any] = {"last": None, "step": 0, "block": None, "queued": 0}
 
     def begin(kind: str) -> None:
-        block = {"kind": kind, "ms": [], "queued_at": state["step"]}
+        block: Dict[str, Any] = {"kind": kind, "ms": []}
         if kind == "P":
-            function, args, kwargs = traced[0]
-            function._tf_otel_twin = None  # a fresh twin: traced and instantiated anew
-            original(function, args, kwargs)
+            if not detail_twin.preparing():  # none under way: a fresh twin, traced anew
+                function, args, kwargs = traced[0]
+                function._tf_otel_twin = None
+                original(function, args, kwargs)
+                state["queued"] += 1
+            paused.clear()
+        else:
+            paused.set()
         blocks.append(block)
         state["block"] = block
 
@@ -87,23 +104,26 @@ def worker(cycles: int) -> None:
             block = state["block"]
             if block is not None:
                 block["ms"].append((now - last) * 1e3)
-                done = (
-                    not detail_twin.preparing() and len(block["ms"]) >= MIN_BLOCK
-                    if block["kind"] == "P"
-                    else len(block["ms"]) >= state["n"]
-                )
-                if not done:
+                if len(block["ms"]) < block_steps:
                     return
-                if block["kind"] == "P":
-                    state["n"] = len(block["ms"])  # the next I and A blocks as long
+                print(  # progress, on the bench's stderr
+                    f"  block {len(blocks)}/{len(plan)} {block['kind']}: median "
+                    f"{statistics.median(block['ms']):.0f} ms; generations queued/prepared "
+                    f"{detail_twin.generations()[:2]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if len(blocks) == len(plan):
+                paused.clear()  # the exit abandons what is under way
                 self.model.stop_training = True
                 return
             begin(plan[len(blocks)])
 
     model, data = _model(tf, tf_keras, collectives)
     model.fit(data, epochs=1, steps_per_epoch=100_000, callbacks=[Blocks()], verbose=0)
-    harness.emit_result({"blocks": blocks, "generations": detail_twin.generations()})
+    harness.emit_result(
+        {"blocks": blocks, "generations": detail_twin.generations(), "queued": state["queued"]}
+    )
 
 
 def _model(tf: Any, tf_keras: Any, collectives: Any) -> Any:
@@ -139,14 +159,20 @@ def run_job(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
         TF_OTEL_HOROVOD_EVERY="1000000000",
         OTEL_TRACES_EXPORTER="none",
         OTEL_METRICS_EXPORTER="none",
-        **({"BENCH_UNPACED_THREADS": "1"} if args.unpaced else {}),
     )
-    argv = [sys.executable, __file__, "--worker", f"--cycles={args.cycles}"]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout)
+    argv = [
+        sys.executable,
+        __file__,
+        "--worker",
+        f"--cycles={args.cycles}",
+        f"--block-steps={args.block_steps}",
+    ]
+    # the worker's stderr passes through: its progress (and TensorFlow's own lines)
+    done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
     for line in done.stdout.splitlines():
         if line.startswith(harness.RESULT):
             return json.loads(line[len(harness.RESULT) :])
-    print(f"failed rc={done.returncode}\n{done.stderr[-3000:]}", flush=True)
+    print(f"failed rc={done.returncode}", flush=True)
     return None
 
 
@@ -176,7 +202,8 @@ def report(result: Dict[str, Any]) -> List[str]:
             f"P/I (the cost): median {statistics.median(costs):.3f} "
             f"({min(costs):.3f}-{max(costs):.3f}); A/I (the control): median "
             f"{statistics.median(controls):.3f} ({min(controls):.3f}-{max(controls):.3f}); "
-            f"{len(costs)} cycles; generations queued/prepared {result['generations'][:2]}"
+            f"{len(costs)} cycles; twins queued {result['queued']}, generations "
+            f"queued/prepared {result['generations'][:2]}"
         )
     return rows
 
@@ -185,11 +212,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--cycles", type=int, default=6)
-    parser.add_argument("--unpaced", action="store_true")
-    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--block-steps", type=int, default=40)
+    parser.add_argument("--timeout", type=float, default=3600)
     args = parser.parse_args()
     if args.worker:
-        worker(args.cycles)
+        worker(args.cycles, args.block_steps)
         return
     started = time.monotonic()
     load = os.getloadavg()[0]
