@@ -23,14 +23,18 @@ pytestmark = pytest.mark.integration
 SCRIPT = REPO / "tests" / "distribute" / "scripts" / "twin_threads_job.py"
 
 
-def _job(**extra: str):
+def _run(**extra: str):
     env = base_env(
         TF_OTEL_ENABLED="1",
         OTEL_TRACES_EXPORTER="none",
         OTEL_METRICS_EXPORTER="none",
         **extra,
     )
-    result = run([python(), str(SCRIPT)], env, timeout=400)
+    return run([python(), str(SCRIPT)], env, timeout=400)
+
+
+def _job(**extra: str):
+    result = _run(**extra)
     line = next(x for x in result.stdout.splitlines() if x.startswith("THREADS "))
     return json.loads(line.split(" ", 1)[1])
 
@@ -52,13 +56,7 @@ def test_a_twins_replica_threads_are_paced_and_the_programs_are_not(where):
 
 
 def test_an_exit_abandons_a_twin_trace_inside_its_replica_thread():
-    env = base_env(
-        TF_OTEL_ENABLED="1",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_METRICS_EXPORTER="none",
-        TRACE_S="300",
-    )
-    result = run([python(), str(SCRIPT)], env, timeout=400)
+    result = _run(TRACE_S="300")
     lines = result.stdout.splitlines()
     exiting = float(next(x for x in lines if x.startswith("exiting ")).split()[1])
     exited = float(next(x for x in lines if x.startswith("exited ")).split()[1])
