@@ -35,10 +35,14 @@ def report_exit():  # registered before the twin thread exists: runs after tf_ot
     print(f"exited {time.monotonic():.3f}", flush=True)
 
 
+def tick():
+    return sum(abs(i) for i in range(100))
+
+
 def busy(seconds):
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        sum(abs(i) for i in range(100))  # Python calls: what the pacer looks at
+        tick()  # plain Python calls: what the pacer looks at, and where it may raise
 
 
 atexit.register(report_exit)

@@ -29,10 +29,14 @@ detail_twin.wanted_by(lambda: True)  # a source that wants twins (as collective 
 weights = tf.Variable(tf.ones([4, 4]))
 
 
+def tick():
+    return sum(abs(i) for i in range(100))
+
+
 def busy(seconds):
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        sum(abs(i) for i in range(100))  # Python calls: what the pacer looks at
+        tick()  # plain Python calls: what the pacer looks at, and where it may raise
 
 
 @tf.function
