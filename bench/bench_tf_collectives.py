@@ -82,10 +82,9 @@ STEP_S = 0.6
 # -- worker (one MultiWorkerMirroredStrategy task) ----------------------------------------------
 
 
-def worker(side: int, batch: int, warmup: int, steps: int, kind: str = "mwms") -> None:
-    """Train, print each step's wall time (ms) as a RESULT line."""
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 3 cannot fit under MWMS
-    _bench_pacer(os.environ.get("BENCH_PACER", ""))
+def build(side: int, batch: int, kind: str) -> Tuple[Any, Any, int]:
+    """The benched job's Keras model (compiled under its strategy), its synthetic data and this
+    worker's rank: MobileNetV2 of ``side``², ``batch`` per replica (bench_twin_paired.py too)."""
     import numpy as np
     import tensorflow as tf
     import tf_keras
@@ -116,6 +115,16 @@ def worker(side: int, batch: int, warmup: int, steps: int, kind: str = "mwms") -
         model.compile(
             optimizer=tf_keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy"
         )
+    return model, data, rank
+
+
+def worker(side: int, batch: int, warmup: int, steps: int, kind: str = "mwms") -> None:
+    """Train, print each step's wall time (ms) as a RESULT line."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 3 cannot fit under MWMS
+    _bench_pacer(os.environ.get("BENCH_PACER", ""))
+    import tf_keras
+
+    model, data, rank = build(side, batch, kind)
 
     ends: List[float] = []
 

@@ -70,7 +70,6 @@ def worker(cycles: int, block_steps: int) -> None:
         return look(self, wall, cpu)
 
     cpu_pacer.Pacer.look = held_look  # type: ignore[method-assign]
-    import tensorflow as tf
     import tf_keras
 
     plan: List[str] = []
@@ -119,37 +118,11 @@ def worker(cycles: int, block_steps: int) -> None:
                 return
             begin(plan[len(blocks)])
 
-    model, data = _model(tf, tf_keras, collectives)
+    model, data, _ = collectives.build(96, 8, "mirrored")
     model.fit(data, epochs=1, steps_per_epoch=100_000, callbacks=[Blocks()], verbose=0)
     harness.emit_result(
         {"blocks": blocks, "generations": detail_twin.generations(), "queued": state["queued"]}
     )
-
-
-def _model(tf: Any, tf_keras: Any, collectives: Any) -> Any:
-    """bench_tf_collectives' mirrored model and data (2 replicas on logical CPU devices)."""
-    import numpy as np
-
-    cpus = tf.config.list_physical_devices("CPU")
-    replicas = collectives.REPLICAS
-    tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)]
-    )
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
-    side, batch = 96, 8
-    rng = np.random.default_rng(0)
-    global_batch = batch * replicas
-    images = rng.uniform(size=(global_batch * 4, side, side, 3)).astype("float32")
-    labels = rng.integers(0, collectives.CLASSES, size=(global_batch * 4, 1)).astype("int64")
-    data = tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(global_batch)
-    with strategy.scope():
-        model = tf_keras.applications.MobileNetV2(
-            input_shape=(side, side, 3), weights=None, classes=collectives.CLASSES
-        )
-        model.compile(
-            optimizer=tf_keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy"
-        )
-    return model, data
 
 
 def run_job(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
