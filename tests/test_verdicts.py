@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from typing import Dict, List, Optional, Set
 
+from tf_otel.cluster import verdicts as verdicts_module
 from tf_otel.cluster.verdicts import (
     BEFORE_STEP,
     COMPUTE,
@@ -124,6 +125,23 @@ def test_a_slowdown_begins_where_its_run_of_late_steps_begins_not_at_noise_befor
         began = [c for c in changes if c.began]
         assert len(began) == 1 and began[0].rank == 2, changes
         assert began[0].since_step == expected, (sorted(set(late) - set(slow)), began[0])
+
+
+def test_a_short_run_of_late_fast_steps_is_a_blip_a_long_one_a_slowdown(monkeypatch):
+    """Steps of 5 ms, rank 2 late by 10 ms in 12 steps (~0.2 s: a loaded host descheduling it;
+    CI raised one at steps 58-65 of a 1,000-step control): no slowdown. The same lateness over
+    200 steps (~3 s): one, begun at the run's first step. Control: without the time floor the
+    blip is raised."""
+    blip = {step: 10.0 for step in range(58, 70)}
+    long = {step: 10.0 for step in range(58, 258)}
+    assert not [c for v in _run(400, late_start=blip, step_ms=5) for c in v.changes]
+    changes = [c for v in _run(400, late_start=long, step_ms=5) for c in v.changes]
+    began = [c for c in changes if c.began]
+    assert [(c.rank, c.since_step) for c in began] == [(2, 58)], changes
+    assert 58 + 6 <= began[0].step <= 58 + 90, began[0]  # ~1 s of 17.5-ms steps: ~57 steps
+    assert abs(began[0].lateness_ns - 10 * MS) <= 2 * MS, began[0]
+    monkeypatch.setattr(verdicts_module, "SLOW_MIN_NS", 0)
+    assert [c.rank for v in _run(400, late_start=blip, step_ms=5) for c in v.changes if c.began]
 
 
 def test_a_slowdown_on_a_noisy_host_is_named_in_its_steps():

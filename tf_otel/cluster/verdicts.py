@@ -21,7 +21,9 @@ NOISE_SIGMAS robust sigmas; a rank is named when its lateness passes that and th
 delayed beyond the noise. The first WARMUP_STEPS steps of a key are neither judged nor learned
 from. A rank late in SLOW_STEPS of the last SLOW_WINDOW judged steps began a slowdown at the
 first of them (the step time likewise, rank None); a slowdown's steps stay out of what the noise
-is learned from, else they would raise the threshold it is judged by. Memory: WINDOW steps a
+is learned from, else they would raise the threshold it is judged by. A run that has not yet
+lasted SLOW_MIN_NS (first late step's start to the step's end) is not raised until it has: fast
+steps late for a fraction of a second are a blip. Memory: WINDOW steps a
 key, MAX_KEYS keys, MAX_ARRIVALS steps of arrivals.
 """
 
@@ -44,6 +46,10 @@ REFRESH_EVERY = 8  # steps between noise updates once the window is full (CPU on
 MIN_LATENESS_NS = 1_000_000  # as tf-otel analyze's default straggler_min_ns
 SLOW_WINDOW = 8
 SLOW_STEPS = 6
+# a run of late steps shorter than this is a blip, not a slowdown: 6 steps of a few ms are one
+# descheduling on a loaded host (CI: steps 58-65 of a 1,000-step control, ~0.3 s); steps of
+# 170 ms or more pass it with their 6 steps
+SLOW_MIN_NS = 1_000_000_000
 MAX_KEYS = 16
 MAX_ARRIVALS = 64
 
@@ -126,18 +132,33 @@ class _Slowdown:
     since: Optional[int] = None  # the step it began at, while open
     since_extent: Tuple[int, int] = (0, 0)  # that step's extent
     values: List[int] = field(default_factory=list)  # lateness while open (bounded)
+    # a run of late steps long enough in steps, not yet in time: its first step and lateness
+    pending: Optional[Tuple[int, bool, int, Tuple[int, int]]] = None
+    pending_values: List[int] = field(default_factory=list)
+
+    @property
+    def held(self) -> bool:
+        """Open, or a run of late steps waiting for SLOW_MIN_NS: kept out of the noise."""
+        return self.since is not None or self.pending is not None
 
     def update(self, step: int, late: bool, value: int, extent: Tuple[int, int]) -> Optional[bool]:
         """True: it began now; False: it ended now; None: no change."""
         self.recent.append((step, late, value, extent))
         lates = [entry for entry in self.recent if entry[1]]
         if self.since is None:
-            if len(lates) >= SLOW_STEPS:
-                first = self._run_start()
-                self.since, self.since_extent = first[0], first[3]
-                self.values = [entry[2] for entry in lates if entry[0] >= first[0]]
-                return True
-            return None
+            if len(lates) < SLOW_STEPS:
+                self.pending, self.pending_values = None, []
+                return None
+            if self.pending is None:
+                self.pending = self._run_start()
+                self.pending_values = [e[2] for e in lates if e[0] >= self.pending[0]]
+            elif late and len(self.pending_values) < 4 * WINDOW:
+                self.pending_values.append(value)
+            if extent[1] - self.pending[3][0] < SLOW_MIN_NS:
+                return None
+            self.since, self.since_extent = self.pending[0], self.pending[3]
+            self.values, self.pending, self.pending_values = self.pending_values, None, []
+            return True
         if len(self.values) < 4 * WINDOW:
             self.values.append(value)
         if len(self.recent) == SLOW_WINDOW and SLOW_WINDOW - len(lates) >= SLOW_STEPS:
@@ -250,8 +271,9 @@ class LiveVerdicts:
         for r, value in lateness.items():  # a rank against its own usual lateness
             limit = noise.threshold_for(r)
             self._slowdown(verdict, state, r, value > limit, value, limit)
-        if any(r is not STEP_TIME and s.since is not None for r, s in state.slow.items()):
-            # a slow rank explains the step time: one raised before it is closed here
+        if any(r is not STEP_TIME and s.held for r, s in state.slow.items()):
+            # a slow rank explains the step time: one raised before it is closed here (and one
+            # waiting to last long enough dropped)
             raised = state.slow.pop(STEP_TIME, None)
             if raised is not None and raised.since is not None:
                 verdict.changes.append(
@@ -286,8 +308,12 @@ class LiveVerdicts:
             if not late:
                 return  # nothing to remember for a rank that was never late
             slow = state.slow[rank] = _Slowdown()
-        began = slow.since
+        began, pending = slow.since, slow.pending
         changed = slow.update(verdict.step, late, value, verdict.extent_ns)
+        if pending is None and slow.pending is not None:
+            # its steps out of the noise now, not once it has lasted: waiting, they would be
+            # learned and raise the threshold it is judged by
+            _forget(state, rank, slow.pending[0])
         if changed is None:
             return
         since = slow.since if changed else began
@@ -300,11 +326,11 @@ class LiveVerdicts:
             del state.slow[rank]
 
     def _learn(self, state: _Key, verdict: Verdict, duration: int) -> None:
-        """The step joins what the noise is learned from, less the ranks in a slowdown (and its
-        duration while any slowdown lasts)."""
-        if STEP_TIME in state.slow and state.slow[STEP_TIME].since is not None:
+        """The step joins what the noise is learned from, less the ranks in a slowdown or in a
+        run of late steps not yet long enough to be one (and its duration while any lasts)."""
+        if STEP_TIME in state.slow and state.slow[STEP_TIME].held:
             return
-        slowed = {r for r, s in state.slow.items() if s.since is not None}
+        slowed = {r for r, s in state.slow.items() if s.held}
         step = verdict.step
         state.window.append(
             (step, {r: v for r, v in verdict.by_rank_ns.items() if r not in slowed})
