@@ -186,12 +186,13 @@ def test_a_newer_trace_of_the_function_is_prepared_first(source):
     from tf_otel import health
 
     order = []
-    steady = threading.Event()
+    steady, under_way = threading.Event(), threading.Event()
 
     @tf.function
     def bench_step(x, first_batch):
         if detail_twin.tracing():
             if first_batch:
+                under_way.set()
                 while not steady.is_set():  # a slow trace, until the steady one is traced
                     sum(abs(i) for i in range(100))
             else:
@@ -202,11 +203,9 @@ def test_a_newer_trace_of_the_function_is_prepared_first(source):
     superseded = health.counters.get("twin_superseded", 0)
     x = tf.constant(1.0)
     call_first = bench_step(x, True)  # through tf_otel's wrapper: the first trace, queued
-    deadline = time.monotonic() + 60
-    while not bench_step._tf_otel_twin.experimental_get_tracing_count() and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.05)  # until its twin's trace is under way on the twin thread
+    # until its twin's trace is under way on the twin thread (a tracing count says so only
+    # once a trace has finished)
+    assert under_way.wait(60)
     time.sleep(0.3)
     bench_step(x, False)  # the steady trace, queued: the first gives way
     assert float(call_first) == 2.0

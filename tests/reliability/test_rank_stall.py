@@ -309,8 +309,9 @@ def _roots(spans) -> Dict[int, Dict]:
 
 def test_a_persistent_slowdown_of_one_rank_is_raised_once_and_closed(receiver) -> None:
     """Rank 1 begins steps 30..54 150 ms late (steps of ~10 ms): rank 0 raises one slowdown
-    naming rank 1 within 10 steps of its start (6 late steps, past the 1-s floor), with a log record in the trace of the step it
-    began at, closes it once the rank is back, and names rank 1 on those steps' roots."""
+    naming rank 1 within 10 steps of its start (6 late steps pass the 1-s floor), with a log
+    record in the trace of the step it began at, closes it once the rank is back, and names
+    rank 1 on those steps' roots."""
     env = _env(
         receiver,
         STEPS="80",
