@@ -19,10 +19,12 @@ prepared). After a warm-up, each cycle runs three blocks of ``--block-steps`` st
 
 in the order P I A on even cycles and A I P on odd ones (I in the middle: a drift through the
 job weighs on P/I and A/I alike). Per cycle: the median step of each block, P/I (the cost) and
-A/I (what the comparison resolves). An instantiation (C++ at nice 19) is not held by the pause.
+A/I (what the comparison resolves); over the job, P and A against the I blocks either side
+(bracketed: the trimmed mean of the ratios and its 95 % interval) and each kind's slowest step.
+An instantiation (C++ at nice 19) is not held by the pause.
 
     .venv/bin/python bench/bench_twin_paired.py                  # 6 cycles
-    .venv/bin/python bench/bench_twin_paired.py --cycles 8 --block-steps 60
+    .venv/bin/python bench/bench_twin_paired.py --cycles 24 --block-steps 10
 """
 
 from __future__ import annotations
@@ -170,6 +172,7 @@ def report(result: Dict[str, Any]) -> List[str]:
             f"{cost:.3f} | {control:.3f} |"
         )
     if costs:
+        rows += ["", *bracketed(blocks)]
         rows.append("")
         rows.append(
             f"P/I (the cost): median {statistics.median(costs):.3f} "
@@ -179,6 +182,34 @@ def report(result: Dict[str, Any]) -> List[str]:
             f"queued/prepared {result['generations'][:2]}"
         )
     return rows
+
+
+def bracketed(blocks: List[Dict[str, Any]]) -> List[str]:
+    """P and A against the I blocks either side of them (bench_real_model's bracketed reading:
+    a drift over minutes moves both sides alike): the trimmed mean of the blocks' median-step
+    ratios with its 95 % interval, and the slowest single step of each kind over the I
+    median around it (a preparation that stalled one step shows there, not in a median)."""
+    import bench_real_model
+
+    timeline = [
+        ("untraced" if b["kind"] == "I" else b["kind"], statistics.median(b["ms"])) for b in blocks
+    ]
+    lines = []
+    for kind, name in (("P", "being prepared"), ("A", "A/A control")):
+        ratios, worst = [], []
+        for i, (mode, value) in enumerate(timeline):
+            base = bench_real_model._untraced_around(timeline, i) if mode == kind else None
+            if base is not None:
+                ratios.append(value / base)
+                worst.append(max(blocks[i]["ms"]) / base)
+        if ratios:
+            lines.append(
+                f"{kind}/I bracketed ({name}), step time: "
+                f"{bench_real_model._trimmed_mean_ci(ratios)}; slowest step "
+                f"{max(worst):.2f}x the I median around it, median block's slowest "
+                f"{statistics.median(worst):.2f}x"
+            )
+    return lines
 
 
 def main() -> None:
