@@ -311,14 +311,13 @@ class LiveVerdicts:
         began, pending = slow.since, slow.pending
         changed = slow.update(verdict.step, late, value, verdict.extent_ns)
         if pending is None and slow.pending is not None:
-            # its steps out of the noise now, not once it has lasted: waiting, they would be
-            # learned and raise the threshold it is judged by
+            # its steps out of the noise as the run starts to wait, not once it has lasted:
+            # waiting, they would be learned and raise the threshold it is judged by (a raise
+            # always follows a wait: nothing left to take out then)
             _forget(state, rank, slow.pending[0])
         if changed is None:
             return
         since = slow.since if changed else began
-        if changed:
-            _forget(state, rank, slow.since or verdict.step)
         verdict.changes.append(
             _change(verdict, rank, changed, slow, since or verdict.step, threshold, value)
         )
