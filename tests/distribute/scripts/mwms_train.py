@@ -4,8 +4,9 @@ worker SLOW_WORKER sleeps SLOW_S before each step in SLOW_STEPS (it begins them 
 
 Env: STEPS (default 20), LOOP (fit | custom), WIDTH (default 256: Dense layers 32 -> WIDTH ->
 WIDTH -> 1, float32 gradients), SLOW_WORKER (default -1), SLOW_STEPS (comma-separated),
-SLOW_S (default 0.3), TRUTH_FILE (with {rank}: {"begun": each step's call, "ready" (custom loop
-only): the moment its gradients were computed, before their all-reduce; wall clock, ns}),
+SLOW_S (default 0.3), TRUTH_FILE (with {rank}: {"begun": each step's call, "ready" and "applied"
+(custom loop only): the moments its gradients were computed, before their all-reduce, and its
+variables updated, after it; wall clock, ns}),
 NO_COORDINATION_SERVICE (1: the strategy starts no coordination service, as where a program
 turned it off), CLUSTER + TASK_INDEX (instead of TF_CONFIG: the cluster as JSON given to the
 strategy by a cluster resolver in code).
@@ -51,6 +52,7 @@ else:
     worker = int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
 begun = []
 ready = []
+applied = []
 
 
 def dataset() -> tf.data.Dataset:
@@ -95,7 +97,11 @@ else:
         ready.append(time.time_ns())
         return np.float32(0)
 
-    train_step = train_step_with_truth(tf, strategy, model, optimizer, mark_ready)
+    def mark_applied(replica):
+        applied.append(time.time_ns())
+        return np.float32(0)
+
+    train_step = train_step_with_truth(tf, strategy, model, optimizer, mark_ready, mark_applied)
 
     for step in range(STEPS):
         before_step(step)
@@ -129,5 +135,5 @@ print("GRAPHS " + json.dumps(report), flush=True)
 
 if TRUTH_FILE:
     with open(TRUTH_FILE.replace("{rank}", str(worker)), "w") as out:
-        json.dump({"begun": begun, "ready": ready}, out)
+        json.dump({"begun": begun, "ready": ready, "applied": applied}, out)
 print(f"worker {worker} done", flush=True)
