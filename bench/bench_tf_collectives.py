@@ -14,7 +14,7 @@ worker); every other step runs the program's own graph. Modes, all TF_OTEL_ENABL
   default   the default policy: collective detail on 1 step in 20
   every     TF_OTEL_HOROVOD_EVERY=1: detail on every step (what one detail step costs)
   untraced  no tf_otel at all (not run unless named in --modes)
-  default_floor  default with the twin's trace held at the pacer's floor (1/32 of a core)
+  default_floor  default with the twin's trace held at the pacer's floor (TF_OTEL_TWIN_CPU_FLOOR)
             however idle the cores: a diagnostic of what the trace's share costs the steps
   default_yield  default with the pacing thread letting go of the GIL every 256 Python
             events (a diagnostic: does the training thread wait for the trace's GIL?)

@@ -45,7 +45,7 @@ import harness
 WARMUP = 8  # steps after the first (the program's trace) before the first block
 
 
-def worker(cycles: int, block_steps: int, floor: float = 0.0) -> None:
+def worker(cycles: int, block_steps: int) -> None:
     """One job: per block its kind and step times (ms), as a RESULT line."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,8 +59,6 @@ def worker(cycles: int, block_steps: int, floor: float = 0.0) -> None:
     def note(function: Any, args: tuple, kwargs: dict) -> None:
         traced.append((function, args, kwargs))
 
-    if floor:  # the pacer's share on saturated cores (diagnostic: is the cost that share?)
-        cpu_pacer.FLOOR = floor
     detail_twin._prepare_later = note  # the job's own first preparation: the bench makes them
     paused = threading.Event()
     paused.set()
@@ -136,6 +134,8 @@ def run_job(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
         TF_OTEL_HOROVOD_EVERY="1000000000",
         OTEL_TRACES_EXPORTER="none",
         OTEL_METRICS_EXPORTER="none",
+        # the pacer's share on saturated cores (diagnostic: is the cost that share?)
+        **({"TF_OTEL_TWIN_CPU_FLOOR": str(args.floor)} if args.floor else {}),
     )
     argv = [
         sys.executable,
@@ -143,7 +143,6 @@ def run_job(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
         "--worker",
         f"--cycles={args.cycles}",
         f"--block-steps={args.block_steps}",
-        f"--floor={args.floor}",
     ]
     # the worker's stderr passes through: its progress (and TensorFlow's own lines)
     done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
@@ -222,11 +221,14 @@ def main() -> None:
     parser.add_argument("--block-steps", type=int, default=40)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument(
-        "--floor", type=float, default=0.0, help="the pacer's floor share (0: tf_otel's own)"
+        "--floor",
+        type=float,
+        default=0.0,
+        help="TF_OTEL_TWIN_CPU_FLOOR for the job (0: its default)",
     )
     args = parser.parse_args()
     if args.worker:
-        worker(args.cycles, args.block_steps, args.floor)
+        worker(args.cycles, args.block_steps)
         return
     started = time.monotonic()
     load = os.getloadavg()[0]

@@ -105,7 +105,7 @@ def test_a_real_thread_is_held_to_its_share_and_an_exit_abandons_its_work():
     thread = threading.Thread(target=_spin, args=(Pacer(Idle(0.0)), 3.0, paced))
     thread.start()
     thread.join()
-    # the floor (1/32 of a core) and the burst it may bank: well under a tenth of a core
+    # the floor (1/64 of a core) and the burst it may bank: well under a tenth of a core
     assert paced[0] < 0.08, paced
     stop = threading.Event()
     stopping = Pacer(Idle(0.0), stop=stop.is_set)
@@ -296,3 +296,20 @@ def test_abandoned_swallowed_by_a_finalizer_is_raised_again_at_the_next_call(
         for events in positions:
             _abandon_after(events, _finalizing_work)
     assert "Exception ignored" in capfd.readouterr().err
+
+
+def test_the_floor_is_the_setting_and_a_busy_machine_holds_the_share_there(monkeypatch):
+    from tf_otel.config import Settings
+    from tf_otel.instrument import detail_twin
+
+    monkeypatch.setattr(cpu_pacer, "FLOOR", FLOOR)  # put back after the test
+    settings = Settings.from_env({"TF_OTEL_TWIN_CPU_FLOOR": "0.125"})
+    detail_twin.prepare_where(settings.twin_prepare, settings.twin_cpu_floor)
+    assert cpu_pacer.FLOOR == 0.125
+    assert Pacer(Idle(0.0)).share == 0.125
+    assert next_share(0.5, 0.0) == 0.25 and next_share(0.2, 0.0) == 0.125  # halves to the floor
+    assert Settings.from_env({}).twin_cpu_floor == FLOOR == 1 / 64
+    for bad in ("0", "0.6", "-1", "a"):  # one message naming the value, the default kept
+        assert Settings.from_env({"TF_OTEL_TWIN_CPU_FLOOR": bad}).twin_cpu_floor == FLOOR
+    cpu_pacer.set_floor(2.0)
+    assert cpu_pacer.FLOOR == CEILING

@@ -287,6 +287,16 @@ class Settings:
         "(`tf_otel.detail.twin = preparing`); `step`: on the step that traced the program's "
         "function (seconds on that step; every picked step detailed)",
     )
+    twin_cpu_floor: float = setting(
+        "TF_OTEL_TWIN_CPU_FLOOR",
+        parse.core_share,
+        1 / 64,
+        "background preparation: the share of one core the twin's trace takes where the "
+        "training leaves no core idle (it takes up to half a core of idle ones); on saturated "
+        "cores every step pays about this share while a preparation is under way (1/64: ~1 %, "
+        "1/32: ~3 % on MirroredStrategy), and the preparation takes longer the lower it is",
+        shown="0.015625 (1/64)",
+    )
     horovod_parts: Optional[bool] = setting(
         "TF_OTEL_HOROVOD_PARTS",
         parse.flag,

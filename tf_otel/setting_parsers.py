@@ -64,6 +64,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def core_share(text: str) -> float:
+    """A share of one core: more than 0, at most 0.5 (the pacer's ceiling)."""
+    value = number(text)
+    if not 0 < value <= 0.5:
+        raise ValueError("expected a share of one core, more than 0 and at most 0.5")
+    return value
+
+
 def host_port(text: str) -> Tuple[str, int]:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -130,7 +130,7 @@ def test_every_field_is_one_declared_setting():
         assert getattr(Settings(), spec.name) == spec.default
 
 
-SAMPLES = ("1", "0", "17", "h:1", "a, b", "timeline", "step", str(REPO))
+SAMPLES = ("1", "0", "17", "0.25", "h:1", "a, b", "timeline", "step", str(REPO))
 
 
 def test_each_variable_reaches_its_field():

@@ -17,9 +17,11 @@ looks at the cores that sat idle (``SpareCpu``): with more than a quarter of a c
 share grows by a twentieth of a core, with less it halves (additive increase, multiplicative
 decrease: ranks pacing themselves on one host, none knowing the others, settle below the idle
 cores instead of all taking the same one), between ``FLOOR`` and ``CEILING``. On a machine the
-training keeps busy (2 ranks on 2 cores) that is ``FLOOR``, a thirty-second of a core: the trace
-takes ~30x its CPU time and costs the steps ~3 %; where cores sit idle (a GPU host), up to half a
-core. Where idle cores cannot be read the share is fixed at ``FALLBACK`` (an eighth of a core on
+training keeps busy (2 ranks on 2 cores) that is ``FLOOR``, a sixty-fourth of a core
+(TF_OTEL_TWIN_CPU_FLOOR): the trace takes ~60x its CPU time and every step pays about that share
+while it runs (a slice taken from any one replica or rank delays the whole synchronous step:
+1/32 cost MirroredStrategy's steps 3.1 %, 1/64 1.1 %; docs/benchmarks/mirrored.md); where cores
+sit idle (a GPU host), up to half a core. Where idle cores cannot be read the share is fixed at ``FALLBACK`` (an eighth of a core on
 2 cores, up to half from 8).
 
 Idle cores: the host's idle + iowait time from psutil (``cpu_times``); in a cgroup v2 with a
@@ -46,7 +48,7 @@ from tf_otel.health import log_once
 
 T = TypeVar("T")
 
-FLOOR = 1 / 32  # share of one core when no core sits idle
+FLOOR = 1 / 64  # share of one core when no core sits idle (TF_OTEL_TWIN_CPU_FLOOR: set_floor)
 CEILING = 0.5  # at most half a core, however idle the machine
 FALLBACK = min(0.5, max(0.125, (os.cpu_count() or 2) / 16))  # idle cores unknown
 HEADROOM = 0.25  # idle cores left to the training's own bursts
@@ -174,6 +176,13 @@ def _cgroup_limit(cgroup: Path) -> Optional[float]:
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         return None
+
+
+def set_floor(share: float) -> None:
+    """The share of one core where no core sits idle, for pacers made from now on (and every
+    next window's share), at most ``CEILING``."""
+    global FLOOR
+    FLOOR = min(CEILING, max(share, 1e-6))
 
 
 def next_share(used: float, spare: Optional[float]) -> float:

@@ -35,7 +35,7 @@ _registered = False
 def register(settings: Settings) -> None:
     global _registered
     choice.use(settings)  # before patching: hvd.init() reads it
-    detail_twin.prepare_where(settings.twin_prepare)
+    detail_twin.prepare_where(settings.twin_prepare, settings.twin_cpu_floor)
     patching.register()
     if _registered:
         return
