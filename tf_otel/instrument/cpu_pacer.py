@@ -21,8 +21,8 @@ training keeps busy (2 ranks on 2 cores) that is ``FLOOR``, a sixty-fourth of a 
 (TF_OTEL_TWIN_CPU_FLOOR): the trace takes ~60x its CPU time and every step pays about that share
 while it runs (a slice taken from any one replica or rank delays the whole synchronous step:
 1/32 cost MirroredStrategy's steps 3.1 %, 1/64 1.1 %; docs/benchmarks/mirrored.md); where cores
-sit idle (a GPU host), up to half a core. Where idle cores cannot be read the share is fixed at ``FALLBACK`` (an eighth of a core on
-2 cores, up to half from 8).
+sit idle (a GPU host), up to half a core. Where idle cores cannot be read the share is fixed at
+``FALLBACK`` (an eighth of a core on 2 cores, up to half from 8).
 
 Idle cores: the host's idle + iowait time from psutil (``cpu_times``); in a cgroup v2 with a
 CPU limit (``cpu.max``, a Kubernetes limit), the limit less the group's own use (``cpu.stat``),
