@@ -37,7 +37,7 @@ def timed(fn: Callable[[], Any]) -> float:
 def twin_costs(args: argparse.Namespace) -> Dict[str, float]:
     import tensorflow as tf
 
-    from tf_otel.instrument import detail_twin
+    from tf_otel.instrument import detail_twin, twin_tf
 
     model = getattr(tf.keras.applications, args.model)(
         weights=None, input_shape=(args.side, args.side, 3), classes=10
@@ -70,7 +70,7 @@ def twin_costs(args: argparse.Namespace) -> Dict[str, float]:
         concrete = prepared.get_concrete_function(x, y)
         out["twin trace, twin thread"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        detail_twin._instantiate(concrete, (x, y), {})
+        twin_tf.instantiate(concrete, (x, y), {})
         out["twin instantiation, twin thread (not run)"] = time.perf_counter() - t0
 
     thread = threading.Thread(target=prepare, name=detail_twin.THREAD_NAME)

@@ -38,8 +38,6 @@ docs/guides/HOROVOD.md.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import itertools
 import logging
 import sys
 import threading
@@ -50,7 +48,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set
 from opentelemetry import context as otel_context
 
 from tf_otel.health import count, fail_open, log_once, report_failure
-from tf_otel.instrument import cpu_pacer
+from tf_otel.instrument import cpu_pacer, twin_tf
 
 _OWN_MODULE = "tf_otel"
 THREAD_NAME = "tf_otel-twin"
@@ -221,8 +219,8 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
         twin = _twin_of(function)
         if twin is not None:
             if not _state.every_step and _in_background:
-                found = _cached(twin, args, kwargs)
-                if found is _UNKNOWN:  # which trace it hits is unknown: every one must be open
+                found = twin_tf.cached(twin, args, kwargs)
+                if found is twin_tf.UNKNOWN:  # the trace it hits is unknown: every one open
                     ready = _state.open_now is None or len(_state.open_now) >= _gate.queued
                 else:
                     generation = getattr(found, "_tf_otel_generation", None)
@@ -248,51 +246,7 @@ def call(function: Any, wrapped: Callable, args: tuple, kwargs: dict, top: bool)
     return result
 
 
-_UNKNOWN = object()  # TensorFlow's function cache could not be asked
 MAX_ASKED = 4  # preparations a function's detail steps queue for traces the program had
-
-
-def _cached(twin: Any, args: tuple, kwargs: dict) -> Any:
-    """The twin's concrete function for these arguments if it has one, None where it has none
-    (calling it would trace it on this step), ``_UNKNOWN`` where TensorFlow's cache cannot be
-    asked (then it is traced on the step, as before). The lookup TensorFlow makes before it
-    traces (tracing_compilation._maybe_define_function), without tracing: ~0.3 ms, on detail
-    steps only."""
-    try:
-        from tensorflow.python.eager.polymorphic_function import (
-            function_context,
-            function_type_utils,
-        )
-
-        bound = function_type_utils.canonicalize_function_inputs(
-            args, kwargs, twin._function_type, twin._default_values, twin._is_pure
-        )
-        if twin._created_variables:
-            options = twin._no_variable_creation_config
-        else:
-            options = twin._variable_creation_config
-        if options is None:
-            return None  # never traced
-        bound = function_type_utils.canonicalize_function_inputs(
-            bound.args,
-            bound.kwargs,
-            options.polymorphic_type,
-            options.default_values,
-            options.is_pure,
-        )
-        positional = bound.args
-        if options.input_signature is not None:
-            signature = tuple(options.input_signature)
-            positional = (*signature, *positional[len(signature) :])
-        context = function_context.make_function_context(options.scope_type)
-        captures = options.function_captures.capture_types if options.function_captures else {}
-        lookup, _ = function_type_utils.make_canonicalized_monomorphic_type(
-            positional, bound.kwargs, captures, options.polymorphic_type
-        )
-        return options.function_cache.lookup(lookup, context)
-    except Exception as exc:  # noqa: BLE001 - TensorFlow's internals moved: as before
-        report_failure("twin.lookup", exc)
-        return _UNKNOWN
 
 
 def _run_own(function: Any, wrapped: Callable, args: tuple, kwargs: dict, missing: bool) -> Any:
@@ -473,7 +427,7 @@ def _prepare_later(function: Any, args: tuple, kwargs: dict) -> None:
         with fail_open("twin.prepare"):
             _prepare(_Job(function, twin, args, kwargs, 0))
         return
-    job = _Job(function, twin, tuple(args), dict(kwargs), 0, _device_scope())
+    job = _Job(function, twin, tuple(args), dict(kwargs), 0, twin_tf.device_scope())
     with fail_open("twin.context"):
         from tf_otel.instrument.step_context import pinned_context
 
@@ -506,25 +460,6 @@ def _enqueue(job: _Job) -> bool:
     return True
 
 
-def _device(name: str) -> Any:
-    if not name:
-        return contextlib.nullcontext()
-    from tensorflow.python.framework import ops
-
-    return ops.device(name)
-
-
-def _device_scope() -> str:
-    """The calling thread's device scope (``with tf.device("CPU")``, as Horovod's benchmark
-    runs its steps): the call op is placed by it, so the twin is instantiated under it too."""
-    try:
-        from tensorflow.python.eager import context
-
-        return context.context().device_name or ""
-    except Exception:  # noqa: BLE001
-        return ""
-
-
 def _prepare(job: _Job) -> None:
     """On the twin thread: trace the twin, then have TensorFlow instantiate it without running
     it. A twin that cannot be traced is given up; one that cannot be instantiated here still
@@ -553,7 +488,7 @@ def _prepare_in_context(job: _Job) -> None:
         sys.setprofile(pacer)  # this thread only
         _state.pacer = pacer
     try:
-        with _device(job.device):  # the call's device scope: part of tf.function's cache key
+        with twin_tf.device(job.device):  # the call's device scope: part of tf.function's cache key
             concrete = _traced(job.function, job.twin, job.args, job.kwargs)
     finally:
         if pacer is not None:
@@ -570,10 +505,10 @@ def _prepare_in_context(job: _Job) -> None:
     try:
         if pacer is not None:  # TensorFlow's C++, off the GIL: on cores nothing else wants
             cpu_pacer.LOW_PRIORITY.run(
-                lambda: _instantiate(concrete, job.args, job.kwargs, job.device)
+                lambda: twin_tf.instantiate(concrete, job.args, job.kwargs, job.device)
             )
         else:
-            _instantiate(concrete, job.args, job.kwargs, job.device)
+            twin_tf.instantiate(concrete, job.args, job.kwargs, job.device)
         count("twin_instantiated")
     except Exception as exc:  # noqa: BLE001
         report_failure("twin.instantiate", exc)
@@ -614,43 +549,6 @@ def _prepare_work(work: Work, generation: int) -> None:
 def _note_thread() -> None:
     if len(_gate.prepared_on) < 64:
         _gate.prepared_on.append(threading.current_thread().name)
-
-
-class _Refused(Exception):
-    """TensorFlow ran a function it was asked to instantiate only (never expected)."""
-
-
-def _instantiate(concrete: Any, args: tuple, kwargs: dict, device: str = "") -> None:
-    """Instantiate ``concrete`` for these inputs (the kernel a later call finds in TensorFlow's
-    cache) without running it: the call is made with an already-cancelled cancellation manager,
-    which TensorFlow checks after instantiating the function and before starting it. The
-    manager is passed to this one call: ``cancellation.context()`` is process-wide, so it is
-    never set (the training thread's own calls would see it)."""
-    from tensorflow.python.eager import cancellation, context, execute
-    from tensorflow.python.eager.polymorphic_function import function_type_utils
-    from tensorflow.python.framework import errors
-
-    bound = function_type_utils.canonicalize_function_inputs(args, kwargs, concrete.function_type)
-    flat = list(concrete.function_type.unpack_inputs(bound)) + list(concrete.captured_inputs)
-    atomic = concrete.inference_fn  # what a call outside any gradient tape runs
-    manager = cancellation.CancellationManager()
-    manager.start_cancel()
-    ctx = context.context()
-    attrs = tuple(itertools.chain(*ctx.function_call_options.as_attrs().items()))
-    try:
-        with _device(device):
-            execute.execute_with_cancellation(
-                atomic.name.decode("utf-8"),
-                num_outputs=len(atomic.function_type.flat_outputs),
-                inputs=flat,
-                attrs=attrs,
-                ctx=ctx,
-                cancellation_manager=manager,
-            )
-    except errors.CancelledError:
-        return  # instantiated, not started
-    count("twin_instantiate_ran")
-    raise _Refused("a cancelled function call ran; twins are no longer instantiated ahead")
 
 
 # -- which picked steps may run the twin ----------------------------------------------------
