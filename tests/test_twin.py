@@ -402,8 +402,10 @@ def step(x):
         print("TWIN TRACED", flush=True)
     return x + 1
 
-print("RESULT", float(step(tf.constant(1.0))), flush=True)
-print("EXIT", time.monotonic(), flush=True)
+# one write a line: print("A", b) writes "A", " ", b apart and the twin thread's own line can
+# land between them
+print(f"RESULT {float(step(tf.constant(1.0)))}", flush=True)
+print(f"EXIT {time.monotonic()}", flush=True)
 """
 
 
