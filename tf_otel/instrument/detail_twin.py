@@ -87,7 +87,7 @@ def wanted_by(source: Callable[[], bool]) -> None:
         _sources.append(source)
 
 
-def prepare_where(twin_prepare: str, cpu_floor: float = cpu_pacer.FLOOR) -> None:
+def prepare_where(twin_prepare: str, cpu_floor: float) -> None:
     """TF_OTEL_TWIN_PREPARE: ``background`` (on the twin thread) or ``step`` (on the step that
     traced the program's function); TF_OTEL_TWIN_CPU_FLOOR: the background trace's share of a
     core where none sits idle."""
